@@ -1,0 +1,1 @@
+"""Benchmarks behind ``conveyor bench``: each measures one thing and writes JSON."""

@@ -1,0 +1,180 @@
+"""``conveyor bench schedules``: pipeline efficiency of every schedule on fixed-latency stages.
+
+Each stage's forward sleeps ``t_f`` and its backward ``t_b``, so compute costs the same whatever the core
+count, and what is measured is the schedule and the runtime: bubbles, transfers, Python overhead. Every
+schedule, Conveyor's and ``torch.distributed.pipelining``'s, runs the same steps of the same microbatches
+in one job, after one untimed warm-up step each.
+
+efficiency = microbatches x (t_f + t_b) / wall time: 1.0 would be a pipeline with no bubble. A flush
+schedule's ideal is ``m / (m + p - 1)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from conveyor.launch import launch
+from conveyor.pipeline import Pipeline
+from conveyor.schedule import make_schedule
+from conveyor.simulate import simulate
+
+__all__ = ["BenchConfig", "FixedLatencyStage", "run"]
+
+
+# A plain sleep ends 0.1 ms late or more, and wakes the process on a cold core that then runs the next
+# few hundred microseconds of Python several times slower than a warm one (measured on the 2-core CI
+# machine): the tail of each hold is spun, so a stage takes t_f exactly and leaves its core warm, as
+# real compute would.
+_SPIN_S = 3e-4
+
+
+def hold(seconds: float) -> None:
+    """Return ``seconds`` after the call, within microseconds: sleep most of it, spin the rest."""
+    deadline = time.perf_counter() + seconds
+    if seconds > _SPIN_S:
+        time.sleep(seconds - _SPIN_S)
+    while time.perf_counter() < deadline:
+        pass
+
+
+class _FixedLatency(torch.autograd.Function):
+    """y = x * w, whose forward takes ``forward_s`` and backward ``backward_s`` of wall time."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
+        hold(forward_s)
+        ctx.save_for_backward(x, w)
+        ctx.backward_s = backward_s
+        return x * w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hold(ctx.backward_s)
+        x, w = ctx.saved_tensors
+        return grad * w, (grad * x).sum().reshape(w.shape), None, None
+
+
+class FixedLatencyStage(nn.Module):
+    """A stage with one weight whose forward and backward take a fixed wall time (a sleep)."""
+
+    def __init__(self, forward_s: float, backward_s: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(1))
+        self.forward_s, self.backward_s = forward_s, backward_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _FixedLatency.apply(x, self.weight, self.forward_s, self.backward_s)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``conveyor bench schedules`` runs."""
+
+    stages: int = 4
+    microbatches: int = 8
+    steps: int = 20
+    forward_ms: float = 10.0
+    backward_ms: float = 20.0
+    microbatch_size: int = 1
+    features: int = 16
+
+    def __post_init__(self) -> None:
+        if min(self.stages, self.microbatches, self.steps, self.microbatch_size, self.features) < 1:
+            raise ValueError("stages, microbatches, steps, microbatch size and features must all be at least 1")
+        if self.forward_ms < 0 or self.backward_ms < 0 or self.forward_ms + self.backward_ms <= 0:
+            raise ValueError("--forward-ms and --backward-ms must be >= 0 and not both 0: they set the stage cost")
+
+
+def _set_timer_slack_1us() -> None:
+    """Let this process's sleeps end within a microsecond of their deadline (Linux default: 50 us)."""
+    if sys.platform.startswith("linux"):
+        pr_set_timerslack = 29
+        ctypes.CDLL(None).prctl(pr_set_timerslack, 1000)
+
+
+def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((output - target) ** 2).mean()
+
+
+def _timed(cfg: BenchConfig, step: Any) -> float:
+    step()  # warm-up: first-message metadata, allocator, autograd caches
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(cfg.steps):
+        step()
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def _worker(cfg: BenchConfig) -> dict[str, Any]:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    _set_timer_slack_1us()
+    rank = dist.get_rank()
+    stages = [FixedLatencyStage(cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(cfg.stages)]
+    batch = cfg.microbatches * cfg.microbatch_size
+    x, y = torch.randn(batch, cfg.features), torch.zeros(batch, cfg.features)
+    sgd = partial(torch.optim.SGD, lr=1e-6)
+    walls, peaks = {}, {}
+    for name in ("gpipe", "flush"):
+        pipe = Pipeline(stages, [1] * cfg.stages, cfg.microbatches, _mse, optimizer=sgd, schedule=name)
+        walls[f"conveyor/{name}"] = _timed(cfg, lambda pipe=pipe: pipe.train_step(x, y))
+        peaks[f"conveyor/{name}"] = pipe.peak_stashed
+    for name, cls in (("torch/gpipe", ScheduleGPipe), ("torch/1f1b", Schedule1F1B)):
+        stage = PipelineStage(stages[rank], rank, cfg.stages, torch.device("cpu"))
+        schedule, opt = cls(stage, cfg.microbatches, loss_fn=_mse), sgd(stages[rank].parameters())
+
+        def step(schedule: Any = schedule, opt: torch.optim.Optimizer = opt) -> None:
+            if rank == 0:
+                schedule.step(x, target=y if cfg.stages == 1 else None)
+            elif rank == cfg.stages - 1:
+                schedule.step(target=y)
+            else:
+                schedule.step()
+            opt.step()
+            opt.zero_grad()
+
+        walls[name] = _timed(cfg, step)
+    all_peaks: list[Any] = [None] * cfg.stages
+    dist.all_gather_object(all_peaks, peaks)
+    return {"walls": walls, "peaks": all_peaks}
+
+
+def _theory(schedule: str, stages: int, microbatches: int) -> float:
+    """Ideal efficiency of a flush schedule on equal stages: m / (m + p - 1)."""
+    del schedule  # every schedule measured here flushes once per step
+    return microbatches / (microbatches + stages - 1)
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the benchmark on ``cfg.stages`` local processes and return its JSON-ready report."""
+    out = launch(_worker, cfg, nprocs=cfg.stages, timeout_s=600)[0]
+    microbatches = cfg.steps * cfg.microbatches
+    ideal_s = microbatches * (cfg.forward_ms + cfg.backward_ms) / 1e3
+    results = {}
+    for name, wall in out["walls"].items():
+        theory = _theory(name, cfg.stages, cfg.microbatches)
+        entry = {
+            "efficiency": ideal_s / wall,
+            "theory": theory,
+            "efficiency_vs_theory": ideal_s / wall / theory,
+            "samples_per_s": microbatches * cfg.microbatch_size / wall,
+            "wall_s": wall,
+        }
+        if name.startswith("conveyor/"):
+            sched = make_schedule(name.split("/")[1], cfg.stages, cfg.microbatches)
+            sim = simulate(sched, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3)
+            entry["simulated_efficiency"] = cfg.microbatches * (cfg.forward_ms + cfg.backward_ms) / 1e3 / sim.step_s
+            entry["peak_stashed_per_stage"] = [p[name] for p in out["peaks"]]
+            entry["simulated_peak_stashed_per_stage"] = sim.peak_stashed
+        results[name] = entry
+    return {"config": asdict(cfg), "results": results}

@@ -1,0 +1,125 @@
+"""Checkpoint files: the whole model under its original parameter names, written atomically.
+
+A checkpoint holds the full ``state_dict`` of the user's model (every stage's part under the names the
+non-pipelined model has), the optimizer state keyed by the same names, and the step count. Because
+nothing in it depends on the stage split, it loads into a plain ``nn.Module``
+(``model.load_state_dict(load(path)["model"])``) and into a pipeline with any number of stages.
+
+A save writes a temporary file beside the target, syncs it to disk and renames it over the target: a
+crash at any point leaves either the old checkpoint or the new one, never a torn file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["CheckpointError", "check_compatible", "load", "named_optimizer_state", "save", "set_optimizer_state"]
+
+FORMAT = "conveyor.checkpoint"
+VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or that belongs to another model."""
+
+
+def save(path: str | os.PathLike[str], model: Mapping[str, torch.Tensor], **extra: Any) -> Path:
+    """Atomically write ``model`` (a full state dict) and ``extra`` entries to ``path``.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory: give a file name such as {path / 'model.pt'}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": FORMAT, "version": VERSION, "model": dict(model), **extra}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save` (tensors on the CPU).
+
+    Raises:
+        CheckpointError: the file is missing, unreadable, or not a Conveyor checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}: check the path")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a Conveyor checkpoint: save one with Pipeline.save")
+    if payload.get("version") != VERSION:
+        raise CheckpointError(f"{path} has checkpoint version {payload.get('version')}; this Conveyor reads {VERSION}")
+    return payload
+
+
+def check_compatible(state: Mapping[str, torch.Tensor], shapes: Mapping[str, torch.Size], source: str) -> None:
+    """Raise unless ``state`` has exactly the keys of ``shapes``, each with that shape."""
+    missing = sorted(set(shapes) - set(state))
+    unexpected = sorted(set(state) - set(shapes))
+    wrong = sorted(k for k in set(shapes) & set(state) if tuple(state[k].shape) != tuple(shapes[k]))
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {_few(missing)}")
+        if unexpected:
+            parts.append(f"unexpected {_few(unexpected)}")
+        if wrong:
+            k = wrong[0]
+            parts.append(f"{len(wrong)} of other shape (e.g. {k}: {tuple(state[k].shape)} vs {tuple(shapes[k])})")
+        raise CheckpointError(
+            f"{source} is from another model ({'; '.join(parts)}): load it into the model it was saved from"
+        )
+
+
+def _few(keys: list[str]) -> str:
+    return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def named_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module) -> dict[str, Any]:
+    """The optimizer's state keyed by parameter name instead of position, so any stage split can use it.
+
+    Assumes the optimizer was built over ``module.parameters()`` in their order (as the pipeline does).
+    """
+    sd = optimizer.state_dict()
+    names = [n for n, _ in module.named_parameters()]
+    return {
+        "state": {names[i]: s for i, s in sd["state"].items()},
+        "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],
+    }
+
+
+def set_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module, named: Mapping[str, Any]) -> None:
+    """Load state saved by :func:`named_optimizer_state` (from any stage split) into ``optimizer``."""
+    sd = optimizer.state_dict()
+    names = [n for n, _ in module.named_parameters()]
+    hyper = named["param_groups"][0] if named["param_groups"] else {}
+    groups = [{**g, **hyper, "params": g["params"]} for g in sd["param_groups"]]
+    state = {i: named["state"][n] for i, n in enumerate(names) if n in named["state"]}
+    optimizer.load_state_dict({"state": state, "param_groups": groups})

@@ -1,0 +1,120 @@
+"""The ``conveyor`` command: ``conveyor train`` and ``conveyor bench schedules``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from conveyor.checkpoint import CheckpointError
+from conveyor.launch import WorkerError
+from conveyor.schedule import SCHEDULES
+
+__all__ = ["main"]
+
+console = Console()
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conveyor", description="Pipeline-parallel PyTorch training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train an MLP on the bundled handwritten digits with a pipeline")
+    train.add_argument("--stages", type=_positive, default=2, help="pipeline stages = local workers (default 2)")
+    train.add_argument("--schedule", choices=sorted(SCHEDULES), default="flush")
+    train.add_argument("--microbatches", type=_positive, default=4)
+    train.add_argument("--batch-size", type=_positive, default=64)
+    train.add_argument("--epochs", type=_positive, default=10)
+    train.add_argument("--lr", type=float, default=0.05)
+    train.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches it")
+    train.add_argument("--checkpoint", default=None, help="write the final model here")
+    train.add_argument("--resume", default=None, help="start from this checkpoint")
+
+    bench = sub.add_parser("bench", help="benchmarks that write JSON")
+    which = bench.add_subparsers(dest="bench", required=True)
+    sched = which.add_parser("schedules", help="pipeline efficiency of every schedule on fixed-latency stages")
+    sched.add_argument("--stages", type=_positive, default=4)
+    sched.add_argument("--microbatches", type=_positive, default=8)
+    sched.add_argument("--steps", type=_positive, default=20)
+    sched.add_argument("--forward-ms", type=float, default=10.0)
+    sched.add_argument("--backward-ms", type=float, default=20.0)
+    sched.add_argument("--json", type=Path, default=None, help="write the report here")
+    return parser
+
+
+def _train(args: argparse.Namespace) -> None:
+    from conveyor import checkpoint
+    from conveyor.train import TrainConfig, even_balance, mlp, train
+
+    if args.resume:
+        checkpoint.load(args.resume)  # fail here, with one line, rather than in every worker
+    cfg = TrainConfig(
+        stages=args.stages, schedule=args.schedule, microbatches=args.microbatches, batch_size=args.batch_size,
+        epochs=args.epochs, lr=args.lr, target_accuracy=args.target_accuracy, checkpoint=args.checkpoint,
+        resume=args.resume,
+    )
+    even_balance(len(mlp()), cfg.stages)  # the stage count must fit the model before workers start
+    console.print(f"training an MLP on handwritten digits: {cfg.stages} stages, {cfg.schedule} schedule, "
+                  f"{cfg.microbatches} microbatches of {cfg.batch_size // cfg.microbatches}")
+    result = train(cfg)
+    if result:
+        table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s")
+        table.add_row(str(result["epochs"]), f"{result['accuracy'][-1]:.3f}", f"{result['loss'][-1]:.3f}",
+                      f"{result['seconds']:.1f}", f"{result['samples_per_s']:.0f}")
+        console.print(table)
+    if args.checkpoint:
+        console.print(f"checkpoint: {args.checkpoint}")
+
+
+def _bench_schedules(args: argparse.Namespace) -> None:
+    from conveyor.bench.schedules import BenchConfig, run
+
+    cfg = BenchConfig(stages=args.stages, microbatches=args.microbatches, steps=args.steps,
+                      forward_ms=args.forward_ms, backward_ms=args.backward_ms)
+    report = run(cfg)
+    table = Table("schedule", "efficiency", "theory", "vs theory", "samples/s", "peak stash per stage",
+                  title=f"P={cfg.stages} M={cfg.microbatches}, t_f={cfg.forward_ms} ms, t_b={cfg.backward_ms} ms")
+    for name, r in report["results"].items():
+        table.add_row(name, f"{r['efficiency']:.4f}", f"{r['theory']:.4f}", f"{r['efficiency_vs_theory']:.4f}",
+                      f"{r['samples_per_s']:.1f}", str(r.get("peak_stashed_per_stage", "")))
+    console.print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+        console.print(f"wrote {args.json}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``conveyor`` command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            _train(args)
+        else:
+            _bench_schedules(args)
+    except WorkerError as exc:
+        if os.environ.get("CONVEYOR_TRACEBACK"):
+            print(exc.remote_traceback, file=sys.stderr)
+        print(f"conveyor: error: worker {exc.rank}: {exc.error_type}: {exc.message}", file=sys.stderr)
+        return 1
+    except (ValueError, CheckpointError, OSError) as exc:
+        print(f"conveyor: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

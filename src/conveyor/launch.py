@@ -1,0 +1,239 @@
+"""Start workers on this machine (or join a torchrun job) with torch.distributed set up."""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["WorkerError", "default_backend", "launch", "under_torchrun"]
+
+# How long a failed job waits for the other workers to report their own errors before terminating them.
+_REPORT_GRACE_S = 2.0
+# How long a worker gets to exit after SIGTERM before it is killed.
+_TERMINATE_GRACE_S = 5.0
+
+
+class WorkerError(RuntimeError):
+    """A worker process raised; carries the first (root-cause) error and its traceback.
+
+    Attributes:
+        rank: the global rank of the worker that failed first.
+        error_type: the class name of the original exception.
+        remote_traceback: the original traceback, formatted in the worker.
+    """
+
+    def __init__(self, rank: int, error_type: str, message: str, remote_traceback: str) -> None:
+        self.rank = rank
+        self.error_type = error_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        super().__init__(f"worker {rank} failed with {error_type}: {message}\n\n{remote_traceback}")
+
+
+@dataclass
+class _Report:
+    """What a worker leaves behind: its result, or the error it raised and when."""
+
+    ok: bool
+    value: Any = None
+    error_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    time: float = 0.0
+
+
+def under_torchrun() -> bool:
+    """True when this process was started by torchrun (or any launcher that sets the env:// variables)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def default_backend() -> str:
+    """NCCL when CUDA is available, gloo otherwise."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def launch(
+    fn: Callable[..., Any],
+    *args: Any,
+    nprocs: int,
+    backend: str | None = None,
+    timeout_s: float | None = None,
+    collective_timeout_s: float = 300.0,
+) -> dict[int, Any]:
+    """Run ``fn(*args)`` on every worker with the default process group initialised.
+
+    Outside torchrun this starts ``nprocs`` local processes (spawned, so ``fn`` and ``args`` must be
+    picklable: define ``fn`` at module level). Under torchrun the current process is one worker: it joins
+    the job through the env:// variables torchrun sets and ``nprocs`` is ignored, so the same script runs
+    unchanged on one machine or many.
+
+    Args:
+        fn: the worker function. Inside it ``torch.distributed`` is ready and ``RANK``, ``WORLD_SIZE``
+            and ``LOCAL_RANK`` are set.
+        nprocs: number of local workers to start when not under torchrun.
+        backend: ``"gloo"`` or ``"nccl"``; default NCCL with CUDA, gloo without.
+        timeout_s: wall-clock limit for the whole local job; its workers are killed past it.
+        collective_timeout_s: how long a communication may wait before it fails instead of hanging.
+
+    Returns:
+        ``{rank: fn's return value}`` for the workers that ran in this machine's launch.
+
+    Raises:
+        WorkerError: a worker raised; all other workers were stopped. The first error is reported.
+        TimeoutError: the job ran past ``timeout_s``.
+
+    Example:
+        >>> def work() -> int:
+        ...     return torch.distributed.get_rank()
+        >>> launch(work, nprocs=2)  # doctest: +SKIP
+        {0: 0, 1: 1}
+    """
+    backend = backend or default_backend()
+    if under_torchrun():
+        rank = int(os.environ["RANK"])
+        _init_process_group(backend, "env://", rank, int(os.environ["WORLD_SIZE"]), collective_timeout_s)
+        try:
+            return {rank: fn(*args)}
+        finally:
+            dist.destroy_process_group()
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    with tempfile.TemporaryDirectory(prefix="conveyor-launch-") as tmp:
+        return _run_local(fn, args, nprocs, backend, Path(tmp), timeout_s, collective_timeout_s)
+
+
+def _init_process_group(backend: str, init_method: str, rank: int, world: int, timeout_s: float) -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+        )
+
+
+def _set_parent_death_signal() -> None:
+    """Ask Linux to kill this worker if the launching process dies, so no worker outlives its job."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _worker(
+    rank: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    world: int,
+    backend: str,
+    tmp: Path,
+    collective_timeout_s: float,
+) -> None:
+    _set_parent_death_signal()
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
+    )
+    # Local workers share this machine's cores: one thread each keeps them from oversubscribing it.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        _init_process_group(backend, f"file://{tmp / 'rendezvous'}", rank, world, collective_timeout_s)
+        report = _Report(ok=True, value=fn(*args))
+    except BaseException as exc:  # report everything, KeyboardInterrupt included, to the launcher
+        report = _Report(
+            ok=False,
+            error_type=type(exc).__name__,
+            message=str(exc).splitlines()[0] if str(exc) else "",
+            traceback=traceback.format_exc(),
+            time=time.time(),
+        )
+    with open(tmp / f"report-{rank}.pkl", "wb") as fh:
+        pickle.dump(report, fh)
+    if report.ok and dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(0 if report.ok else 1)
+
+
+def _run_local(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    nprocs: int,
+    backend: str,
+    tmp: Path,
+    timeout_s: float | None,
+    collective_timeout_s: float,
+) -> dict[int, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_worker, args=(r, fn, args, nprocs, backend, tmp, collective_timeout_s))
+        for r in range(nprocs)
+    ]
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local workers talk over loopback only
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        for p in procs:
+            p.start()
+        running = {p.sentinel: p for p in procs}
+        while running:
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = multiprocessing.connection.wait(list(running), timeout=wait_s)
+            if not ready:
+                raise TimeoutError(f"local job of {nprocs} workers ran past its {timeout_s} s limit")
+            for sentinel in ready:
+                proc = running.pop(sentinel)
+                proc.join()
+                if proc.exitcode != 0:
+                    _wait_for_reports(procs, _REPORT_GRACE_S)
+                    raise _first_error(procs, tmp)
+        return {r: _read_report(tmp, r).value for r in range(nprocs)}
+    finally:
+        _stop(procs)
+
+
+def _wait_for_reports(procs: list[Any], grace_s: float) -> None:
+    end = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+
+
+def _stop(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    _wait_for_reports(procs, _TERMINATE_GRACE_S)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _read_report(tmp: Path, rank: int) -> _Report:
+    path = tmp / f"report-{rank}.pkl"
+    if not path.exists():
+        # Died without a Python error (killed, out of memory): the likely root cause of what others saw.
+        return _Report(ok=False, error_type="WorkerDied", message="exited without a report", time=-float("inf"))
+    with open(path, "rb") as fh:
+        return pickle.load(fh)
+
+
+def _first_error(procs: list[Any], tmp: Path) -> WorkerError:
+    """The error that happened first: later ones are usually peers noticing the failed worker is gone."""
+    failures = [(r, _read_report(tmp, r)) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+    rank, rep = min(failures, key=lambda f: f[1].time)
+    if rep.error_type == "WorkerDied":
+        code = procs[rank].exitcode
+        rep.message = f"exited with code {code} without a Python error (killed, or out of memory?)"
+    return WorkerError(rank, rep.error_type, rep.message, rep.traceback)

@@ -1,0 +1,78 @@
+"""Cut a model given as an ordered list of blocks into pipeline stages that keep the blocks' names.
+
+A stage is an ``nn.Sequential`` of consecutive blocks under their original names, so its
+``state_dict()`` keys are exactly the keys the whole model has: ``"3.weight"`` on stage 1 is ``"3.weight"``
+in the user's non-pipelined ``nn.Sequential``.
+
+Example:
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> stage_ranges([2, 1], len(model))
+    [(0, 2), (2, 3)]
+    >>> list(build_stage(model, (2, 3)).state_dict())
+    ['2.weight', '2.bias']
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from torch import nn
+
+__all__ = ["Blocks", "as_blocks", "build_stage", "stage_ranges"]
+
+Blocks = nn.Sequential | Sequence[nn.Module]
+
+
+def as_blocks(model: Blocks) -> list[tuple[str, nn.Module]]:
+    """The named blocks of ``model``: an ``nn.Sequential`` keeps its names, a list is numbered 0, 1, ...
+
+    Raises:
+        TypeError: ``model`` is neither an ``nn.Sequential`` nor a sequence of modules.
+    """
+    if isinstance(model, nn.Sequential):
+        return list(model.named_children())
+    if isinstance(model, nn.Module):
+        raise TypeError(
+            f"{type(model).__name__} is a single module: give the pipeline an nn.Sequential or a list of "
+            "blocks whose outputs feed the next block, so it knows where it may cut"
+        )
+    blocks = list(model)
+    for i, b in enumerate(blocks):
+        if not isinstance(b, nn.Module):
+            raise TypeError(f"block {i} is a {type(b).__name__}, not an nn.Module")
+    return [(str(i), b) for i, b in enumerate(blocks)]
+
+
+def stage_ranges(balance: Sequence[int], num_blocks: int) -> list[tuple[int, int]]:
+    """Turn block counts per stage into ``[start, stop)`` block ranges.
+
+    Raises:
+        ValueError: a stage gets no block, or the counts do not add up to the model's blocks.
+    """
+    if not balance:
+        raise ValueError("balance is empty: give the number of blocks of each stage, e.g. [2, 2]")
+    if len(balance) > num_blocks:
+        raise ValueError(
+            f"{len(balance)} stages but the model has only {num_blocks} blocks: use at most {num_blocks} "
+            "stages, or split the model into more blocks"
+        )
+    if any(n < 1 for n in balance):
+        raise ValueError(f"balance {list(balance)} gives a stage no block: every stage needs at least one")
+    if sum(balance) != num_blocks:
+        raise ValueError(
+            f"balance {list(balance)} covers {sum(balance)} blocks but the model has {num_blocks}: "
+            "the counts must add up to the number of blocks"
+        )
+    ranges, start = [], 0
+    for n in balance:
+        ranges.append((start, start + n))
+        start += n
+    return ranges
+
+
+def build_stage(model: Blocks, block_range: tuple[int, int]) -> nn.Sequential:
+    """The blocks ``[start, stop)`` of ``model`` as an ``nn.Sequential`` under their original names."""
+    start, stop = block_range
+    return nn.Sequential(OrderedDict(as_blocks(model)[start:stop]))

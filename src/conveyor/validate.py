@@ -1,0 +1,115 @@
+"""Check a schedule before it runs: complete, causal, matched, deadlock-free and within its memory bound.
+
+Example:
+    >>> from conveyor.schedule import flush
+    >>> validate(flush(stages=4, microbatches=8), max_stashed=4).peak_stashed
+    [4, 3, 2, 1]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from conveyor.schedule import Action, Op, Schedule
+from conveyor.simulate import ScheduleError, SimResult, simulate
+
+__all__ = ["ScheduleError", "validate"]
+
+
+def validate(schedule: Schedule, max_stashed: int | Sequence[int] | None = None) -> SimResult:
+    """Raise :class:`ScheduleError` unless ``schedule`` can run as written.
+
+    Checks that every stage runs the forward of every microbatch exactly once (and, in a training
+    schedule, its backward once, after the forward); that every forward receives its input from the
+    previous stage and sends its output to the next, and every backward likewise for gradients; that a
+    training schedule ends each worker with an optimizer step; and, by simulating it with unit times,
+    that every send is received in order and no worker waits forever.
+
+    Args:
+        schedule: the action lists to check.
+        max_stashed: the most activations a worker may hold for a pending backward (one number for
+            every worker, or one per worker); ``None`` skips the check.
+
+    Returns:
+        The unit-time simulation, whose ``peak_stashed`` gives the stash each worker needs.
+    """
+    if len(schedule.actions) != len(schedule.worker_stage):
+        raise ScheduleError(
+            f"{len(schedule.actions)} action lists for {len(schedule.worker_stage)} workers: give one per worker"
+        )
+    bad = [s for s in schedule.worker_stage if not 0 <= s < schedule.stages]
+    if bad:
+        raise ScheduleError(f"worker stage {bad[0]} is outside 0..{schedule.stages - 1}")
+    training = any(a.op is Op.BACKWARD for acts in schedule.actions for a in acts)
+    for stage in range(schedule.stages):
+        _check_stage_coverage(schedule, stage, training)
+    for w, acts in enumerate(schedule.actions):
+        _check_worker(schedule, w, acts, training)
+    result = simulate(schedule, forward_s=1.0, backward_s=1.0)
+    if max_stashed is not None:
+        limits = [max_stashed] * schedule.workers if isinstance(max_stashed, int) else list(max_stashed)
+        for w, (peak, limit) in enumerate(zip(result.peak_stashed, limits, strict=True)):
+            if peak > limit:
+                raise ScheduleError(f"worker {w} stashes {peak} activations at once, more than its bound {limit}")
+    return result
+
+
+def _check_stage_coverage(schedule: Schedule, stage: int, training: bool) -> None:
+    workers = [w for w, s in enumerate(schedule.worker_stage) if s == stage]
+    if not workers:
+        raise ScheduleError(f"no worker runs stage {stage}")
+    ops = [Op.FORWARD, Op.BACKWARD] if training else [Op.FORWARD]
+    for op in ops:
+        counts = Counter(a.microbatch for w in workers for a in schedule.actions[w] if a.op is op)
+        for mb in range(schedule.microbatches):
+            if counts[mb] != 1:
+                raise ScheduleError(
+                    f"stage {stage} runs {op.name.lower()} of microbatch {mb} {counts[mb]} times; it must run once"
+                )
+        extra = set(counts) - set(range(schedule.microbatches))
+        if extra:
+            raise ScheduleError(f"stage {stage} runs microbatch {min(extra)}, outside 0..{schedule.microbatches - 1}")
+
+
+def _check_worker(schedule: Schedule, w: int, acts: Sequence[Action], training: bool) -> None:
+    stage, last = schedule.worker_stage[w], schedule.stages - 1
+    seen: set[Action] = set()
+    for i, a in enumerate(acts):
+        where = f"worker {w} (stage {stage}), action {i} {a}"
+        if a.op.is_send or a.op.is_recv:
+            if a.peer is None or not 0 <= a.peer < schedule.workers:
+                raise ScheduleError(f"{where}: peer must be a worker in 0..{schedule.workers - 1}")
+            forward_flow = a.op in (Op.SEND_ACTIVATION, Op.RECV_GRAD)
+            want = stage + 1 if forward_flow else stage - 1
+            if schedule.worker_stage[a.peer] != want:
+                raise ScheduleError(f"{where}: its peer must run stage {want}, not {schedule.worker_stage[a.peer]}")
+        needs = _prerequisites(a, stage, last)
+        missing = [n for n in needs if n not in seen]
+        if missing:
+            raise ScheduleError(f"{where}: comes before {_describe(missing[0])} it depends on")
+        seen.add(_key(a))
+    if training and (not acts or acts[-1].op is not Op.STEP):
+        raise ScheduleError(f"worker {w}: a training schedule must end with an optimizer step (STEP)")
+
+
+def _key(a: Action) -> Action:
+    """An action with its peer dropped, for 'has this happened yet' lookups."""
+    return Action(a.op, a.microbatch)
+
+
+def _prerequisites(a: Action, stage: int, last: int) -> list[Action]:
+    mb = a.microbatch
+    if a.op is Op.FORWARD:
+        return [Action(Op.RECV_ACTIVATION, mb)] if stage > 0 else []
+    if a.op is Op.SEND_ACTIVATION:
+        return [Action(Op.FORWARD, mb)]
+    if a.op is Op.BACKWARD:
+        return [Action(Op.FORWARD, mb)] + ([Action(Op.RECV_GRAD, mb)] if stage < last else [])
+    if a.op is Op.SEND_GRAD:
+        return [Action(Op.BACKWARD, mb)]
+    return []
+
+
+def _describe(a: Action) -> str:
+    return f"the {a.op.name.lower().replace('_', ' ')} of microbatch {a.microbatch}"
