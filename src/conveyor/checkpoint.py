@@ -20,7 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CheckpointError", "check_compatible", "load", "named_optimizer_state", "save", "set_optimizer_state"]
+__all__ = [
+    "CheckpointError",
+    "check_compatible",
+    "load",
+    "named_optimizer_state",
+    "save",
+    "set_optimizer_state",
+]
 
 FORMAT = "conveyor.checkpoint"
 VERSION = 1

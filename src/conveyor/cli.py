@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches it")
     train.add_argument("--checkpoint", default=None, help="write the final model here")
     train.add_argument("--resume", default=None, help="start from this checkpoint")
+    train.add_argument("--json", type=Path, default=None, help="write the run's per-epoch results here")
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON")
     which = bench.add_subparsers(dest="bench", required=True)
@@ -62,39 +63,76 @@ def _train(args: argparse.Namespace) -> None:
     if args.resume:
         checkpoint.load(args.resume)  # fail here, with one line, rather than in every worker
     cfg = TrainConfig(
-        stages=args.stages, schedule=args.schedule, microbatches=args.microbatches, batch_size=args.batch_size,
-        epochs=args.epochs, lr=args.lr, target_accuracy=args.target_accuracy, checkpoint=args.checkpoint,
+        stages=args.stages,
+        schedule=args.schedule,
+        microbatches=args.microbatches,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        lr=args.lr,
+        target_accuracy=args.target_accuracy,
+        checkpoint=args.checkpoint,
         resume=args.resume,
     )
     even_balance(len(mlp()), cfg.stages)  # the stage count must fit the model before workers start
-    console.print(f"training an MLP on handwritten digits: {cfg.stages} stages, {cfg.schedule} schedule, "
-                  f"{cfg.microbatches} microbatches of {cfg.batch_size // cfg.microbatches}")
+    console.print(
+        f"training an MLP on handwritten digits: {cfg.stages} stages, {cfg.schedule} schedule, "
+        f"{cfg.microbatches} microbatches of {cfg.batch_size // cfg.microbatches}"
+    )
     result = train(cfg)
     if result:
         table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s")
-        table.add_row(str(result["epochs"]), f"{result['accuracy'][-1]:.3f}", f"{result['loss'][-1]:.3f}",
-                      f"{result['seconds']:.1f}", f"{result['samples_per_s']:.0f}")
+        table.add_row(
+            str(result["epochs"]),
+            f"{result['accuracy'][-1]:.3f}",
+            f"{result['loss'][-1]:.3f}",
+            f"{result['seconds']:.1f}",
+            f"{result['samples_per_s']:.0f}",
+        )
         console.print(table)
     if args.checkpoint:
         console.print(f"checkpoint: {args.checkpoint}")
+    if args.json:
+        _write_json(args.json, result)
+
+
+def _write_json(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    console.print(f"wrote {path}")
 
 
 def _bench_schedules(args: argparse.Namespace) -> None:
     from conveyor.bench.schedules import BenchConfig, run
 
-    cfg = BenchConfig(stages=args.stages, microbatches=args.microbatches, steps=args.steps,
-                      forward_ms=args.forward_ms, backward_ms=args.backward_ms)
+    cfg = BenchConfig(
+        stages=args.stages,
+        microbatches=args.microbatches,
+        steps=args.steps,
+        forward_ms=args.forward_ms,
+        backward_ms=args.backward_ms,
+    )
     report = run(cfg)
-    table = Table("schedule", "efficiency", "theory", "vs theory", "samples/s", "peak stash per stage",
-                  title=f"P={cfg.stages} M={cfg.microbatches}, t_f={cfg.forward_ms} ms, t_b={cfg.backward_ms} ms")
+    table = Table(
+        "schedule",
+        "efficiency",
+        "theory",
+        "vs theory",
+        "samples/s",
+        "peak stash per stage",
+        title=f"P={cfg.stages} M={cfg.microbatches}, t_f={cfg.forward_ms} ms, t_b={cfg.backward_ms} ms",
+    )
     for name, r in report["results"].items():
-        table.add_row(name, f"{r['efficiency']:.4f}", f"{r['theory']:.4f}", f"{r['efficiency_vs_theory']:.4f}",
-                      f"{r['samples_per_s']:.1f}", str(r.get("peak_stashed_per_stage", "")))
+        table.add_row(
+            name,
+            f"{r['efficiency']:.4f}",
+            f"{r['theory']:.4f}",
+            f"{r['efficiency_vs_theory']:.4f}",
+            f"{r['samples_per_s']:.1f}",
+            str(r.get("peak_stashed_per_stage", "")),
+        )
     console.print(table)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
-        console.print(f"wrote {args.json}")
+        _write_json(args.json, report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -139,7 +139,10 @@ class P2P:
         """Send ``tree`` (tensors detached) to rank ``dst`` as one message (two more if its structure changed)."""
         leaves, spec = pytree.tree_flatten(tree)
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        signature = (spec, [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else ("value", t) for t in leaves])
+        signature = (
+            spec,
+            [(t.shape, t.dtype) if isinstance(t, torch.Tensor) else ("value", t) for t in leaves],
+        )
         channel = self._to.get(dst)
         if channel is None or channel.signature != signature:
             meta = pickle.dumps((pytree.treespec_dumps(spec), signature[1]))

@@ -143,8 +143,7 @@ class Executor:
             elif op is Op.SEND_GRAD:
                 state = flight.pop(mb)
                 grads = [
-                    t.grad if t.grad is not None else torch.zeros_like(t)
-                    for t in differentiable_leaves(state.inputs)
+                    t.grad if t.grad is not None else torch.zeros_like(t) for t in differentiable_leaves(state.inputs)
                 ]
                 self.p2p.send_tensors(grads, peer)
             elif op is Op.STEP:

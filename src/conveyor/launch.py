@@ -123,7 +123,11 @@ def _init_process_group(backend: str, init_method: str, rank: int, world: int, t
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     if not dist.is_initialized():
         dist.init_process_group(
-            backend, init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
         )
 
 
@@ -144,14 +148,14 @@ def _worker(
     collective_timeout_s: float,
 ) -> None:
     _set_parent_death_signal()
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
-    )
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     # Local workers share this machine's cores: one thread each keeps them from oversubscribing it.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         _init_process_group(backend, f"file://{tmp / 'rendezvous'}", rank, world, collective_timeout_s)
-        report = _Report(ok=True, value=fn(*args))
+        value = fn(*args)
+        dist.barrier()  # nobody leaves while a peer may still be receiving from it
+        report = _Report(ok=True, value=value)
     except BaseException as exc:  # report everything, KeyboardInterrupt included, to the launcher
         report = _Report(
             ok=False,
@@ -162,9 +166,11 @@ def _worker(
         )
     with open(tmp / f"report-{rank}.pkl", "wb") as fh:
         pickle.dump(report, fh)
-    if report.ok and dist.is_initialized():
-        dist.destroy_process_group()
-    sys.exit(0 if report.ok else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exit without tearing down the process group: its threads can abort the interpreter's shutdown
+    # ("terminate called without an active exception") after the work is done and reported.
+    os._exit(0 if report.ok else 1)
 
 
 def _run_local(

@@ -92,9 +92,7 @@ class Pipeline:
         self.device = torch.device(device) if device is not None else _default_device()
         self.microbatches = microbatches
         # The whole model's names and shapes, to check that a checkpoint belongs to this model.
-        self._model_shapes = {
-            f"{name}.{k}": v.shape for name, block in blocks for k, v in block.state_dict().items()
-        }
+        self._model_shapes = {f"{name}.{k}": v.shape for name, block in blocks for k, v in block.state_dict().items()}
         self.module = build_stage(model, ranges[self.stage]).to(self.device)
         params = list(self.module.parameters())
         self.optimizer = optimizer(params) if optimizer is not None and params else None
@@ -159,8 +157,9 @@ class Pipeline:
         out = self.executor.run(self._eval_schedule, self._split(inputs, self.is_first, "inputs"), None)
         if not self.is_last:
             return None
-        return pytree.tree_map(lambda *parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0],
-                               *out.outputs)
+        return pytree.tree_map(
+            lambda *parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0], *out.outputs
+        )
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the whole model and optimizer to ``path`` (rank 0 writes; every worker must call it)."""

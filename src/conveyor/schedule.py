@@ -24,8 +24,8 @@ __all__ = [
     "Action",
     "Op",
     "Schedule",
-    "forward_only",
     "flush",
+    "forward_only",
     "gpipe",
     "make_schedule",
 ]

@@ -87,9 +87,7 @@ def simulate(
     fwd, bwd = _per_item(forward_s, n, "forward_s"), _per_item(backward_s, n, "backward_s")
     hop = _per_item(transfer_s, max(n - 1, 0), "transfer_s")
     stage = schedule.worker_stage
-    pending_backward = [
-        {a.microbatch for a in acts if a.op is Op.BACKWARD} for acts in schedule.actions
-    ]
+    pending_backward = [{a.microbatch for a in acts if a.op is Op.BACKWARD} for acts in schedule.actions]
     clock = [0.0] * schedule.workers
     busy = [0.0] * schedule.workers
     pc = [0] * schedule.workers

@@ -74,9 +74,7 @@ def digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tor
 
 def mlp(width: int = 128) -> nn.Sequential:
     """A 5-block MLP for 64-pixel digits; a block's output feeds the next, so it can be cut anywhere."""
-    return nn.Sequential(
-        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
-    )
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
 
 
 def even_balance(blocks: int, stages: int) -> list[int]:
@@ -104,8 +102,11 @@ def _worker(cfg: TrainConfig) -> dict[str, Any] | None:
     result = TrainResult()
     start = time.perf_counter()
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(), disable=not pipe.is_last,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        disable=not pipe.is_last,
     ) as bar:
         task = bar.add_task("training", total=cfg.epochs * steps, status="")
         for epoch in range(cfg.epochs):

@@ -1,0 +1,67 @@
+"""Small models for the pipeline tests: plain blocks, parameter-less blocks, tuples and dicts between stages."""
+
+import torch
+from torch import nn
+
+
+def mlp() -> nn.Sequential:
+    """Five blocks, two of them without parameters (a 4-stage split [1, 1, 2, 1] gives a stage none)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+class Fork(nn.Module):
+    """x -> (relu(W x), x): a tuple whose second element skips ahead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(self.lin(x)), x
+
+
+class Mix(nn.Module):
+    """(h, x) -> a dict with a float tensor, an integer tensor and a plain value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skip = nn.Linear(8, 16)
+
+    def forward(self, hx: tuple[torch.Tensor, torch.Tensor]) -> dict[str, object]:
+        h, x = hx
+        return {"h": h + self.skip(x), "ids": h.argmax(dim=1) % 5, "scale": 0.5}
+
+
+class Embed(nn.Module):
+    """dict -> (h, ids): uses the integer tensor and the plain value that crossed a stage boundary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(5, 16)
+
+    def forward(self, d: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(d["h"] * d["scale"] + self.emb(d["ids"])), d["ids"]
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, h_ids: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.lin(h_ids[0])
+
+
+def branchy() -> nn.Sequential:
+    """Four blocks that pass a tuple, a dict and a tuple with an integer tensor between them."""
+    torch.manual_seed(0)
+    return nn.Sequential(Fork(), Mix(), Embed(), Head())
+
+
+MODELS = {"mlp": (mlp, {2: [3, 2], 4: [1, 1, 2, 1]}), "branchy": (branchy, {2: [2, 2], 4: [1, 1, 1, 1]})}
+
+
+def batches(n: int = 3, size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(size, 8, generator=g), torch.randint(0, 4, (size,), generator=g)) for _ in range(n)]

@@ -1,0 +1,109 @@
+"""The conveyor command: the default training run end to end, and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conveyor import checkpoint
+from conveyor.cli import main
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) -> None:
+    ckpt, metrics = tmp_path / "run" / "model.pt", tmp_path / "run" / "metrics.json"
+    conveyor = [sys.executable, "-m", "conveyor.cli"]
+    cmd = [*conveyor, "train", "--epochs", "3", "--checkpoint", str(ckpt), "--json", str(metrics)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "test accuracy" in done.stdout
+    result = json.loads(metrics.read_text())
+    assert result["epochs"] == 3 and len(result["accuracy"]) == 3
+    assert result["accuracy"][-1] > 0.85, result
+    saved = checkpoint.load(ckpt)
+    assert saved["steps"] == 3 * (1437 // 64)
+    assert set(saved["model"]) == {f"{i}.{p}" for i in (0, 2, 4) for p in ("weight", "bias")}
+
+    resumed = subprocess.run(
+        [
+            *conveyor,
+            "train",
+            "--epochs",
+            "1",
+            "--stages",
+            "3",
+            "--schedule",
+            "gpipe",
+            "--resume",
+            str(ckpt),
+            "--checkpoint",
+            str(tmp_path / "again.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert checkpoint.load(tmp_path / "again.pt")["steps"] == 4 * (1437 // 64)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "--resume", "/no/such/ckpt.pt"], "no checkpoint at /no/such/ckpt.pt: check the path"),
+        (["train", "--stages", "6"], "cannot cut 5 blocks into 6 stages"),
+        (["train", "--batch-size", "30", "--microbatches", "4"], "--batch-size 30 is not a multiple of"),
+        (["bench", "schedules", "--forward-ms", "0", "--backward-ms", "0"], "not both 0"),
+    ],
+)
+def test_bad_input_is_one_line_without_traceback(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_checkpoint_of_another_model_fails_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other = checkpoint.save(tmp_path / "other.pt", {"weight": torch.zeros(2)})
+    assert main(["train", "--epochs", "1", "--resume", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert "CheckpointError" in err and "is from another model" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_unknown_schedule_is_rejected_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--schedule", "zigzag"])
+    assert info.value.code == 2
+    assert "invalid choice: 'zigzag'" in capsys.readouterr().err
+
+
+def test_bench_schedules_writes_its_report(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = [
+        "bench",
+        "schedules",
+        "--stages",
+        "2",
+        "--microbatches",
+        "2",
+        "--steps",
+        "2",
+        "--forward-ms",
+        "2",
+        "--backward-ms",
+        "4",
+        "--json",
+        str(out),
+    ]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["stages"] == 2
+    assert set(report["results"]) == {"conveyor/gpipe", "conveyor/flush", "torch/gpipe", "torch/1f1b"}

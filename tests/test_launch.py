@@ -1,0 +1,85 @@
+"""The local launcher: results back, the first error reported once, no process left behind."""
+
+import multiprocessing
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conveyor.launch import WorkerError, launch, under_torchrun
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _rank_sum() -> tuple[int, float]:
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return int(os.environ["RANK"]), t.item()
+
+
+def _one_fails_while_others_wait() -> None:
+    if dist.get_rank() == 2:
+        raise ValueError("bad batch on rank 2")
+    dist.recv(torch.zeros(1), src=2)  # would wait forever for the failed rank
+
+
+def _pids_then_fail(folder: str) -> None:
+    with open(os.path.join(folder, f"{dist.get_rank()}.pid"), "w") as fh:
+        fh.write(str(os.getpid()))
+    if dist.get_rank() == 0:
+        time.sleep(0.5)
+        raise RuntimeError("stop")
+    time.sleep(60)
+
+
+def _sleep_long() -> None:
+    time.sleep(60)
+
+
+def test_results_come_back_per_rank() -> None:
+    assert launch(_rank_sum, nprocs=3, timeout_s=60) == {0: (0, 3.0), 1: (1, 3.0), 2: (2, 3.0)}
+
+
+def test_first_error_is_reported_and_everyone_stops() -> None:
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        launch(_one_fails_while_others_wait, nprocs=3, timeout_s=60)
+    assert time.monotonic() - start < 30
+    assert info.value.rank == 2
+    assert info.value.error_type == "ValueError"
+    assert "bad batch on rank 2" in str(info.value)
+    assert "Traceback" in info.value.remote_traceback
+    assert not multiprocessing.active_children()
+
+
+def test_no_worker_outlives_a_failed_job(tmp_path) -> None:
+    with pytest.raises(WorkerError, match="RuntimeError: stop"):
+        launch(_pids_then_fail, str(tmp_path), nprocs=3, timeout_s=60)
+    for f in tmp_path.glob("*.pid"):
+        pid = int(f.read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_job_past_its_time_limit_is_killed() -> None:
+    with pytest.raises(TimeoutError, match="ran past its 3 s limit"):
+        launch(_sleep_long, nprocs=2, timeout_s=3)
+    assert not multiprocessing.active_children()
+
+
+def test_nprocs_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        launch(_rank_sum, nprocs=0)
+
+
+def test_torchrun_is_detected_from_its_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    assert not under_torchrun()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert under_torchrun()

@@ -1,0 +1,49 @@
+"""The simulator predicts the step time and stash of a schedule's action lists."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conveyor.schedule import SCHEDULES, flush, gpipe, make_schedule
+from conveyor.simulate import simulate
+
+times = st.floats(0.1, 10.0)
+
+
+@given(st.integers(1, 8), st.integers(1, 12), times, times, st.sampled_from(sorted(SCHEDULES)))
+def test_equal_stages_take_m_plus_p_minus_1_slots(p: int, m: int, tf: float, tb: float, name: str) -> None:
+    result = simulate(make_schedule(name, p, m), forward_s=tf, backward_s=tb)
+    assert result.step_s == pytest.approx((m + p - 1) * (tf + tb))
+
+
+def test_transfer_time_is_paid_on_every_hop_of_fill_and_drain() -> None:
+    # One microbatch through 3 stages: 3 forwards, 2 hops down, 3 backwards, 2 hops back.
+    result = simulate(gpipe(3, 1), forward_s=1.0, backward_s=2.0, transfer_s=0.5)
+    assert result.step_s == pytest.approx(3 * 1.0 + 3 * 2.0 + 4 * 0.5)
+
+
+def test_slowest_stage_sets_the_pace() -> None:
+    # GPipe with a bottleneck stage: after the fill, the slow stage runs back to back.
+    result = simulate(gpipe(2, 4), forward_s=[1.0, 3.0], backward_s=[1.0, 3.0])
+    assert result.step_s == pytest.approx(1.0 + 4 * 3.0 + 4 * 3.0 + 1.0)
+
+
+def test_optimizer_step_time_is_added() -> None:
+    assert simulate(flush(2, 2), 1.0, 1.0, step_s=0.5).step_s == pytest.approx(3 * 2.0 + 0.5)
+
+
+def test_busy_time_and_efficiency() -> None:
+    result = simulate(flush(4, 8), forward_s=1.0, backward_s=2.0)
+    assert result.busy_s == [24.0] * 4
+    assert result.efficiency() == pytest.approx(8 / 11)
+
+
+def test_timeline_lists_every_compute_action() -> None:
+    result = simulate(gpipe(2, 3), 1.0, 1.0)
+    assert len(result.timeline) == 2 * (3 + 3 + 1)
+    assert all(end >= start for _, _, start, end in result.timeline)
+
+
+def test_per_stage_values_must_match_the_stage_count() -> None:
+    with pytest.raises(ValueError, match="forward_s needs 3 values"):
+        simulate(gpipe(3, 2), forward_s=[1.0, 2.0], backward_s=1.0)

@@ -1,0 +1,82 @@
+"""The validator rejects schedules that cannot run: deadlocks, bad order, unmatched messages, stash."""
+
+import dataclasses
+
+import pytest
+
+from conveyor.schedule import Action, Op, Schedule, flush, gpipe
+from conveyor.simulate import DeadlockError, ScheduleError
+from conveyor.validate import validate
+
+
+def _replace_worker(s: Schedule, worker: int, actions: list[str]) -> Schedule:
+    acts = list(s.actions)
+    acts[worker] = tuple(Action.parse(a) for a in actions)
+    return dataclasses.replace(s, actions=tuple(acts))
+
+
+def test_accepts_the_generated_schedules() -> None:
+    validate(flush(3, 5), max_stashed=3)
+    validate(gpipe(3, 5), max_stashed=5)
+
+
+def test_rejects_a_deadlocking_order() -> None:
+    # Stage 0 waits for the gradient of microbatch 0 before sending microbatch 0's activation:
+    # stage 1 waits for that activation, stage 0 for stage 1's gradient. Neither moves.
+    s = _replace_worker(gpipe(2, 1), 0, ["F0", "RECV_B0<1", "SEND_F0>1", "B0", "STEP"])
+    with pytest.raises(DeadlockError, match="deadlock"):
+        validate(s)
+
+
+def test_rejects_receives_in_another_order_than_the_sends() -> None:
+    s = _replace_worker(
+        flush(2, 2), 1, ["RECV_F1<0", "F1", "B1", "SEND_B1>0", "RECV_F0<0", "F0", "B0", "SEND_B0>0", "STEP"]
+    )
+    with pytest.raises(ScheduleError, match=r"expects microbatch 1 .* next message on that channel is microbatch 0"):
+        validate(s)
+
+
+def test_rejects_a_send_nobody_receives() -> None:
+    s = _replace_worker(gpipe(2, 1), 0, ["F0", "SEND_F0>1", "SEND_F0>1", "RECV_B0<1", "B0", "STEP"])
+    with pytest.raises(ScheduleError, match="never received"):
+        validate(s)
+
+
+def test_rejects_a_backward_before_its_forward() -> None:
+    s = _replace_worker(gpipe(1, 2), 0, ["F0", "B1", "F1", "B0", "STEP"])
+    with pytest.raises(ScheduleError, match="comes before the forward of microbatch 1"):
+        validate(s)
+
+
+def test_rejects_a_forward_without_its_input() -> None:
+    s = _replace_worker(gpipe(2, 1), 1, ["F0", "RECV_F0<0", "B0", "SEND_B0>0", "STEP"])
+    with pytest.raises(ScheduleError, match="comes before the recv activation of microbatch 0"):
+        validate(s)
+
+
+def test_rejects_a_microbatch_run_twice_or_never() -> None:
+    s = _replace_worker(gpipe(1, 2), 0, ["F0", "F0", "B0", "B1", "STEP"])
+    with pytest.raises(ScheduleError, match="forward of microbatch 0 2 times"):
+        validate(s)
+
+
+def test_rejects_a_training_schedule_without_a_step() -> None:
+    s = _replace_worker(gpipe(1, 1), 0, ["F0", "B0"])
+    with pytest.raises(ScheduleError, match="must end with an optimizer step"):
+        validate(s)
+
+
+def test_rejects_a_peer_on_the_wrong_stage() -> None:
+    s = _replace_worker(gpipe(3, 1), 0, ["F0", "SEND_F0>2", "RECV_B0<1", "B0", "STEP"])
+    with pytest.raises(ScheduleError, match="peer must run stage 1"):
+        validate(s)
+
+
+def test_enforces_the_stash_bound() -> None:
+    with pytest.raises(ScheduleError, match="stashes 4 activations at once, more than its bound 2"):
+        validate(gpipe(2, 4), max_stashed=2)
+    validate(flush(2, 4), max_stashed=[2, 1])
+
+
+def test_step_is_an_action_without_microbatch() -> None:
+    assert Action(Op.STEP).microbatch is None
