@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     sched.add_argument("--steps", type=_positive, default=20)
     sched.add_argument("--forward-ms", type=float, default=10.0)
     sched.add_argument("--backward-ms", type=float, default=20.0)
+    sched.add_argument("--repeats", type=_positive, default=3, help="interleaved rounds; the median is reported")
     sched.add_argument("--json", type=Path, default=None, help="write the report here")
     return parser
 

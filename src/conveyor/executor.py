@@ -113,6 +113,7 @@ class Executor:
                         t.requires_grad_(True)
                 flight[mb] = _InFlight(inputs=received)
             elif op is Op.FORWARD:
+                prefetch.post()  # before computing, not after: a send that follows must not wait for it
                 state = flight.setdefault(mb, _InFlight())
                 if first:
                     state.inputs = _to(inputs[mb], self.device)
@@ -137,6 +138,7 @@ class Executor:
             elif op is Op.RECV_GRAD:
                 flight[mb].input_grads = self.p2p.wait_tensors(prefetch.take(action))
             elif op is Op.BACKWARD:
+                prefetch.post()
                 self._backward(flight[mb], last)
                 if first:
                     del flight[mb]
@@ -150,7 +152,6 @@ class Executor:
                 self.p2p.wait_sends()
                 if on_step is not None:
                     on_step()
-            prefetch.post()
             if self.trace is not None:
                 self.trace.append((action, start, time.perf_counter()))
         self.p2p.wait_sends()

@@ -3,7 +3,8 @@
 Each stage's forward sleeps ``t_f`` and its backward ``t_b``, so compute costs the same whatever the core
 count, and what is measured is the schedule and the runtime: bubbles, transfers, Python overhead. Every
 schedule, Conveyor's and ``torch.distributed.pipelining``'s, runs the same steps of the same microbatches
-in one job, after one untimed warm-up step each.
+in one job, after one untimed warm-up step each, in ``repeats`` interleaved rounds; the report gives the
+median round.
 
 efficiency = microbatches x (t_f + t_b) / wall time: 1.0 would be a pipeline with no bubble. A flush
 schedule's ideal is ``m / (m + p - 1)``.
@@ -12,8 +13,10 @@ schedule's ideal is ``m / (m + p - 1)``.
 from __future__ import annotations
 
 import ctypes
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -30,35 +33,19 @@ from conveyor.simulate import simulate
 __all__ = ["BenchConfig", "FixedLatencyStage", "run"]
 
 
-# A plain sleep ends 0.1 ms late or more, and wakes the process on a cold core that then runs the next
-# few hundred microseconds of Python several times slower than a warm one (measured on the 2-core CI
-# machine): the tail of each hold is spun, so a stage takes t_f exactly and leaves its core warm, as
-# real compute would.
-_SPIN_S = 3e-4
-
-
-def hold(seconds: float) -> None:
-    """Return ``seconds`` after the call, within microseconds: sleep most of it, spin the rest."""
-    deadline = time.perf_counter() + seconds
-    if seconds > _SPIN_S:
-        time.sleep(seconds - _SPIN_S)
-    while time.perf_counter() < deadline:
-        pass
-
-
 class _FixedLatency(torch.autograd.Function):
     """y = x * w, whose forward takes ``forward_s`` and backward ``backward_s`` of wall time."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
-        hold(forward_s)
+        time.sleep(forward_s)
         ctx.save_for_backward(x, w)
         ctx.backward_s = backward_s
         return x * w
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        hold(ctx.backward_s)
+        time.sleep(ctx.backward_s)
         x, w = ctx.saved_tensors
         return grad * w, (grad * x).sum().reshape(w.shape), None, None
 
@@ -86,16 +73,17 @@ class BenchConfig:
     backward_ms: float = 20.0
     microbatch_size: int = 1
     features: int = 16
+    repeats: int = 3
 
     def __post_init__(self) -> None:
-        if min(self.stages, self.microbatches, self.steps, self.microbatch_size, self.features) < 1:
-            raise ValueError("stages, microbatches, steps, microbatch size and features must all be at least 1")
+        if min(self.stages, self.microbatches, self.steps, self.microbatch_size, self.features, self.repeats) < 1:
+            raise ValueError("stages, microbatches, steps, microbatch size, features and repeats must be at least 1")
         if self.forward_ms < 0 or self.backward_ms < 0 or self.forward_ms + self.backward_ms <= 0:
             raise ValueError("--forward-ms and --backward-ms must be >= 0 and not both 0: they set the stage cost")
 
 
 def _set_timer_slack_1us() -> None:
-    """Let this process's sleeps end within a microsecond of their deadline (Linux default: 50 us)."""
+    """Shrink the timer slack Linux adds to every sleep of this process from 50 us to 1 us."""
     if sys.platform.startswith("linux"):
         pr_set_timerslack = 29
         ctypes.CDLL(None).prctl(pr_set_timerslack, 1000)
@@ -105,14 +93,29 @@ def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((output - target) ** 2).mean()
 
 
-def _timed(cfg: BenchConfig, step: Any) -> float:
-    step()  # warm-up: first-message metadata, allocator, autograd caches
+def _timed(cfg: BenchConfig, step: Callable[[], Any]) -> float:
     dist.barrier()
     start = time.perf_counter()
     for _ in range(cfg.steps):
         step()
     dist.barrier()
     return time.perf_counter() - start
+
+
+def _torch_step(schedule: Any, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    rank, last = dist.get_rank(), dist.get_world_size() - 1
+
+    def step() -> None:
+        if rank == 0:
+            schedule.step(x, target=y if last == 0 else None)
+        elif rank == last:
+            schedule.step(target=y)
+        else:
+            schedule.step()
+        opt.step()
+        opt.zero_grad()
+
+    return step
 
 
 def _worker(cfg: BenchConfig) -> dict[str, Any]:
@@ -124,34 +127,29 @@ def _worker(cfg: BenchConfig) -> dict[str, Any]:
     batch = cfg.microbatches * cfg.microbatch_size
     x, y = torch.randn(batch, cfg.features), torch.zeros(batch, cfg.features)
     sgd = partial(torch.optim.SGD, lr=1e-6)
-    walls, peaks = {}, {}
+    steps: dict[str, Callable[[], Any]] = {}
+    pipes = {}
     for name in ("gpipe", "flush"):
-        pipe = Pipeline(stages, [1] * cfg.stages, cfg.microbatches, _mse, optimizer=sgd, schedule=name)
-        walls[f"conveyor/{name}"] = _timed(cfg, lambda pipe=pipe: pipe.train_step(x, y))
-        peaks[f"conveyor/{name}"] = pipe.peak_stashed
+        pipes[name] = Pipeline(stages, [1] * cfg.stages, cfg.microbatches, _mse, optimizer=sgd, schedule=name)
+        steps[f"conveyor/{name}"] = partial(pipes[name].train_step, x, y)
     for name, cls in (("torch/gpipe", ScheduleGPipe), ("torch/1f1b", Schedule1F1B)):
         stage = PipelineStage(stages[rank], rank, cfg.stages, torch.device("cpu"))
-        schedule, opt = cls(stage, cfg.microbatches, loss_fn=_mse), sgd(stages[rank].parameters())
-
-        def step(schedule: Any = schedule, opt: torch.optim.Optimizer = opt) -> None:
-            if rank == 0:
-                schedule.step(x, target=y if cfg.stages == 1 else None)
-            elif rank == cfg.stages - 1:
-                schedule.step(target=y)
-            else:
-                schedule.step()
-            opt.step()
-            opt.zero_grad()
-
-        walls[name] = _timed(cfg, step)
+        steps[name] = _torch_step(cls(stage, cfg.microbatches, loss_fn=_mse), sgd(stages[rank].parameters()), x, y)
+    for step in steps.values():
+        step()  # warm-up, untimed: first-message metadata, allocator, autograd caches
+    # Rounds interleave the schedules, so a slow spell of the machine does not land on one schedule only.
+    walls: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(cfg.repeats):
+        for name, step in steps.items():
+            walls[name].append(_timed(cfg, step))
+    peaks = {f"conveyor/{name}": pipe.peak_stashed for name, pipe in pipes.items()}
     all_peaks: list[Any] = [None] * cfg.stages
     dist.all_gather_object(all_peaks, peaks)
     return {"walls": walls, "peaks": all_peaks}
 
 
-def _theory(schedule: str, stages: int, microbatches: int) -> float:
-    """Ideal efficiency of a flush schedule on equal stages: m / (m + p - 1)."""
-    del schedule  # every schedule measured here flushes once per step
+def _flush_theory(stages: int, microbatches: int) -> float:
+    """Ideal efficiency of a schedule that flushes every step, on equal stages: m / (m + p - 1)."""
     return microbatches / (microbatches + stages - 1)
 
 
@@ -161,14 +159,16 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     microbatches = cfg.steps * cfg.microbatches
     ideal_s = microbatches * (cfg.forward_ms + cfg.backward_ms) / 1e3
     results = {}
-    for name, wall in out["walls"].items():
-        theory = _theory(name, cfg.stages, cfg.microbatches)
+    for name, walls in out["walls"].items():
+        wall = statistics.median(walls)
+        theory = _flush_theory(cfg.stages, cfg.microbatches)
         entry = {
             "efficiency": ideal_s / wall,
             "theory": theory,
             "efficiency_vs_theory": ideal_s / wall / theory,
             "samples_per_s": microbatches * cfg.microbatch_size / wall,
             "wall_s": wall,
+            "wall_s_per_repeat": walls,
         }
         if name.startswith("conveyor/"):
             sched = make_schedule(name.split("/")[1], cfg.stages, cfg.microbatches)
