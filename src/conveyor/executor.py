@@ -113,7 +113,6 @@ class Executor:
                         t.requires_grad_(True)
                 flight[mb] = _InFlight(inputs=received)
             elif op is Op.FORWARD:
-                prefetch.post()  # before computing, not after: a send that follows must not wait for it
                 state = flight.setdefault(mb, _InFlight())
                 if first:
                     state.inputs = _to(inputs[mb], self.device)
@@ -133,12 +132,12 @@ class Executor:
                     state.inputs = None
             elif op is Op.SEND_ACTIVATION:
                 self.p2p.send_tree(flight[mb].outputs, peer)
+                prefetch.post()
                 if not training:
                     del flight[mb]
             elif op is Op.RECV_GRAD:
                 flight[mb].input_grads = self.p2p.wait_tensors(prefetch.take(action))
             elif op is Op.BACKWARD:
-                prefetch.post()
                 self._backward(flight[mb], last)
                 if first:
                     del flight[mb]
@@ -148,6 +147,7 @@ class Executor:
                     t.grad if t.grad is not None else torch.zeros_like(t) for t in differentiable_leaves(state.inputs)
                 ]
                 self.p2p.send_tensors(grads, peer)
+                prefetch.post()
             elif op is Op.STEP:
                 self.p2p.wait_sends()
                 if on_step is not None:
