@@ -52,6 +52,25 @@ def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) 
     assert checkpoint.load(tmp_path / "again.pt")["steps"] == 4 * (1437 // 64)
 
 
+def test_train_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "conveyor.cli", "train", "--epochs", "3", "--json", str(metrics)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(metrics.read_text())["accuracy"][-1] > 0.8
+
+
+def test_torchrun_with_the_wrong_worker_count_fails_in_one_line() -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
+           "-m", "conveyor.cli", "train", "--stages", "2", "--epochs", "1"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("conveyor: error:")]
+    assert lines and all("the pipeline has 2 stages but 3 workers were started" in line for line in lines)
+    assert "pipeline.py" not in done.stderr  # the workers print no traceback of their own
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

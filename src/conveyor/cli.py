@@ -14,6 +14,7 @@ from rich.table import Table
 
 from conveyor.checkpoint import CheckpointError
 from conveyor.launch import WorkerError
+from conveyor.pipeline import WorldSizeError
 from conveyor.schedule import SCHEDULES
 
 __all__ = ["main"]
@@ -75,10 +76,11 @@ def _train(args: argparse.Namespace) -> None:
         resume=args.resume,
     )
     even_balance(len(mlp()), cfg.stages)  # the stage count must fit the model before workers start
-    console.print(
-        f"training an MLP on handwritten digits: {cfg.stages} stages, {cfg.schedule} schedule, "
-        f"{cfg.microbatches} microbatches of {cfg.batch_size // cfg.microbatches}"
-    )
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
+        console.print(
+            f"training an MLP on handwritten digits: {cfg.stages} stages, {cfg.schedule} schedule, "
+            f"{cfg.microbatches} microbatches of {cfg.batch_size // cfg.microbatches}"
+        )
     result = train(cfg)
     if result:
         table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s")
@@ -149,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(exc.remote_traceback, file=sys.stderr)
         print(f"conveyor: error: worker {exc.rank}: {exc.error_type}: {exc.message}", file=sys.stderr)
         return 1
-    except (ValueError, CheckpointError, OSError) as exc:
+    except (ValueError, CheckpointError, OSError, WorldSizeError) as exc:
         print(f"conveyor: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -31,9 +31,13 @@ from conveyor.schedule import Schedule, forward_only, make_schedule
 from conveyor.stage import Blocks, as_blocks, build_stage, stage_ranges
 from conveyor.validate import validate
 
-__all__ = ["OptimizerFactory", "Pipeline"]
+__all__ = ["OptimizerFactory", "Pipeline", "WorldSizeError"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+class WorldSizeError(RuntimeError):
+    """The job has a different number of workers than the pipeline has stages."""
 
 
 def _default_device() -> torch.device:
@@ -59,7 +63,8 @@ class Pipeline:
         device: this worker's device; default ``cuda:LOCAL_RANK`` with CUDA, else CPU.
 
     Raises:
-        RuntimeError: torch.distributed is not initialised, or its world size is not the stage count.
+        RuntimeError: torch.distributed is not initialised.
+        WorldSizeError: the world size is not the stage count.
         ValueError: the balance does not fit the model, or the schedule is unknown.
     """
 
@@ -82,7 +87,7 @@ class Pipeline:
         ranges = stage_ranges(balance, len(blocks))
         world = dist.get_world_size()
         if world != len(ranges):
-            raise RuntimeError(
+            raise WorldSizeError(
                 f"the pipeline has {len(ranges)} stages but {world} workers were started: start {len(ranges)} "
                 f"(launch(..., nprocs={len(ranges)}) or torchrun --nproc_per_node {len(ranges)}), or give "
                 f"a balance with {world} stages"
