@@ -126,3 +126,47 @@ def test_bench_schedules_writes_its_report(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["config"]["stages"] == 2
     assert set(report["results"]) == {"conveyor/gpipe", "conveyor/flush", "torch/gpipe", "torch/1f1b"}
+
+
+def test_profile_then_plan(tmp_path: Path, pipedream_profiles: Path) -> None:
+    prof = tmp_path / "mlp.json"
+    assert main(["profile", "mlp", "--batch-size", "16", "--repeats", "2", "--json", str(prof)]) == 0
+    assert main(["plan", str(prof), "--topology", "2:1e9", "--straight", "--json", str(tmp_path / "p.json")]) == 0
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert [s["replicas"] for s in plan["stages"]] == [1, 1]
+    assert [r for s in plan["stages"] for r in s["ranks"]] == [0, 1]
+    assert sum(len(s["layer_names"]) for s in plan["stages"]) == 5
+
+    out = tmp_path / "vgg.json"
+    assert main(["plan", str(pipedream_profiles / "vgg16"), "--topology", "16:1.25e9", "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["config"] == "15-1" and plan["noam"] == 2
+    assert set(plan["predicted"]) >= {"samples_per_s", "speedup_vs_dp", "speedup_vs_single"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "/no/profile.json", "--topology", "2:1e9"], "no profile at /no/profile.json"),
+        (["plan", "PROFILE", "--topology", "2"], "cannot read topology level '2'"),
+        (["plan", "PROFILE", "--topology", "9:1e9", "--straight"], "use at most 5 workers"),
+        (["profile", "nosuchmodel", "--json", "x.json"], "unknown model 'nosuchmodel'"),
+    ],
+)
+def test_bad_plan_and_profile_input(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conveyor.profiles import Profile
+
+    Profile.chain("five", [1.0] * 5, [1.0] * 5, [1] * 5, [1] * 5).save(tmp_path / "p.json")
+    assert main([a.replace("PROFILE", str(tmp_path / "p.json")) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_bench_planner_writes_its_report() -> None:
+    from conveyor.bench import planner
+
+    report = planner.run(layer_counts=(8,), worker_counts=(16,))
+    assert report["results"][0]["workers"] == 16 and report["results"][0]["seconds"] > 0
+    assert sum(int(r) for r in report["results"][0]["config"].split("-")) == 16

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conveyor.planner import PlanError, optimize
-from conveyor.profile import Profile
+from conveyor.profiles import Profile
 from conveyor.topology import Topology
 
 

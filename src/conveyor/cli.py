@@ -45,6 +45,19 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", default=None, help="start from this checkpoint")
     train.add_argument("--json", type=Path, default=None, help="write the run's per-epoch results here")
 
+    prof = sub.add_parser("profile", help="measure a model block by block and save the profile as JSON")
+    prof.add_argument("model", help="a built-in model (mlp) or package.module:factory")
+    prof.add_argument("--batch-size", type=_positive, default=64)
+    prof.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    prof.add_argument("--repeats", type=_positive, default=10)
+    prof.add_argument("--json", type=Path, required=True, help="write the profile here")
+
+    plan = sub.add_parser("plan", help="choose stages and replicas for a profiled model on a cluster")
+    plan.add_argument("profile", help="a profile JSON, or a PipeDream graph.txt (or its folder)")
+    plan.add_argument("--topology", required=True, help="COUNT:BYTES_PER_S per level, innermost first: 4:12e9,4:1.25e9")
+    plan.add_argument("--straight", action="store_true", help="one worker per stage, no replication")
+    plan.add_argument("--json", type=Path, default=None, help="write the plan file here")
+
     bench = sub.add_parser("bench", help="benchmarks that write JSON")
     which = bench.add_subparsers(dest="bench", required=True)
     sched = which.add_parser("schedules", help="pipeline efficiency of every schedule on fixed-latency stages")
@@ -55,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     sched.add_argument("--backward-ms", type=float, default=20.0)
     sched.add_argument("--repeats", type=_positive, default=3, help="interleaved rounds; the median is reported")
     sched.add_argument("--json", type=Path, default=None, help="write the report here")
+    planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
+    planner.add_argument("--json", type=Path, default=None, help="write the report here")
     return parser
 
 
@@ -138,12 +153,77 @@ def _bench_schedules(args: argparse.Namespace) -> None:
         _write_json(args.json, report)
 
 
+def _profile(args: argparse.Namespace) -> None:
+    from conveyor.profiler import profile
+    from conveyor.zoo import resolve
+
+    model, example = resolve(args.model, args.batch_size)
+    result = profile(model, example, name=args.model, device=args.device, repeats=args.repeats)
+    table = Table("block", "what", "forward ms", "backward ms", "output MB", "saved MB", "params MB")
+    for layer in result.layers:
+        table.add_row(
+            layer.name, layer.description[:40], f"{layer.forward_s * 1e3:.3f}", f"{layer.backward_s * 1e3:.3f}",
+            f"{layer.output_bytes / 1e6:.3f}", f"{layer.saved_bytes / 1e6:.3f}", f"{layer.param_bytes / 1e6:.3f}",
+        )  # fmt: skip
+    console.print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    result.save(args.json)
+    console.print(f"wrote {args.json}")
+
+
+def _plan(args: argparse.Namespace) -> None:
+    from conveyor.planner import optimize
+    from conveyor.profiles import Profile
+    from conveyor.topology import Topology
+
+    profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
+    plan = optimize(profile, topology, straight=args.straight)
+    report = plan.to_dict(profile)
+    table = Table(
+        "stage", "layers", "first - last layer", "replicas", "ranks", "ms per minibatch",
+        title=f"{profile.model} on {topology.workers} workers ({topology}): {plan.config}",
+    )  # fmt: skip
+    for i, st in enumerate(report["stages"]):
+        ranks = st["ranks"]
+        table.add_row(
+            str(i), str(len(st["layer_names"])), f"{st['layer_names'][0]} - {st['layer_names'][-1]}",
+            str(st["replicas"]), f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
+            f"{st['seconds_per_minibatch'] * 1e3:.2f}",
+        )  # fmt: skip
+    console.print(table)
+    pred = report["predicted"]
+    console.print(
+        f"predicted {pred['seconds_per_minibatch'] * 1e3:.2f} ms per minibatch: {pred['speedup_vs_dp']:.2f}x data "
+        f"parallelism, {pred['speedup_vs_single']:.2f}x one worker; NOAM {report['noam']}"
+    )
+    if args.json:
+        _write_json(args.json, report)
+
+
+def _bench_planner(args: argparse.Namespace) -> None:
+    from conveyor.bench.planner import run
+
+    report = run()
+    table = Table("layers", "workers", "topology", "seconds", "config", title="planning time")
+    for r in report["results"]:
+        table.add_row(str(r["layers"]), str(r["workers"]), r["topology"], f"{r['seconds']:.3f}", r["config"][:40])
+    console.print(table)
+    if args.json:
+        _write_json(args.json, report)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``conveyor`` command; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "train":
             _train(args)
+        elif args.command == "profile":
+            _profile(args)
+        elif args.command == "plan":
+            _plan(args)
+        elif args.bench == "planner":
+            _bench_planner(args)
         else:
             _bench_schedules(args)
     except WorkerError as exc:

@@ -16,7 +16,7 @@ Every candidate the recursion ranges over includes a single stage replicated ove
 parallelism), so the plan is never slower than data parallelism under the model.
 
 Example:
-    >>> from conveyor.profile import Profile
+    >>> from conveyor.profiles import Profile
     >>> p = Profile.chain("toy", [1.0, 1.0], [2.0, 2.0], [10, 10], [8e9, 0])
     >>> plan = optimize(p, Topology.parse("2:1e9"))
     >>> [(s.first_layer, s.last_layer, s.replicas) for s in plan.stages]
@@ -26,10 +26,11 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from conveyor.profile import Profile
+from conveyor.profiles import Profile
 from conveyor.topology import Topology
 
 __all__ = ["Plan", "PlanError", "PlannedStage", "optimize"]
@@ -75,12 +76,51 @@ class Plan:
         return "-".join(str(s.replicas) for s in self.stages)
 
     @property
+    def noam(self) -> int:
+        """Minibatches the input stage admits before its first backward: ceil(workers / its replicas)."""
+        return -(-self.workers // self.stages[0].replicas)
+
+    @property
     def speedup_vs_dp(self) -> float:
         return self.data_parallel_seconds / self.seconds_per_minibatch
 
     @property
     def speedup_vs_single(self) -> float:
         return self.single_worker_seconds / self.seconds_per_minibatch
+
+    def to_dict(self, profile: Profile, batch_size: int | None = None) -> dict[str, Any]:
+        """The plan file: stages with layer ranges, names, replicas and ranks, and the predictions.
+
+        Ranks are handed out stage by stage, so a stage's replicas sit on neighbouring workers.
+        """
+        batch = batch_size or profile.batch_size
+        stages, rank = [], 0
+        for st in self.stages:
+            stages.append(
+                {
+                    "first_layer": st.first_layer,
+                    "last_layer": st.last_layer,
+                    "layer_names": [lay.name for lay in profile.layers[st.first_layer : st.last_layer + 1]],
+                    "replicas": st.replicas,
+                    "ranks": list(range(rank, rank + st.replicas)),
+                    "seconds_per_minibatch": st.seconds_per_minibatch,
+                }
+            )
+            rank += st.replicas
+        minibatches_per_s = 1.0 / self.seconds_per_minibatch
+        return {
+            "model": profile.model,
+            "config": self.config,
+            "noam": self.noam,
+            "stages": stages,
+            "predicted": {
+                "seconds_per_minibatch": self.seconds_per_minibatch,
+                "minibatches_per_s": minibatches_per_s,
+                "samples_per_s": None if batch is None else batch * minibatches_per_s,
+                "speedup_vs_dp": self.speedup_vs_dp,
+                "speedup_vs_single": self.speedup_vs_single,
+            },
+        }
 
 
 class _Level:

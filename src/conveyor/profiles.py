@@ -45,6 +45,9 @@ class Layer:
         backward_s: backward time of one minibatch, seconds.
         output_bytes: bytes of the layer's output activation for one minibatch.
         param_bytes: bytes of the layer's parameters.
+        saved_bytes: bytes autograd saves for the backward of one minibatch (0: not measured; PipeDream's
+            graph.txt does not record it).
+        optimizer_bytes: bytes of the optimizer's state for the layer's parameters (0: not measured).
     """
 
     name: str
@@ -53,6 +56,8 @@ class Layer:
     backward_s: float
     output_bytes: int
     param_bytes: int
+    saved_bytes: int = 0
+    optimizer_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,10 @@ class Profile:
                     "layers must be listed in topological order"
                 )
         for layer in self.layers:
-            values = (layer.forward_s, layer.backward_s, layer.output_bytes, layer.param_bytes)
+            values = (
+                layer.forward_s, layer.backward_s, layer.output_bytes, layer.param_bytes,
+                layer.saved_bytes, layer.optimizer_bytes,
+            )  # fmt: skip
             if any(v < 0 for v in values):
                 raise ProfileError(f"layer {layer.name!r} of profile {self.model!r} has a negative time or size")
 
@@ -143,7 +151,14 @@ class Profile:
             {
                 "model": self.model,
                 "batch_size": self.batch_size,
-                "units": {"forward_s": "s", "backward_s": "s", "output_bytes": "B", "param_bytes": "B"},
+                "units": {
+                    "forward_s": "s",
+                    "backward_s": "s",
+                    "output_bytes": "B",
+                    "param_bytes": "B",
+                    "saved_bytes": "B",
+                    "optimizer_bytes": "B",
+                },
                 "layers": [asdict(layer) for layer in self.layers],
                 "edges": [list(e) for e in self.edges],
             },

@@ -1,0 +1,51 @@
+"""``conveyor bench planner``: how long the partitioning optimizer takes on growing models and clusters.
+
+Synthetic chains of 32 and 128 layers (times, activation and weight sizes drawn from a fixed seed) are
+planned on 16, 64 and 512 workers, 8 per server: ``8:12e9,N:1.25e9``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from conveyor.planner import optimize
+from conveyor.profiles import Profile
+from conveyor.topology import Topology
+
+__all__ = ["run", "synthetic_chain"]
+
+
+def synthetic_chain(layers: int, seed: int = 0) -> Profile:
+    """A chain of ``layers`` layers with plausible, reproducible times and sizes."""
+    rng = random.Random(seed)
+    return Profile.chain(
+        f"synthetic-{layers}",
+        forward_s=[rng.uniform(1e-3, 5e-3) for _ in range(layers)],
+        backward_s=[rng.uniform(2e-3, 1e-2) for _ in range(layers)],
+        output_bytes=[rng.randint(10**5, 10**7) for _ in range(layers)],
+        param_bytes=[rng.randint(0, 5 * 10**7) for _ in range(layers)],
+    )
+
+
+def run(layer_counts: tuple[int, ...] = (32, 128), worker_counts: tuple[int, ...] = (16, 64, 512)) -> dict[str, Any]:
+    """Time one plan per (layers, workers) pair and return the JSON-ready report."""
+    results = []
+    for layers in layer_counts:
+        profile = synthetic_chain(layers)
+        for workers in worker_counts:
+            topology = Topology.parse(f"8:12e9,{workers // 8}:1.25e9")
+            start = time.perf_counter()
+            plan = optimize(profile, topology)
+            seconds = time.perf_counter() - start
+            results.append(
+                {
+                    "layers": layers,
+                    "workers": workers,
+                    "topology": str(topology),
+                    "seconds": seconds,
+                    "config": plan.config,
+                }
+            )
+    return {"config": {"layer_counts": list(layer_counts), "worker_counts": list(worker_counts)}, "results": results}

@@ -1,0 +1,140 @@
+"""Measure a model block by block: times, activation, saved-for-backward, parameter and optimizer bytes.
+
+Each block runs on the output of the block before it, as in the pipeline. Times are medians over
+``repeats`` runs after ``warmup`` runs (with CUDA synchronised around each), on stock PyTorch.
+
+Example:
+    >>> from torch import nn
+    >>> p = profile(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.zeros(4, 8), repeats=2, warmup=1)
+    >>> [layer.param_bytes for layer in p.layers], p.layers[1].output_bytes
+    ([288, 0], 128)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from conveyor.comm import differentiable_leaves
+from conveyor.microbatch import batch_size
+from conveyor.profiles import Layer, Profile
+from conveyor.stage import Blocks, as_blocks
+
+__all__ = ["profile"]
+
+
+def _nbytes(tree: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _detached_input(tree: Any) -> Any:
+    """The block's input as a leaf of a fresh graph: floating tensors require grad, as in a pipeline stage."""
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        return t.requires_grad_(True) if t.is_floating_point() else t
+
+    return pytree.tree_map_only(torch.Tensor, leaf, tree)
+
+
+def _measure(block: nn.Module, x: Any, device: torch.device) -> tuple[float, float, Any, int]:
+    """One forward and one backward of ``block`` on ``x``: their times, the output and the bytes saved.
+
+    Saved bytes count the activations autograd keeps for the backward, not the parameters it also keeps.
+    """
+    saved = 0
+    weights = {p.data_ptr() for p in block.parameters()}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        if t.data_ptr() not in weights:
+            saved += t.numel() * t.element_size()
+        return t
+
+    inp = _detached_input(x)
+    _sync(device)
+    start = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = block(inp)
+    _sync(device)
+    forward = time.perf_counter() - start
+    roots = [t for t in differentiable_leaves(out) if t.requires_grad]
+    start = time.perf_counter()
+    if roots:
+        torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
+    _sync(device)
+    return forward, time.perf_counter() - start, out, saved
+
+
+def _optimizer_bytes(block: nn.Module, optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]) -> int:
+    """Bytes of optimizer state after one step (a copy of the block's parameters is stepped, not the block)."""
+    params = [nn.Parameter(p.detach().clone()) for p in block.parameters()]
+    if not params:
+        return 0
+    opt = optimizer(params)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    return sum(_nbytes(list(s.values())) for s in opt.state.values())
+
+
+def profile(
+    model: Blocks,
+    example: Any,
+    *,
+    name: str = "model",
+    device: torch.device | str | None = None,
+    repeats: int = 10,
+    warmup: int = 3,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+) -> Profile:
+    """Profile every block of ``model`` on the batch ``example``.
+
+    Args:
+        model: an ``nn.Sequential`` or a list of blocks, as given to :class:`~conveyor.Pipeline`.
+        example: one minibatch of input (any pytree of tensors); its size is the profile's batch size.
+        name: the model's name in the profile.
+        device: where to run; default CUDA if available, else CPU.
+        repeats: timed runs per block (the median is kept).
+        warmup: untimed runs per block first.
+        optimizer: builds the optimizer whose state is measured, e.g. ``partial(torch.optim.Adam, lr=1e-3)``;
+            ``None`` records no optimizer state.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    x = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), example)
+    layers = []
+    for block_name, block in as_blocks(model):
+        block = block.to(device)
+        for _ in range(warmup):
+            _measure(block, x, device)
+        runs = [_measure(block, x, device) for _ in range(repeats)]
+        block.zero_grad(set_to_none=True)
+        out = runs[-1][2]
+        layers.append(
+            Layer(
+                name=block_name,
+                description=repr(block).replace("\n", " ")[:200],
+                forward_s=statistics.median(r[0] for r in runs),
+                backward_s=statistics.median(r[1] for r in runs),
+                output_bytes=_nbytes(out),
+                param_bytes=sum(p.numel() * p.element_size() for p in block.parameters()),
+                saved_bytes=runs[-1][3],
+                optimizer_bytes=0 if optimizer is None else _optimizer_bytes(block, optimizer),
+            )
+        )
+        x = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out)
+    edges = tuple((i, i + 1) for i in range(len(layers) - 1))
+    return Profile(name, tuple(layers), edges, batch_size(example))
