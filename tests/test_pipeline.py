@@ -11,6 +11,7 @@ from models import MODELS, batches
 
 from conveyor.launch import launch
 from conveyor.pipeline import Pipeline
+from conveyor.schedule import flush
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -110,6 +111,9 @@ def _bad_inputs() -> dict[str, str]:
     except ValueError as exc:
         errors["missing"] = str(exc)
     dist.barrier()
+    pipe.executor.trace = []
+    pipe.train_step(x, y)
+    errors["trace"] = [str(a) for a, start, end in pipe.executor.trace if start <= end]
     return errors
 
 
@@ -119,6 +123,9 @@ def test_bad_inputs_get_errors_that_name_the_fix() -> None:
     assert "6 samples cannot be split into 4 equal microbatches" in per_rank[0]["split"]
     assert "stage 0 needs the batch's inputs" in per_rank[0]["missing"]
     assert "stage 1 needs the batch's targets" in per_rank[1]["missing"]
+    # The executor's trace lists exactly the actions of the worker's schedule, in order.
+    assert per_rank[0]["trace"] == [str(a) for a in flush(2, MICROBATCHES).actions[0]]
+    assert per_rank[1]["trace"] == [str(a) for a in flush(2, MICROBATCHES).actions[1]]
 
 
 def test_pipeline_needs_torch_distributed() -> None:

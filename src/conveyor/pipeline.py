@@ -27,7 +27,7 @@ from conveyor import checkpoint
 from conveyor.comm import P2P
 from conveyor.executor import Executor, LossFn
 from conveyor.microbatch import split
-from conveyor.schedule import Schedule, forward_only, make_schedule
+from conveyor.schedule import forward_only, make_schedule
 from conveyor.stage import Blocks, as_blocks, build_stage, stage_ranges
 from conveyor.validate import validate
 
@@ -127,7 +127,7 @@ class Pipeline:
             raise ValueError(f"stage {self.stage} needs the batch's {what}: pass them on this worker")
         return split(data, self.microbatches)
 
-    def train_step(self, inputs: Any = None, targets: Any = None, schedule: Schedule | None = None) -> float | None:
+    def train_step(self, inputs: Any = None, targets: Any = None) -> float | None:
         """Run one optimizer step on a batch: the same update as gradient accumulation over its microbatches.
 
         Every worker calls it; the first stage needs ``inputs``, the last needs ``targets`` (passing
@@ -138,7 +138,7 @@ class Pipeline:
         """
         self.module.train()
         out = self.executor.run(
-            schedule or self.schedule,
+            self.schedule,
             self._split(inputs, self.is_first, "inputs"),
             self._split(targets, self.is_last, "targets"),
             on_step=self._optimizer_step,
