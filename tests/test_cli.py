@@ -119,12 +119,15 @@ def test_bench_schedules_writes_its_report(tmp_path: Path) -> None:
         "2",
         "--backward-ms",
         "4",
+        "--repeats",
+        "1",
         "--json",
         str(out),
     ]
     assert main(args) == 0
     report = json.loads(out.read_text())
-    assert report["config"]["stages"] == 2
+    assert report["config"]["stages"] == 2 and report["config"]["repeats"] == 1
+    assert all(len(r["wall_s_per_repeat"]) == 1 for r in report["results"].values())
     assert set(report["results"]) == {"conveyor/gpipe", "conveyor/flush", "torch/gpipe", "torch/1f1b"}
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +22,7 @@ from conveyor.schedule import SCHEDULES
 __all__ = ["main"]
 
 console = Console()
+_C = TypeVar("_C")
 
 
 def _positive(text: str) -> int:
@@ -73,23 +76,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config(cls: type[_C], args: argparse.Namespace) -> _C:
+    """A config dataclass filled from the options of the same name; fields without an option keep defaults."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+
+
 def _train(args: argparse.Namespace) -> None:
     from conveyor import checkpoint
     from conveyor.train import TrainConfig, even_balance, mlp, train
 
     if args.resume:
         checkpoint.load(args.resume)  # fail here, with one line, rather than in every worker
-    cfg = TrainConfig(
-        stages=args.stages,
-        schedule=args.schedule,
-        microbatches=args.microbatches,
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        lr=args.lr,
-        target_accuracy=args.target_accuracy,
-        checkpoint=args.checkpoint,
-        resume=args.resume,
-    )
+    cfg = _config(TrainConfig, args)
     even_balance(len(mlp()), cfg.stages)  # the stage count must fit the model before workers start
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(
@@ -122,13 +120,7 @@ def _write_json(path: Path, data: object) -> None:
 def _bench_schedules(args: argparse.Namespace) -> None:
     from conveyor.bench.schedules import BenchConfig, run
 
-    cfg = BenchConfig(
-        stages=args.stages,
-        microbatches=args.microbatches,
-        steps=args.steps,
-        forward_ms=args.forward_ms,
-        backward_ms=args.backward_ms,
-    )
+    cfg = _config(BenchConfig, args)
     report = run(cfg)
     table = Table(
         "schedule",
