@@ -67,7 +67,10 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line() -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("conveyor: error:")]
-    assert lines and all("the pipeline has 2 stages but 3 workers were started" in line for line in lines)
+    assert lines and all(
+        "the pipeline has 2 stages with replicas 1-1, which need 2 workers, but 3 were started" in line
+        for line in lines
+    )
     assert "pipeline.py" not in done.stderr  # the workers print no traceback of their own
 
 

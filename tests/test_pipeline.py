@@ -119,7 +119,7 @@ def _bad_inputs() -> dict[str, str]:
 
 def test_bad_inputs_get_errors_that_name_the_fix() -> None:
     per_rank = launch(_bad_inputs, nprocs=2, timeout_s=60)
-    assert "3 stages but 2 workers were started: start 3" in per_rank[0]["world"]
+    assert "3 stages with replicas 1-1-1, which need 3 workers, but 2 were started: start 3" in per_rank[0]["world"]
     assert "6 samples cannot be split into 4 equal microbatches" in per_rank[0]["split"]
     assert "stage 0 needs the batch's inputs" in per_rank[0]["missing"]
     assert "stage 1 needs the batch's targets" in per_rank[1]["missing"]

@@ -2,12 +2,14 @@
 
 The executor is the only place where a schedule touches tensors. It follows its worker's actions in
 order, blocking only when it receives data; it keeps what a pending backward needs (the stage's input
-and output of each in-flight microbatch) and counts them, so the stash a schedule really uses can be
-compared with the bound the validator and the simulator give.
+and output of each in-flight microbatch, and through :mod:`conveyor.versions` the weights its forward
+used) and counts them, so the stash a schedule really uses can be compared with the bound the
+validator and the simulator give.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -20,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 from conveyor.comm import P2P, PendingRecv, differentiable_leaves
 from conveyor.schedule import Action, Op, Schedule
+from conveyor.versions import WeightVersions
 
 __all__ = ["Executor", "StepOutput"]
 
@@ -31,11 +34,11 @@ class StepOutput:
     """What one run of a schedule produced on this worker.
 
     Attributes:
-        losses: per microbatch, the unscaled loss (last stage of a training run only).
-        outputs: per microbatch, the model output, detached (last stage only).
+        losses: microbatch -> its unscaled loss (last stage of a training run only).
+        outputs: per microbatch, the model output, detached (last stage of an evaluation only).
     """
 
-    losses: list[torch.Tensor] = field(default_factory=list)
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
     outputs: list[Any] = field(default_factory=list)
 
 
@@ -59,6 +62,8 @@ class Executor:
         p2p: the transport to the other workers.
         loss_fn: ``loss_fn(output, target)``, applied on the last stage to each microbatch.
         device: where inputs and targets are moved.
+        weights: the stage's weight versions (default: a fresh :class:`~conveyor.versions.WeightVersions`).
+        autocast: run forwards and the loss under ``torch.autocast`` with this dtype (``torch.bfloat16``).
     """
 
     def __init__(
@@ -69,6 +74,8 @@ class Executor:
         p2p: P2P,
         loss_fn: LossFn | None,
         device: torch.device,
+        weights: WeightVersions | None = None,
+        autocast: torch.dtype | None = None,
     ) -> None:
         self.module = module
         self.worker = worker
@@ -76,6 +83,8 @@ class Executor:
         self.p2p = p2p
         self.loss_fn = loss_fn
         self.device = device
+        self.weights = weights if weights is not None else WeightVersions(module)
+        self.autocast = autocast
         self.peak_stashed = 0
         # Set to a list to record (action, start, end) of every action, perf_counter seconds.
         self.trace: list[tuple[Action, float, float]] | None = None
@@ -91,14 +100,22 @@ class Executor:
 
         Args:
             schedule: the schedule; a training schedule if it has backwards.
-            inputs: the microbatches' inputs (first stage only).
-            targets: the microbatches' targets (last stage of a training schedule only).
-            on_step: called at each ``STEP`` action, after every outstanding send has completed.
+            inputs: the microbatches' inputs, indexed by microbatch (first stage only).
+            targets: the microbatches' targets, indexed by microbatch (last stage of training only).
+            on_step: called at each ``STEP`` action, after every outstanding send has completed and the
+                gradients are on the module's parameters, before the updated weights become the newest
+                version: all-reduce, clip and step the optimizer there.
         """
         stage = schedule.worker_stage[self.worker]
         first, last = stage == 0, stage == schedule.stages - 1
         training = any(a.op is Op.BACKWARD for a in schedule.actions[self.worker])
-        scale = 1.0 / schedule.microbatches  # a step's gradient is the mean over its microbatches
+        if training:
+            self.weights.start(schedule, self.worker)
+            # An update's gradient is the mean over the microbatches it covers.
+            scale = 1.0 / schedule.update_size(schedule.stages - 1)
+        autocast = (
+            torch.autocast(self.device.type, self.autocast) if self.autocast is not None else contextlib.nullcontext()
+        )
         flight: dict[int, _InFlight] = {}
         result = StepOutput()
         prefetch = _Prefetcher(self.p2p, schedule.actions[self.worker], self.rank_of_worker, flight)
@@ -116,14 +133,17 @@ class Executor:
                 state = flight.setdefault(mb, _InFlight())
                 if first:
                     state.inputs = _to(inputs[mb], self.device)
-                with torch.set_grad_enabled(training):
-                    state.outputs = self.module(state.inputs)
-                if last:
-                    result.outputs.append(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, state.outputs))
+                with torch.set_grad_enabled(training), autocast:
                     if training:
+                        state.outputs = self.weights.forward(mb, state.inputs)
+                    else:
+                        state.outputs = self.module(state.inputs)
+                    if last and training:
                         loss = self.loss_fn(state.outputs, _to(targets[mb], self.device))
-                        result.losses.append(loss.detach())
+                        result.losses[mb] = loss.detach()
                         state.loss = loss * scale
+                if last and not training:
+                    result.outputs.append(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, state.outputs))
                 if training:
                     self.peak_stashed = max(self.peak_stashed, len(flight))
                 elif last:
@@ -138,7 +158,9 @@ class Executor:
             elif op is Op.RECV_GRAD:
                 flight[mb].input_grads = self.p2p.wait_tensors(prefetch.take(action))
             elif op is Op.BACKWARD:
+                self.weights.check(mb, stage)
                 self._backward(flight[mb], last)
+                self.weights.done(mb)
                 if first:
                     del flight[mb]
             elif op is Op.SEND_GRAD:
@@ -150,8 +172,10 @@ class Executor:
                 prefetch.post()
             elif op is Op.STEP:
                 self.p2p.wait_sends()
+                self.weights.collect_grads()
                 if on_step is not None:
                     on_step()
+                self.weights.publish()
             if self.trace is not None:
                 self.trace.append((action, start, time.perf_counter()))
         self.p2p.wait_sends()

@@ -1,14 +1,14 @@
-"""The user-facing pipeline: one stage per worker, trained with a synchronous schedule.
+"""The user-facing pipeline: a model cut into stages, each run by one or more data-parallel workers.
 
-Example (run with ``conveyor.launch(main, nprocs=2)`` or under ``torchrun --nproc_per_node 2``)::
+Example (run with ``conveyor.launch(main, nprocs=3)`` or under ``torchrun --nproc_per_node 3``)::
 
     def main():
         torch.manual_seed(0)  # every worker builds the same model, then keeps its own stage
         model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
         pipe = Pipeline(model, balance=[2, 1], microbatches=4, loss_fn=F.cross_entropy,
-                        optimizer=partial(torch.optim.SGD, lr=0.1))
-        for x, y in loader:
-            loss = pipe.train_step(x, y)  # a float on the last stage, None elsewhere
+                        optimizer=partial(torch.optim.SGD, lr=0.1), schedule="pipedream", replicas=[2, 1])
+        for epoch in range(10):
+            losses = pipe.train(loader)   # one fill and one drain for the whole epoch
         pipe.save("model.pt")             # the whole model under its original names
 """
 
@@ -27,9 +27,10 @@ from conveyor import checkpoint
 from conveyor.comm import P2P
 from conveyor.executor import Executor, LossFn
 from conveyor.microbatch import split
-from conveyor.schedule import forward_only, make_schedule
+from conveyor.schedule import ASYNCHRONOUS, Schedule, forward_only, make_schedule
 from conveyor.stage import Blocks, as_blocks, build_stage, stage_ranges
 from conveyor.validate import validate
+from conveyor.versions import WeightVersions
 
 __all__ = ["OptimizerFactory", "Pipeline", "WorldSizeError"]
 
@@ -37,7 +38,7 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 class WorldSizeError(RuntimeError):
-    """The job has a different number of workers than the pipeline has stages."""
+    """The job has a different number of workers than the pipeline's stages and replicas need."""
 
 
 def _default_device() -> torch.device:
@@ -47,10 +48,19 @@ def _default_device() -> torch.device:
 
 
 class Pipeline:
-    """A model split into stages, one per worker of the default process group.
+    """A model split into stages over the workers of the default process group.
 
     Every worker constructs the same full model and the same ``Pipeline``; each keeps only its stage.
-    Worker ``r`` runs stage ``r``.
+    Workers are assigned stage by stage: with ``replicas=[2, 1]`` workers 0 and 1 run stage 0 and worker
+    2 runs stage 1. Replicas of a stage all-reduce their gradients in a process group of their own
+    before each optimizer step, as ``DistributedDataParallel`` does; one stage with N replicas is plain
+    data parallelism.
+
+    Schedules (see :mod:`conveyor.schedule`): ``"gpipe"`` and ``"flush"`` give exactly the update of
+    gradient accumulation over each batch's microbatches. The asynchronous ones keep the pipeline full
+    across batches and pay one fill and one drain per :meth:`train` call: ``"pipedream"`` (every
+    microbatch is a minibatch with its own update, weight stashing), ``"pipedream-vs"`` (the same with
+    vertical sync) and ``"2bw"`` (one update per batch, computed on the weights one update old).
 
     Args:
         model: an ``nn.Sequential``, or a list of modules where each block's output is the next one's
@@ -58,14 +68,21 @@ class Pipeline:
         balance: the number of consecutive blocks in each stage, e.g. ``[2, 2]``.
         microbatches: how many microbatches each batch is split into.
         loss_fn: ``loss_fn(output, target) -> scalar``, averaged over microbatches, as a batch loss.
-        optimizer: builds the stage's optimizer from its parameters, e.g. ``partial(torch.optim.SGD, lr=0.1)``.
-        schedule: ``"flush"`` (PipeDream-Flush, 1F1B) or ``"gpipe"``.
+        optimizer: builds a stage's optimizer from its parameters, e.g. ``partial(torch.optim.SGD, lr=0.1)``.
+        schedule: ``"flush"``, ``"gpipe"``, ``"pipedream"``, ``"pipedream-vs"`` or ``"2bw"``.
+        replicas: data-parallel workers per stage (default one each); the job needs ``sum(replicas)``.
         device: this worker's device; default ``cuda:LOCAL_RANK`` with CUDA, else CPU.
+        max_grad_norm: clip gradients to this norm before each step: the whole model's norm with a
+            synchronous schedule (as ``clip_grad_norm_`` on the unsplit model), each stage's own norm
+            with an asynchronous one, whose stages step at different times.
+        autocast: run forwards and the loss under ``torch.autocast`` with this dtype (``torch.bfloat16``);
+            the weights and the optimizer stay in their own dtype.
+        debug: check at every backward that the microbatch's weights are the ones its forward used.
 
     Raises:
         RuntimeError: torch.distributed is not initialised.
-        WorldSizeError: the world size is not the stage count.
-        ValueError: the balance does not fit the model, or the schedule is unknown.
+        WorldSizeError: the world size is not the number of workers the stages and replicas need.
+        ValueError: the balance does not fit the model, or the schedule or replicas are invalid.
     """
 
     def __init__(
@@ -76,7 +93,11 @@ class Pipeline:
         loss_fn: LossFn,
         optimizer: OptimizerFactory | None = None,
         schedule: str = "flush",
+        replicas: Sequence[int] | None = None,
         device: torch.device | str | None = None,
+        max_grad_norm: float | None = None,
+        autocast: torch.dtype | None = None,
+        debug: bool = False,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -85,96 +106,229 @@ class Pipeline:
             )
         blocks = as_blocks(model)
         ranges = stage_ranges(balance, len(blocks))
-        world = dist.get_world_size()
-        if world != len(ranges):
+        self.replicas = tuple(replicas) if replicas is not None else (1,) * len(ranges)
+        self.schedule_name = schedule
+        self.microbatches = microbatches
+        make_schedule(schedule, len(ranges), microbatches, 1, self.replicas)  # a bad name or layout fails here
+        world, workers = dist.get_world_size(), sum(self.replicas)
+        if world != workers:
+            layout = "-".join(map(str, self.replicas))
             raise WorldSizeError(
-                f"the pipeline has {len(ranges)} stages but {world} workers were started: start {len(ranges)} "
-                f"(launch(..., nprocs={len(ranges)}) or torchrun --nproc_per_node {len(ranges)}), or give "
-                f"a balance with {world} stages"
+                f"the pipeline has {len(ranges)} stages with replicas {layout}, which need {workers} workers, "
+                f"but {world} were started: start {workers} (launch(..., nprocs={workers}) or torchrun "
+                f"--nproc_per_node {workers}), or give a balance and replicas for {world} workers"
             )
-        self.stage = dist.get_rank()
+        self.worker = dist.get_rank()
+        self.worker_stage = tuple(s for s, r in enumerate(self.replicas) for _ in range(r))
+        self.stage = self.worker_stage[self.worker]
         self.num_stages = len(ranges)
         self.device = torch.device(device) if device is not None else _default_device()
-        self.microbatches = microbatches
+        self.max_grad_norm = max_grad_norm
         # The whole model's names and shapes, to check that a checkpoint belongs to this model.
         self._model_shapes = {f"{name}.{k}": v.shape for name, block in blocks for k, v in block.state_dict().items()}
         self.module = build_stage(model, ranges[self.stage]).to(self.device)
         params = list(self.module.parameters())
         self.optimizer = optimizer(params) if optimizer is not None and params else None
-        self.schedule = make_schedule(schedule, self.num_stages, microbatches)
-        validate(self.schedule)
-        self._eval_schedule = forward_only(self.num_stages, microbatches)
-        self.executor = Executor(self.module, self.stage, range(world), P2P(self.device), loss_fn, self.device)
-        self.steps = 0
+        # Every worker creates every group, in the same order, as torch.distributed requires.
+        groups = [dist.new_group(self._workers_of(s)) if r > 1 else None for s, r in enumerate(self.replicas)]
+        self._replica_group = groups[self.stage]
+        self._schedules: dict[int, Schedule] = {}
+        self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
+        weights = WeightVersions(self.module, debug=debug)
+        p2p = P2P(self.device)
+        self.executor = Executor(self.module, self.worker, range(world), p2p, loss_fn, self.device, weights, autocast)
+        self.steps = 0  # batches trained on
+        self.updates = 0  # this worker's optimizer steps
+
+    def _workers_of(self, stage: int) -> list[int]:
+        return [w for w, s in enumerate(self.worker_stage) if s == stage]
 
     @property
     def is_first(self) -> bool:
+        """Whether this worker runs the first stage (and so needs the inputs)."""
         return self.stage == 0
 
     @property
     def is_last(self) -> bool:
+        """Whether this worker runs the last stage (and so needs the targets)."""
         return self.stage == self.num_stages - 1
+
+    @property
+    def is_output(self) -> bool:
+        """Whether this worker reports losses and evaluation outputs: the first replica of the last stage."""
+        return self.worker == self._workers_of(self.num_stages - 1)[0]
 
     @property
     def peak_stashed(self) -> int:
         """The most microbatches this worker has held for a pending backward so far."""
         return self.executor.peak_stashed
 
-    def _split(self, data: Any, needed: bool, what: str) -> list[Any] | None:
-        if not needed:
-            return None
-        if data is None:
-            raise ValueError(f"stage {self.stage} needs the batch's {what}: pass them on this worker")
-        return split(data, self.microbatches)
+    @property
+    def peak_versions(self) -> int:
+        """The most weight versions this worker has held at once (1 when no schedule stashed weights)."""
+        return self.executor.weights.peak
+
+    def schedule(self, steps: int) -> Schedule:
+        """The validated schedule of a run of ``steps`` batches."""
+        if steps not in self._schedules:
+            sched = make_schedule(self.schedule_name, self.num_stages, self.microbatches, steps, self.replicas)
+            validate(sched)
+            self._schedules[steps] = sched
+        return self._schedules[steps]
 
     def train_step(self, inputs: Any = None, targets: Any = None) -> float | None:
-        """Run one optimizer step on a batch: the same update as gradient accumulation over its microbatches.
+        """Run one batch: with ``"gpipe"`` or ``"flush"`` the same update as gradient accumulation over its
+        microbatches. An asynchronous schedule fills and drains the pipeline for this one batch: give it
+        many batches at once with :meth:`train`.
 
         Every worker calls it; the first stage needs ``inputs``, the last needs ``targets`` (passing
         both everywhere is simplest).
 
         Returns:
-            The batch's mean loss on the last stage, ``None`` on the others.
+            The batch's mean loss on the first replica of the last stage, ``None`` elsewhere.
         """
+        losses = self.train([(inputs, targets)])
+        return None if losses is None else losses[0]
+
+    def train(
+        self, batches: Iterable[tuple[Any, Any]], on_step: Callable[[int], None] | None = None
+    ) -> list[float] | None:
+        """Train on every ``(inputs, targets)`` batch of ``batches`` in one run of the schedule.
+
+        Every worker calls it with the same batches in the same order (seed any shuffling alike); a
+        worker reads only the parts its stage needs. The run ends drained: every stage's weights have
+        seen every batch, so :meth:`save` and :meth:`evaluate` after it are consistent.
+
+        Args:
+            batches: a sequence of batches (an iterable such as a DataLoader is read into a list first).
+            on_step: called with this worker's optimizer step count after each of its steps.
+
+        Returns:
+            Each batch's mean loss on the first replica of the last stage, ``None`` elsewhere.
+        """
+        batches = batches if isinstance(batches, Sequence) else list(batches)
+        if not batches:
+            return [] if self.is_output else None
+        sched = self.schedule(len(batches))
+        inputs = self._microbatches(batches, 0) if self.is_first else None
+        targets = self._microbatches(batches, 1) if self.is_last else None
         self.module.train()
         out = self.executor.run(
-            self.schedule,
-            self._split(inputs, self.is_first, "inputs"),
-            self._split(targets, self.is_last, "targets"),
-            on_step=self._optimizer_step,
+            sched,
+            inputs,
+            targets,
+            on_step=lambda: self._optimizer_step(sched, on_step),
         )
-        self.steps += 1
-        return float(torch.stack(out.losses).mean()) if self.is_last else None
+        self.steps += len(batches)
+        return self._batch_losses(out.losses, len(batches))
 
-    def _optimizer_step(self) -> None:
+    def _microbatches(self, batches: Sequence[tuple[Any, Any]], index: int) -> list[Any]:
+        """Element ``index`` (0: inputs, 1: targets) of every batch, split into microbatches (views)."""
+        parts = []
+        for batch in batches:
+            if batch[index] is None:
+                what = "inputs" if index == 0 else "targets"
+                raise ValueError(f"stage {self.stage} needs the batch's {what}: pass them on this worker")
+            parts += split(batch[index], self.microbatches)
+        return parts
+
+    def _batch_losses(self, losses: dict[int, torch.Tensor], count: int) -> list[float] | None:
+        """Gather the last stage's per-microbatch losses on its first replica; per-batch means."""
+        group = self._workers_of(self.num_stages - 1)
+        if len(group) > 1 and self.is_last:
+            parts: list[Any] = [None] * len(group) if self.is_output else []
+            dist.gather_object(
+                {k: float(v) for k, v in losses.items()},
+                parts if self.is_output else None,
+                dst=group[0],
+                group=self._replica_group,
+            )
+            if self.is_output:
+                losses = {k: torch.tensor(v) for part in parts for k, v in part.items()}
+        if not self.is_output:
+            return None
+        m = self.microbatches
+        return [float(torch.stack([losses[b * m + i] for i in range(m)]).mean()) for b in range(count)]
+
+    def _optimizer_step(self, sched: Schedule, on_step: Callable[[int], None] | None) -> None:
+        """All-reduce the replicas' gradients into the mean over the update's microbatches, clip, step."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        # The loss was scaled for the last stage's update size; this stage's update may cover another count.
+        factor = sched.update_size(self.num_stages - 1) / sched.update_size(self.stage)
+        if self._replica_group is not None and params:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self._replica_group)
+            for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
+                p.grad = g.view_as(p)
+        if factor != 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        if self.max_grad_norm is not None:
+            self._clip(params)
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+        if on_step is not None:
+            on_step(self.updates)
+
+    def _clip(self, params: list[nn.Parameter]) -> None:
+        grads = [p.grad for p in params if p.grad is not None]
+        if self.schedule_name in ASYNCHRONOUS:
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            return
+        # Synchronous: every worker steps once per batch, so the whole model's norm can be agreed on;
+        # replicas hold equal gradients after the all-reduce, so each stage counts once.
+        sq = sum((g.double().pow(2).sum() for g in grads), torch.zeros((), dtype=torch.float64, device=self.device))
+        sq = sq / self.replicas[self.stage]
+        dist.all_reduce(sq)
+        coef = torch.clamp(self.max_grad_norm / (sq.sqrt() + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
 
     @torch.no_grad()
     def evaluate(self, inputs: Any = None) -> Any:
-        """Forward ``inputs`` through the pipeline (no gradients, nothing stashed).
+        """Forward ``inputs`` through the first replica of every stage (no gradients, nothing stashed).
+
+        Every worker calls it; worker 0 needs ``inputs``.
 
         Returns:
-            The model's output for the whole batch on the last stage, ``None`` on the others.
+            The model's output for the whole batch on the first replica of the last stage (see
+            :attr:`is_output`), ``None`` elsewhere.
         """
         self.module.eval()
-        out = self.executor.run(self._eval_schedule, self._split(inputs, self.is_first, "inputs"), None)
-        if not self.is_last:
+        parts = None
+        if self.worker == 0:
+            if inputs is None:
+                raise ValueError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
+            parts = split(inputs, self.microbatches)
+        out = self.executor.run(self._eval_schedule, parts, None)
+        if not self.is_output:
             return None
         return pytree.tree_map(
             lambda *parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0], *out.outputs
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the whole model and optimizer to ``path`` (rank 0 writes; every worker must call it)."""
-        cpu = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
-        opt = None if self.optimizer is None else checkpoint.named_optimizer_state(self.optimizer, self.module)
-        parts: list[Any] = [None] * self.num_stages if self.stage == 0 else []
-        dist.gather_object((cpu, opt), parts if self.stage == 0 else None, dst=0)
-        if self.stage == 0:
-            model = {k: v for state, _ in parts for k, v in state.items()}
-            opts = [o for _, o in parts if o is not None]
+        """Write the whole model and optimizer to ``path`` (worker 0 writes; every worker must call it).
+
+        Call it between runs (after :meth:`train` returns): a run ends drained, so every stage's weights
+        have then seen the same batches, and replicas of a stage hold equal weights.
+        """
+        first_replica = self.worker == self._workers_of(self.stage)[0]
+        state = None
+        if first_replica:
+            cpu = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+            opt = None if self.optimizer is None else checkpoint.named_optimizer_state(self.optimizer, self.module)
+            state = (cpu, opt)
+        parts: list[Any] = [None] * len(self.worker_stage) if self.worker == 0 else []
+        dist.gather_object(state, parts if self.worker == 0 else None, dst=0)
+        if self.worker == 0:
+            states = [p for p in parts if p is not None]
+            model = {k: v for weights, _ in states for k, v in weights.items()}
+            opts = [o for _, o in states if o is not None]
             optim = {
                 "state": {k: v for o in opts for k, v in o["state"].items()},
                 "param_groups": opts[0]["param_groups"] if opts else [],

@@ -95,6 +95,9 @@ def simulate(
     peak = [0] * schedule.workers
     channels: dict[tuple[int, int, bool], deque[tuple[int | None, float]]] = {}
     timeline: list[tuple[int, Action, float, float]] = []
+    replicas = schedule.replicas
+    steps_done = [0] * schedule.workers
+    at_step: dict[tuple[int, int], dict[int, float]] = {}  # (stage, step index) -> worker -> arrival
 
     def run_one(w: int) -> bool:
         """Run worker ``w``'s next action if it can; False if it waits on a message."""
@@ -116,6 +119,14 @@ def simulate(
                 (a.microbatch, clock[w] + hop[boundary])
             )
         else:
+            if a.op is Op.STEP and replicas[stage[w]] > 1:
+                # An all-reduce: every replica must arrive before any of them goes on.
+                arrived = at_step.setdefault((stage[w], steps_done[w]), {})
+                arrived.setdefault(w, clock[w])
+                if len(arrived) < replicas[stage[w]]:
+                    return False
+                clock[w] = max(arrived.values())
+            steps_done[w] += a.op is Op.STEP
             cost = {Op.FORWARD: fwd, Op.BACKWARD: bwd}.get(a.op)
             duration = step_s if cost is None else cost[stage[w]]
             timeline.append((w, a, clock[w], clock[w] + duration))
@@ -142,7 +153,9 @@ def simulate(
                 for w in range(schedule.workers)
                 if pc[w] < len(schedule.actions[w])
             ]
-            raise DeadlockError("deadlock: " + "; ".join(waiting) + " wait for messages that never come")
+            raise DeadlockError(
+                "deadlock: " + "; ".join(waiting) + " wait for messages or replicas' steps that never come"
+            )
     unread = [(k, len(q)) for k, q in channels.items() if q]
     if unread:
         (src, dst, grad), count = unread[0]

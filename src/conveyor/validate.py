@@ -24,7 +24,8 @@ def validate(schedule: Schedule, max_stashed: int | Sequence[int] | None = None)
     schedule, its backward once, after the forward); that every forward receives its input from the
     previous stage and sends its output to the next, and every backward likewise for gradients; that a
     training schedule ends each worker with an optimizer step; and, by simulating it with unit times,
-    that every send is received in order and no worker waits forever.
+    that every send is received in order and no worker waits forever; and that no forward asks for a
+    weight version its worker has not made yet.
 
     Args:
         schedule: the action lists to check.
@@ -75,8 +76,12 @@ def _check_stage_coverage(schedule: Schedule, stage: int, training: bool) -> Non
 def _check_worker(schedule: Schedule, w: int, acts: Sequence[Action], training: bool) -> None:
     stage, last = schedule.worker_stage[w], schedule.stages - 1
     seen: set[Action] = set()
+    steps = 0
     for i, a in enumerate(acts):
         where = f"worker {w} (stage {stage}), action {i} {a}"
+        steps += a.op is Op.STEP
+        if a.op is Op.FORWARD and a.version is not None and not 0 <= a.version <= steps:
+            raise ScheduleError(f"{where}: uses weight version {a.version}, but only versions 0..{steps} exist yet")
         if a.op.is_send or a.op.is_recv:
             if a.peer is None or not 0 <= a.peer < schedule.workers:
                 raise ScheduleError(f"{where}: peer must be a worker in 0..{schedule.workers - 1}")
@@ -94,7 +99,7 @@ def _check_worker(schedule: Schedule, w: int, acts: Sequence[Action], training: 
 
 
 def _key(a: Action) -> Action:
-    """An action with its peer dropped, for 'has this happened yet' lookups."""
+    """An action with its peer and version dropped, for 'has this happened yet' lookups."""
     return Action(a.op, a.microbatch)
 
 

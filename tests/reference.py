@@ -1,0 +1,94 @@
+"""Single-process references for every schedule's weight-update semantics, written from their equations.
+
+Microbatch ``k`` is part ``k % m`` of batch ``k // m``. Stage ``s`` (with ``r_s`` replicas) runs it on
+the weight version ``version(s, k)`` and folds its gradient into update ``update(s, k)``; an update's
+gradient is the mean over the microbatches it covers. The equations, per schedule:
+
+- gpipe, flush: ``version = k // m`` and one update per batch (gradient accumulation).
+- pipedream: a replica of stage ``s`` admits ``w_s = ceil(sum(r[s:]) / r_s)`` minibatches before its first
+  backward and then alternates, so ``version = max(0, k // r_s - w_s + 1)``; one update per ``r_s``
+  minibatches. Unreplicated: ``W(t+1)`` uses the gradient at ``W(t - (p - 1 - s))``.
+- pipedream-vs: the input stage's version ``u`` of that formula, on every stage ``floor(u * r_0 / r_s)``.
+- 2bw: ``version = max(0, k // m - 1)`` and one update per batch: ``W(t+1) = W(t) - lr * grad f(W(t-1))``.
+"""
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+
+def _versions(name: str, replicas: Sequence[int], m: int) -> Callable[[int, int], int]:
+    def warmup(s: int) -> int:
+        return math.ceil(sum(replicas[s:]) / replicas[s])
+
+    def pipedream(s: int, k: int) -> int:
+        return max(0, k // replicas[s] - warmup(s) + 1)
+
+    return {
+        "gpipe": lambda s, k: k // m,
+        "flush": lambda s, k: k // m,
+        "pipedream": pipedream,
+        "pipedream-vs": lambda s, k: pipedream(0, k) * replicas[0] // replicas[s],
+        "2bw": lambda s, k: max(0, k // m - 1),
+    }[name]
+
+
+def train(
+    stages: Sequence[nn.Module],
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    microbatches: int,
+    schedule: str,
+    replicas: Sequence[int],
+    optimizer: Callable[..., torch.optim.Optimizer],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    max_grad_norm: float | None = None,
+    autocast: torch.dtype | None = None,
+) -> None:
+    """Train ``stages`` in place on ``batches`` with ``schedule``'s semantics.
+
+    ``max_grad_norm`` clips the whole model's gradient for gpipe and flush, each stage's own for the
+    asynchronous schedules (their stages step at different times).
+    """
+    m = microbatches
+    version = _versions(schedule, replicas, m)
+    per_update = [r if schedule.startswith("pipedream") else m for r in replicas]
+    opts = [optimizer(st.parameters()) if list(st.parameters()) else None for st in stages]
+    history = [[_snapshot(st)] for st in stages]
+    pending: list[list[dict[str, torch.Tensor]]] = [[] for _ in stages]
+    micro = [(x, y) for xb, yb in batches for x, y in zip(xb.chunk(m), yb.chunk(m), strict=True)]
+    for k, (x, y) in enumerate(micro):
+        weights = [
+            {n: t.clone().requires_grad_() for n, t in history[s][version(s, k)].items()} for s in range(len(stages))
+        ]
+        with torch.autocast("cpu", autocast or torch.bfloat16, enabled=autocast is not None):
+            h = x
+            for s, st in enumerate(stages):
+                h = functional_call(st, weights[s], (h,))
+            loss = loss_fn(h, y)
+        loss.backward()
+        updating = []
+        for s, st in enumerate(stages):
+            pending[s].append({n: t.grad for n, t in weights[s].items()})
+            if len(pending[s]) == per_update[s]:
+                for n, p in st.named_parameters():
+                    p.grad = torch.stack([g[n] for g in pending[s]]).mean(0)
+                pending[s] = []
+                updating.append(s)
+        if max_grad_norm is not None and schedule in ("gpipe", "flush"):
+            torch.nn.utils.clip_grad_norm_([p for s in updating for p in stages[s].parameters()], max_grad_norm)
+        elif max_grad_norm is not None:
+            for s in updating:
+                torch.nn.utils.clip_grad_norm_(stages[s].parameters(), max_grad_norm)
+        for s in updating:
+            if opts[s] is not None:
+                opts[s].step()
+                opts[s].zero_grad(set_to_none=True)
+            history[s].append(_snapshot(stages[s]))
+
+
+def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
