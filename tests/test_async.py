@@ -17,6 +17,7 @@ from conveyor.versions import StashError, WeightVersions
 
 pytestmark = pytest.mark.timeout(240)
 
+N_BATCHES = 4
 MICROBATCHES = 6  # a multiple of every replica count below, and enough for 2BW on 4 stages
 OPTIMIZERS = {
     "sgd": partial(torch.optim.SGD, lr=0.05, momentum=0.9),
@@ -29,7 +30,7 @@ Case = tuple[str, str, float | None, torch.dtype | None]
 
 
 def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return batches(n=4, size=2 * MICROBATCHES)
+    return batches(n=N_BATCHES, size=2 * MICROBATCHES)
 
 
 def _run(replicas: tuple[int, ...], cases: list[Case]) -> dict[Case, dict[str, Any]]:

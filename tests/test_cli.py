@@ -36,8 +36,10 @@ def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) 
             "1",
             "--stages",
             "3",
+            "--replicas",
+            "1-2-1",
             "--schedule",
-            "gpipe",
+            "pipedream",
             "--resume",
             str(ckpt),
             "--checkpoint",
@@ -79,6 +81,8 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line() -> None:
     [
         (["train", "--resume", "/no/such/ckpt.pt"], "no checkpoint at /no/such/ckpt.pt: check the path"),
         (["train", "--stages", "6"], "cannot cut 5 blocks into 6 stages"),
+        (["train", "--replicas", "2"], "--replicas 2 must give each of the 2 stages a worker count >= 1, e.g. 2-1"),
+        (["train", "--replicas", "two-1"], "--replicas 'two-1' is not a list of counts like 2-1"),
         (["train", "--batch-size", "30", "--microbatches", "4"], "--batch-size 30 is not a multiple of"),
         (["bench", "schedules", "--forward-ms", "0", "--backward-ms", "0"], "not both 0"),
     ],
@@ -131,7 +135,8 @@ def test_bench_schedules_writes_its_report(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["config"]["stages"] == 2 and report["config"]["repeats"] == 1
     assert all(len(r["wall_s_per_repeat"]) == 1 for r in report["results"].values())
-    assert set(report["results"]) == {"conveyor/gpipe", "conveyor/flush", "torch/gpipe", "torch/1f1b"}
+    conveyor = {f"conveyor/{n}" for n in ("gpipe", "flush", "pipedream", "pipedream-vs", "2bw", "dp")}
+    assert set(report["results"]) == conveyor | {"torch/gpipe", "torch/1f1b"}
 
 
 def test_profile_then_plan(tmp_path: Path, pipedream_profiles: Path) -> None:

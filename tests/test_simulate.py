@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.schedule import SCHEDULES, flush, gpipe, make_schedule
+from conveyor.schedule import SCHEDULES, Op, flush, gpipe, make_schedule
 from conveyor.simulate import simulate
 
 times = st.floats(0.1, 10.0)
@@ -47,3 +47,11 @@ def test_timeline_lists_every_compute_action() -> None:
 def test_per_stage_values_must_match_the_stage_count() -> None:
     with pytest.raises(ValueError, match="forward_s needs 3 values"):
         simulate(gpipe(3, 2), forward_s=[1.0, 2.0], backward_s=1.0)
+
+
+def test_replicas_step_together() -> None:
+    # Stage 0 has 2 replicas with one microbatch each; stage 1 runs both microbatches. Replica 0's
+    # microbatch finishes first, but its step (an all-reduce) waits for replica 1's.
+    result = simulate(flush(2, 2, replicas=[2, 1]), forward_s=1.0, backward_s=1.0)
+    steps = {w: start for w, a, start, _ in result.timeline if a.op is Op.STEP and w < 2}
+    assert steps[0] == steps[1] == pytest.approx(result.finish_s[1])

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from conveyor.schedule import Action, Op, Schedule, flush, gpipe
+from conveyor.schedule import Action, Op, Schedule, flush, gpipe, pipedream
 from conveyor.simulate import DeadlockError, ScheduleError
 from conveyor.validate import validate
 
@@ -80,3 +80,21 @@ def test_enforces_the_stash_bound() -> None:
 
 def test_step_is_an_action_without_microbatch() -> None:
     assert Action(Op.STEP).microbatch is None
+
+
+def test_rejects_a_forward_on_a_version_not_made_yet() -> None:
+    s = pipedream(2, 2)
+    acts = [str(a) for a in s.actions[1]]
+    acts[acts.index("F0")] = "F0@1"
+    with pytest.raises(ScheduleError, match=r"uses weight version 1, but only versions 0\.\.0 exist yet"):
+        validate(_replace_worker(s, 1, acts))
+
+
+def test_replicas_that_step_out_of_turn_deadlock() -> None:
+    # Replica 0 of stage 0 steps (an all-reduce with replica 1) before sending its first activation, which
+    # stage 1 needs before it can return replica 1's gradient: each waits on the other.
+    s = flush(2, 4, steps=2, replicas=[2, 1])
+    acts = [str(a) for a in s.actions[0]]
+    acts.insert(0, acts.pop(acts.index("STEP")))
+    with pytest.raises(DeadlockError, match="replicas' steps"):
+        validate(_replace_worker(s, 0, acts))

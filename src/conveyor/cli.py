@@ -37,12 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train an MLP on the bundled handwritten digits with a pipeline")
-    train.add_argument("--stages", type=_positive, default=2, help="pipeline stages = local workers (default 2)")
+    train.add_argument("--stages", type=_positive, default=2, help="pipeline stages (default 2)")
+    train.add_argument("--replicas", default=None, help="data-parallel workers per stage, e.g. 2-1 (default 1 each)")
     train.add_argument("--schedule", choices=sorted(SCHEDULES), default="flush")
     train.add_argument("--microbatches", type=_positive, default=4)
     train.add_argument("--batch-size", type=_positive, default=64)
     train.add_argument("--epochs", type=_positive, default=10)
     train.add_argument("--lr", type=float, default=0.05)
+    train.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     train.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches it")
     train.add_argument("--checkpoint", default=None, help="write the final model here")
     train.add_argument("--resume", default=None, help="start from this checkpoint")
@@ -91,8 +93,8 @@ def _train(args: argparse.Namespace) -> None:
     even_balance(len(mlp()), cfg.stages)  # the stage count must fit the model before workers start
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(
-            f"training an MLP on handwritten digits: {cfg.stages} stages, {cfg.schedule} schedule, "
-            f"{cfg.microbatches} microbatches of {cfg.batch_size // cfg.microbatches}"
+            f"training an MLP on handwritten digits: {cfg.stages} stages on {cfg.workers} workers, "
+            f"{cfg.schedule} schedule, {cfg.microbatches} microbatches of {cfg.batch_size // cfg.microbatches}"
         )
     result = train(cfg)
     if result:
@@ -128,7 +130,9 @@ def _bench_schedules(args: argparse.Namespace) -> None:
         "theory",
         "vs theory",
         "samples/s",
-        "peak stash per stage",
+        "vs torch 1F1B",
+        "peak stash",
+        "peak versions",
         title=f"P={cfg.stages} M={cfg.microbatches}, t_f={cfg.forward_ms} ms, t_b={cfg.backward_ms} ms",
     )
     for name, r in report["results"].items():
@@ -138,7 +142,9 @@ def _bench_schedules(args: argparse.Namespace) -> None:
             f"{r['theory']:.4f}",
             f"{r['efficiency_vs_theory']:.4f}",
             f"{r['samples_per_s']:.1f}",
-            str(r.get("peak_stashed_per_stage", "")),
+            f"{r['speedup_vs_torch_1f1b']:.2f}x",
+            str(r.get("peak_stashed_per_worker", "")),
+            str(r.get("peak_weight_versions_per_worker", "")),
         )
     console.print(table)
     if args.json:

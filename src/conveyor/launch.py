@@ -216,6 +216,7 @@ def _wait_for_reports(procs: list[Any], grace_s: float) -> None:
 
 
 def _stop(procs: list[Any]) -> None:
+    procs = [p for p in procs if p.pid is not None]  # a failed start leaves later processes unstarted
     for p in procs:
         if p.is_alive():
             p.terminate()

@@ -1,7 +1,8 @@
 """A small pipelined training run on real bundled data: scikit-learn's handwritten digits.
 
 This is what ``conveyor train`` runs with no arguments: an MLP cut into stages, trained on local worker
-processes with a synchronous pipeline schedule, evaluated on held-out digits every epoch.
+processes with any pipeline schedule (each epoch is one run of it), evaluated on held-out digits every
+epoch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 
 from conveyor.launch import launch
 from conveyor.pipeline import Pipeline
+from conveyor.schedule import Op
 
 __all__ = ["TrainConfig", "digits", "even_balance", "mlp", "train"]
 
@@ -28,11 +30,13 @@ class TrainConfig:
     """What ``conveyor train`` does."""
 
     stages: int = 2
+    replicas: str | None = None  # workers per stage, "2-1"; default one each
     schedule: str = "flush"
     microbatches: int = 4
     batch_size: int = 64
     epochs: int = 10
     lr: float = 0.05
+    momentum: float = 0.9
     target_accuracy: float | None = None
     checkpoint: str | None = None
     resume: str | None = None
@@ -46,6 +50,25 @@ class TrainConfig:
             )
         if self.epochs < 1:
             raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
+        counts = self.replica_counts
+        if len(counts) != self.stages or min(counts) < 1:
+            raise ValueError(
+                f"--replicas {self.replicas} must give each of the {self.stages} stages a worker count >= 1, "
+                f"e.g. {'-'.join(['2'] + ['1'] * (self.stages - 1))}"
+            )
+
+    @property
+    def replica_counts(self) -> tuple[int, ...]:
+        if self.replicas is None:
+            return (1,) * self.stages
+        try:
+            return tuple(int(r) for r in self.replicas.split("-"))
+        except ValueError:
+            raise ValueError(f"--replicas {self.replicas!r} is not a list of counts like 2-1") from None
+
+    @property
+    def workers(self) -> int:
+        return sum(self.replica_counts)
 
 
 @dataclass
@@ -92,13 +115,15 @@ def _worker(cfg: TrainConfig) -> dict[str, Any] | None:
         even_balance(len(model), cfg.stages),
         cfg.microbatches,
         F.cross_entropy,
-        optimizer=partial(torch.optim.SGD, lr=cfg.lr, momentum=0.9),
+        optimizer=partial(torch.optim.SGD, lr=cfg.lr, momentum=cfg.momentum),
         schedule=cfg.schedule,
+        replicas=cfg.replica_counts,
     )
     if cfg.resume:
         pipe.load(cfg.resume)
     x_train, y_train, x_test, y_test = digits(cfg.seed)
     steps = len(x_train) // cfg.batch_size  # the last partial batch is dropped
+    updates = [a.op for a in pipe.schedule(steps).actions[pipe.worker]].count(Op.STEP)  # per epoch, this worker
     result = TrainResult()
     start = time.perf_counter()
     with Progress(
@@ -106,20 +131,20 @@ def _worker(cfg: TrainConfig) -> dict[str, Any] | None:
         BarColumn(),
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
-        disable=not pipe.is_last,
+        disable=not pipe.is_output,
     ) as bar:
-        task = bar.add_task("training", total=cfg.epochs * steps, status="")
+        task = bar.add_task("training", total=cfg.epochs * updates, status="")
         for epoch in range(cfg.epochs):
             order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(cfg.seed + epoch))
-            losses = []
-            for i in range(steps):
-                idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
-                losses.append(pipe.train_step(x_train[idx], y_train[idx]))
-                bar.update(task, advance=1)
+            batches = [
+                (x_train[idx], y_train[idx])
+                for idx in (order[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(steps))
+            ]
+            losses = pipe.train(batches, on_step=lambda _: bar.update(task, advance=1))
             # The test set's 360 samples split into the pipeline's microbatches.
             n_test = len(x_test) - len(x_test) % cfg.microbatches
             logits = pipe.evaluate(x_test[:n_test])
-            if pipe.is_last:
+            if pipe.is_output:
                 result.accuracy.append(float((logits.argmax(1) == y_test[:n_test]).float().mean()))
                 result.loss.append(sum(losses) / len(losses))
                 elapsed = time.perf_counter() - start
@@ -132,20 +157,20 @@ def _worker(cfg: TrainConfig) -> dict[str, Any] | None:
     result.samples_per_s = result.epochs * steps * cfg.batch_size / result.seconds
     if cfg.checkpoint:
         pipe.save(cfg.checkpoint)
-    return asdict(result) if pipe.is_last else None
+    return asdict(result) if pipe.is_output else None
 
 
 def _reached(pipe: Pipeline, result: TrainResult, target: float) -> bool:
     """Whether the last stage's accuracy reached ``target``, agreed by every worker."""
-    flag = torch.tensor([1.0 if pipe.is_last and result.accuracy[-1] >= target else 0.0])
+    flag = torch.tensor([1.0 if pipe.is_output and result.accuracy[-1] >= target else 0.0])
     torch.distributed.all_reduce(flag)
     return bool(flag.item())
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run ``cfg`` on ``cfg.stages`` local workers (or as one worker of a torchrun job)."""
+    """Run ``cfg`` on ``cfg.workers`` local workers (or as one worker of a torchrun job)."""
     if cfg.checkpoint:
         Path(cfg.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-    results = launch(_worker, cfg, nprocs=cfg.stages)
+    results = launch(_worker, cfg, nprocs=cfg.workers)
     last = [r for r in results.values() if r is not None]
     return last[0] if last else {}

@@ -2,12 +2,14 @@
 
 Each stage's forward sleeps ``t_f`` and its backward ``t_b``, so compute costs the same whatever the core
 count, and what is measured is the schedule and the runtime: bubbles, transfers, Python overhead. Every
-schedule, Conveyor's and ``torch.distributed.pipelining``'s, runs the same steps of the same microbatches
-in one job, after one untimed warm-up step each, in ``repeats`` interleaved rounds; the report gives the
-median round.
+schedule, Conveyor's and ``torch.distributed.pipelining``'s, trains on the same ``steps`` batches of
+``m`` microbatches in one job, after an untimed warm-up each, in ``repeats`` interleaved rounds; the
+report gives the median round.
 
 efficiency = microbatches x (t_f + t_b) / wall time: 1.0 would be a pipeline with no bubble. A flush
-schedule's ideal is ``m / (m + p - 1)``.
+schedule's ideal is ``m / (m + p - 1)`` (a fill and a drain per step); an asynchronous one fills and
+drains once for all ``N = steps x m`` microbatches: ``N / (N + p - 1)``. ``conveyor/dp`` is data
+parallelism on the same ``p`` workers, each running all ``p`` stages on its share of every batch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch import nn
 
 from conveyor.launch import launch
 from conveyor.pipeline import Pipeline
-from conveyor.schedule import make_schedule
+from conveyor.schedule import ASYNCHRONOUS, SCHEDULES, make_schedule
 from conveyor.simulate import simulate
 
 __all__ = ["BenchConfig", "FixedLatencyStage", "run"]
@@ -93,13 +95,20 @@ def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((output - target) ** 2).mean()
 
 
-def _timed(cfg: BenchConfig, step: Callable[[], Any]) -> float:
+def _timed(run: Callable[[], Any]) -> float:
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(cfg.steps):
-        step()
+    run()
     dist.barrier()
     return time.perf_counter() - start
+
+
+def _repeat(step: Callable[[], Any], times: int) -> Callable[[], None]:
+    def run() -> None:
+        for _ in range(times):
+            step()
+
+    return run
 
 
 def _torch_step(schedule: Any, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
@@ -122,30 +131,54 @@ def _worker(cfg: BenchConfig) -> dict[str, Any]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     _set_timer_slack_1us()
-    rank = dist.get_rank()
-    stages = [FixedLatencyStage(cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(cfg.stages)]
+    rank, p = dist.get_rank(), cfg.stages
+    stages = [FixedLatencyStage(cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(p)]
     batch = cfg.microbatches * cfg.microbatch_size
     x, y = torch.randn(batch, cfg.features), torch.zeros(batch, cfg.features)
     sgd = partial(torch.optim.SGD, lr=1e-6)
-    steps: dict[str, Callable[[], Any]] = {}
+    runs: dict[str, Callable[[], Any]] = {}
+    warmups: list[Callable[[], Any]] = []
     pipes = {}
-    for name in ("gpipe", "flush"):
-        pipes[name] = Pipeline(stages, [1] * cfg.stages, cfg.microbatches, _mse, optimizer=sgd, schedule=name)
-        steps[f"conveyor/{name}"] = partial(pipes[name].train_step, x, y)
+    for name in _conveyor_schedules(cfg):
+        if name == "dp":
+            pipe = Pipeline(stages, [p], cfg.microbatches, _mse, optimizer=sgd, schedule="flush", replicas=[p])
+        else:
+            pipe = Pipeline(stages, [1] * p, cfg.microbatches, _mse, optimizer=sgd, schedule=name)
+        pipes[f"conveyor/{name}"] = pipe
+        if name in ASYNCHRONOUS:  # one run over all batches: one fill, one drain
+            runs[f"conveyor/{name}"] = partial(pipe.train, [(x, y)] * cfg.steps)
+            warmups.append(partial(pipe.train, [(x, y)] * 2))
+        else:
+            runs[f"conveyor/{name}"] = _repeat(partial(pipe.train_step, x, y), cfg.steps)
+            warmups.append(partial(pipe.train_step, x, y))
     for name, cls in (("torch/gpipe", ScheduleGPipe), ("torch/1f1b", Schedule1F1B)):
-        stage = PipelineStage(stages[rank], rank, cfg.stages, torch.device("cpu"))
-        steps[name] = _torch_step(cls(stage, cfg.microbatches, loss_fn=_mse), sgd(stages[rank].parameters()), x, y)
-    for step in steps.values():
-        step()  # warm-up, untimed: first-message metadata, allocator, autograd caches
+        stage = PipelineStage(stages[rank], rank, p, torch.device("cpu"))
+        step = _torch_step(cls(stage, cfg.microbatches, loss_fn=_mse), sgd(stages[rank].parameters()), x, y)
+        runs[name] = _repeat(step, cfg.steps)
+        warmups.append(step)
+    for warmup in warmups:
+        warmup()  # untimed: first-message metadata, allocator, autograd caches
     # Rounds interleave the schedules, so a slow spell of the machine does not land on one schedule only.
-    walls: dict[str, list[float]] = {name: [] for name in steps}
+    walls: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(cfg.repeats):
-        for name, step in steps.items():
-            walls[name].append(_timed(cfg, step))
-    peaks = {f"conveyor/{name}": pipe.peak_stashed for name, pipe in pipes.items()}
-    all_peaks: list[Any] = [None] * cfg.stages
+        for name, run in runs.items():
+            walls[name].append(_timed(run))
+    peaks = {name: (pipe.peak_stashed, pipe.peak_versions) for name, pipe in pipes.items()}
+    all_peaks: list[Any] = [None] * p
     dist.all_gather_object(all_peaks, peaks)
     return {"walls": walls, "peaks": all_peaks}
+
+
+def _conveyor_schedules(cfg: BenchConfig) -> list[str]:
+    """Conveyor's schedules this configuration can run: 2BW needs enough microbatches, DP a fair share."""
+    names = [n for n in SCHEDULES if n != "2bw" or cfg.microbatches >= cfg.stages - 1]
+    return [*names, "dp"] if cfg.microbatches % cfg.stages == 0 else names
+
+
+def _schedule_of(name: str, cfg: BenchConfig) -> Any:
+    if name == "dp":
+        return make_schedule("flush", 1, cfg.microbatches, cfg.steps, [cfg.stages])
+    return make_schedule(name, cfg.stages, cfg.microbatches, cfg.steps)
 
 
 def _flush_theory(stages: int, microbatches: int) -> float:
@@ -155,13 +188,20 @@ def _flush_theory(stages: int, microbatches: int) -> float:
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
     """Run the benchmark on ``cfg.stages`` local processes and return its JSON-ready report."""
-    out = launch(_worker, cfg, nprocs=cfg.stages, timeout_s=600)[0]
+    out = launch(_worker, cfg, nprocs=cfg.stages, timeout_s=900)[0]
     microbatches = cfg.steps * cfg.microbatches
-    ideal_s = microbatches * (cfg.forward_ms + cfg.backward_ms) / 1e3
+    work_s = (cfg.forward_ms + cfg.backward_ms) / 1e3
+    ideal_s = microbatches * work_s
     results = {}
     for name, walls in out["walls"].items():
         wall = statistics.median(walls)
-        theory = _flush_theory(cfg.stages, cfg.microbatches)
+        kind = name.split("/")[1]
+        if kind == "dp":
+            theory = 1.0  # no bubble; its cost is the gradient all-reduce, which the stages here make tiny
+        elif kind in ASYNCHRONOUS:
+            theory = _flush_theory(cfg.stages, microbatches)
+        else:
+            theory = _flush_theory(cfg.stages, cfg.microbatches)
         entry = {
             "efficiency": ideal_s / wall,
             "theory": theory,
@@ -171,10 +211,16 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             "wall_s_per_repeat": walls,
         }
         if name.startswith("conveyor/"):
-            sched = make_schedule(name.split("/")[1], cfg.stages, cfg.microbatches)
-            sim = simulate(sched, cfg.forward_ms / 1e3, cfg.backward_ms / 1e3)
-            entry["simulated_efficiency"] = cfg.microbatches * (cfg.forward_ms + cfg.backward_ms) / 1e3 / sim.step_s
-            entry["peak_stashed_per_stage"] = [p[name] for p in out["peaks"]]
-            entry["simulated_peak_stashed_per_stage"] = sim.peak_stashed
+            sched = _schedule_of(kind, cfg)
+            layers = cfg.stages if kind == "dp" else 1  # a data-parallel worker runs every stage
+            sim = simulate(sched, layers * cfg.forward_ms / 1e3, layers * cfg.backward_ms / 1e3)
+            entry["simulated_efficiency"] = ideal_s / sim.step_s
+            entry["peak_stashed_per_worker"] = [p[name][0] for p in out["peaks"]]
+            entry["simulated_peak_stashed_per_worker"] = sim.peak_stashed
+            entry["peak_weight_versions_per_worker"] = [p[name][1] for p in out["peaks"]]
+            entry["schedule_peak_weight_versions_per_worker"] = sched.peak_versions()
         results[name] = entry
+    torch_1f1b = results["torch/1f1b"]["samples_per_s"]
+    for entry in results.values():
+        entry["speedup_vs_torch_1f1b"] = entry["samples_per_s"] / torch_1f1b
     return {"config": asdict(cfg), "results": results}

@@ -1,0 +1,29 @@
+"""Convergence smoke test: asynchronous pipelines reach data parallelism's accuracy on real data."""
+
+import pytest
+
+from conveyor.train import TrainConfig, train
+
+pytestmark = pytest.mark.timeout(300)
+
+TARGET = 0.93
+MAX_EPOCHS = 12
+# What stale weights may cost over data parallelism. Measured with these settings: DP and PipeDream 5
+# epochs, 2BW 9: its 1-stale updates on every stage oscillate early on this small problem (a plain
+# single-process delayed-SGD loop, W(t+1) = W(t) - lr * g(W(t-1)), does the same).
+EXTRA_EPOCHS = 5
+
+
+def _epochs_to_target(**options: object) -> tuple[int, float]:
+    cfg = TrainConfig(epochs=MAX_EPOCHS, target_accuracy=TARGET, batch_size=64, microbatches=4, lr=0.05, **options)
+    result = train(cfg)
+    return result["epochs"], result["accuracy"][-1]
+
+
+def test_pipedream_and_2bw_reach_the_accuracy_of_data_parallelism() -> None:
+    dp_epochs, dp_accuracy = _epochs_to_target(stages=1, replicas="2", schedule="flush")
+    assert dp_accuracy >= TARGET
+    for schedule in ("pipedream", "2bw"):
+        epochs, accuracy = _epochs_to_target(stages=2, schedule=schedule)
+        assert accuracy >= TARGET, schedule
+        assert epochs <= dp_epochs + EXTRA_EPOCHS, (schedule, epochs, dp_epochs)
