@@ -3,9 +3,10 @@
 from conveyor.checkpoint import CheckpointError
 from conveyor.launch import WorkerError, launch
 from conveyor.pipeline import Pipeline
-from conveyor.schedule import Action, Op, Schedule, flush, forward_only, gpipe, make_schedule
+from conveyor.schedule import Action, Op, Schedule, flush, forward_only, gpipe, make_schedule, pipedream, twobw
 from conveyor.simulate import DeadlockError, ScheduleError, SimResult, simulate
 from conveyor.validate import validate
+from conveyor.versions import StashError, WeightVersions
 
 __all__ = [
     "Action",
@@ -16,13 +17,17 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "SimResult",
+    "StashError",
+    "WeightVersions",
     "WorkerError",
     "flush",
     "forward_only",
     "gpipe",
     "launch",
     "make_schedule",
+    "pipedream",
     "simulate",
+    "twobw",
     "validate",
 ]
 
