@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     sched.add_argument("--backward-ms", type=float, default=20.0)
     sched.add_argument("--repeats", type=_positive, default=3, help="interleaved rounds; the median is reported")
     sched.add_argument("--json", type=Path, default=None, help="write the report here")
+    pvr = which.add_parser("plan-vs-run", help="run planned pipelines and compare their throughput with the plan")
+    pvr.add_argument("--minibatches", type=_positive, default=60, help="minibatches per timed run")
+    pvr.add_argument("--repeats", type=_positive, default=3, help="timed runs per plan; the median is reported")
+    pvr.add_argument("--json", type=Path, default=None, help="write the report here")
     planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
     planner.add_argument("--json", type=Path, default=None, help="write the report here")
     return parser
@@ -210,6 +214,21 @@ def _bench_planner(args: argparse.Namespace) -> None:
         _write_json(args.json, report)
 
 
+def _bench_plan_vs_run(args: argparse.Namespace) -> None:
+    from conveyor.bench.plan_vs_run import PlanVsRunConfig, run
+
+    report = run(_config(PlanVsRunConfig, args))
+    table = Table("plan", "config", "measured samples/s", "simulated", "error", "planner (steady state)", "error")
+    for r in report["results"]:
+        table.add_row(
+            r["case"], r["config"], f"{r['measured_samples_per_s']:.1f}", f"{r['simulated_samples_per_s']:.1f}",
+            f"{r['error_vs_simulated']:+.1%}", f"{r['planner_samples_per_s']:.1f}", f"{r['error_vs_planner']:+.1%}",
+        )  # fmt: skip
+    console.print(table)
+    if args.json:
+        _write_json(args.json, report)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``conveyor`` command; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -222,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _plan(args)
         elif args.bench == "planner":
             _bench_planner(args)
+        elif args.bench == "plan-vs-run":
+            _bench_plan_vs_run(args)
         else:
             _bench_schedules(args)
     except WorkerError as exc:

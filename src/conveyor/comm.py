@@ -15,7 +15,7 @@ Gradients flow back without a header: the receiver of a gradient is the worker t
 so it knows the layout already.
 
 Sends are asynchronous (``isend``): the executor never blocks on a send, only on the receive of data it
-needs next. :meth:`P2P.wait_sends` waits for the outstanding ones (before an optimizer step).
+needs next. :meth:`P2P.wait_sends` waits for the outstanding ones (at the end of a run).
 """
 
 from __future__ import annotations

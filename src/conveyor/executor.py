@@ -102,9 +102,9 @@ class Executor:
             schedule: the schedule; a training schedule if it has backwards.
             inputs: the microbatches' inputs, indexed by microbatch (first stage only).
             targets: the microbatches' targets, indexed by microbatch (last stage of training only).
-            on_step: called at each ``STEP`` action, after every outstanding send has completed and the
-                gradients are on the module's parameters, before the updated weights become the newest
-                version: all-reduce, clip and step the optimizer there.
+            on_step: called at each ``STEP`` action, once the gradients are on the module's parameters and
+                before the updated weights become the newest version: all-reduce, clip and step the
+                optimizer there.
         """
         stage = schedule.worker_stage[self.worker]
         first, last = stage == 0, stage == schedule.stages - 1
@@ -125,6 +125,7 @@ class Executor:
             peer = None if action.peer is None else self.rank_of_worker[action.peer]
             if op is Op.RECV_ACTIVATION:
                 received = self.p2p.wait_tree(prefetch.take(action))
+                prefetch.post()  # the channel is idle again and the next message's size known
                 if training:
                     for t in differentiable_leaves(received):
                         t.requires_grad_(True)
@@ -157,6 +158,7 @@ class Executor:
                     del flight[mb]
             elif op is Op.RECV_GRAD:
                 flight[mb].input_grads = self.p2p.wait_tensors(prefetch.take(action))
+                prefetch.post()
             elif op is Op.BACKWARD:
                 self.weights.check(mb, stage)
                 self._backward(flight[mb], last)
@@ -171,7 +173,8 @@ class Executor:
                 self.p2p.send_tensors(grads, peer)
                 prefetch.post()
             elif op is Op.STEP:
-                self.p2p.wait_sends()
+                # No wait for outstanding sends here: they read packed copies, not parameters, and waiting
+                # would stall this stage until a busy receiver posts its receive.
                 self.weights.collect_grads()
                 if on_step is not None:
                     on_step()

@@ -14,6 +14,7 @@ Example (run with ``conveyor.launch(main, nprocs=3)`` or under ``torchrun --npro
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -109,7 +110,8 @@ class Pipeline:
         self.replicas = tuple(replicas) if replicas is not None else (1,) * len(ranges)
         self.schedule_name = schedule
         self.microbatches = microbatches
-        make_schedule(schedule, len(ranges), microbatches, 1, self.replicas)  # a bad name or layout fails here
+        # A bad name or layout fails here, before any worker waits for another.
+        make_schedule(schedule, len(ranges), microbatches, math.lcm(*self.replicas), self.replicas)
         world, workers = dist.get_world_size(), sum(self.replicas)
         if world != workers:
             layout = "-".join(map(str, self.replicas))

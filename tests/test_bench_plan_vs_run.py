@@ -1,0 +1,29 @@
+"""conveyor bench plan-vs-run: planned pipelines run, and their throughput is bounded by the prediction."""
+
+import pytest
+
+from conveyor.bench.plan_vs_run import PlanVsRunConfig, run
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_report_compares_measured_and_predicted_throughput() -> None:
+    report = run(PlanVsRunConfig(minibatches=30, repeats=1))
+    results = {r["case"]: r for r in report["results"]}
+    assert results["straight, 4 workers"]["config"] == "1-1-1-1"
+    assert results["planned, 4 workers"]["config"] == "3-1"  # the heavy, light-weight layers replicated
+    for r in results.values():
+        # Sleeping stages cannot run faster than the simulation of the same action lists.
+        assert 0.5 * r["simulated_samples_per_s"] < r["measured_samples_per_s"] <= 1.02 * r["simulated_samples_per_s"]
+        assert r["error_vs_simulated"] == pytest.approx(r["measured_samples_per_s"] / r["simulated_samples_per_s"] - 1)
+        # The planner's steady state leaves out the fill and drain the simulation includes.
+        assert r["simulated_samples_per_s"] <= r["planner_samples_per_s"]
+    assert (
+        results["planned, 4 workers"]["measured_samples_per_s"]
+        > results["straight, 4 workers"]["measured_samples_per_s"]
+    )
+
+
+def test_bad_config_is_rejected() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        PlanVsRunConfig(minibatches=0)
