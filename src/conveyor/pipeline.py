@@ -214,12 +214,14 @@ class Pipeline:
         sched = self.schedule(len(batches))
         inputs = self._microbatches(batches, 0) if self.is_first else None
         targets = self._microbatches(batches, 1) if self.is_last else None
+        # The loss is scaled for the last stage's update size; this stage's updates may cover another count.
+        factor = sched.update_size(self.num_stages - 1) / sched.update_size(self.stage)
         self.module.train()
         out = self.executor.run(
             sched,
             inputs,
             targets,
-            on_step=lambda: self._optimizer_step(sched, on_step),
+            on_step=lambda: self._optimizer_step(factor, on_step),
         )
         self.steps += len(batches)
         return self._batch_losses(out.losses, len(batches))
@@ -252,11 +254,10 @@ class Pipeline:
         m = self.microbatches
         return [float(torch.stack([losses[b * m + i] for i in range(m)]).mean()) for b in range(count)]
 
-    def _optimizer_step(self, sched: Schedule, on_step: Callable[[int], None] | None) -> None:
-        """All-reduce the replicas' gradients into the mean over the update's microbatches, clip, step."""
+    def _optimizer_step(self, factor: float, on_step: Callable[[int], None] | None) -> None:
+        """All-reduce the replicas' gradients, scale them by ``factor`` into the mean over the update's
+        microbatches, clip, step."""
         params = [p for p in self.module.parameters() if p.requires_grad]
-        # The loss was scaled for the last stage's update size; this stage's update may cover another count.
-        factor = sched.update_size(self.num_stages - 1) / sched.update_size(self.stage)
         if self._replica_group is not None and params:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             flat = torch.cat([g.reshape(-1) for g in grads])

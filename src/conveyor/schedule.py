@@ -133,41 +133,46 @@ class Schedule:
 
     def forward_versions(self, worker: int) -> dict[int, int]:
         """The weight version each of ``worker``'s forwards uses (a ``None`` version resolved to the newest)."""
-        steps, versions = 0, {}
-        for a in self.actions[worker]:
-            if a.op is Op.STEP:
-                steps += 1
-            elif a.op is Op.FORWARD:
-                versions[a.microbatch] = steps if a.version is None else a.version
-        return versions
+        return _forward_versions(self.actions[worker])
+
+    def unmade_version(self, worker: int) -> int | None:
+        """The index of ``worker``'s first forward that asks for a version not made yet, or ``None``."""
+        steps = 0
+        for i, a in enumerate(self.actions[worker]):
+            steps += a.op is Op.STEP
+            if a.op is Op.FORWARD and a.version is not None and not 0 <= a.version <= steps:
+                return i
+        return None
 
     def peak_versions(self) -> list[int]:
-        """Per worker, the most weight versions it keeps at once (1 means no stashing: a flush schedule).
+        """Per worker, the most weight versions it keeps at once (see :meth:`worker_peak_versions`)."""
+        return [self.worker_peak_versions(w) for w in range(self.workers)]
+
+    def worker_peak_versions(self, worker: int) -> int:
+        """The most weight versions ``worker`` keeps at once (1 means no stashing: a flush schedule).
 
         A version lives from the step that makes it until it is neither the newest nor used by a
         stashed microbatch or a later forward, the rule the executor frees versions by.
         """
-        peaks = []
-        for w, acts in enumerate(self.actions):
-            uses = self.forward_versions(w)
-            backward = {a.microbatch for a in acts if a.op is Op.BACKWARD}
-            need = Counter(uses.values())
-            live, newest, peak = {0}, 0, 1
-            for a in acts:
-                done = a.op is Op.BACKWARD or (a.op is Op.FORWARD and a.microbatch not in backward)
-                if done:
-                    v = uses[a.microbatch]
-                    need[v] -= 1
-                    if need[v] == 0 and v != newest:
-                        live.discard(v)
-                elif a.op is Op.STEP:
-                    if need[newest] == 0:
-                        live.discard(newest)
-                    newest += 1
-                    live.add(newest)
-                peak = max(peak, len(live))
-            peaks.append(peak)
-        return peaks
+        acts = self.actions[worker]
+        uses = self.forward_versions(worker)
+        backward = {a.microbatch for a in acts if a.op is Op.BACKWARD}
+        need = Counter(uses.values())
+        live, newest, peak = {0}, 0, 1
+        for a in acts:
+            done = a.op is Op.BACKWARD or (a.op is Op.FORWARD and a.microbatch not in backward)
+            if done:
+                v = uses[a.microbatch]
+                need[v] -= 1
+                if need[v] == 0 and v != newest:
+                    live.discard(v)
+            elif a.op is Op.STEP:
+                if need[newest] == 0:
+                    live.discard(newest)
+                newest += 1
+                live.add(newest)
+            peak = max(peak, len(live))
+        return peak
 
     def __str__(self) -> str:
         lines = [f"{self.name}: {self.stages} stages, {self.microbatches} microbatches"]
@@ -196,6 +201,17 @@ class Schedule:
             tuple(d["worker_stage"]),
             tuple(tuple(Action.parse(a) for a in acts) for acts in d["actions"]),
         )
+
+
+def _forward_versions(actions: Sequence[Action]) -> dict[int, int]:
+    """Microbatch -> the weight version its forward uses: its own, or the number of steps taken before it."""
+    steps, versions = 0, {}
+    for a in actions:
+        if a.op is Op.STEP:
+            steps += 1
+        elif a.op is Op.FORWARD:
+            versions[a.microbatch] = steps if a.version is None else a.version
+    return versions
 
 
 def _check_sizes(stages: int, microbatches: int, steps: int = 1) -> None:
@@ -354,21 +370,11 @@ def pipedream(
     per_worker = _replica_microbatches(reps, 0, total)
     compute = [_one_f_one_b(mbs, _warmup(reps, stage_of[w]), 1) for w, mbs in enumerate(per_worker)]
     if vertical_sync:
-        entered = {k: v for w in range(reps[0]) for k, v in _newest_at_forward(compute[w]).items()}
+        entered = {k: v for w in range(reps[0]) for k, v in _forward_versions(compute[w]).items()}
         compute = [
             _pinned(order, lambda k, s=stage_of[w]: entered[k] * reps[0] // reps[s]) for w, order in enumerate(compute)
         ]
     return _with_communication("pipedream-vs" if vertical_sync else "pipedream", compute, reps)
-
-
-def _newest_at_forward(order: Sequence[Action]) -> dict[int, int]:
-    steps, versions = 0, {}
-    for a in order:
-        if a.op is Op.STEP:
-            steps += 1
-        elif a.op is Op.FORWARD:
-            versions[a.microbatch] = steps
-    return versions
 
 
 def twobw(stages: int, microbatches: int, steps: int = 1, replicas: Sequence[int] | None = None) -> Schedule:
@@ -413,13 +419,8 @@ def _pinned(order: Sequence[Action], version_of: Callable[[int], int]) -> list[A
 
 def _two_versions_suffice(schedule: Schedule) -> bool:
     """Every forward's version exists when it runs, and no worker keeps more than two."""
-    for acts in schedule.actions:
-        steps = 0
-        for a in acts:
-            steps += a.op is Op.STEP
-            if a.op is Op.FORWARD and a.version is not None and a.version > steps:
-                return False
-    return max(schedule.peak_versions()) <= 2
+    workers = range(schedule.workers)
+    return all(schedule.unmade_version(w) is None for w in workers) and max(schedule.peak_versions()) <= 2
 
 
 def forward_only(stages: int, microbatches: int, replicas: Sequence[int] | None = None) -> Schedule:

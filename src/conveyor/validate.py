@@ -76,12 +76,15 @@ def _check_stage_coverage(schedule: Schedule, stage: int, training: bool) -> Non
 def _check_worker(schedule: Schedule, w: int, acts: Sequence[Action], training: bool) -> None:
     stage, last = schedule.worker_stage[w], schedule.stages - 1
     seen: set[Action] = set()
-    steps = 0
+    unmade = schedule.unmade_version(w)
+    if unmade is not None:
+        made = sum(a.op is Op.STEP for a in acts[:unmade])
+        raise ScheduleError(
+            f"worker {w} (stage {stage}), action {unmade} {acts[unmade]}: uses weight version "
+            f"{acts[unmade].version}, but only versions 0..{made} exist yet"
+        )
     for i, a in enumerate(acts):
         where = f"worker {w} (stage {stage}), action {i} {a}"
-        steps += a.op is Op.STEP
-        if a.op is Op.FORWARD and a.version is not None and not 0 <= a.version <= steps:
-            raise ScheduleError(f"{where}: uses weight version {a.version}, but only versions 0..{steps} exist yet")
         if a.op.is_send or a.op.is_recv:
             if a.peer is None or not 0 <= a.peer < schedule.workers:
                 raise ScheduleError(f"{where}: peer must be a worker in 0..{schedule.workers - 1}")

@@ -63,16 +63,13 @@ class WeightVersions:
         self._need = Counter(self._uses.values())
         self._newest = 0
         self._snapshots = {}
-        self.stashing = schedule.peak_versions()[worker] > 1
+        self.stashing = schedule.worker_peak_versions(worker) > 1
         self._versions = {0: self._clone()} if self.stashing else {}
 
     @property
     def live(self) -> int:
         """How many versions are held now (1 without stashing)."""
         return max(len(self._versions), 1)
-
-    def version_of(self, microbatch: int) -> int:
-        return self._uses[microbatch]
 
     def forward(self, microbatch: int, inputs: Any) -> Any:
         """Run the stage on ``inputs`` with the weights the schedule assigns to ``microbatch``."""

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from conveyor.bench.schedules import FixedLatencyStage, _mse, _set_timer_slack_1us
+from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
 from conveyor.launch import launch
 from conveyor.pipeline import Pipeline
 from conveyor.planner import Plan, optimize
@@ -74,10 +74,10 @@ def _stage_times(plan: Plan, prof: Profile) -> tuple[list[float], list[float]]:
 
 
 def _worker(cfg: PlanVsRunConfig, forward_s: list[float], backward_s: list[float], replicas: list[int]) -> list[float]:
-    _set_timer_slack_1us()
+    set_timer_slack_1us()
     stages = [FixedLatencyStage(f, b) for f, b in zip(forward_s, backward_s, strict=True)]
     pipe = Pipeline(
-        stages, [1] * len(stages), 1, _mse, partial(torch.optim.SGD, lr=1e-6), schedule="pipedream", replicas=replicas
+        stages, [1] * len(stages), 1, mse, partial(torch.optim.SGD, lr=1e-6), schedule="pipedream", replicas=replicas
     )
     x, y = torch.randn(cfg.batch_size, cfg.features), torch.zeros(cfg.batch_size, cfg.features)
     pipe.train([(x, y)] * 2 * math.lcm(*replicas))  # warm-up, untimed

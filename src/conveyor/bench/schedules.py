@@ -14,9 +14,7 @@ parallelism on the same ``p`` workers, each running all ``p`` stages on its shar
 
 from __future__ import annotations
 
-import ctypes
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -25,43 +23,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
+from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
 from conveyor.launch import launch
 from conveyor.pipeline import Pipeline
 from conveyor.schedule import ASYNCHRONOUS, SCHEDULES, make_schedule
 from conveyor.simulate import simulate
 
-__all__ = ["BenchConfig", "FixedLatencyStage", "run"]
-
-
-class _FixedLatency(torch.autograd.Function):
-    """y = x * w, whose forward takes ``forward_s`` and backward ``backward_s`` of wall time."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
-        time.sleep(forward_s)
-        ctx.save_for_backward(x, w)
-        ctx.backward_s = backward_s
-        return x * w
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        time.sleep(ctx.backward_s)
-        x, w = ctx.saved_tensors
-        return grad * w, (grad * x).sum().reshape(w.shape), None, None
-
-
-class FixedLatencyStage(nn.Module):
-    """A stage with one weight whose forward and backward take a fixed wall time (a sleep)."""
-
-    def __init__(self, forward_s: float, backward_s: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(1))
-        self.forward_s, self.backward_s = forward_s, backward_s
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _FixedLatency.apply(x, self.weight, self.forward_s, self.backward_s)
+__all__ = ["BenchConfig", "run"]
 
 
 @dataclass(frozen=True)
@@ -82,17 +51,6 @@ class BenchConfig:
             raise ValueError("stages, microbatches, steps, microbatch size, features and repeats must be at least 1")
         if self.forward_ms < 0 or self.backward_ms < 0 or self.forward_ms + self.backward_ms <= 0:
             raise ValueError("--forward-ms and --backward-ms must be >= 0 and not both 0: they set the stage cost")
-
-
-def _set_timer_slack_1us() -> None:
-    """Shrink the timer slack Linux adds to every sleep of this process from 50 us to 1 us."""
-    if sys.platform.startswith("linux"):
-        pr_set_timerslack = 29
-        ctypes.CDLL(None).prctl(pr_set_timerslack, 1000)
-
-
-def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return ((output - target) ** 2).mean()
 
 
 def _timed(run: Callable[[], Any]) -> float:
@@ -130,7 +88,7 @@ def _torch_step(schedule: Any, opt: torch.optim.Optimizer, x: torch.Tensor, y: t
 def _worker(cfg: BenchConfig) -> dict[str, Any]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    _set_timer_slack_1us()
+    set_timer_slack_1us()
     rank, p = dist.get_rank(), cfg.stages
     stages = [FixedLatencyStage(cfg.forward_ms / 1e3, cfg.backward_ms / 1e3) for _ in range(p)]
     batch = cfg.microbatches * cfg.microbatch_size
@@ -141,9 +99,9 @@ def _worker(cfg: BenchConfig) -> dict[str, Any]:
     pipes = {}
     for name in _conveyor_schedules(cfg):
         if name == "dp":
-            pipe = Pipeline(stages, [p], cfg.microbatches, _mse, optimizer=sgd, schedule="flush", replicas=[p])
+            pipe = Pipeline(stages, [p], cfg.microbatches, mse, optimizer=sgd, schedule="flush", replicas=[p])
         else:
-            pipe = Pipeline(stages, [1] * p, cfg.microbatches, _mse, optimizer=sgd, schedule=name)
+            pipe = Pipeline(stages, [1] * p, cfg.microbatches, mse, optimizer=sgd, schedule=name)
         pipes[f"conveyor/{name}"] = pipe
         if name in ASYNCHRONOUS:  # one run over all batches: one fill, one drain
             runs[f"conveyor/{name}"] = partial(pipe.train, [(x, y)] * cfg.steps)
@@ -153,7 +111,7 @@ def _worker(cfg: BenchConfig) -> dict[str, Any]:
             warmups.append(partial(pipe.train_step, x, y))
     for name, cls in (("torch/gpipe", ScheduleGPipe), ("torch/1f1b", Schedule1F1B)):
         stage = PipelineStage(stages[rank], rank, p, torch.device("cpu"))
-        step = _torch_step(cls(stage, cfg.microbatches, loss_fn=_mse), sgd(stages[rank].parameters()), x, y)
+        step = _torch_step(cls(stage, cfg.microbatches, loss_fn=mse), sgd(stages[rank].parameters()), x, y)
         runs[name] = _repeat(step, cfg.steps)
         warmups.append(step)
     for warmup in warmups:
