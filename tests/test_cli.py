@@ -151,8 +151,14 @@ def test_profile_then_plan(tmp_path: Path, pipedream_profiles: Path) -> None:
     out = tmp_path / "vgg.json"
     assert main(["plan", str(pipedream_profiles / "vgg16"), "--topology", "16:1.25e9", "--json", str(out)]) == 0
     plan = json.loads(out.read_text())
-    assert plan["config"] == "15-1" and plan["noam"] == 2
+    assert plan["config"] == "15-1" and plan["noam"] == 2 and plan["schedule"] == "pipedream"
     assert set(plan["predicted"]) >= {"samples_per_s", "speedup_vs_dp", "speedup_vs_single"}
+
+    args = ["--topology", "16:1.25e9", "--memory", "8e9", "--schedule", "2bw", "--json", str(out)]
+    assert main(["plan", str(pipedream_profiles / "vgg16"), *args]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["schedule"] == "2bw" and plan["memory_limit_bytes"] == 8e9
+    assert all(0 < s["memory_bytes"] <= 8e9 for s in plan["stages"])
 
 
 @pytest.mark.parametrize(
@@ -161,6 +167,7 @@ def test_profile_then_plan(tmp_path: Path, pipedream_profiles: Path) -> None:
         (["plan", "/no/profile.json", "--topology", "2:1e9"], "no profile at /no/profile.json"),
         (["plan", "PROFILE", "--topology", "2"], "cannot read topology level '2'"),
         (["plan", "PROFILE", "--topology", "9:1e9", "--straight"], "use at most 5 workers"),
+        (["plan", "PROFILE", "--topology", "2:1e9", "--memory", "1"], "the least that fits is about"),
         (["profile", "nosuchmodel", "--json", "x.json"], "unknown model 'nosuchmodel'"),
     ],
 )

@@ -1,22 +1,41 @@
 """The partitioning optimizer returns the optimum of its cost model and the paper's VGG-16 plan."""
 
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conveyor.memory import PLANNER_SCHEDULES, stage_bytes
 from conveyor.planner import PlanError, optimize
 from conveyor.profiles import Profile
 from conveyor.topology import Topology
+
+
+@dataclass
+class Memory:
+    limit: float
+    schedule: str
+    microbatches: int
 
 
 def _stage_time(p: Profile, i: int, j: int, r: int, bandwidth: float) -> float:
     return max(p.compute_s(i, j), 2 * (r - 1) * p.param_bytes(i, j) / bandwidth) / r
 
 
-def _exhaustive(p: Profile, workers: int, bandwidth: float, straight: bool) -> float:
+def _fits(p: Profile, stages: list[tuple[int, int]], reps: tuple[int, ...], memory: Memory | None) -> bool:
+    if memory is None:
+        return True
+    downstream = list(itertools.accumulate(reps[::-1]))[::-1]
+    return all(
+        stage_bytes(p, i, j, memory.schedule, r, d, memory.microbatches) <= memory.limit
+        for (i, j), r, d in zip(stages, reps, downstream, strict=True)
+    )
+
+
+def _exhaustive(p: Profile, workers: int, bandwidth: float, straight: bool, memory: Memory | None = None) -> float:
     """Try every split into contiguous stages and every replica count per stage that uses every worker."""
     n, best = len(p), float("inf")
     for k in range(n):
@@ -25,7 +44,7 @@ def _exhaustive(p: Profile, workers: int, bandwidth: float, straight: bool) -> f
             stages = list(itertools.pairwise(bounds))
             choices = [[1]] * len(stages) if straight else [range(1, workers + 1)] * len(stages)
             for reps in itertools.product(*choices):
-                if sum(reps) != workers:
+                if sum(reps) != workers or not _fits(p, stages, reps, memory):
                     continue
                 t = max(_stage_time(p, i, j, r, bandwidth) for (i, j), r in zip(stages, reps, strict=True))
                 links = [2 * p.cut_bytes(c - 1) / bandwidth for c in cuts]
@@ -64,6 +83,37 @@ def test_optimum_of_the_cost_model(p: Profile, workers: int, bandwidth: float, s
         assert all(s.replicas == 1 for s in plan.stages)
     else:
         assert plan.seconds_per_minibatch <= plan.data_parallel_seconds * (1 + 1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    profiles, st.integers(1, 5), st.floats(1e8, 1e11), st.sampled_from(PLANNER_SCHEDULES), st.floats(1e8, 8e9),
+    st.integers(1, 6),
+)  # fmt: skip
+def test_optimum_under_a_memory_limit(
+    p: Profile, workers: int, bandwidth: float, schedule: str, limit: float, microbatches: int
+) -> None:
+    memory = Memory(limit, schedule, microbatches)
+    expected = _exhaustive(p, workers, bandwidth, False, memory)
+    topology = Topology.parse(f"{workers}:{bandwidth!r}")
+    if expected == float("inf"):
+        with pytest.raises(PlanError, match="the least that fits is about"):
+            optimize(p, topology, schedule=schedule, memory=limit, microbatches=microbatches)
+        return
+    plan = optimize(p, topology, schedule=schedule, memory=limit, microbatches=microbatches)
+    assert plan.seconds_per_minibatch == pytest.approx(expected)
+    assert all(s.memory_bytes <= limit for s in plan.stages)
+
+
+@settings(max_examples=60, deadline=None)
+@given(profiles, st.integers(1, 3), st.integers(1, 3), st.sampled_from(PLANNER_SCHEDULES), st.floats(1e8, 8e9))
+def test_hierarchical_plans_fit(p: Profile, inner: int, outer: int, schedule: str, limit: float) -> None:
+    topology = Topology.parse(f"{inner}:1e10,{outer}:1e9")
+    try:
+        plan = optimize(p, topology, schedule=schedule, memory=limit)
+    except PlanError:
+        return
+    assert all(s.memory_bytes <= limit for s in plan.stages) and plan.workers == inner * outer
 
 
 @settings(max_examples=60, deadline=None)
@@ -106,3 +156,27 @@ def test_straight_pipeline_with_more_workers_than_layers_is_reported() -> None:
     p = Profile.chain("two", [1.0, 1.0], [1.0, 1.0], [1, 1], [1, 1])
     with pytest.raises(PlanError, match="use at most 2 workers"):
         optimize(p, Topology.parse("3:1e9"), straight=True)
+
+
+def test_vgg16_memory_limit_changes_the_plan(pipedream_profiles: Path) -> None:
+    """Stashing two minibatches of VGG-16's activations (the profile's batch of 64) on the 15-way stage
+    takes about 29 GB; with 16 GB per worker the planner must choose another split."""
+    vgg = Profile.load(pipedream_profiles / "vgg16")
+    topology = Topology.parse("16:1.25e9")
+    free = optimize(vgg, topology)
+    assert max(s.memory_bytes for s in free.stages) > 16e9
+    limited = optimize(vgg, topology, memory=16e9)
+    assert max(s.memory_bytes for s in limited.stages) <= 16e9
+    assert limited.seconds_per_minibatch > free.seconds_per_minibatch
+
+
+def test_vgg16_that_fits_nowhere_says_how_much_would(pipedream_profiles: Path) -> None:
+    vgg = Profile.load(pipedream_profiles / "vgg16")
+    with pytest.raises(PlanError, match=r"fits in 4e\+09 bytes .* the least that fits is about 5\.\d+e\+09"):
+        optimize(vgg, Topology.parse("16:1.25e9"), schedule="2bw", memory=4e9)
+
+
+def test_unknown_schedule_is_reported() -> None:
+    p = Profile.chain("one", [1.0], [1.0], [1], [1])
+    with pytest.raises(PlanError, match="choose one of pipedream, 2bw, flush, gpipe"):
+        optimize(p, Topology.parse("1:1e9"), schedule="zb")

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from conveyor.checkpoint import CheckpointError
 from conveyor.launch import WorkerError
+from conveyor.memory import PLANNER_SCHEDULES
 from conveyor.pipeline import WorldSizeError
 from conveyor.schedule import SCHEDULES
 
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("profile", help="a profile JSON, or a PipeDream graph.txt (or its folder)")
     plan.add_argument("--topology", required=True, help="COUNT:BYTES_PER_S per level, innermost first: 4:12e9,4:1.25e9")
     plan.add_argument("--straight", action="store_true", help="one worker per stage, no replication")
+    plan.add_argument("--memory", type=float, default=None, help="bytes per worker, e.g. 16e9 (default: no limit)")
+    plan.add_argument("--schedule", choices=PLANNER_SCHEDULES, default="pipedream", help="what memory counts follow")
+    plan.add_argument("--microbatches", type=_positive, default=None, help="per step, for flush/gpipe/2bw")
     plan.add_argument("--json", type=Path, default=None, help="write the plan file here")
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON")
@@ -174,29 +178,38 @@ def _profile(args: argparse.Namespace) -> None:
 
 
 def _plan(args: argparse.Namespace) -> None:
+    from conveyor.planfile import plan_file
     from conveyor.planner import optimize
     from conveyor.profiles import Profile
     from conveyor.topology import Topology
 
     profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
-    plan = optimize(profile, topology, straight=args.straight)
-    report = plan.to_dict(profile)
+    plan = optimize(
+        profile, topology, args.straight, schedule=args.schedule, memory=args.memory, microbatches=args.microbatches
+    )
+    report = plan_file(plan, profile, topology)
     table = Table(
-        "stage", "layers", "first - last layer", "replicas", "ranks", "ms per minibatch",
-        title=f"{profile.model} on {topology.workers} workers ({topology}): {plan.config}",
+        "stage", "layers", "first - last layer", "replicas", "ranks", "ms per minibatch", "memory GB",
+        title=f"{profile.model} on {topology.workers} workers ({topology}), {plan.schedule}: {plan.config}",
     )  # fmt: skip
     for i, st in enumerate(report["stages"]):
         ranks = st["ranks"]
         table.add_row(
             str(i), str(len(st["layer_names"])), f"{st['layer_names'][0]} - {st['layer_names'][-1]}",
             str(st["replicas"]), f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
-            f"{st['seconds_per_minibatch'] * 1e3:.2f}",
+            f"{st['seconds_per_minibatch'] * 1e3:.2f}", f"{st['memory_bytes'] / 1e9:.3f}",
         )  # fmt: skip
     console.print(table)
     pred = report["predicted"]
+
+    def times(x: float | None) -> str:
+        return "n/a (does not fit)" if x is None else f"{x:.2f}x"
+
     console.print(
-        f"predicted {pred['seconds_per_minibatch'] * 1e3:.2f} ms per minibatch: {pred['speedup_vs_dp']:.2f}x data "
-        f"parallelism, {pred['speedup_vs_single']:.2f}x one worker; NOAM {report['noam']}"
+        f"simulated over {pred['simulated_minibatches']} minibatches: {pred['samples_per_s']:.2f} samples/s, "
+        f"{times(pred['speedup_vs_dp'])} data parallelism, {times(pred['speedup_vs_single'])} one worker; "
+        f"steady state {pred['steady_state']['seconds_per_minibatch'] * 1e3:.2f} ms per minibatch; "
+        f"NOAM {report['noam']}"
     )
     if args.json:
         _write_json(args.json, report)
@@ -206,9 +219,21 @@ def _bench_planner(args: argparse.Namespace) -> None:
     from conveyor.bench.planner import run
 
     report = run()
-    table = Table("layers", "workers", "topology", "seconds", "config", title="planning time")
+    table = Table(
+        "layers",
+        "workers",
+        "topology",
+        "seconds",
+        "config",
+        "seconds, memory limit",
+        "config",
+        title=f"planning time (memory limit {report['config']['memory_bytes']:.3g} bytes per worker)",
+    )
     for r in report["results"]:
-        table.add_row(str(r["layers"]), str(r["workers"]), r["topology"], f"{r['seconds']:.3f}", r["config"][:40])
+        table.add_row(
+            str(r["layers"]), str(r["workers"]), r["topology"], f"{r['seconds']:.3f}", r["config"][:24],
+            f"{r['seconds_with_memory_limit']:.3f}", r["config_with_memory_limit"][:24],
+        )  # fmt: skip
     console.print(table)
     if args.json:
         _write_json(args.json, report)

@@ -25,15 +25,20 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from conveyor.memory import PLANNER_SCHEDULES, stage_bytes
+from conveyor.partition import MemoryModel, Partition, extras_grid, solve
+from conveyor.partition import stages as flat_stages
 from conveyor.profiles import Profile
+from conveyor.schedule import twobw_min_microbatches
 from conveyor.topology import Topology
 
-__all__ = ["Plan", "PlanError", "PlannedStage", "optimize"]
+__all__ = ["Plan", "PlanError", "PlannedStage", "optimize", "step_microbatches"]
 
 
 class PlanError(ValueError):
@@ -48,6 +53,7 @@ class PlannedStage:
     last_layer: int
     replicas: int
     seconds_per_minibatch: float
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,16 +61,23 @@ class Plan:
     """The optimizer's answer and what the cost model predicts for it.
 
     Attributes:
-        stages: the stages in pipeline order.
+        stages: the stages in pipeline order, with each worker's peak memory under the schedule.
         seconds_per_minibatch: predicted steady-state time per minibatch (slowest stage or link).
-        data_parallel_seconds: the same for pure data parallelism on every worker.
-        single_worker_seconds: the same for one worker running the whole model.
+        data_parallel_seconds: the same for pure data parallelism on every worker (infinite if it does
+            not fit in memory).
+        single_worker_seconds: the same for one worker running the whole model (infinite if it does not fit).
+        schedule: the schedule the memory counts are for.
+        microbatches: microbatches per optimizer step (for ``flush`` and ``gpipe``).
+        memory_limit: bytes per worker the plan had to fit in, if any.
     """
 
     stages: tuple[PlannedStage, ...]
     seconds_per_minibatch: float
     data_parallel_seconds: float
     single_worker_seconds: float
+    schedule: str = "pipedream"
+    microbatches: int = 1
+    memory_limit: float | None = None
 
     @property
     def workers(self) -> int:
@@ -82,10 +95,12 @@ class Plan:
 
     @property
     def speedup_vs_dp(self) -> float:
+        """Predicted speedup over data parallelism (infinite when data parallelism does not fit)."""
         return self.data_parallel_seconds / self.seconds_per_minibatch
 
     @property
     def speedup_vs_single(self) -> float:
+        """Predicted speedup over one worker (infinite when the model does not fit on one)."""
         return self.single_worker_seconds / self.seconds_per_minibatch
 
     def to_dict(self, profile: Profile, batch_size: int | None = None) -> dict[str, Any]:
@@ -123,114 +138,121 @@ class Plan:
         }
 
 
-class _Level:
-    """The dynamic program's tables for one level of the topology."""
-
-    def __init__(self, count: int, stage_s: np.ndarray, best_s: np.ndarray, choice: np.ndarray) -> None:
-        self.count = count
-        self.stage_s = stage_s  # T[i, j, m]
-        self.best_s = best_s  # A[i, j, m]
-        self.choice = choice  # [i, j, m] -> (split s, units of the last stage), or (-1, -1) for one stage
-
-
-def optimize(profile: Profile, topology: Topology, straight: bool = False) -> Plan:
-    """The plan with the least predicted time per minibatch.
+def optimize(
+    profile: Profile,
+    topology: Topology,
+    straight: bool = False,
+    *,
+    schedule: str = "pipedream",
+    memory: float | None = None,
+    microbatches: int | None = None,
+) -> Plan:
+    """The plan with the least predicted time per minibatch that fits in memory.
 
     Args:
-        profile: the model's layers.
+        profile: the model's layers; its batch is what flows through the pipeline as one unit (a
+            microbatch of the runtime).
         topology: the cluster; every worker is used.
         straight: give every stage exactly one worker (no replication).
+        schedule: one of :data:`~conveyor.memory.PLANNER_SCHEDULES`; sets how many weight versions and
+            stashed activations a worker holds (:mod:`conveyor.memory`).
+        memory: bytes per worker; ``None`` for no limit.
+        microbatches: microbatches per optimizer step for ``flush`` and ``gpipe`` (default: the worker count).
+
+    The memory check is exact with one topology level. With two, the inner level's stash counts round the
+    workers that follow it up to a grid; with more, they assume every worker of the cluster follows
+    (:mod:`conveyor.partition`). Either way the plan fits, but a tighter one may be missed.
 
     Raises:
-        PlanError: no plan satisfies the constraints (a straight pipeline with more workers than layers).
+        PlanError: no plan satisfies the constraints (a straight pipeline with more workers than layers, or
+            no split fits in ``memory``).
     """
-    n = len(profile)
+    if schedule not in PLANNER_SCHEDULES:
+        raise PlanError(f"unknown schedule {schedule!r} for the planner; choose one of {', '.join(PLANNER_SCHEDULES)}")
+    n, total = len(profile), topology.workers
+    microbatches = microbatches or total
     prefix = np.array(profile._compute_prefix)
     params = np.array(profile._param_prefix, dtype=np.float64)
     compute = prefix[None, :] - prefix[:, None]  # compute[i, j] = time of layers [i, j) on one worker
     weights = params[None, :] - params[:, None]
     cut = np.array([0.0] + [profile.cut_bytes(s - 1) for s in range(1, n + 1)])  # cut[s]: between s-1 and s
-    levels: list[_Level] = []
-    inner = compute
+    mem = None if memory is None else MemoryModel(profile, memory, schedule, microbatches)
+    extras, pick = extras_grid(topology, mem)
+    levels: list[Partition] = []
+    inner = compute[None]
     for k, level in enumerate(topology.levels):
+        units = np.arange(level.count + 1, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            allreduce = 2 * (units - 1) * weights[:, :, None] / level.bandwidth
+            stage_s = np.maximum(inner[..., None], allreduce[None]) / units
+        stage_s[..., 0] = np.inf
+        if straight:
+            stage_s[..., 2:] = np.inf
         top = k == len(topology.levels) - 1
-        lv = _solve_level(inner, weights, cut, level.count, level.bandwidth, straight, only_from_zero=top)
+        lv = solve(stage_s, 2 * cut / level.bandwidth, level.count, top, mem if k == 0 else None, extras,
+                   None if k == 0 else pick)  # fmt: skip
         levels.append(lv)
-        inner = lv.best_s[:, :, level.count]
-    best = float(levels[-1].best_s[0, n, topology.levels[-1].count])
+        inner = lv.best_s[..., level.count]
+    best = float(levels[-1].best_s[0, 0, n, topology.levels[-1].count])
     if not np.isfinite(best):
+        if mem is not None and np.isfinite(optimize(profile, topology, straight).seconds_per_minibatch):
+            raise PlanError(_memory_advice(profile, topology, straight, schedule, memory, microbatches))
         raise PlanError(
-            f"no straight pipeline of {profile.model} ({n} layers) uses exactly {topology.workers} workers: "
+            f"no straight pipeline of {profile.model} ({n} layers) uses exactly {total} workers: "
             f"use at most {n} workers, or allow replicated stages"
         )
-    stages = _reconstruct(levels, weights, topology, len(levels) - 1, 0, n, topology.levels[-1].count)
+    top_units = topology.levels[-1].count
+    stages = [PlannedStage(*st) for st in flat_stages(levels, weights, topology, len(levels) - 1, 0, n, top_units, 0)]
+    reps = [st.replicas for st in stages]
+    microbatches = step_microbatches(schedule, reps, microbatches)
     dp = compute[0, n]
     for level in topology.levels:
         dp = max(dp, 2 * (level.count - 1) * weights[0, n] / level.bandwidth) / level.count
-    return Plan(
-        tuple(stages), float(levels[-1].best_s[0, n, topology.levels[-1].count]), float(dp), float(compute[0, n])
-    )
-
-
-def _solve_level(
-    inner: np.ndarray,
-    weights: np.ndarray,
-    cut: np.ndarray,
-    count: int,
-    bandwidth: float,
-    straight: bool,
-    only_from_zero: bool,
-) -> _Level:
-    n = inner.shape[0] - 1
-    units = np.arange(count + 1, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        allreduce = 2 * (units - 1)[None, None, :] * weights[:, :, None] / bandwidth
-        stage_s = np.maximum(inner[:, :, None], allreduce) / units[None, None, :]
-    stage_s[:, :, 0] = np.inf
-    if straight:
-        stage_s[:, :, 2:] = np.inf
-    link_s = 2 * cut / bandwidth
-    best = np.full((n + 1, n + 1, count + 1), np.inf)
-    choice = np.full((n + 1, n + 1, count + 1, 2), -1, dtype=np.int64)
-    for i in [0] if only_from_zero else range(n):
-        for j in range(i + 1, n + 1):
-            best[i, j, 1:] = stage_s[i, j, 1:]
-            if j - i < 2:
-                continue
-            splits = slice(i + 1, j)
-            for m in range(2, count + 1):
-                # Rows: split point s; columns: units m' of the last stage [s, j), 1..m-1.
-                head = best[i, splits, m - 1 : 0 : -1]
-                tail = stage_s[splits, j, 1:m]
-                candidates = np.maximum(np.maximum(head, tail), link_s[splits, None])
-                flat = int(np.argmin(candidates))
-                value = candidates.flat[flat]
-                if value < best[i, j, m]:
-                    best[i, j, m] = value
-                    choice[i, j, m] = (i + 1 + flat // (m - 1), 1 + flat % (m - 1))
-    return _Level(count, stage_s, best, choice)
-
-
-def _reconstruct(
-    levels: list[_Level], weights: np.ndarray, topology: Topology, k: int, i: int, j: int, m: int
-) -> list[PlannedStage]:
-    """The flattened stages of the best pipeline for layers ``[i, j)`` on ``m`` units of level ``k``."""
-    s, last_units = (int(v) for v in levels[k].choice[i, j, m])
-    if s >= 0:
-        head = _reconstruct(levels, weights, topology, k, i, s, m - last_units)
-        return head + _reconstruct(levels, weights, topology, k, s, j, last_units)
-    if k == 0:
-        return [PlannedStage(i, j - 1, m, float(levels[0].stage_s[i, j, m]))]
-    # One stage at this level: m copies of the level below's best pipeline for these layers, each of its
-    # stages all-reducing with its m - 1 copies across this level's links.
-    bandwidth = topology.levels[k].bandwidth
-    below = _reconstruct(levels, weights, topology, k - 1, i, j, topology.levels[k - 1].count)
-    return [
-        PlannedStage(
-            st.first_layer,
-            st.last_layer,
-            st.replicas * m,
-            max(st.seconds_per_minibatch, 2 * (m - 1) * weights[st.first_layer, st.last_layer + 1] / bandwidth) / m,
-        )
-        for st in below
+    single = float(compute[0, n])
+    if memory is not None:
+        dp = dp if stage_bytes(profile, 0, n, schedule, total, total, microbatches) <= memory else np.inf
+        single = single if stage_bytes(profile, 0, n, schedule, 1, 1, microbatches) <= memory else np.inf
+    downstream = np.cumsum([st.replicas for st in stages][::-1])[::-1]
+    stages = [
+        replace(st, memory_bytes=stage_bytes(profile, st.first_layer, st.last_layer + 1, schedule, r, d, microbatches))
+        for st, r, d in zip(stages, reps, map(int, downstream), strict=True)
     ]
+    too_big = [k for k, st in enumerate(stages) if memory is not None and st.memory_bytes > memory]
+    if too_big:  # only when rounding the microbatches up grew a gpipe or flush stash
+        raise PlanError(
+            f"stage {too_big[0]} of the best plan ({'-'.join(map(str, reps))}) needs {stages[too_big[0]].memory_bytes} "
+            f"bytes with {microbatches} microbatches per step: give a microbatch count that is a multiple of "
+            f"{math.lcm(*reps)}, or more memory"
+        )
+    return Plan(tuple(stages), best, float(dp), single, schedule, microbatches, memory)
+
+
+def step_microbatches(schedule: str, replicas: list[int], at_least: int) -> int:
+    """The fewest microbatches per optimizer step, from ``at_least`` on, that the runtime accepts for the
+    layout: a multiple of every stage's replica count (shared round-robin), and for ``2bw`` enough for two
+    weight versions to suffice."""
+    if schedule == "2bw":
+        return twobw_min_microbatches(replicas, at_least)
+    unit = math.lcm(*replicas)
+    return -(-at_least // unit) * unit
+
+
+def _memory_advice(
+    profile: Profile, topology: Topology, straight: bool, schedule: str, memory: float, microbatches: int
+) -> str:
+    """Why nothing fits, with the least memory per worker (within 1%) for which some plan does."""
+    n = len(profile)
+    low, high = memory, float(stage_bytes(profile, 0, n, schedule, 1, topology.workers, microbatches))
+    while high > 1.01 * low:
+        middle = (low * high) ** 0.5
+        try:
+            optimize(profile, topology, straight, schedule=schedule, memory=middle, microbatches=microbatches)
+            high = middle
+        except PlanError:
+            low = middle
+    return (
+        f"no plan of {profile.model} on {topology.workers} workers fits in {memory:.4g} bytes per worker with the "
+        f"{schedule} schedule; the least that fits is about {high:.3g} bytes: give that much memory or more "
+        "workers, pick a schedule that stashes less (2bw keeps two weight versions, flush and gpipe one), or "
+        "profile a smaller microbatch"
+    )

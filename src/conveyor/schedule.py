@@ -34,6 +34,7 @@ __all__ = [
     "make_schedule",
     "pipedream",
     "twobw",
+    "twobw_min_microbatches",
 ]
 
 
@@ -391,11 +392,7 @@ def twobw(stages: int, microbatches: int, steps: int = 1, replicas: Sequence[int
     reps = _layout(stages, replicas, microbatches, "microbatches per step")
     schedule = _twobw(microbatches, steps, reps)
     if not _two_versions_suffice(schedule):
-        need = next(
-            m
-            for m in range(microbatches + 1, 64 * microbatches)
-            if all(m % r == 0 for r in reps) and _two_versions_suffice(_twobw(m, 3, reps))
-        )
+        need = twobw_min_microbatches(reps, microbatches + 1)
         raise ValueError(
             f"PipeDream-2BW with {microbatches} microbatches per step on replicas {list(reps)} would need more "
             f"than two weight versions: use at least {need} microbatches per step"
@@ -415,6 +412,16 @@ def _twobw(microbatches: int, steps: int, replicas: Sequence[int]) -> Schedule:
 def _pinned(order: Sequence[Action], version_of: Callable[[int], int]) -> list[Action]:
     """``order`` with each forward's weight version set to ``version_of(microbatch)``."""
     return [Action(a.op, a.microbatch, a.peer, version_of(a.microbatch)) if a.op is Op.FORWARD else a for a in order]
+
+
+def twobw_min_microbatches(replicas: Sequence[int], at_least: int = 1) -> int:
+    """The fewest microbatches per step, from ``at_least`` on, with which PipeDream-2BW on ``replicas`` needs
+    only two weight versions (a multiple of every replica count)."""
+    step = math.lcm(*replicas)
+    m = -(-at_least // step) * step
+    while not _two_versions_suffice(_twobw(m, 3, replicas)):
+        m += step
+    return m
 
 
 def _two_versions_suffice(schedule: Schedule) -> bool:

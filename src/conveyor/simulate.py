@@ -1,9 +1,10 @@
 """Discrete-event simulation of a schedule's action lists: step time and peak stash, before running it.
 
 Each worker runs its actions in order. A forward or backward takes its stage's time, a send is
-asynchronous (it costs the sender nothing and arrives ``transfer`` seconds later), a receive waits for
-the message, and messages between two workers are delivered in the order they were sent, as the
-executor's point-to-point channels deliver them. Links are assumed independent (no contention).
+asynchronous (it costs the sender nothing), a receive waits for the message, and messages between two
+workers are delivered in the order they were sent, as the executor's point-to-point channels deliver
+them. Each stage boundary is one link, as in the planner's cost model: it carries one message at a time,
+activations and gradients alike, each taking ``transfer`` seconds.
 
 Example:
     >>> from conveyor.schedule import flush
@@ -13,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -94,6 +96,7 @@ def simulate(
     stashed: list[set[int | None]] = [set() for _ in range(schedule.workers)]
     peak = [0] * schedule.workers
     channels: dict[tuple[int, int, bool], deque[tuple[int | None, float]]] = {}
+    link_free = [0.0] * len(hop)  # when each boundary's link finishes its last message
     timeline: list[tuple[int, Action, float, float]] = []
     replicas = schedule.replicas
     steps_done = [0] * schedule.workers
@@ -115,9 +118,8 @@ def simulate(
             clock[w] = max(clock[w], arrival)
         elif a.op.is_send:
             boundary = min(stage[w], stage[a.peer])
-            channels.setdefault((w, a.peer, a.op is Op.SEND_GRAD), deque()).append(
-                (a.microbatch, clock[w] + hop[boundary])
-            )
+            link_free[boundary] = max(link_free[boundary], clock[w]) + hop[boundary]
+            channels.setdefault((w, a.peer, a.op is Op.SEND_GRAD), deque()).append((a.microbatch, link_free[boundary]))
         else:
             if a.op is Op.STEP and replicas[stage[w]] > 1:
                 # An all-reduce: every replica must arrive before any of them goes on.
@@ -140,22 +142,27 @@ def simulate(
         pc[w] += 1
         return True
 
-    while True:
-        progressed = False
-        for w in range(schedule.workers):
-            while pc[w] < len(schedule.actions[w]) and run_one(w):
-                progressed = True
-        if all(pc[w] == len(schedule.actions[w]) for w in range(schedule.workers)):
-            break
-        if not progressed:
-            waiting = [
-                f"worker {w} at {schedule.actions[w][pc[w]]} (action {pc[w]})"
-                for w in range(schedule.workers)
-                if pc[w] < len(schedule.actions[w])
-            ]
-            raise DeadlockError(
-                "deadlock: " + "; ".join(waiting) + " wait for messages or replicas' steps that never come"
-            )
+    # Workers advance in time order (the earliest clock first), so a shared link serves messages in the
+    # order they are sent; a worker that waits leaves the queue until a message or its replicas wake it.
+    ready = [(0.0, w) for w in range(schedule.workers) if schedule.actions[w]]
+    waiting: set[int] = set()
+    same_stage = [[v for v in range(schedule.workers) if stage[v] == k] for k in range(n)]
+    while ready:
+        _, w = heapq.heappop(ready)
+        a = schedule.actions[w][pc[w]]
+        if not run_one(w):
+            waiting.add(w)
+            continue
+        woken = [a.peer] if a.op.is_send else same_stage[stage[w]] if a.op is Op.STEP else []
+        for v in woken:
+            if v in waiting:
+                waiting.discard(v)
+                heapq.heappush(ready, (clock[w], v))
+        if pc[w] < len(schedule.actions[w]):
+            heapq.heappush(ready, (clock[w], w))
+    if waiting:
+        stuck = [f"worker {w} at {schedule.actions[w][pc[w]]} (action {pc[w]})" for w in sorted(waiting)]
+        raise DeadlockError("deadlock: " + "; ".join(stuck) + " wait for messages or replicas' steps that never come")
     unread = [(k, len(q)) for k, q in channels.items() if q]
     if unread:
         (src, dst, grad), count = unread[0]

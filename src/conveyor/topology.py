@@ -39,6 +39,15 @@ class Topology:
     def workers(self) -> int:
         return math.prod(level.count for level in self.levels)
 
+    def bandwidth_between(self, a: int, b: int) -> float:
+        """Bandwidth of the innermost level that joins workers ``a`` and ``b`` (ranks handed out in order)."""
+        span = 1
+        for level in self.levels:
+            span *= level.count
+            if a // span == b // span:
+                return level.bandwidth
+        raise ValueError(f"workers {a} and {b} are not both below {self.workers}")
+
     def __str__(self) -> str:
         return ",".join(f"{lv.count}:{lv.bandwidth:g}" for lv in self.levels)
 

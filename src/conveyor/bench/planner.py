@@ -1,7 +1,8 @@
 """``conveyor bench planner``: how long the partitioning optimizer takes on growing models and clusters.
 
 Synthetic chains of 32 and 128 layers (times, activation and weight sizes drawn from a fixed seed) are
-planned on 16, 64 and 512 workers, 8 per server: ``8:12e9,N:1.25e9``.
+planned on 16, 64 and 512 workers, 8 per server: ``8:12e9,N:1.25e9``, once without a memory limit and once
+with :data:`MEMORY` bytes per worker under the PipeDream schedule (the memory check's own cost).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from conveyor.planner import optimize
 from conveyor.profiles import Profile
 from conveyor.topology import Topology
 
-__all__ = ["run", "synthetic_chain"]
+__all__ = ["MEMORY", "run", "synthetic_chain"]
+
+MEMORY = 2e9  # bytes per worker: binds for the synthetic chains (up to 50 MB of weights, 10 MB out per layer)
 
 
 def synthetic_chain(layers: int, seed: int = 0) -> Profile:
@@ -39,6 +42,9 @@ def run(layer_counts: tuple[int, ...] = (32, 128), worker_counts: tuple[int, ...
             start = time.perf_counter()
             plan = optimize(profile, topology)
             seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            limited = optimize(profile, topology, memory=MEMORY)
+            limited_seconds = time.perf_counter() - start
             results.append(
                 {
                     "layers": layers,
@@ -46,6 +52,10 @@ def run(layer_counts: tuple[int, ...] = (32, 128), worker_counts: tuple[int, ...
                     "topology": str(topology),
                     "seconds": seconds,
                     "config": plan.config,
+                    "seconds_with_memory_limit": limited_seconds,
+                    "config_with_memory_limit": limited.config,
+                    "peak_memory_bytes_with_limit": max(s.memory_bytes for s in limited.stages),
                 }
             )
-    return {"config": {"layer_counts": list(layer_counts), "worker_counts": list(worker_counts)}, "results": results}
+    config = {"layer_counts": list(layer_counts), "worker_counts": list(worker_counts), "memory_bytes": MEMORY}
+    return {"config": config, "results": results}

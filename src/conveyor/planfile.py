@@ -1,0 +1,195 @@
+"""The plan file: a plan with layer names, ranks, memory and the simulator's predictions, as JSON.
+
+The planner's steady state (one minibatch per slowest stage or link) omits the fill and the drain of a
+run and, for ``flush`` and ``gpipe``, the bubble at every step. The predictions in the plan file come from
+running the plan's own schedule action lists in :func:`~conveyor.simulate.simulate`, so they can be set
+against what the runtime measures. A replicated stage's worker takes, per minibatch it handles, the
+planner's cycle ``max(compute, all-reduce)``; a message across a stage boundary takes its bytes over the
+bandwidth of the innermost topology level joining the two stages' workers.
+
+The simulation is never faster than the steady state, and a straight pipeline reaches it on a long run.
+A replicated stage followed by others can fall short of it: its replicas' backwards come back in turn
+from the stage after, and every update waits at the all-reduce for all of them (``2-1-1`` with equal
+stage times runs at 2/3 of the steady state). The runtime behaves like the simulator here.
+
+Example:
+    >>> from conveyor.planner import optimize
+    >>> p = Profile.chain("toy", [1.0, 1.0], [2.0, 2.0], [0, 0], [0, 0], batch_size=8)
+    >>> t = Topology.parse("2:1e9")
+    >>> round(predict(optimize(p, t), p, t, minibatches=8).samples_per_s, 3)
+    2.462
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conveyor.planner import Plan, PlannedStage, step_microbatches
+from conveyor.profiles import Profile
+from conveyor.schedule import make_schedule
+from conveyor.simulate import simulate
+from conveyor.topology import Topology
+
+__all__ = ["PlanFileError", "PlanSpec", "Prediction", "plan_file", "predict", "read_plan_file"]
+
+
+class PlanFileError(ValueError):
+    """A plan file that cannot be read or does not describe a runnable plan."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The simulator's prediction for a run of ``minibatches`` minibatches (fill and drain included)."""
+
+    minibatches: int
+    seconds: float
+    samples_per_s: float
+    efficiency: float
+
+
+def _ranks(stages: tuple[PlannedStage, ...]) -> list[list[int]]:
+    """Ranks stage by stage, so a stage's replicas sit on neighbouring workers."""
+    firsts = list(itertools.accumulate((st.replicas for st in stages), initial=0))
+    return [list(range(a, b)) for a, b in itertools.pairwise(firsts)]
+
+
+def predict(plan: Plan, profile: Profile, topology: Topology, minibatches: int | None = None) -> Prediction:
+    """Simulate ``plan``'s schedule for ``minibatches`` minibatches (default: about eight per worker).
+
+    The count is rounded up to whole optimizer steps (``plan.microbatches`` for ``flush``, ``gpipe`` and
+    ``2bw``) and to a multiple of every stage's replica count.
+    """
+    reps = [st.replicas for st in plan.stages]
+    unit = math.lcm(*reps) if plan.schedule == "pipedream" else plan.microbatches
+    count = -(-(minibatches or 8 * plan.workers) // unit) * unit
+    forward = [sum(lay.forward_s for lay in profile.layers[st.first_layer : st.last_layer + 1]) for st in plan.stages]
+    cycle = [st.seconds_per_minibatch * st.replicas for st in plan.stages]
+    backward = [
+        max(sum(lay.backward_s for lay in profile.layers[st.first_layer : st.last_layer + 1]), c - f)
+        for st, c, f in zip(plan.stages, cycle, forward, strict=True)
+    ]
+    ranks = _ranks(plan.stages)
+    transfer = [
+        profile.cut_bytes(st.last_layer) / topology.bandwidth_between(a[0], b[-1])
+        for st, a, b in zip(plan.stages, ranks, ranks[1:], strict=False)
+    ]
+    if plan.schedule == "pipedream":
+        schedule = make_schedule("pipedream", len(reps), 1, count, reps)
+    else:
+        schedule = make_schedule(plan.schedule, len(reps), plan.microbatches, count // plan.microbatches, reps)
+    result = simulate(schedule, forward, backward, transfer)
+    batch = profile.batch_size or 1
+    return Prediction(count, result.step_s, count * batch / result.step_s, result.efficiency())
+
+
+def plan_file(plan: Plan, profile: Profile, topology: Topology, minibatches: int | None = None) -> dict[str, Any]:
+    """The plan as the JSON the runtime runs: stages, ranks, memory, schedule and predictions.
+
+    ``predicted.samples_per_s`` and the speedups are the simulator's (for the same schedule on one stage
+    with every worker, and on one worker); ``steady_state`` holds the planner's own figures. Sample counts
+    use the profile's batch size (1 when the profile does not record one).
+    """
+    sim = predict(plan, profile, topology, minibatches)
+
+    def speedup(seconds: float, workers: int) -> float | None:
+        """Over one stage on ``workers`` workers with the same schedule; None if that does not fit."""
+        if not math.isfinite(seconds):
+            return None
+        alone = (PlannedStage(0, len(profile) - 1, workers, seconds),)
+        m = step_microbatches(plan.schedule, [workers], plan.microbatches)
+        other = Plan(alone, seconds, seconds, seconds, plan.schedule, m)
+        return sim.samples_per_s / predict(other, profile, topology, sim.minibatches).samples_per_s
+
+    batch = profile.batch_size or 1
+    return {
+        "model": profile.model,
+        "topology": str(topology),
+        "schedule": plan.schedule,
+        "config": plan.config,
+        "noam": plan.noam,
+        "microbatches": plan.microbatches,
+        "batch_size": profile.batch_size,
+        "memory_limit_bytes": plan.memory_limit,
+        "stages": [
+            {
+                "first_layer": st.first_layer,
+                "last_layer": st.last_layer,
+                "layer_names": [lay.name for lay in profile.layers[st.first_layer : st.last_layer + 1]],
+                "replicas": st.replicas,
+                "ranks": ranks,
+                "seconds_per_minibatch": st.seconds_per_minibatch,
+                "memory_bytes": st.memory_bytes,
+            }
+            for st, ranks in zip(plan.stages, _ranks(plan.stages), strict=True)
+        ],
+        "predicted": {
+            "samples_per_s": sim.samples_per_s,
+            "speedup_vs_dp": speedup(plan.data_parallel_seconds, plan.workers),
+            "speedup_vs_single": speedup(plan.single_worker_seconds, 1),
+            "simulated_minibatches": sim.minibatches,
+            "efficiency": sim.efficiency,
+            "steady_state": {
+                "seconds_per_minibatch": plan.seconds_per_minibatch,
+                "samples_per_s": batch / plan.seconds_per_minibatch,
+                "speedup_vs_dp": _finite(plan.speedup_vs_dp),
+                "speedup_vs_single": _finite(plan.speedup_vs_single),
+            },
+        },
+    }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What the runtime needs from a plan file: ``Pipeline(..., balance, microbatches, schedule=..,
+    replicas=..)``, with ``balance[s]`` the number of layers (blocks) of stage ``s``."""
+
+    schedule: str
+    microbatches: int
+    balance: list[int]
+    replicas: list[int]
+    layers: int
+
+    @property
+    def workers(self) -> int:
+        return sum(self.replicas)
+
+
+def read_plan_file(path: str | os.PathLike[str]) -> PlanSpec:
+    """Read a plan file written by ``conveyor plan --json`` and check it describes a runnable pipeline.
+
+    Raises:
+        PlanFileError: the file is missing, is not JSON, or its stages do not cover the layers in order.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        stages = data["stages"]
+        spec = PlanSpec(
+            str(data["schedule"]),
+            int(data["microbatches"]),
+            [int(st["last_layer"]) - int(st["first_layer"]) + 1 for st in stages],
+            [int(st["replicas"]) for st in stages],
+            int(stages[-1]["last_layer"]) + 1,
+        )
+    except OSError as exc:
+        raise PlanFileError(
+            f"cannot read plan file {path} ({exc.strerror}): write one with `conveyor plan --json`"
+        ) from exc
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise PlanFileError(f"{path} is not a Conveyor plan file ({type(exc).__name__}: {exc})") from exc
+    firsts = [int(st["first_layer"]) for st in stages]
+    if firsts[0] != 0 or any(b != a + n for a, b, n in zip(firsts, firsts[1:], spec.balance, strict=False)):
+        raise PlanFileError(f"{path}: the stages' layer ranges must start at 0 and follow each other without gaps")
+    if min(spec.balance) < 1 or min(spec.replicas) < 1 or spec.microbatches < 1:
+        raise PlanFileError(f"{path}: every stage needs at least one layer and one replica, and microbatches >= 1")
+    return spec

@@ -1,0 +1,112 @@
+"""Plan files: the simulator's predictions agree with the planner's steady state, and files read back."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conveyor.memory import PLANNER_SCHEDULES
+from conveyor.planfile import PlanFileError, plan_file, predict, read_plan_file
+from conveyor.planner import PlanError, optimize
+from conveyor.profiles import Profile
+from conveyor.topology import Topology
+
+profiles = st.integers(1, 5).flatmap(
+    lambda n: st.builds(
+        Profile.chain,
+        st.just("random"),
+        st.lists(st.floats(1e-3, 1.0), min_size=n, max_size=n),
+        st.lists(st.floats(1e-3, 1.0), min_size=n, max_size=n),
+        st.lists(st.integers(0, 10**9), min_size=n, max_size=n),
+        st.lists(st.integers(0, 10**9), min_size=n, max_size=n),
+    )
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(profiles, st.integers(1, 4), st.floats(1e8, 1e11), st.sampled_from(["pipedream", "2bw"]), st.booleans())
+def test_long_asynchronous_runs_approach_the_planners_steady_state(
+    p: Profile, workers: int, bandwidth: float, schedule: str, straight: bool
+) -> None:
+    """The simulator runs the plan's action lists; the planner's one minibatch per slowest stage or link
+    bounds it, and a straight pipeline reaches it once fill and drain fade out. (Replicas of a stage meet
+    at every all-reduce while the next stage serves them in turn, which the steady state ignores.)"""
+    topology = Topology.parse(f"{workers}:{bandwidth!r}")
+    try:
+        plan = optimize(p, topology, straight, schedule=schedule)
+    except PlanError:
+        return  # more workers than layers for a straight pipeline
+    sim = predict(plan, p, topology, minibatches=400 * workers)
+    steady = 1 / plan.seconds_per_minibatch
+    assert sim.samples_per_s <= steady * (1 + 1e-9)
+    if straight or len(plan.stages) == 1:
+        assert sim.samples_per_s >= steady * 0.95
+
+
+def test_replicas_wait_for_each_other_at_the_all_reduce() -> None:
+    """2-1-1: the two first-stage replicas finish their backwards a second apart (the next stage serves
+    them in turn) and every update waits for both; the simulator shows the 2/3 the steady state misses."""
+    p = Profile.chain("r", [1.0, 0.5, 0.5], [1.0, 0.5, 0.5], [0, 0, 0], [0, 75_000_001, 25_000_000])
+    topology = Topology.parse("4:1e8")
+    plan = optimize(p, topology)
+    assert plan.config == "2-1-1" and plan.seconds_per_minibatch == pytest.approx(1.0)
+    assert predict(plan, p, topology, minibatches=1600).samples_per_s == pytest.approx(2 / 3, rel=1e-3)
+
+
+def test_flush_pays_a_bubble_every_step() -> None:
+    p = Profile.chain("four", [1.0] * 4, [2.0] * 4, [0] * 4, [0] * 4)
+    topology = Topology.parse("4:1e9")
+    plan = optimize(p, topology, straight=True, schedule="flush", microbatches=4)
+    sim = predict(plan, p, topology, minibatches=400)
+    # Per step: (M + P - 1) slots of 3 s for M = 4 microbatches of one sample.
+    assert sim.samples_per_s == pytest.approx(4 / (7 * 3.0))
+
+
+@pytest.mark.parametrize("schedule", PLANNER_SCHEDULES)
+def test_plan_file_round_trip(schedule: str, tmp_path: Path) -> None:
+    p = Profile.chain("five", [1.0, 3.0, 1.0, 1.0, 1.0], [2.0] * 5, [100] * 5, [10, 10, 10, 10, 10**9], batch_size=8)
+    topology = Topology.parse("4:1e9")
+    plan = optimize(p, topology, schedule=schedule)
+    data = plan_file(plan, p, topology)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    spec = read_plan_file(path)
+    assert spec.schedule == schedule and spec.workers == 4 and spec.layers == 5
+    assert spec.replicas == [s.replicas for s in plan.stages]
+    assert spec.balance == [s.last_layer - s.first_layer + 1 for s in plan.stages]
+    assert [r for st in data["stages"] for r in st["ranks"]] == [0, 1, 2, 3]
+    assert data["noam"] == plan.noam and data["microbatches"] == spec.microbatches
+    assert set(data["predicted"]) >= {"samples_per_s", "speedup_vs_dp", "speedup_vs_single"}
+    assert data["predicted"]["speedup_vs_single"] > 1
+
+
+def test_a_baseline_that_does_not_fit_has_no_speedup() -> None:
+    p = Profile.chain("big", [1.0, 1.0], [1.0, 1.0], [1, 1], [10**9, 10**9])
+    topology = Topology.parse("2:1e12")
+    plan = optimize(p, topology, schedule="flush", memory=2.5e9)  # one layer per worker fits, both do not
+    data = plan_file(plan, p, topology)
+    assert data["predicted"]["speedup_vs_dp"] is None and data["predicted"]["speedup_vs_single"] is None
+    assert plan.config == "1-1"
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (None, "cannot read plan file"),
+        ("not json", "is not a Conveyor plan file"),
+        ('{"schedule": "flush", "stages": []}', "is not a Conveyor plan file"),
+        (
+            '{"schedule": "flush", "microbatches": 2, "stages": [{"first_layer": 0, "last_layer": 1, "replicas": 1},'
+            ' {"first_layer": 3, "last_layer": 4, "replicas": 1}]}',
+            "without gaps",
+        ),
+    ],
+)
+def test_bad_plan_files(text: str | None, match: str, tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(PlanFileError, match=match):
+        read_plan_file(path)
