@@ -156,3 +156,25 @@ def test_evaluate_and_checkpoint_after_an_asynchronous_run(tmp_path: Path) -> No
         expected = model(_data()[0][0])
     torch.testing.assert_close(per_rank[2]["eval"], expected)
     torch.testing.assert_close(per_rank[2]["eval_after_load"], expected)
+
+
+def _recompute_run(schedule: str) -> dict[bool, dict[str, torch.Tensor]]:
+    out = {}
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*mlp(), torch.nn.Dropout(0.3), torch.nn.Linear(4, 4))
+        pipe = Pipeline(
+            model, [3, 4], MICROBATCHES, F.cross_entropy, OPTIMIZERS["sgd"], schedule, recompute=recompute
+        )  # fmt: skip
+        torch.manual_seed(1 + pipe.worker)  # the same dropout masks in both runs
+        pipe.train(_data())
+        out[recompute] = {k: v.detach().clone() for k, v in pipe.module.named_parameters()}
+    return out
+
+
+@pytest.mark.parametrize("schedule", ["2bw", "flush"])
+def test_recomputation_changes_no_weight(schedule: str) -> None:
+    """Re-running each forward in the backward (dropout's masks replayed) gives the same training."""
+    for result in launch(_recompute_run, schedule, nprocs=2, timeout_s=200).values():
+        for name, p in result[False].items():
+            torch.testing.assert_close(result[True][name], p, rtol=1e-6, atol=1e-7, msg=name)

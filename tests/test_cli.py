@@ -148,6 +148,14 @@ def test_profile_then_plan(tmp_path: Path, pipedream_profiles: Path) -> None:
     assert [r for s in plan["stages"] for r in s["ranks"]] == [0, 1]
     assert sum(len(s["layer_names"]) for s in plan["stages"]) == 5
 
+    args = ["profile", "mlp", "--batch-size", "16", "--batch-sizes", "4,8", "--repeats", "2", "--json", str(prof)]
+    assert main(args) == 0
+    args = ["plan", str(prof), "--topology", "2:1e9", "--schedule", "2bw", "--batch-size", "32"]
+    assert main([*args, "--json", str(tmp_path / "p.json")]) == 0
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["schedule"] == "2bw" and plan["microbatch_size"] in (4, 8, 16)
+    assert plan["microbatches"] * plan["microbatch_size"] == 32
+
     out = tmp_path / "vgg.json"
     assert main(["plan", str(pipedream_profiles / "vgg16"), "--topology", "16:1.25e9", "--json", str(out)]) == 0
     plan = json.loads(out.read_text())
@@ -168,6 +176,7 @@ def test_profile_then_plan(tmp_path: Path, pipedream_profiles: Path) -> None:
         (["plan", "PROFILE", "--topology", "2"], "cannot read topology level '2'"),
         (["plan", "PROFILE", "--topology", "9:1e9", "--straight"], "use at most 5 workers"),
         (["plan", "PROFILE", "--topology", "2:1e9", "--memory", "1"], "the least that fits is about"),
+        (["plan", "PROFILE", "--topology", "2:1e9", "--batch-size", "8"], "use it with --schedule 2bw"),
         (["profile", "nosuchmodel", "--json", "x.json"], "unknown model 'nosuchmodel'"),
     ],
 )

@@ -41,3 +41,13 @@ def test_profile_round_trips_through_json(tmp_path) -> None:
 def test_bad_repeat_counts_are_rejected() -> None:
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         profile(nn.Sequential(nn.ReLU()), torch.zeros(1, 1), repeats=0)
+
+
+def test_several_batch_sizes_in_one_profile() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+    p = profile(model, torch.zeros(8, 8), repeats=2, warmup=0, batch_sizes=[2, 8, 4])
+    assert p.batch_sizes == [8, 2, 4]
+    assert [p.at(b).layers[0].output_bytes for b in (2, 4, 8)] == [2 * 16 * 4, 4 * 16 * 4, 8 * 16 * 4]
+    assert p.at(2).layers[0].param_bytes == p.layers[0].param_bytes
+    with pytest.raises(ValueError, match="between 1 and the example's batch size 8"):
+        profile(model, torch.zeros(8, 8), batch_sizes=[16])

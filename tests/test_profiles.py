@@ -1,5 +1,6 @@
 """Profiles: PipeDream's graph.txt, Conveyor's JSON, cut sizes of graphs that are not chains."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,25 @@ def test_inconsistent_profiles_are_rejected() -> None:
         Profile("m", (Layer("a", "", -1.0, 1.0, 1, 1),), ())
     with pytest.raises(ProfileError, match="no layers"):
         Profile("m", (), ())
+
+
+def test_variants_at_other_batch_sizes_round_trip(tmp_path: Path) -> None:
+    def at(b: int) -> Profile:
+        return Profile.chain("m", [b * 1e-3, b * 2e-3], [b * 2e-3, b * 4e-3], [b * 10, b * 20], [5, 5], batch_size=b)
+
+    p = replace(at(8), variants=(at(2), at(4)))
+    p.save(tmp_path / "p.json")
+    q = Profile.load(tmp_path / "p.json")
+    assert q == p and q.batch_sizes == [8, 2, 4]
+    assert q.at(4) == at(4) and q.at(8) == at(8)
+    with pytest.raises(ProfileError, match="no measurements at batch size 3"):
+        q.at(3)
+
+
+def test_a_variant_must_match_the_layers() -> None:
+    p = Profile.chain("m", [1.0, 1.0], [1.0, 1.0], [1, 1], [1, 1], batch_size=2)
+    other = Profile.chain("m", [1.0], [1.0], [1], [1], batch_size=1)
+    with pytest.raises(ProfileError, match="same 2 layers and edges"):
+        replace(p, variants=(other,))
+    with pytest.raises(ProfileError, match="lists a batch size twice"):
+        replace(p, variants=(p,))

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -33,6 +33,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"write sizes as 8,16,32, not {text!r}") from None
+    if min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be at least 1, got {text!r}")
+    return sizes
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description="Pipeline-parallel PyTorch training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="measure a model block by block and save the profile as JSON")
     prof.add_argument("model", help="a built-in model (mlp) or package.module:factory")
     prof.add_argument("--batch-size", type=_positive, default=64)
+    prof.add_argument(
+        "--batch-sizes", type=_sizes, default=(), help="also measure these smaller sizes, e.g. 8,16,32 (for planning)"
+    )
     prof.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     prof.add_argument("--repeats", type=_positive, default=10)
     prof.add_argument("--json", type=Path, required=True, help="write the profile here")
@@ -65,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--memory", type=float, default=None, help="bytes per worker, e.g. 16e9 (default: no limit)")
     plan.add_argument("--schedule", choices=PLANNER_SCHEDULES, default="pipedream", help="what memory counts follow")
     plan.add_argument("--microbatches", type=_positive, default=None, help="per step, for flush/gpipe/2bw")
+    plan.add_argument(
+        "--batch-size", type=_positive, default=None,
+        help="with --schedule 2bw: samples per step to keep; choose width x depth, microbatch size and recomputation",
+    )  # fmt: skip
     plan.add_argument("--json", type=Path, default=None, help="write the plan file here")
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON")
@@ -164,7 +181,8 @@ def _profile(args: argparse.Namespace) -> None:
     from conveyor.zoo import resolve
 
     model, example = resolve(args.model, args.batch_size)
-    result = profile(model, example, name=args.model, device=args.device, repeats=args.repeats)
+    sizes = args.batch_sizes
+    result = profile(model, example, name=args.model, device=args.device, repeats=args.repeats, batch_sizes=sizes)
     table = Table("block", "what", "forward ms", "backward ms", "output MB", "saved MB", "params MB")
     for layer in result.layers:
         table.add_row(
@@ -177,20 +195,39 @@ def _profile(args: argparse.Namespace) -> None:
     console.print(f"wrote {args.json}")
 
 
+def _print_candidates(candidates: list[Any]) -> None:
+    table = Table("width", "depth", "microbatch", "recompute", "samples/s", title="PipeDream-2BW candidates")
+    for c in sorted(candidates, key=lambda c: -(c.samples_per_s or 0.0))[:12]:
+        rate = f"{c.samples_per_s:.2f}" if c.samples_per_s is not None else c.why_not
+        table.add_row(str(c.width), str(c.depth), str(c.microbatch_size), "yes" if c.recompute else "no", rate)
+    console.print(table)
+
+
 def _plan(args: argparse.Namespace) -> None:
     from conveyor.planfile import plan_file
     from conveyor.planner import optimize
+    from conveyor.planner2bw import plan_2bw
     from conveyor.profiles import Profile
     from conveyor.topology import Topology
 
     profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
-    plan = optimize(
-        profile, topology, args.straight, schedule=args.schedule, memory=args.memory, microbatches=args.microbatches
-    )
+    if args.batch_size is not None:
+        if args.schedule != "2bw" or args.straight or args.microbatches:
+            raise ValueError(
+                "--batch-size runs the 2BW planner: use it with --schedule 2bw, without --straight and --microbatches"
+            )
+        plan, candidates = plan_2bw(profile, topology, args.batch_size, args.memory)
+        _print_candidates(candidates)
+        profile = profile.at(args.batch_size // plan.microbatches)  # the chosen microbatch size
+    else:
+        plan = optimize(
+            profile, topology, args.straight, schedule=args.schedule, memory=args.memory, microbatches=args.microbatches
+        )
     report = plan_file(plan, profile, topology)
     table = Table(
         "stage", "layers", "first - last layer", "replicas", "ranks", "ms per minibatch", "memory GB",
-        title=f"{profile.model} on {topology.workers} workers ({topology}), {plan.schedule}: {plan.config}",
+        title=f"{profile.model} on {topology.workers} workers ({topology}), {plan.schedule}"
+        f"{' with recomputation' if plan.recompute else ''}: {plan.config}, microbatch size {profile.batch_size}",
     )  # fmt: skip
     for i, st in enumerate(report["stages"]):
         ranks = st["ranks"]

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+from torch.utils.checkpoint import checkpoint
 
 from conveyor.comm import P2P, PendingRecv, differentiable_leaves
 from conveyor.schedule import Action, Op, Schedule
@@ -64,6 +65,8 @@ class Executor:
         device: where inputs and targets are moved.
         weights: the stage's weight versions (default: a fresh :class:`~conveyor.versions.WeightVersions`).
         autocast: run forwards and the loss under ``torch.autocast`` with this dtype (``torch.bfloat16``).
+        recompute: keep only each microbatch's stage input and re-run the forward in its backward
+            (``torch.utils.checkpoint``, random state replayed), trading a forward for the stashed activations.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class Executor:
         device: torch.device,
         weights: WeightVersions | None = None,
         autocast: torch.dtype | None = None,
+        recompute: bool = False,
     ) -> None:
         self.module = module
         self.worker = worker
@@ -85,6 +89,7 @@ class Executor:
         self.device = device
         self.weights = weights if weights is not None else WeightVersions(module)
         self.autocast = autocast
+        self.recompute = recompute
         self.peak_stashed = 0
         # Set to a list to record (action, start, end) of every action, perf_counter seconds.
         self.trace: list[tuple[Action, float, float]] | None = None
@@ -135,7 +140,9 @@ class Executor:
                 if first:
                     state.inputs = _to(inputs[mb], self.device)
                 with torch.set_grad_enabled(training), autocast:
-                    if training:
+                    if training and self.recompute:
+                        state.outputs = checkpoint(self.weights.forward, mb, state.inputs, use_reentrant=False)
+                    elif training:
                         state.outputs = self.weights.forward(mb, state.inputs)
                     else:
                         state.outputs = self.module(state.inputs)

@@ -78,6 +78,9 @@ class Pipeline:
             with an asynchronous one, whose stages step at different times.
         autocast: run forwards and the loss under ``torch.autocast`` with this dtype (``torch.bfloat16``);
             the weights and the optimizer stay in their own dtype.
+        recompute: stash only each microbatch's stage input and re-run its forward in the backward
+            (activation recomputation; random state such as dropout's is replayed). BatchNorm's running
+            statistics see the batch twice.
         debug: check at every backward that the microbatch's weights are the ones its forward used.
 
     Raises:
@@ -98,6 +101,7 @@ class Pipeline:
         device: torch.device | str | None = None,
         max_grad_norm: float | None = None,
         autocast: torch.dtype | None = None,
+        recompute: bool = False,
         debug: bool = False,
     ) -> None:
         if not dist.is_initialized():
@@ -138,7 +142,9 @@ class Pipeline:
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
         weights = WeightVersions(self.module, debug=debug)
         p2p = P2P(self.device)
-        self.executor = Executor(self.module, self.worker, range(world), p2p, loss_fn, self.device, weights, autocast)
+        self.executor = Executor(
+            self.module, self.worker, range(world), p2p, loss_fn, self.device, weights, autocast, recompute
+        )
         self.steps = 0  # batches trained on
         self.updates = 0  # this worker's optimizer steps
 

@@ -114,7 +114,8 @@ def plan_file(plan: Plan, profile: Profile, topology: Topology, minibatches: int
         "config": plan.config,
         "noam": plan.noam,
         "microbatches": plan.microbatches,
-        "batch_size": profile.batch_size,
+        "microbatch_size": profile.batch_size,
+        "recompute": plan.recompute,
         "memory_limit_bytes": plan.memory_limit,
         "stages": [
             {
@@ -151,13 +152,14 @@ def _finite(x: float) -> float | None:
 @dataclass(frozen=True)
 class PlanSpec:
     """What the runtime needs from a plan file: ``Pipeline(..., balance, microbatches, schedule=..,
-    replicas=..)``, with ``balance[s]`` the number of layers (blocks) of stage ``s``."""
+    replicas=.., recompute=..)``, with ``balance[s]`` the number of layers (blocks) of stage ``s``."""
 
     schedule: str
     microbatches: int
     balance: list[int]
     replicas: list[int]
     layers: int
+    recompute: bool = False
 
     @property
     def workers(self) -> int:
@@ -180,6 +182,7 @@ def read_plan_file(path: str | os.PathLike[str]) -> PlanSpec:
             [int(st["last_layer"]) - int(st["first_layer"]) + 1 for st in stages],
             [int(st["replicas"]) for st in stages],
             int(stages[-1]["last_layer"]) + 1,
+            bool(data.get("recompute", False)),
         )
     except OSError as exc:
         raise PlanFileError(

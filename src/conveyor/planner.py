@@ -69,6 +69,7 @@ class Plan:
         schedule: the schedule the memory counts are for.
         microbatches: microbatches per optimizer step (for ``flush`` and ``gpipe``).
         memory_limit: bytes per worker the plan had to fit in, if any.
+        recompute: stages re-run their forward in the backward instead of stashing activations.
     """
 
     stages: tuple[PlannedStage, ...]
@@ -78,6 +79,7 @@ class Plan:
     schedule: str = "pipedream"
     microbatches: int = 1
     memory_limit: float | None = None
+    recompute: bool = False
 
     @property
     def workers(self) -> int:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -98,6 +100,7 @@ def profile(
     repeats: int = 10,
     warmup: int = 3,
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    batch_sizes: Sequence[int] = (),
 ) -> Profile:
     """Profile every block of ``model`` on the batch ``example``.
 
@@ -110,7 +113,20 @@ def profile(
         warmup: untimed runs per block first.
         optimizer: builds the optimizer whose state is measured, e.g. ``partial(torch.optim.Adam, lr=1e-3)``;
             ``None`` records no optimizer state.
+        batch_sizes: also measure at these batch sizes (each at most the example's; the example's first
+            rows are used), kept as the profile's :attr:`~conveyor.profiles.Profile.variants`.
+
+    Raises:
+        ValueError: a batch size larger than the example's.
     """
+    full = batch_size(example)
+    if any(not 1 <= b <= full for b in batch_sizes):
+        raise ValueError(f"batch sizes {list(batch_sizes)} must be between 1 and the example's batch size {full}")
+    if batch_sizes:
+        others = sorted(set(batch_sizes) - {full})
+        rows = [pytree.tree_map_only(torch.Tensor, lambda t, b=b: t[:b], example) for b in others]
+        measure = partial(profile, model, name=name, device=device, repeats=repeats, warmup=warmup, optimizer=optimizer)
+        return replace(measure(example), variants=tuple(measure(x) for x in rows))
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -23,7 +23,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -69,12 +69,15 @@ class Profile:
         layers: the layers; every edge goes from an earlier to a later one.
         edges: ``(producer, consumer)`` positions in ``layers``.
         batch_size: the minibatch size the times and activation sizes are for, if known.
+        variants: the same model measured at other batch sizes (same layers and edges), for planners that
+            choose the microbatch size; see :meth:`at` and :attr:`batch_sizes`.
     """
 
     model: str
     layers: tuple[Layer, ...]
     edges: tuple[tuple[int, int], ...]
     batch_size: int | None = None
+    variants: tuple[Profile, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -93,6 +96,26 @@ class Profile:
             )  # fmt: skip
             if any(v < 0 for v in values):
                 raise ProfileError(f"layer {layer.name!r} of profile {self.model!r} has a negative time or size")
+        for v in self.variants:
+            if v.batch_size is None or len(v.layers) != n or v.edges != self.edges or v.variants:
+                raise ProfileError(
+                    f"a variant of profile {self.model!r} must have a batch size, the same {n} layers and edges, "
+                    "and no variants of its own"
+                )
+        if len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise ProfileError(f"profile {self.model!r} lists a batch size twice: {self.batch_sizes}")
+
+    @property
+    def batch_sizes(self) -> list[int | None]:
+        """The batch sizes this profile holds measurements for, its own first."""
+        return [self.batch_size, *(v.batch_size for v in self.variants)]
+
+    def at(self, batch_size: int) -> Profile:
+        """The profile measured at ``batch_size`` (this one or a variant)."""
+        for p in (self, *self.variants):
+            if p.batch_size == batch_size:
+                return p if p is not self else replace(self, variants=())
+        raise ProfileError(f"profile {self.model!r} has no measurements at batch size {batch_size}: {self.batch_sizes}")
 
     @cached_property
     def _crossing(self) -> tuple[int, ...]:
@@ -161,6 +184,9 @@ class Profile:
                 },
                 "layers": [asdict(layer) for layer in self.layers],
                 "edges": [list(e) for e in self.edges],
+                "variants": [
+                    {"batch_size": v.batch_size, "layers": [asdict(layer) for layer in v.layers]} for v in self.variants
+                ],
             },
             indent=1,
         )
@@ -169,8 +195,13 @@ class Profile:
     def from_json(cls, text: str, source: str = "profile") -> Profile:
         try:
             d = json.loads(text)
+            edges = tuple((a, b) for a, b in d["edges"])
+            variants = tuple(
+                cls(d["model"], tuple(Layer(**lay) for lay in v["layers"]), edges, v["batch_size"])
+                for v in d.get("variants", [])
+            )
             layers = tuple(Layer(**layer) for layer in d["layers"])
-            return cls(d["model"], layers, tuple((a, b) for a, b in d["edges"]), d.get("batch_size"))
+            return cls(d["model"], layers, edges, d.get("batch_size"), variants)
         except ProfileError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
