@@ -47,19 +47,28 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description="Pipeline-parallel PyTorch training.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train an MLP on the bundled handwritten digits with a pipeline")
-    train.add_argument("--stages", type=_positive, default=2, help="pipeline stages (default 2)")
-    train.add_argument("--replicas", default=None, help="data-parallel workers per stage, e.g. 2-1 (default 1 each)")
-    train.add_argument("--schedule", choices=sorted(SCHEDULES), default="flush")
+    train = sub.add_parser("train", help="profile, plan and train a model; writes a run folder")
+    train.add_argument("--model", default="mlp", help="mlp, vgg, resnet, gpt, or package.module:factory")
+    train.add_argument("--dataset", default=None, help="digits, digit-images, text, text:PATH, torchvision:NAME:ROOT")
+    train.add_argument("--width", type=_positive, default=None, help="scale a zoo model's width")
+    train.add_argument("--depth", type=_positive, default=None, help="scale a zoo model's depth")
+    train.add_argument("--workers", type=_positive, default=None, help="worker processes (default 4 when planning)")
+    train.add_argument("--schedule", choices=["auto", *sorted(SCHEDULES)], default="auto", help="auto: the planner's")
+    train.add_argument("--stages", type=_positive, default=None, help="fix the stage count instead of planning")
+    train.add_argument("--replicas", default=None, help="fix workers per stage, e.g. 2-1, instead of planning")
+    train.add_argument("--plan", default=None, help="run this plan file (conveyor plan --json) as is")
     train.add_argument("--microbatches", type=_positive, default=4)
     train.add_argument("--batch-size", type=_positive, default=64)
-    train.add_argument("--epochs", type=_positive, default=10)
+    train.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     train.add_argument("--lr", type=float, default=0.05)
     train.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    train.add_argument("--epochs", type=_positive, default=10)
     train.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches it")
-    train.add_argument("--checkpoint", default=None, help="write the final model here")
+    train.add_argument("--run-dir", default=None, help="the run folder (default runs/MODEL-TIME)")
+    train.add_argument("--checkpoint", default=None, help="write the final model here (default RUN_DIR/checkpoint.pt)")
     train.add_argument("--resume", default=None, help="start from this checkpoint")
-    train.add_argument("--json", type=Path, default=None, help="write the run's per-epoch results here")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
 
     prof = sub.add_parser("profile", help="measure a model block by block and save the profile as JSON")
     prof.add_argument("model", help="a built-in model (mlp) or package.module:factory")
@@ -110,32 +119,29 @@ def _config(cls: type[_C], args: argparse.Namespace) -> _C:
 
 def _train(args: argparse.Namespace) -> None:
     from conveyor import checkpoint
-    from conveyor.train import TrainConfig, even_balance, mlp, train
+    from conveyor.layout import choose_layout
+    from conveyor.train import TrainConfig, explicit_workers, model_and_data, train
 
     if args.resume:
         checkpoint.load(args.resume)  # fail here, with one line, rather than in every worker
     cfg = _config(TrainConfig, args)
-    even_balance(len(mlp()), cfg.stages)  # the stage count must fit the model before workers start
+    model, data = model_and_data(cfg)  # an unknown model or dataset fails here, before any worker starts
+    if cfg.plan or cfg.stages or cfg.replicas:  # so does a layout that cannot work
+        choose_layout(cfg, model, data, cfg.workers or explicit_workers(cfg) or 0)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(
-            f"training an MLP on handwritten digits: {cfg.stages} stages on {cfg.workers} workers, "
-            f"{cfg.schedule} schedule, {cfg.microbatches} microbatches of {cfg.batch_size // cfg.microbatches}"
+            f"training {cfg.model} on {data.name}: {len(data.train_x)} training samples, batch {cfg.batch_size}"
         )
     result = train(cfg)
     if result:
-        table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s")
+        table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s", "run folder")
         table.add_row(
-            str(result["epochs"]),
-            f"{result['accuracy'][-1]:.3f}",
-            f"{result['loss'][-1]:.3f}",
-            f"{result['seconds']:.1f}",
-            f"{result['samples_per_s']:.0f}",
-        )
+            str(result["epochs"]), f"{result['accuracy'][-1]:.3f}", f"{result['loss'][-1]:.3f}",
+            f"{result['seconds']:.1f}", f"{result['samples_per_s']:.0f}", result["run_dir"],
+        )  # fmt: skip
         console.print(table)
-    if args.checkpoint:
-        console.print(f"checkpoint: {args.checkpoint}")
-    if args.json:
-        _write_json(args.json, result)
+        if args.json:
+            _write_json(args.json, result)
 
 
 def _write_json(path: Path, data: object) -> None:

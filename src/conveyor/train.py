@@ -1,44 +1,68 @@
-"""A small pipelined training run on real bundled data: scikit-learn's handwritten digits.
+"""The main job: profile, plan, train and report, on bundled data or the user's model.
 
-This is what ``conveyor train`` runs with no arguments: an MLP cut into stages, trained on local worker
-processes with any pipeline schedule (each epoch is one run of it), evaluated on held-out digits every
-epoch.
+``conveyor train`` runs :func:`train`: the first worker profiles the model and plans it for the
+job's worker count (unless a layout or a plan file is given), every worker builds its stage, and the
+pipeline trains epoch by epoch (each epoch one run of the schedule), evaluating on held-out data after
+each. The run folder gets ``plan.json``, ``metrics.jsonl`` (one line per epoch), ``checkpoint.pt``,
+``summary.json`` and ``accuracy.png`` (accuracy against wall-clock time).
 """
 
 from __future__ import annotations
 
+import json
+import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
 
+from conveyor import data as datasets
+from conveyor import zoo
 from conveyor.launch import launch
+from conveyor.layout import Layout, choose_layout
 from conveyor.pipeline import Pipeline
+from conveyor.report import plot_accuracy
 from conveyor.schedule import Op
 
-__all__ = ["TrainConfig", "digits", "even_balance", "mlp", "train"]
+__all__ = ["TrainConfig", "explicit_workers", "model_and_data", "train"]
+
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What ``conveyor train`` does."""
+    """What ``conveyor train`` does; every field is a command-line option of the same name.
 
-    stages: int = 2
-    replicas: str | None = None  # workers per stage, "2-1"; default one each
-    schedule: str = "flush"
+    ``schedule="auto"`` lets the planner pick the schedule and layout for ``workers``; ``stages`` and
+    ``replicas`` (or ``plan``, a plan file) fix the layout instead.
+    """
+
+    model: str = "mlp"
+    dataset: str | None = None  # default: the model's own (digits for mlp, text for gpt)
+    width: int | None = None
+    depth: int | None = None
+    workers: int | None = None  # default 4 when planning, else what the layout needs
+    schedule: str = "auto"
+    stages: int | None = None
+    replicas: str | None = None
+    plan: str | None = None
     microbatches: int = 4
     batch_size: int = 64
-    epochs: int = 10
+    optimizer: str = "sgd"
     lr: float = 0.05
     momentum: float = 0.9
+    epochs: int = 10
     target_accuracy: float | None = None
-    checkpoint: str | None = None
+    run_dir: str | None = None  # default runs/MODEL-TIME
+    checkpoint: str | None = None  # default RUN_DIR/checkpoint.pt
     resume: str | None = None
     seed: int = 0
 
@@ -50,127 +74,134 @@ class TrainConfig:
             )
         if self.epochs < 1:
             raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
-        counts = self.replica_counts
-        if len(counts) != self.stages or min(counts) < 1:
-            raise ValueError(
-                f"--replicas {self.replicas} must give each of the {self.stages} stages a worker count >= 1, "
-                f"e.g. {'-'.join(['2'] + ['1'] * (self.stages - 1))}"
-            )
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+        if self.plan and (self.stages or self.replicas):
+            raise ValueError("give either --plan or --stages/--replicas, not both")
 
-    @property
-    def replica_counts(self) -> tuple[int, ...]:
-        if self.replicas is None:
-            return (1,) * self.stages
-        try:
-            return tuple(int(r) for r in self.replicas.split("-"))
-        except ValueError:
-            raise ValueError(f"--replicas {self.replicas!r} is not a list of counts like 2-1") from None
 
-    @property
-    def workers(self) -> int:
-        return sum(self.replica_counts)
+def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
+    """The model (initialised from ``cfg.seed``, identical on every worker) and its dataset."""
+    if ":" in cfg.model:
+        data = datasets.load(cfg.dataset or "digits", cfg.seed)
+        torch.manual_seed(cfg.seed)
+        model, _ = zoo.resolve(cfg.model, cfg.batch_size)
+        return nn.Sequential(*model) if isinstance(model, list) else model, data
+    data = datasets.load(cfg.dataset or zoo.default_dataset(cfg.model), cfg.seed)
+    torch.manual_seed(cfg.seed)
+    return zoo.build(cfg.model, data, cfg.width, cfg.depth), data
+
+
+def _loss(sequence: bool) -> Any:
+    if sequence:  # logits (B, T, V) against next tokens (B, T)
+        return lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    return F.cross_entropy
 
 
 @dataclass
-class TrainResult:
-    """What a training run reports (from the last stage)."""
-
-    epochs: int = 0
-    accuracy: list[float] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)
-    seconds: float = 0.0
-    samples_per_s: float = 0.0
-
-
-def digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """scikit-learn's 8x8 handwritten digits (1797 images, shipped with the package): train/test tensors."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(data.target, dtype=torch.int64)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    x, y = x[order], y[order]
-    cut = int(0.8 * len(x))
-    return x[:cut], y[:cut], x[cut:], y[cut:]
+class _Epoch:
+    epoch: int
+    seconds: float
+    samples: int
+    samples_per_s: float
+    loss: float
+    accuracy: float
 
 
-def mlp(width: int = 128) -> nn.Sequential:
-    """A 5-block MLP for 64-pixel digits; a block's output feeds the next, so it can be cut anywhere."""
-    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
-
-
-def even_balance(blocks: int, stages: int) -> list[int]:
-    """Blocks per stage, as equal as possible: ``even_balance(5, 2) == [3, 2]``."""
-    if not 1 <= stages <= blocks:
-        raise ValueError(f"cannot cut {blocks} blocks into {stages} stages: use 1 to {blocks} stages")
-    return [blocks // stages + (1 if s < blocks % stages else 0) for s in range(stages)]
-
-
-def _worker(cfg: TrainConfig) -> dict[str, Any] | None:
+def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
-    model = mlp()
+    model, data = model_and_data(cfg)
+    folder = Path(run_dir)
+    console = Console()
+    # The first worker profiles and plans; every worker runs what it chose.
+    box: list[Layout | None] = [None]
+    if dist.get_rank() == 0:
+        box[0] = choose_layout(cfg, model, data, dist.get_world_size())
+        (folder / "plan.json").write_text(json.dumps(box[0].plan_file, indent=2))
+        console.print(box[0].describe())
+    dist.broadcast_object_list(box, src=0)
+    layout = box[0]
+    assert layout is not None
+    optimizer = OPTIMIZERS[cfg.optimizer]
+    opt_args = {"lr": cfg.lr, "momentum": cfg.momentum} if cfg.optimizer == "sgd" else {"lr": cfg.lr}
     pipe = Pipeline(
-        model,
-        even_balance(len(model), cfg.stages),
-        cfg.microbatches,
-        F.cross_entropy,
-        optimizer=partial(torch.optim.SGD, lr=cfg.lr, momentum=cfg.momentum),
-        schedule=cfg.schedule,
-        replicas=cfg.replica_counts,
-    )
+        model, layout.balance, layout.microbatches, _loss(data.sequence), partial(optimizer, **opt_args),
+        layout.schedule, layout.replicas, recompute=layout.recompute,
+    )  # fmt: skip
     if cfg.resume:
         pipe.load(cfg.resume)
-    x_train, y_train, x_test, y_test = digits(cfg.seed)
-    steps = len(x_train) // cfg.batch_size  # the last partial batch is dropped
+    steps = len(data.train_x) // cfg.batch_size  # the last partial batch is dropped
     updates = [a.op for a in pipe.schedule(steps).actions[pipe.worker]].count(Op.STEP)  # per epoch, this worker
-    result = TrainResult()
+    n_test = len(data.test_x) - len(data.test_x) % layout.microbatches
+    history: list[_Epoch] = []
     start = time.perf_counter()
     with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
         disable=not pipe.is_output,
-    ) as bar:
+    ) as bar:  # fmt: skip
         task = bar.add_task("training", total=cfg.epochs * updates, status="")
         for epoch in range(cfg.epochs):
-            order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(cfg.seed + epoch))
-            batches = [
-                (x_train[idx], y_train[idx])
-                for idx in (order[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(steps))
-            ]
-            losses = pipe.train(batches, on_step=lambda _: bar.update(task, advance=1))
-            # The test set's 360 samples split into the pipeline's microbatches.
-            n_test = len(x_test) - len(x_test) % cfg.microbatches
-            logits = pipe.evaluate(x_test[:n_test])
+            order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(cfg.seed + epoch))
+            idx = [order[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(steps)]
+            losses = pipe.train([(data.train_x[i], data.train_y[i]) for i in idx], lambda _: bar.advance(task))
+            logits = pipe.evaluate(data.test_x[:n_test])
+            accuracy = torch.zeros(1)
             if pipe.is_output:
-                result.accuracy.append(float((logits.argmax(1) == y_test[:n_test]).float().mean()))
-                result.loss.append(sum(losses) / len(losses))
-                elapsed = time.perf_counter() - start
-                status = f"epoch {epoch + 1} loss {result.loss[-1]:.3f} acc {result.accuracy[-1]:.3f}"
-                bar.update(task, status=f"{status} {(epoch + 1) * steps * cfg.batch_size / elapsed:.0f} samples/s")
-            result.epochs = epoch + 1
-            if cfg.target_accuracy is not None and _reached(pipe, result, cfg.target_accuracy):
+                accuracy[0] = (logits.argmax(-1) == data.test_y[:n_test]).float().mean()
+                seconds = time.perf_counter() - start
+                samples = (epoch + 1) * steps * cfg.batch_size
+                history.append(_Epoch(epoch + 1, seconds, samples, samples / seconds, sum(losses) / len(losses),
+                                      float(accuracy)))  # fmt: skip
+                with (folder / "metrics.jsonl").open("a") as f:
+                    f.write(json.dumps(asdict(history[-1])) + "\n")
+                bar.update(task, status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {float(accuracy):.3f} "
+                           f"{samples / seconds:.0f} samples/s")  # fmt: skip
+            dist.all_reduce(accuracy, op=dist.ReduceOp.MAX)  # every worker learns the output worker's accuracy
+            if cfg.target_accuracy is not None and float(accuracy) >= cfg.target_accuracy:
                 break
-    result.seconds = time.perf_counter() - start
-    result.samples_per_s = result.epochs * steps * cfg.batch_size / result.seconds
-    if cfg.checkpoint:
-        pipe.save(cfg.checkpoint)
-    return asdict(result) if pipe.is_output else None
-
-
-def _reached(pipe: Pipeline, result: TrainResult, target: float) -> bool:
-    """Whether the last stage's accuracy reached ``target``, agreed by every worker."""
-    flag = torch.tensor([1.0 if pipe.is_output and result.accuracy[-1] >= target else 0.0])
-    torch.distributed.all_reduce(flag)
-    return bool(flag.item())
+    pipe.save(cfg.checkpoint or str(folder / "checkpoint.pt"))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {"history": [asdict(h) for h in history], "peak_rss_bytes": peak, "layout": asdict(layout)}
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run ``cfg`` on ``cfg.workers`` local workers (or as one worker of a torchrun job)."""
+    """Run ``cfg`` on local workers (or as one worker of a torchrun job); return the run's summary.
+
+    The summary has ``epochs``, ``accuracy`` and ``loss`` (per epoch), ``seconds``, ``samples_per_s``,
+    ``peak_rss_bytes`` (per worker), the layout run and ``run_dir``.
+    """
+    run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     if cfg.checkpoint:
         Path(cfg.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-    results = launch(_worker, cfg, nprocs=cfg.workers)
-    last = [r for r in results.values() if r is not None]
-    return last[0] if last else {}
+    nprocs = cfg.workers or (explicit_workers(cfg) or 4)
+    per_rank = launch(_worker, cfg, str(run_dir), nprocs=nprocs)
+    out = next(r for r in per_rank.values() if r["history"]) if any(r["history"] for r in per_rank.values()) else None
+    if out is None:  # under torchrun, only the output worker's process has the history
+        return {}
+    history = out["history"]
+    summary = {
+        "epochs": len(history),
+        "accuracy": [h["accuracy"] for h in history],
+        "loss": [h["loss"] for h in history],
+        "seconds": history[-1]["seconds"],
+        "samples_per_s": history[-1]["samples_per_s"],
+        "peak_rss_bytes": [per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
+        "layout": out["layout"],
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy")
+    return summary
+
+
+def explicit_workers(cfg: TrainConfig) -> int | None:
+    """Workers a fixed layout needs (None when the planner decides)."""
+    if cfg.plan:
+        from conveyor.planfile import read_plan_file
+
+        return read_plan_file(cfg.plan).workers
+    if cfg.replicas:
+        return sum(int(r) for r in cfg.replicas.split("-") if r.isdigit()) or None
+    return cfg.stages

@@ -1,7 +1,15 @@
-"""Models by name: the built-in ones, or a user's ``package.module:factory``.
+"""Models by name: an MLP, a VGG-style and a ResNet-style CNN, a small GPT; or a user's ``module:factory``.
 
-A factory takes the batch size and returns ``(model, example_batch)``: the model as an ``nn.Sequential``
-(or a list of blocks) and one batch of input for it.
+Every model is an ``nn.Sequential`` of blocks, each block's output the next one's input, so a pipeline
+can cut it anywhere. They are sized to train on a CPU in seconds and scale by ``width`` and ``depth``.
+
+A user's factory takes the batch size and returns ``(model, example_batch)``.
+
+Example:
+    >>> from conveyor.data import load
+    >>> model = build("resnet", load("digit-images"))
+    >>> model(torch.zeros(2, 1, 8, 8)).shape
+    torch.Size([2, 10])
 """
 
 from __future__ import annotations
@@ -11,41 +19,171 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from conveyor.data import Dataset
 from conveyor.stage import Blocks
-from conveyor.train import mlp
 
-__all__ = ["MODELS", "resolve"]
-
-
-def _digits_mlp(batch_size: int) -> tuple[Blocks, Any]:
-    return mlp(), torch.randn(batch_size, 64)
+__all__ = [
+    "MODELS", "ResidualBlock", "TransformerBlock", "build", "default_dataset", "gpt", "load_factory", "mlp", "resnet",
+    "resolve", "vgg",
+]  # fmt: skip
 
 
-MODELS: dict[str, Callable[[int], tuple[Blocks, Any]]] = {"mlp": _digits_mlp}
+def mlp(inputs: int = 64, classes: int = 10, width: int = 128, depth: int = 2) -> nn.Sequential:
+    """``depth`` hidden layers of ``width`` with ReLU (depth 2: 5 blocks)."""
+    layers: list[nn.Module] = []
+    for i in range(depth):
+        layers += [nn.Linear(inputs if i == 0 else width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, classes))
+
+
+def vgg(channels: int = 1, classes: int = 10, width: int = 16, depth: int = 2, size: int = 8) -> nn.Sequential:
+    """VGG-style: ``depth`` groups of two 3x3 convolutions and a 2x2 max-pool, channels doubling, then two
+    fully connected layers."""
+    layers: list[nn.Module] = []
+    c_in = channels
+    for g in range(depth):
+        c_out = width * 2**g
+        layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.Conv2d(c_out, c_out, 3, padding=1), nn.ReLU()]
+        layers.append(nn.MaxPool2d(2))
+        c_in, size = c_out, size // 2
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(c_in * size * size, 4 * width), nn.ReLU(),
+                         nn.Linear(4 * width, classes))  # fmt: skip
+
+
+class ResidualBlock(nn.Module):
+    """Two 3x3 convolutions with BatchNorm and a skip connection (a 1x1 projection when the shape changes)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.skip = (
+            nn.Identity()
+            if stride == 1 and c_in == c_out
+            else nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + self.skip(x))
+
+
+def resnet(channels: int = 1, classes: int = 10, width: int = 16, depth: int = 2) -> nn.Sequential:
+    """ResNet-style: a convolution stem, ``depth`` stages of two residual blocks (the first of each later
+    stage halves the resolution and doubles the channels), global average pooling, a classifier."""
+    layers: list[nn.Module] = [nn.Conv2d(channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    c = width
+    for g in range(depth):
+        c_out = width * 2**g
+        layers += [ResidualBlock(c, c_out, 1 if g == 0 else 2), ResidualBlock(c_out, c_out)]
+        c = c_out
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, classes))
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embeddings."""
+
+    def __init__(self, vocab: int, context: int, width: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Parameter(torch.zeros(context, width))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tokens(ids) + self.positions[: ids.shape[1]]
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm causal self-attention and MLP, each with a residual connection."""
+
+    def __init__(self, width: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+        x = x + self.dropout(self.proj(y))
+        return x + self.dropout(self.mlp(self.ln2(x)))
+
+
+def gpt(
+    vocab: int, context: int = 32, width: int = 64, depth: int = 4, heads: int = 4, dropout: float = 0.1
+) -> nn.Sequential:
+    """A GPT-style character model: embeddings, ``depth`` transformer blocks, a final norm and the head."""
+    blocks = [TransformerBlock(width, heads, dropout) for _ in range(depth)]
+    return nn.Sequential(Embedding(vocab, context, width), *blocks, nn.LayerNorm(width), nn.Linear(width, vocab))
+
+
+def _images(d: Dataset) -> tuple[int, int]:
+    if d.train_x.dim() != 4:
+        raise ValueError(f"this model needs images (N, C, H, W); dataset {d.name} has shape {tuple(d.train_x.shape)}")
+    return d.train_x.shape[1], d.train_x.shape[-1]
+
+
+# name -> (builder from a dataset, width and depth, the dataset it trains on by default)
+MODELS: dict[str, tuple[Callable[[Dataset, int | None, int | None], nn.Sequential], str]] = {
+    "mlp": (lambda d, w, n: mlp(d.train_x[0].numel(), d.classes, w or 128, n or 2), "digits"),
+    "vgg": (lambda d, w, n: vgg(_images(d)[0], d.classes, w or 16, n or 2, _images(d)[1]), "digit-images"),
+    "resnet": (lambda d, w, n: resnet(_images(d)[0], d.classes, w or 16, n or 2), "digit-images"),
+    "gpt": (lambda d, w, n: gpt(d.classes, d.train_x.shape[1], w or 64, n or 4), "text"),
+}
+
+
+def default_dataset(name: str) -> str:
+    """The dataset zoo model ``name`` trains on by default."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}: use one of {', '.join(sorted(MODELS))}, or package.module:factory")
+    return MODELS[name][1]
+
+
+def build(name: str, dataset: Dataset, width: int | None = None, depth: int | None = None) -> nn.Sequential:
+    """Build zoo model ``name`` for ``dataset`` (its input shape and classes), optionally resized.
+
+    Raises:
+        ValueError: an unknown name, or a dataset the model cannot take.
+    """
+    default_dataset(name)  # an unknown name fails here
+    if name == "gpt" and not dataset.sequence:
+        raise ValueError(f"gpt is a language model: train it on a text dataset (text or text:PATH), not {dataset.name}")
+    if name != "gpt" and dataset.sequence:
+        raise ValueError(f"{name} classifies samples; {dataset.name} is text: use gpt for it")
+    return MODELS[name][0](dataset, width, depth)
 
 
 def resolve(spec: str, batch_size: int) -> tuple[Blocks, Any]:
-    """The model and an example batch for ``spec``: a name in :data:`MODELS` or ``package.module:factory``.
+    """A model and an example batch for ``spec``: a zoo name (on its default dataset) or ``module:factory``.
 
     Raises:
         ValueError: the name is unknown, the factory cannot be imported, or it returns something else.
     """
     if ":" not in spec:
-        if spec not in MODELS:
-            raise ValueError(
-                f"unknown model {spec!r}: use one of {', '.join(sorted(MODELS))}, or package.module:factory"
-            )
-        return MODELS[spec](batch_size)
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load the model factory {spec!r}: {exc}") from exc
-    result = factory(batch_size)
+        from conveyor.data import load
+
+        data = load(default_dataset(spec))
+        return build(spec, data), data.train_x[:batch_size]
+    result = load_factory(spec)(batch_size)
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module | list)):
         raise ValueError(
             f"the factory {spec!r} returned {type(result).__name__}: it must return (model, example_batch) "
             "for the batch size it is given"
         )
     return result
+
+
+def load_factory(spec: str) -> Callable[[int], Any]:
+    """Import ``package.module:factory``."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load the model factory {spec!r}: {exc}") from exc

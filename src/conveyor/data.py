@@ -1,0 +1,115 @@
+"""Datasets that need no download: scikit-learn's digits, and a text corpus for language models.
+
+``digits`` is scikit-learn's 1797 handwritten 8x8 digits (shipped with the package), as flat vectors
+(``digits``) or 1-channel images (``digit-images``). ``text`` is Python's own reference documentation
+(``pydoc_data.topics``, shipped with every CPython), or any UTF-8 file (``text:PATH``), cut into
+character windows whose target is the next character. With torchvision installed and the files on
+disk, ``torchvision:NAME:ROOT`` loads one of its image datasets (``torchvision:CIFAR10:~/data``); no
+download happens at run time.
+
+Example:
+    >>> d = load("digits")
+    >>> tuple(d.train_x.shape), d.classes
+    ((1437, 64), 10)
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["DATASETS", "Dataset", "load"]
+
+DATASETS = ("digits", "digit-images", "text", "text:PATH", "torchvision:NAME:ROOT")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Train and test tensors. ``classes`` is the number of labels (the vocabulary for text);
+    ``sequence`` says targets are per position (language modelling) rather than per sample."""
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    classes: int
+    sequence: bool = False
+
+
+def _split(name: str, x: torch.Tensor, y: torch.Tensor, classes: int, seed: int, sequence: bool = False) -> Dataset:
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    x, y = x[order], y[order]
+    cut = int(0.8 * len(x))
+    return Dataset(name, x[:cut], y[:cut], x[cut:], y[cut:], classes, sequence)
+
+
+def _digits(images: bool, seed: int) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
+    if images:
+        x = x.reshape(-1, 1, 8, 8)
+    return _split("digit-images" if images else "digits", x, torch.tensor(data.target), 10, seed)
+
+
+def _text(path: str | None, context: int, seed: int, limit: int = 4000) -> Dataset:
+    """Up to ``limit`` windows of ``context`` characters, spread evenly over the corpus."""
+    if path is None:
+        from pydoc_data.topics import topics
+
+        text, name = "\n".join(topics[k] for k in sorted(topics)), "text"
+    else:
+        try:
+            text, name = Path(path).expanduser().read_text(encoding="utf-8"), f"text:{path}"
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the text corpus {path}: {exc}; give a UTF-8 text file") from exc
+    if len(text) < 2 * (context + 1):
+        raise ValueError(f"the text corpus {name} has {len(text)} characters; it needs at least {2 * (context + 1)}")
+    vocab = sorted(set(text))
+    index = {c: i for i, c in enumerate(vocab)}
+    ids = torch.tensor([index[c] for c in text])
+    starts = torch.linspace(0, len(ids) - context - 1, min(limit, len(ids) - context)).long()
+    windows = torch.stack([ids[s : s + context + 1] for s in starts.tolist()])
+    return _split(name, windows[:, :-1], windows[:, 1:], len(vocab), seed, sequence=True)
+
+
+def _torchvision(name: str, root: str) -> Dataset:
+    try:
+        datasets = importlib.import_module("torchvision.datasets")
+        transforms = importlib.import_module("torchvision.transforms")
+    except ImportError as exc:
+        raise ValueError(f"torchvision:{name} needs torchvision installed ({exc})") from exc
+    cls = getattr(datasets, name, None)
+    if cls is None:
+        raise ValueError(f"torchvision has no dataset {name!r}")
+    parts = []
+    for train in (True, False):
+        try:
+            ds = cls(Path(root).expanduser(), train=train, download=False, transform=transforms.ToTensor())
+        except (RuntimeError, OSError) as exc:
+            raise ValueError(f"cannot load torchvision {name} from {root}: {exc} (no download at run time)") from exc
+        loader = torch.utils.data.DataLoader(ds, batch_size=len(ds))
+        parts += list(next(iter(loader)))
+    classes = int(max(parts[1].max(), parts[3].max())) + 1
+    return Dataset(f"torchvision:{name}", parts[0], parts[1], parts[2], parts[3], classes)
+
+
+def load(spec: str, seed: int = 0, context: int = 32) -> Dataset:
+    """Load a dataset by name (see :data:`DATASETS`); ``context`` is the window length for text.
+
+    Raises:
+        ValueError: an unknown name, or a file or dataset that cannot be read.
+    """
+    if spec in ("digits", "digit-images"):
+        return _digits(spec == "digit-images", seed)
+    if spec == "text" or spec.startswith("text:"):
+        return _text(spec[5:] or None, context, seed)
+    if spec.startswith("torchvision:") and spec.count(":") == 2:
+        _, name, root = spec.split(":")
+        return _torchvision(name, root)
+    raise ValueError(f"unknown dataset {spec!r}: use one of {', '.join(DATASETS)}")

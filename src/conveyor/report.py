@@ -1,0 +1,41 @@
+"""Plots of training runs: test accuracy against wall-clock time, one line per run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["plot_accuracy"]
+
+
+def plot_accuracy(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: str | os.PathLike[str],
+    title: str = "test accuracy",
+    target: float | None = None,
+) -> None:
+    """Write a PNG of accuracy (``"accuracy"``) against seconds (``"seconds"``) for each named run's epochs.
+
+    Example:
+        >>> plot_accuracy({"dp": [{"seconds": 1.0, "accuracy": 0.5}]}, "/tmp/acc.png")  # doctest: +SKIP
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for label, epochs in runs.items():
+        ax.plot([0.0] + [e["seconds"] for e in epochs], [0.0] + [e["accuracy"] for e in epochs], marker="o", ms=3,
+                label=label)  # fmt: skip
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("wall-clock seconds")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
