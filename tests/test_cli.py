@@ -17,7 +17,8 @@ pytestmark = pytest.mark.timeout(180)
 def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) -> None:
     ckpt, metrics = tmp_path / "run" / "model.pt", tmp_path / "run" / "metrics.json"
     conveyor = [sys.executable, "-m", "conveyor.cli"]
-    cmd = [*conveyor, "train", "--epochs", "3", "--checkpoint", str(ckpt), "--json", str(metrics)]
+    cmd = [*conveyor, "train", "--epochs", "3", "--stages", "2", "--checkpoint", str(ckpt), "--json", str(metrics)]
+    cmd += ["--run-dir", str(tmp_path / "run")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode == 0, done.stderr
     assert "test accuracy" in done.stdout
@@ -44,6 +45,8 @@ def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) 
             str(ckpt),
             "--checkpoint",
             str(tmp_path / "again.pt"),
+            "--run-dir",
+            str(tmp_path / "again"),
         ],
         capture_output=True,
         text=True,
@@ -57,15 +60,16 @@ def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) 
 def test_train_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "conveyor.cli", "train", "--epochs", "3", "--json", str(metrics)]  # fmt: skip
+           "-m", "conveyor.cli", "train", "--epochs", "3", "--json", str(metrics),
+           "--run-dir", str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(metrics.read_text())["accuracy"][-1] > 0.8
 
 
-def test_torchrun_with_the_wrong_worker_count_fails_in_one_line() -> None:
+def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-           "-m", "conveyor.cli", "train", "--stages", "2", "--epochs", "1"]  # fmt: skip
+           "-m", "conveyor.cli", "train", "--stages", "2", "--epochs", "1", "--run-dir", str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("conveyor: error:")]
@@ -81,16 +85,26 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line() -> None:
     [
         (["train", "--resume", "/no/such/ckpt.pt"], "no checkpoint at /no/such/ckpt.pt: check the path"),
         (["train", "--stages", "6"], "cannot cut 5 blocks into 6 stages"),
-        (["train", "--replicas", "2"], "--replicas 2 must give each of the 2 stages a worker count >= 1, e.g. 2-1"),
+        (["train", "--stages", "2", "--replicas", "2"], "--replicas 2 must give each of the 2 stages a worker count"),
+        (["train", "--model", "vgg19"], "unknown model 'vgg19': use one of gpt, mlp, resnet, vgg"),
+        (["train", "--model", "test_zoo:not_a_model"], r"must return (model, example_batch)"),
+        (["train", "--model", "gpt", "--dataset", "digits"], "gpt is a language model"),
+        (["train", "--plan", "PLAN", "--workers", "3"], "is for 2 workers but the job has 3"),
+        (["train", "--resume", "NOT_A_CHECKPOINT"], "NOT_A_CHECKPOINT"),
         (["train", "--replicas", "two-1"], "--replicas 'two-1' is not a list of counts like 2-1"),
         (["train", "--batch-size", "30", "--microbatches", "4"], "--batch-size 30 is not a multiple of"),
         (["bench", "schedules", "--forward-ms", "0", "--backward-ms", "0"], "not both 0"),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert main(args) == 2
+    stages = [{"first_layer": 0, "last_layer": 2, "replicas": 1}, {"first_layer": 3, "last_layer": 4, "replicas": 1}]
+    plan = {"schedule": "flush", "microbatches": 4, "stages": stages}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "NOT_A_CHECKPOINT").write_text("hello")
+    paths = {"PLAN": str(tmp_path / "plan.json"), "NOT_A_CHECKPOINT": str(tmp_path / "NOT_A_CHECKPOINT")}
+    assert main([paths.get(a, a) for a in args]) == 2
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err and err.count("\n") == 1
@@ -98,7 +112,7 @@ def test_bad_input_is_one_line_without_traceback(
 
 def test_checkpoint_of_another_model_fails_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     other = checkpoint.save(tmp_path / "other.pt", {"weight": torch.zeros(2)})
-    assert main(["train", "--epochs", "1", "--resume", str(other)]) == 1
+    assert main(["train", "--epochs", "1", "--stages", "2", "--resume", str(other), "--run-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "CheckpointError" in err and "is from another model" in err
     assert "Traceback" not in err and err.count("\n") == 1

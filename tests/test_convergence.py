@@ -1,5 +1,7 @@
 """Convergence smoke test: asynchronous pipelines reach data parallelism's accuracy on real data."""
 
+from pathlib import Path
+
 import pytest
 
 from conveyor.train import TrainConfig, train
@@ -14,16 +16,24 @@ MAX_EPOCHS = 12
 EXTRA_EPOCHS = 5
 
 
-def _epochs_to_target(**options: object) -> tuple[int, float]:
-    cfg = TrainConfig(epochs=MAX_EPOCHS, target_accuracy=TARGET, batch_size=64, microbatches=4, lr=0.05, **options)
+def _epochs_to_target(run_dir: Path, **options: object) -> tuple[int, float]:
+    cfg = TrainConfig(
+        epochs=MAX_EPOCHS,
+        target_accuracy=TARGET,
+        batch_size=64,
+        microbatches=4,
+        lr=0.05,
+        run_dir=str(run_dir),
+        **options,
+    )
     result = train(cfg)
     return result["epochs"], result["accuracy"][-1]
 
 
-def test_pipedream_and_2bw_reach_the_accuracy_of_data_parallelism() -> None:
-    dp_epochs, dp_accuracy = _epochs_to_target(stages=1, replicas="2", schedule="flush")
+def test_pipedream_and_2bw_reach_the_accuracy_of_data_parallelism(tmp_path: Path) -> None:
+    dp_epochs, dp_accuracy = _epochs_to_target(tmp_path / "dp", stages=1, replicas="2", schedule="flush")
     assert dp_accuracy >= TARGET
     for schedule in ("pipedream", "2bw"):
-        epochs, accuracy = _epochs_to_target(stages=2, schedule=schedule)
+        epochs, accuracy = _epochs_to_target(tmp_path / schedule, stages=2, schedule=schedule)
         assert accuracy >= TARGET, schedule
         assert epochs <= dp_epochs + EXTRA_EPOCHS, (schedule, epochs, dp_epochs)

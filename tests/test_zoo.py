@@ -24,7 +24,7 @@ def test_builtin_and_user_factories() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("resnet9000", "unknown model 'resnet9000': use one of mlp"),
+        ("resnet9000", "unknown model .resnet9000.: use one of gpt, mlp, resnet, vgg"),
         ("no_such_module:f", "cannot load the model factory"),
         ("test_zoo:missing", "cannot load the model factory"),
         ("test_zoo:not_a_model", r"must return \(model, example_batch\)"),
@@ -33,3 +33,60 @@ def test_builtin_and_user_factories() -> None:
 def test_bad_specs_say_what_to_do(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         resolve(spec, 2)
+
+
+def test_every_zoo_model_trains_on_its_dataset() -> None:
+    from conveyor.data import load
+    from conveyor.zoo import MODELS, build
+
+    for name, (_, dataset) in MODELS.items():
+        data = load(dataset)
+        model = build(name, data, width=8, depth=1)
+        out = model(data.train_x[:4])
+        assert out.shape[-1] == data.classes and out.shape[0] == 4, name
+        assert len(model) >= 3, name  # enough blocks to cut into stages
+
+
+def test_models_refuse_the_wrong_kind_of_data() -> None:
+    from conveyor.data import load
+    from conveyor.zoo import build
+
+    with pytest.raises(ValueError, match="gpt is a language model"):
+        build("gpt", load("digits"))
+    with pytest.raises(ValueError, match="needs images"):
+        build("resnet", load("digits"))
+    with pytest.raises(ValueError, match="use gpt for it"):
+        build("vgg", load("text"))
+
+
+def _batchnorm_run() -> dict[str, torch.Tensor] | None:
+    from conveyor.data import load
+    from conveyor.pipeline import Pipeline
+    from conveyor.zoo import build
+
+    data = load("digit-images")
+    torch.manual_seed(0)
+    pipe = Pipeline(build("resnet", data, width=4, depth=1), [4, 4], 4, torch.nn.functional.cross_entropy)
+    pipe.train([(data.train_x[:16], data.train_y[:16])])
+    return {k: v.clone() for k, v in pipe.module.state_dict().items() if "running" in k}
+
+
+@pytest.mark.timeout(120)
+def test_batchnorm_statistics_in_a_pipeline_are_those_of_the_microbatches() -> None:
+    """Each stage's BatchNorm sees the same 4 microbatches, in order, as an unsplit model would."""
+    from conveyor.data import load
+    from conveyor.launch import launch
+    from conveyor.zoo import build
+
+    data = load("digit-images")
+    torch.manual_seed(0)
+    model = build("resnet", data, width=4, depth=1)
+    for part in data.train_x[:16].chunk(4):
+        model(part)
+    expected = {f"{i}.{k}": v for i, block in enumerate(model) for k, v in block.state_dict().items() if "running" in k}
+    got: dict[str, torch.Tensor] = {}
+    for result in launch(_batchnorm_run, nprocs=2, timeout_s=100).values():
+        got |= result
+    assert got.keys() == expected.keys() and got
+    for k, v in expected.items():
+        torch.testing.assert_close(got[k], v, msg=k)

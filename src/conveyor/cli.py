@@ -107,6 +107,17 @@ def _parser() -> argparse.ArgumentParser:
     pvr.add_argument("--minibatches", type=_positive, default=60, help="minibatches per timed run")
     pvr.add_argument("--repeats", type=_positive, default=3, help="timed runs per plan; the median is reported")
     pvr.add_argument("--json", type=Path, default=None, help="write the report here")
+    tta = which.add_parser("tta", help="time to accuracy of data parallelism and each pipeline schedule")
+    tta.add_argument("--model", default="mlp")
+    tta.add_argument("--dataset", default=None)
+    tta.add_argument("--workers", type=_positive, default=4)
+    tta.add_argument("--target", type=float, default=0.9, help="test accuracy to reach")
+    tta.add_argument("--epochs", type=_positive, default=20, help="give up after this many")
+    tta.add_argument("--batch-size", type=_positive, default=64)
+    tta.add_argument("--microbatches", type=_positive, default=4)
+    tta.add_argument("--lr", type=float, default=0.05)
+    tta.add_argument("--json", type=Path, default=None, help="write the report here")
+    tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
     planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
     planner.add_argument("--json", type=Path, default=None, help="write the report here")
     return parser
@@ -282,6 +293,26 @@ def _bench_planner(args: argparse.Namespace) -> None:
         _write_json(args.json, report)
 
 
+def _bench_tta(args: argparse.Namespace) -> None:
+    from conveyor.bench.tta import TTAConfig, run
+
+    report = run(_config(TTAConfig, args), plot=str(args.plot) if args.plot else None)
+    table = Table("strategy", "seconds to target", "epochs", "final accuracy", "samples/s", "peak RSS MB per worker",
+                  title=f"time to {report['config']['target']:g} test accuracy")  # fmt: skip
+    for r in report["results"]:
+        reached = r["seconds_to_target"] is not None
+        table.add_row(
+            r["strategy"], f"{r['seconds_to_target']:.1f}" if reached else "not reached",
+            str(r["epochs_to_target"]) if reached else "-", f"{r['final_accuracy']:.3f}", f"{r['samples_per_s']:.0f}",
+            " ".join(f"{b / 2**20:.0f}" for b in r["peak_rss_bytes_per_worker"]),
+        )  # fmt: skip
+    console.print(table)
+    if args.plot:
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        _write_json(args.json, report)
+
+
 def _bench_plan_vs_run(args: argparse.Namespace) -> None:
     from conveyor.bench.plan_vs_run import PlanVsRunConfig, run
 
@@ -309,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _plan(args)
         elif args.bench == "planner":
             _bench_planner(args)
+        elif args.bench == "tta":
+            _bench_tta(args)
         elif args.bench == "plan-vs-run":
             _bench_plan_vs_run(args)
         else:

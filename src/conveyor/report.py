@@ -27,8 +27,7 @@ def plot_accuracy(
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, epochs in runs.items():
-        ax.plot([0.0] + [e["seconds"] for e in epochs], [0.0] + [e["accuracy"] for e in epochs], marker="o", ms=3,
-                label=label)  # fmt: skip
+        ax.plot([e["seconds"] for e in epochs], [e["accuracy"] for e in epochs], marker="o", ms=3, label=label)
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("wall-clock seconds")

@@ -167,8 +167,8 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run ``cfg`` on local workers (or as one worker of a torchrun job); return the run's summary.
 
-    The summary has ``epochs``, ``accuracy`` and ``loss`` (per epoch), ``seconds``, ``samples_per_s``,
-    ``peak_rss_bytes`` (per worker), the layout run and ``run_dir``.
+    The summary has ``epochs``, ``accuracy``, ``loss`` and ``epoch_seconds`` (per epoch), ``seconds``,
+    ``samples_per_s``, ``peak_rss_bytes`` (per worker), the layout run and ``run_dir``.
     """
     run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -186,6 +186,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "accuracy": [h["accuracy"] for h in history],
         "loss": [h["loss"] for h in history],
         "seconds": history[-1]["seconds"],
+        "epoch_seconds": [h["seconds"] for h in history],  # wall clock at the end of each epoch's evaluation
         "samples_per_s": history[-1]["samples_per_s"],
         "peak_rss_bytes": [per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
         "layout": out["layout"],
