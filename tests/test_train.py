@@ -1,5 +1,6 @@
 """End to end: conveyor's training job on the bundled digits with every schedule, its run folder, resuming."""
 
+import itertools
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ STEPS_PER_EPOCH = 1437 // 64
 def _check_run_folder(run: Path, epochs: int) -> None:
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in lines] == list(range(1, epochs + 1))
-    assert all(a["seconds"] < b["seconds"] for a, b in zip(lines, lines[1:], strict=False))
+    assert all(a["seconds"] < b["seconds"] for a, b in itertools.pairwise(lines))
     assert (run / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run / "summary.json").read_text())["epochs"] == epochs
     assert checkpoint.load(run / "checkpoint.pt")["steps"] == epochs * STEPS_PER_EPOCH
