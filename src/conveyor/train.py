@@ -109,8 +109,8 @@ class _Epoch:
 
 
 def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
-    torch.manual_seed(cfg.seed)
-    model, data = model_and_data(cfg)
+    model, data = model_and_data(cfg)  # the same initial weights on every worker
+    torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     folder = Path(run_dir)
     console = Console()
     # The first worker profiles and plans; every worker runs what it chose.
