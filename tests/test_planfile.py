@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import chains
 
 from conveyor.memory import PLANNER_SCHEDULES
 from conveyor.planfile import PlanFileError, plan_file, predict, read_plan_file
@@ -13,16 +14,7 @@ from conveyor.planner import PlanError, optimize
 from conveyor.profiles import Profile
 from conveyor.topology import Topology
 
-profiles = st.integers(1, 5).flatmap(
-    lambda n: st.builds(
-        Profile.chain,
-        st.just("random"),
-        st.lists(st.floats(1e-3, 1.0), min_size=n, max_size=n),
-        st.lists(st.floats(1e-3, 1.0), min_size=n, max_size=n),
-        st.lists(st.integers(0, 10**9), min_size=n, max_size=n),
-        st.lists(st.integers(0, 10**9), min_size=n, max_size=n),
-    )
-)
+profiles = chains(max_layers=5)
 
 
 @settings(max_examples=40, deadline=None)

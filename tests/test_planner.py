@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import chains
 
 from conveyor.memory import PLANNER_SCHEDULES, stage_bytes
 from conveyor.planner import PlanError, optimize
@@ -52,17 +53,7 @@ def _exhaustive(p: Profile, workers: int, bandwidth: float, straight: bool, memo
     return best
 
 
-layers = st.integers(1, 6)
-profiles = layers.flatmap(
-    lambda n: st.builds(
-        Profile.chain,
-        st.just("random"),
-        st.lists(st.floats(1e-3, 1.0), min_size=n, max_size=n),
-        st.lists(st.floats(1e-3, 1.0), min_size=n, max_size=n),
-        st.lists(st.integers(0, 10**9), min_size=n, max_size=n),
-        st.lists(st.integers(0, 10**9), min_size=n, max_size=n),
-    )
-)
+profiles = chains(max_layers=6)
 
 
 @settings(max_examples=150, deadline=None)

@@ -8,13 +8,12 @@ processes are modelled as one level joined at :data:`LOCAL_BANDWIDTH`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import nn
 
 from conveyor.data import Dataset
-from conveyor.memory import PLANNER_SCHEDULES
 from conveyor.planfile import plan_file, read_plan_file
 from conveyor.planner import optimize
 from conveyor.profiler import profile
@@ -24,7 +23,7 @@ from conveyor.topology import Topology
 __all__ = ["LOCAL_BANDWIDTH", "Layout", "choose_layout", "even_balance"]
 
 LOCAL_BANDWIDTH = 2e9  # bytes/s between local processes over gloo, an order of magnitude
-# Planner schedules in order of preference when predictions tie: synchronous first, then the least stale.
+# The planner's schedules in order of preference when predictions tie: synchronous first, then the least stale.
 _PREFERENCE = ("flush", "2bw", "pipedream", "gpipe")
 
 
@@ -105,8 +104,9 @@ def choose_layout(cfg: Any, model: nn.Module, data: Dataset, workers: int) -> La
     else:
         return _planned(cfg, model, data, workers, names)
     _check_batch(cfg.batch_size, layout.microbatches)
-    return Layout(**{**layout.__dict__, "plan_file": _file(layout.schedule, layout.microbatches, layout.balance,
-                                                             layout.replicas, names)})  # fmt: skip
+    return replace(
+        layout, plan_file=_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
+    )
 
 
 def _check_batch(batch_size: int, microbatches: int) -> None:
@@ -121,8 +121,11 @@ def _planned(cfg: Any, model: nn.Module, data: Dataset, workers: int, names: lis
     example = data.train_x[: cfg.batch_size // cfg.microbatches]
     prof = profile(model, example, name=cfg.model, repeats=5, warmup=2)
     topology = Topology.parse(f"{workers}:{LOCAL_BANDWIDTH:g}")
-    planner_name = "pipedream" if cfg.schedule == "pipedream-vs" else cfg.schedule
-    candidates = [s for s in _PREFERENCE if s in PLANNER_SCHEDULES and cfg.schedule in ("auto", s)] or [planner_name]
+    # The planner has no pipedream-vs memory model: it plans with pipedream's (vertical sync keeps the input
+    # stage's version count on every stage, more than pipedream downstream; no memory limit is set here).
+    candidates = (
+        _PREFERENCE if cfg.schedule == "auto" else ["pipedream" if cfg.schedule == "pipedream-vs" else cfg.schedule]
+    )
     best = None
     for name in candidates:
         plan = optimize(prof, topology, schedule=name, microbatches=cfg.microbatches)

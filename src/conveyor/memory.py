@@ -31,11 +31,12 @@ import numpy as np
 
 from conveyor.profiles import Profile
 
-__all__ = ["PLANNER_SCHEDULES", "in_flight", "layer_stash_bytes", "stage_bytes", "weight_versions"]
+__all__ = ["PLANNER_SCHEDULES", "in_flight", "layer_stash_bytes", "stage_bytes", "weight_versions", "worker_bytes"]
 
 PLANNER_SCHEDULES = ("pipedream", "2bw", "flush", "gpipe")
 
 Count = int | np.ndarray
+Bytes = int | float | np.ndarray
 
 
 def _check(schedule: str) -> None:
@@ -89,6 +90,15 @@ def stage_bytes(
     """
     weights = profile.param_bytes(first, stop)
     optimizer = sum(lay.optimizer_bytes for lay in profile.layers[first:stop])
-    versions = int(weight_versions(schedule, replicas, downstream))
-    stash = int(in_flight(schedule, replicas, downstream, microbatches)) * sum(layer_stash_bytes(profile)[first:stop])
-    return (versions + 1) * weights + optimizer + stash
+    stash = sum(layer_stash_bytes(profile)[first:stop])
+    return int(worker_bytes(schedule, replicas, downstream, microbatches, weights, optimizer, stash))
+
+
+def worker_bytes(
+    schedule: str, replicas: Count, downstream: Count, microbatches: int, weights: Bytes, optimizer: Bytes, stash: Bytes
+) -> Bytes:
+    """Peak bytes on one worker of a stage with these weights, optimizer state and stash per microbatch:
+    its weight versions and a gradient buffer, the optimizer state, its microbatches in flight (arrays
+    broadcast)."""
+    versions = weight_versions(schedule, replicas, downstream)
+    return (versions + 1) * weights + optimizer + in_flight(schedule, replicas, downstream, microbatches) * stash

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conveyor.memory import in_flight, layer_stash_bytes, weight_versions
+from conveyor.memory import layer_stash_bytes, worker_bytes
 from conveyor.profiles import Profile
 from conveyor.topology import Topology
 
@@ -40,13 +40,11 @@ class MemoryModel:
     def fits(self, first: int, stops: np.ndarray, replicas: np.ndarray, downstream: np.ndarray) -> np.ndarray:
         """``[e, len(stops), len(replicas)]``: does a stage over ``[first, stop)`` fit? ``downstream``
         broadcasts to that shape."""
-        reps, down = replicas[None, None, :], downstream
-        versions = weight_versions(self.schedule, reps, down)
-        stashed = in_flight(self.schedule, reps, down, self.microbatches)
         w = (self.weights[stops] - self.weights[first])[None, :, None]
         o = (self.optimizer[stops] - self.optimizer[first])[None, :, None]
         a = (self.stash[stops] - self.stash[first])[None, :, None]
-        return (versions + 1) * w + o + stashed * a <= self.limit
+        need = worker_bytes(self.schedule, replicas[None, None, :], downstream, self.microbatches, w, o, a)
+        return need <= self.limit
 
 
 @dataclass

@@ -36,7 +36,7 @@ from conveyor.schedule import make_schedule
 from conveyor.simulate import simulate
 from conveyor.topology import Topology
 
-__all__ = ["PlanFileError", "PlanSpec", "Prediction", "plan_file", "predict", "read_plan_file"]
+__all__ = ["PlanFileError", "PlanSpec", "Prediction", "plan_file", "predict", "read_plan_file", "stage_times"]
 
 
 class PlanFileError(ValueError):
@@ -59,6 +59,12 @@ def _ranks(stages: tuple[PlannedStage, ...]) -> list[list[int]]:
     return [list(range(a, b)) for a, b in itertools.pairwise(firsts)]
 
 
+def stage_times(plan: Plan, profile: Profile) -> tuple[list[float], list[float]]:
+    """Per stage of ``plan``, the forward and the backward time of its layers on one worker."""
+    layers = [profile.layers[st.first_layer : st.last_layer + 1] for st in plan.stages]
+    return [sum(lay.forward_s for lay in ls) for ls in layers], [sum(lay.backward_s for lay in ls) for ls in layers]
+
+
 def predict(plan: Plan, profile: Profile, topology: Topology, minibatches: int | None = None) -> Prediction:
     """Simulate ``plan``'s schedule for ``minibatches`` minibatches (default: about eight per worker).
 
@@ -68,12 +74,9 @@ def predict(plan: Plan, profile: Profile, topology: Topology, minibatches: int |
     reps = [st.replicas for st in plan.stages]
     unit = math.lcm(*reps) if plan.schedule == "pipedream" else plan.microbatches
     count = -(-(minibatches or 8 * plan.workers) // unit) * unit
-    forward = [sum(lay.forward_s for lay in profile.layers[st.first_layer : st.last_layer + 1]) for st in plan.stages]
+    forward, compute_backward = stage_times(plan, profile)
     cycle = [st.seconds_per_minibatch * st.replicas for st in plan.stages]
-    backward = [
-        max(sum(lay.backward_s for lay in profile.layers[st.first_layer : st.last_layer + 1]), c - f)
-        for st, c, f in zip(plan.stages, cycle, forward, strict=True)
-    ]
+    backward = [max(b, c - f) for b, c, f in zip(compute_backward, cycle, forward, strict=True)]
     ranks = _ranks(plan.stages)
     transfer = [
         profile.cut_bytes(st.last_layer) / topology.bandwidth_between(a[0], b[-1])

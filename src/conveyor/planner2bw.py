@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from conveyor.memory import layer_stash_bytes
+from conveyor.memory import layer_stash_bytes, worker_bytes
 from conveyor.planner import Plan, PlanError, PlannedStage
 from conveyor.profiles import Profile
 from conveyor.schedule import twobw_min_microbatches
@@ -136,12 +136,14 @@ def _best_split(
     stage = np.where(np.triu(np.ones((n + 1, n + 1), dtype=bool), 1), np.maximum(compute, allreduce) / w, np.inf)
     inputs = np.array([0.0] + [p.cut_bytes(i - 1) for i in range(1, n + 1)])  # what a stage from layer i receives
     link = 2 * inputs / link_bw
-    fixed = 3 * params + span([lay.optimizer_bytes for lay in p.layers])  # two versions, a gradient, optimizer
+    optimizer = span([lay.optimizer_bytes for lay in p.layers])
     stash = span(layer_stash_bytes(p))
 
     def need(k: int) -> np.ndarray:
-        """Bytes on a worker of stage ``[i, j)`` with ``k`` stages from it to the end (``k`` in flight)."""
-        return fixed + (k * inputs[:, None] + stash if recompute else k * stash)
+        """Bytes on a worker of stage ``[i, j)`` with ``k`` stages from it to the end (``k`` in flight):
+        recomputation keeps each microbatch's input, plus one microbatch's activations while it reruns."""
+        held = inputs[:, None] if recompute else stash
+        return worker_bytes("2bw", w, k * w, microbatches, params, optimizer, held) + (stash if recompute else 0)
 
     # best[k, i]: layers [i, n) in k stages; end[k, i]: where the first of them ends.
     best = np.full((d + 1, n + 1), np.inf)

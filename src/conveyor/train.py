@@ -177,7 +177,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         Path(cfg.checkpoint).parent.mkdir(parents=True, exist_ok=True)
     nprocs = cfg.workers or (explicit_workers(cfg) or 4)
     per_rank = launch(_worker, cfg, str(run_dir), nprocs=nprocs)
-    out = next(r for r in per_rank.values() if r["history"]) if any(r["history"] for r in per_rank.values()) else None
+    out = next((r for r in per_rank.values() if r["history"]), None)
     if out is None:  # under torchrun, only the output worker's process has the history
         return {}
     history = out["history"]

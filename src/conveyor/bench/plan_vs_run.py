@@ -24,7 +24,8 @@ import torch.distributed as dist
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
 from conveyor.launch import launch
 from conveyor.pipeline import Pipeline
-from conveyor.planner import Plan, optimize
+from conveyor.planfile import stage_times
+from conveyor.planner import optimize
 from conveyor.profiles import Profile
 from conveyor.schedule import make_schedule
 from conveyor.simulate import simulate
@@ -68,11 +69,6 @@ def profile() -> Profile:
     )
 
 
-def _stage_times(plan: Plan, prof: Profile) -> tuple[list[float], list[float]]:
-    layers = [prof.layers[st.first_layer : st.last_layer + 1] for st in plan.stages]
-    return [sum(lay.forward_s for lay in ls) for ls in layers], [sum(lay.backward_s for lay in ls) for ls in layers]
-
-
 def _worker(cfg: PlanVsRunConfig, forward_s: list[float], backward_s: list[float], replicas: list[int]) -> list[float]:
     set_timer_slack_1us()
     stages = [FixedLatencyStage(f, b) for f, b in zip(forward_s, backward_s, strict=True)]
@@ -97,7 +93,7 @@ def run(cfg: PlanVsRunConfig) -> dict[str, Any]:
     results = []
     for name, topology, straight in CASES:
         plan = optimize(prof, Topology.parse(topology), straight=straight)
-        forward_s, backward_s = _stage_times(plan, prof)
+        forward_s, backward_s = stage_times(plan, prof)
         replicas = [st.replicas for st in plan.stages]
         if cfg.minibatches % math.lcm(*replicas):
             raise ValueError(
