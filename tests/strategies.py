@@ -2,7 +2,7 @@
 
 from hypothesis import strategies as st
 
-from conveyor.profiles import Profile
+from conveyor.plan._profiles import Profile
 
 
 def chains(max_layers: int) -> st.SearchStrategy[Profile]:

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from models import batches, mlp
 
-from conveyor.launch import WorkerError, launch
-from conveyor.pipeline import Pipeline
-from conveyor.stage import as_blocks, build_stage, stage_ranges
-from conveyor.versions import StashError, WeightVersions
+from conveyor.runtime._launch import WorkerError, launch
+from conveyor.runtime._pipeline import Pipeline
+from conveyor.runtime._stage import as_blocks, build_stage, stage_ranges
+from conveyor.runtime._versions import StashError, WeightVersions
 
 pytestmark = pytest.mark.timeout(240)
 

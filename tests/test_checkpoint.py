@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from models import batches, branchy, mlp
 
-from conveyor import checkpoint
-from conveyor.checkpoint import CheckpointError
-from conveyor.launch import launch
-from conveyor.pipeline import Pipeline
+import conveyor.runtime._checkpoint as checkpoint
+from conveyor.runtime._checkpoint import CheckpointError
+from conveyor.runtime._launch import launch
+from conveyor.runtime._pipeline import Pipeline
 
 ADAM = partial(torch.optim.Adam, lr=0.01)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conveyor import checkpoint
+import conveyor.runtime._checkpoint as checkpoint
 from conveyor.cli import main
 
 pytestmark = pytest.mark.timeout(180)
@@ -197,7 +197,7 @@ def test_profile_then_plan(tmp_path: Path, pipedream_profiles: Path) -> None:
 def test_bad_plan_and_profile_input(
     args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from conveyor.profiles import Profile
+    from conveyor.plan._profiles import Profile
 
     Profile.chain("five", [1.0] * 5, [1.0] * 5, [1] * 5, [1] * 5).save(tmp_path / "p.json")
     assert main([a.replace("PROFILE", str(tmp_path / "p.json")) for a in args]) == 2

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conveyor.comm import P2P, differentiable_leaves
-from conveyor.launch import launch
+from conveyor.runtime._launch import launch
+from conveyor.runtime._transport import P2P, differentiable_leaves
 
 pytestmark = pytest.mark.timeout(90)
 

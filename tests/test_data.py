@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conveyor.data import load
+from conveyor.job._data import load
 
 
 def test_digits_and_images_are_the_same_split() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conveyor.launch import WorkerError, launch, under_torchrun
+from conveyor.runtime._launch import WorkerError, launch, under_torchrun
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.memory import PLANNER_SCHEDULES, in_flight, stage_bytes, weight_versions
-from conveyor.planner import step_microbatches
-from conveyor.profiles import Layer, Profile
-from conveyor.schedule import make_schedule
-from conveyor.simulate import simulate
+from conveyor.plan._memory import PLANNER_SCHEDULES, in_flight, stage_bytes, weight_versions
+from conveyor.plan._optimizer import step_microbatches
+from conveyor.plan._profiles import Layer, Profile
+from conveyor.schedule._schedule import make_schedule
+from conveyor.schedule._simulate import simulate
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conveyor.microbatch import batch_size, split
+from conveyor.runtime._microbatch import batch_size, split
 
 
 def test_split_keeps_structure_and_shares_plain_values() -> None:

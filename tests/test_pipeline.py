@@ -9,9 +9,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from models import MODELS, batches
 
-from conveyor.launch import launch
-from conveyor.pipeline import Pipeline
-from conveyor.schedule import flush
+from conveyor.runtime._launch import launch
+from conveyor.runtime._pipeline import Pipeline
+from conveyor.schedule._schedule import flush
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import chains
 
-from conveyor.memory import PLANNER_SCHEDULES
-from conveyor.planfile import PlanFileError, plan_file, predict, read_plan_file
-from conveyor.planner import PlanError, optimize
-from conveyor.profiles import Profile
-from conveyor.topology import Topology
+from conveyor.plan._memory import PLANNER_SCHEDULES
+from conveyor.plan._optimizer import PlanError, optimize
+from conveyor.plan._planfile import PlanFileError, plan_file, predict, read_plan_file
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
 
 profiles = chains(max_layers=5)
 

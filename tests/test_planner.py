@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import chains
 
-from conveyor.memory import PLANNER_SCHEDULES, stage_bytes
-from conveyor.planner import PlanError, optimize
-from conveyor.profiles import Profile
-from conveyor.topology import Topology
+from conveyor.plan._memory import PLANNER_SCHEDULES, stage_bytes
+from conveyor.plan._optimizer import PlanError, optimize
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
 
 
 @dataclass

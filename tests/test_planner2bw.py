@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.planner import PlanError
-from conveyor.planner2bw import plan_2bw
-from conveyor.profiles import Profile
-from conveyor.schedule import twobw_min_microbatches
-from conveyor.topology import Topology
+from conveyor.plan._optimizer import PlanError
+from conveyor.plan._planner2bw import plan_2bw
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
+from conveyor.schedule._schedule import twobw_min_microbatches
 
 
 def _profile(n: int, per_sample: list[float], weights: list[int], acts: list[int], sizes: list[int]) -> Profile:

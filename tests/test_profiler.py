@@ -7,8 +7,8 @@ import torch
 from models import branchy
 from torch import nn
 
-from conveyor.profiler import profile
-from conveyor.profiles import Profile
+from conveyor.plan._profiles import Profile
+from conveyor.runtime._profiler import profile
 
 
 def test_sizes_are_exact_and_times_positive() -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.profiles import Layer, Profile, ProfileError, read_graph_txt
+from conveyor.plan._profiles import Layer, Profile, ProfileError, read_graph_txt
 
 GRAPH = """\
 node1 -- Input0 -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=100.0, parameter_size=0.0

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.schedule import (
+from conveyor.schedule._schedule import (
     SCHEDULES,
     Action,
     Op,
@@ -16,7 +16,7 @@ from conveyor.schedule import (
     pipedream,
     twobw,
 )
-from conveyor.validate import validate
+from conveyor.schedule._validate import validate
 
 sizes = given(stages=st.integers(1, 8), microbatches=st.integers(1, 12))
 

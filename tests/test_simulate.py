@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.schedule import SCHEDULES, Op, flush, gpipe, make_schedule
-from conveyor.simulate import simulate
+from conveyor.schedule._schedule import SCHEDULES, Op, flush, gpipe, make_schedule
+from conveyor.schedule._simulate import simulate
 
 times = st.floats(0.1, 10.0)
 

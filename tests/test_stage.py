@@ -5,7 +5,7 @@ from collections import OrderedDict
 import pytest
 from torch import nn
 
-from conveyor.stage import as_blocks, build_stage, stage_ranges
+from conveyor.runtime._stage import as_blocks, build_stage, stage_ranges
 
 
 def test_sequential_keeps_its_names_and_lists_are_numbered() -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conveyor.topology import Level, Topology, TopologyError
+from conveyor.plan._topology import Level, Topology, TopologyError
 
 
 def test_levels_innermost_first() -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import checkpoint
-from conveyor.planfile import read_plan_file
-from conveyor.train import TrainConfig, train
+import conveyor.runtime._checkpoint as checkpoint
+from conveyor.job._train import TrainConfig, train
+from conveyor.plan._planfile import read_plan_file
 
 pytestmark = pytest.mark.timeout(240)
 

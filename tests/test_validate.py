@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from conveyor.schedule import Action, Op, Schedule, flush, gpipe, pipedream
-from conveyor.simulate import DeadlockError, ScheduleError
-from conveyor.validate import validate
+from conveyor.schedule._schedule import Action, Op, Schedule, flush, gpipe, pipedream
+from conveyor.schedule._simulate import DeadlockError, ScheduleError
+from conveyor.schedule._validate import validate
 
 
 def _replace_worker(s: Schedule, worker: int, actions: list[str]) -> Schedule:

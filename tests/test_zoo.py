@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conveyor.zoo import resolve
+from conveyor.job._zoo import resolve
 
 
 def factory(batch_size: int) -> tuple[torch.nn.Sequential, torch.Tensor]:
@@ -36,8 +36,8 @@ def test_bad_specs_say_what_to_do(spec: str, message: str) -> None:
 
 
 def test_every_zoo_model_trains_on_its_dataset() -> None:
-    from conveyor.data import load
-    from conveyor.zoo import MODELS, build
+    from conveyor.job._data import load
+    from conveyor.job._zoo import MODELS, build
 
     for name, (_, dataset) in MODELS.items():
         data = load(dataset)
@@ -48,8 +48,8 @@ def test_every_zoo_model_trains_on_its_dataset() -> None:
 
 
 def test_models_refuse_the_wrong_kind_of_data() -> None:
-    from conveyor.data import load
-    from conveyor.zoo import build
+    from conveyor.job._data import load
+    from conveyor.job._zoo import build
 
     with pytest.raises(ValueError, match="gpt is a language model"):
         build("gpt", load("digits"))
@@ -60,9 +60,9 @@ def test_models_refuse_the_wrong_kind_of_data() -> None:
 
 
 def _batchnorm_run() -> dict[str, torch.Tensor] | None:
-    from conveyor.data import load
-    from conveyor.pipeline import Pipeline
-    from conveyor.zoo import build
+    from conveyor.job._data import load
+    from conveyor.job._zoo import build
+    from conveyor.runtime._pipeline import Pipeline
 
     data = load("digit-images")
     torch.manual_seed(0)
@@ -74,9 +74,9 @@ def _batchnorm_run() -> dict[str, torch.Tensor] | None:
 @pytest.mark.timeout(120)
 def test_batchnorm_statistics_in_a_pipeline_are_those_of_the_microbatches() -> None:
     """Each stage's BatchNorm sees the same 4 microbatches, in order, as an unsplit model would."""
-    from conveyor.data import load
-    from conveyor.launch import launch
-    from conveyor.zoo import build
+    from conveyor.job._data import load
+    from conveyor.job._zoo import build
+    from conveyor.runtime._launch import launch
 
     data = load("digit-images")
     torch.manual_seed(0)

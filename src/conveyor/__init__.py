@@ -1,17 +1,27 @@
 """Conveyor: pipeline-parallel PyTorch training over torch.distributed."""
 
-from conveyor.checkpoint import CheckpointError
-from conveyor.launch import WorkerError, launch
-from conveyor.pipeline import Pipeline
-from conveyor.planner import Plan, optimize
-from conveyor.profiler import profile
-from conveyor.profiles import Profile
-from conveyor.schedule import Action, Op, Schedule, flush, forward_only, gpipe, make_schedule, pipedream, twobw
-from conveyor.simulate import DeadlockError, ScheduleError, SimResult, simulate
-from conveyor.topology import Topology
-from conveyor.train import TrainConfig, train
-from conveyor.validate import validate
-from conveyor.versions import StashError, WeightVersions
+from conveyor.job._train import TrainConfig, train
+from conveyor.plan._optimizer import Plan, optimize
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
+from conveyor.runtime._checkpoint import CheckpointError
+from conveyor.runtime._launch import WorkerError, launch
+from conveyor.runtime._pipeline import Pipeline
+from conveyor.runtime._profiler import profile
+from conveyor.runtime._versions import StashError, WeightVersions
+from conveyor.schedule._schedule import (
+    Action,
+    Op,
+    Schedule,
+    flush,
+    forward_only,
+    gpipe,
+    make_schedule,
+    pipedream,
+    twobw,
+)
+from conveyor.schedule._simulate import DeadlockError, ScheduleError, SimResult, simulate
+from conveyor.schedule._validate import validate
 
 __all__ = [
     "Action",

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from conveyor.checkpoint import CheckpointError
-from conveyor.launch import WorkerError
-from conveyor.memory import PLANNER_SCHEDULES
-from conveyor.pipeline import WorldSizeError
-from conveyor.schedule import SCHEDULES
+from conveyor.plan._memory import PLANNER_SCHEDULES
+from conveyor.runtime._checkpoint import CheckpointError
+from conveyor.runtime._launch import WorkerError
+from conveyor.runtime._pipeline import WorldSizeError
+from conveyor.schedule._schedule import SCHEDULES
 
 __all__ = ["main"]
 
@@ -129,9 +129,9 @@ def _config(cls: type[_C], args: argparse.Namespace) -> _C:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from conveyor import checkpoint
-    from conveyor.layout import choose_layout
-    from conveyor.train import TrainConfig, explicit_workers, model_and_data, train
+    import conveyor.runtime._checkpoint as checkpoint
+    from conveyor.job._layout import choose_layout
+    from conveyor.job._train import TrainConfig, explicit_workers, model_and_data, train
 
     if args.resume:
         checkpoint.load(args.resume)  # fail here, with one line, rather than in every worker
@@ -194,8 +194,8 @@ def _bench_schedules(args: argparse.Namespace) -> None:
 
 
 def _profile(args: argparse.Namespace) -> None:
-    from conveyor.profiler import profile
-    from conveyor.zoo import resolve
+    from conveyor.job._zoo import resolve
+    from conveyor.runtime._profiler import profile
 
     model, example = resolve(args.model, args.batch_size)
     sizes = args.batch_sizes
@@ -221,11 +221,11 @@ def _print_candidates(candidates: list[Any]) -> None:
 
 
 def _plan(args: argparse.Namespace) -> None:
-    from conveyor.planfile import plan_file
-    from conveyor.planner import optimize
-    from conveyor.planner2bw import plan_2bw
-    from conveyor.profiles import Profile
-    from conveyor.topology import Topology
+    from conveyor.plan._optimizer import optimize
+    from conveyor.plan._planfile import plan_file
+    from conveyor.plan._planner2bw import plan_2bw
+    from conveyor.plan._profiles import Profile
+    from conveyor.plan._topology import Topology
 
     profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
     if args.batch_size is not None:

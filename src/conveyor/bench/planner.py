@@ -11,9 +11,9 @@ import random
 import time
 from typing import Any
 
-from conveyor.planner import optimize
-from conveyor.profiles import Profile
-from conveyor.topology import Topology
+from conveyor.plan._optimizer import optimize
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
 
 __all__ = ["MEMORY", "run", "synthetic_chain"]
 

@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
-from conveyor.launch import launch
-from conveyor.pipeline import Pipeline
-from conveyor.schedule import ASYNCHRONOUS, SCHEDULES, make_schedule
-from conveyor.simulate import simulate
+from conveyor.runtime._launch import launch
+from conveyor.runtime._pipeline import Pipeline
+from conveyor.schedule._schedule import ASYNCHRONOUS, SCHEDULES, make_schedule
+from conveyor.schedule._simulate import simulate
 
 __all__ = ["BenchConfig", "run"]
 

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.report import plot_accuracy
-from conveyor.train import TrainConfig, train
+from conveyor.job._report import plot_accuracy
+from conveyor.job._train import TrainConfig, train
 
 __all__ = ["STRATEGIES", "TTAConfig", "run"]
 

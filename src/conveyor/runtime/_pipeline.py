@@ -24,14 +24,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from conveyor import checkpoint
-from conveyor.comm import P2P
-from conveyor.executor import Executor, LossFn
-from conveyor.microbatch import split
-from conveyor.schedule import ASYNCHRONOUS, Schedule, forward_only, make_schedule
-from conveyor.stage import Blocks, as_blocks, build_stage, stage_ranges
-from conveyor.validate import validate
-from conveyor.versions import WeightVersions
+import conveyor.runtime._checkpoint as checkpoint
+from conveyor.runtime._executor import Executor, LossFn
+from conveyor.runtime._microbatch import split
+from conveyor.runtime._stage import Blocks, as_blocks, build_stage, stage_ranges
+from conveyor.runtime._transport import P2P
+from conveyor.runtime._versions import WeightVersions
+from conveyor.schedule._schedule import ASYNCHRONOUS, Schedule, forward_only, make_schedule
+from conveyor.schedule._validate import validate
 
 __all__ = ["OptimizerFactory", "Pipeline", "WorldSizeError"]
 
@@ -57,7 +57,7 @@ class Pipeline:
     before each optimizer step, as ``DistributedDataParallel`` does; one stage with N replicas is plain
     data parallelism.
 
-    Schedules (see :mod:`conveyor.schedule`): ``"gpipe"`` and ``"flush"`` give exactly the update of
+    Schedules (see :mod:`conveyor.schedule._schedule`): ``"gpipe"`` and ``"flush"`` give exactly the update of
     gradient accumulation over each batch's microbatches. The asynchronous ones keep the pipeline full
     across batches and pay one fill and one drain per :meth:`train` call: ``"pipedream"`` (every
     microbatch is a minibatch with its own update, weight stashing), ``"pipedream-vs"`` (the same with

@@ -6,7 +6,7 @@ can cut it anywhere. They are sized to train on a CPU in seconds and scale by ``
 A user's factory takes the batch size and returns ``(model, example_batch)``.
 
 Example:
-    >>> from conveyor.data import load
+    >>> from conveyor.job._data import load
     >>> model = build("resnet", load("digit-images"))
     >>> model(torch.zeros(2, 1, 8, 8)).shape
     torch.Size([2, 10])
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conveyor.data import Dataset
-from conveyor.stage import Blocks
+from conveyor.job._data import Dataset
+from conveyor.runtime._stage import Blocks
 
 __all__ = [
     "MODELS", "ResidualBlock", "TransformerBlock", "build", "default_dataset", "gpt", "load_factory", "mlp", "resnet",
@@ -167,7 +167,7 @@ def resolve(spec: str, batch_size: int) -> tuple[Blocks, Any]:
         ValueError: the name is unknown, the factory cannot be imported, or it returns something else.
     """
     if ":" not in spec:
-        from conveyor.data import load
+        from conveyor.job._data import load
 
         data = load(default_dataset(spec))
         return build(spec, data), data.train_x[:batch_size]

@@ -2,8 +2,8 @@
 
 A schedule says, for every worker, what to do and in which order: run the forward or backward of a
 microbatch, send or receive an activation or a gradient, step the optimizer. The same lists feed the
-validator (:mod:`conveyor.validate`), the simulator (:mod:`conveyor.simulate`) and the executor
-(:mod:`conveyor.executor`), so what is checked and predicted is exactly what runs.
+validator (:mod:`conveyor.schedule._validate`), the simulator (:mod:`conveyor.schedule._simulate`) and the executor
+(:mod:`conveyor.runtime._executor`), so what is checked and predicted is exactly what runs.
 
 Example:
     >>> print(flush(stages=2, microbatches=2))

@@ -32,11 +32,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from conveyor.memory import layer_stash_bytes, worker_bytes
-from conveyor.planner import Plan, PlanError, PlannedStage
-from conveyor.profiles import Profile
-from conveyor.schedule import twobw_min_microbatches
-from conveyor.topology import Topology
+from conveyor.plan._memory import layer_stash_bytes, worker_bytes
+from conveyor.plan._optimizer import Plan, PlanError, PlannedStage
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
+from conveyor.schedule._schedule import twobw_min_microbatches
 
 __all__ = ["Candidate", "plan_2bw"]
 

@@ -16,7 +16,7 @@ Every candidate the recursion ranges over includes a single stage replicated ove
 parallelism), so the plan is never slower than data parallelism under the model.
 
 Example:
-    >>> from conveyor.profiles import Profile
+    >>> from conveyor.plan._profiles import Profile
     >>> p = Profile.chain("toy", [1.0, 1.0], [2.0, 2.0], [10, 10], [8e9, 0])
     >>> plan = optimize(p, Topology.parse("2:1e9"))
     >>> [(s.first_layer, s.last_layer, s.replicas) for s in plan.stages]
@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.memory import PLANNER_SCHEDULES, stage_bytes
-from conveyor.partition import MemoryModel, Partition, extras_grid, solve
-from conveyor.partition import stages as flat_stages
-from conveyor.profiles import Profile
-from conveyor.schedule import twobw_min_microbatches
-from conveyor.topology import Topology
+from conveyor.plan._memory import PLANNER_SCHEDULES, stage_bytes
+from conveyor.plan._partition import MemoryModel, Partition, extras_grid, solve
+from conveyor.plan._partition import stages as flat_stages
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
+from conveyor.schedule._schedule import twobw_min_microbatches
 
 __all__ = ["Plan", "PlanError", "PlannedStage", "optimize", "step_microbatches"]
 
@@ -156,14 +156,14 @@ def optimize(
             microbatch of the runtime).
         topology: the cluster; every worker is used.
         straight: give every stage exactly one worker (no replication).
-        schedule: one of :data:`~conveyor.memory.PLANNER_SCHEDULES`; sets how many weight versions and
-            stashed activations a worker holds (:mod:`conveyor.memory`).
+        schedule: one of :data:`~conveyor.plan._memory.PLANNER_SCHEDULES`; sets how many weight versions and
+            stashed activations a worker holds (:mod:`conveyor.plan._memory`).
         memory: bytes per worker; ``None`` for no limit.
         microbatches: microbatches per optimizer step for ``flush`` and ``gpipe`` (default: the worker count).
 
     The memory check is exact with one topology level. With two, the inner level's stash counts round the
     workers that follow it up to a grid; with more, they assume every worker of the cluster follows
-    (:mod:`conveyor.partition`). Either way the plan fits, but a tighter one may be missed.
+    (:mod:`conveyor.plan._partition`). Either way the plan fits, but a tighter one may be missed.
 
     Raises:
         PlanError: no plan satisfies the constraints (a straight pipeline with more workers than layers, or

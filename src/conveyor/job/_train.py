@@ -24,13 +24,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
 
-from conveyor import data as datasets
-from conveyor import zoo
-from conveyor.launch import launch
-from conveyor.layout import Layout, choose_layout
-from conveyor.pipeline import Pipeline
-from conveyor.report import plot_accuracy
-from conveyor.schedule import Op
+import conveyor.job._data as datasets
+import conveyor.job._zoo as zoo
+from conveyor.job._layout import Layout, choose_layout
+from conveyor.job._report import plot_accuracy
+from conveyor.runtime._launch import launch
+from conveyor.runtime._pipeline import Pipeline
+from conveyor.schedule._schedule import Op
 
 __all__ = ["TrainConfig", "explicit_workers", "model_and_data", "train"]
 
@@ -200,7 +200,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 def explicit_workers(cfg: TrainConfig) -> int | None:
     """Workers a fixed layout needs (None when the planner decides)."""
     if cfg.plan:
-        from conveyor.planfile import read_plan_file
+        from conveyor.plan._planfile import read_plan_file
 
         return read_plan_file(cfg.plan).workers
     if cfg.replicas:

@@ -1,7 +1,7 @@
 """Check a schedule before it runs: complete, causal, matched, deadlock-free and within its memory bound.
 
 Example:
-    >>> from conveyor.schedule import flush
+    >>> from conveyor.schedule._schedule import flush
     >>> validate(flush(stages=4, microbatches=8), max_stashed=4).peak_stashed
     [4, 3, 2, 1]
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from conveyor.schedule import Action, Op, Schedule
-from conveyor.simulate import ScheduleError, SimResult, simulate
+from conveyor.schedule._schedule import Action, Op, Schedule
+from conveyor.schedule._simulate import ScheduleError, SimResult, simulate
 
 __all__ = ["ScheduleError", "validate"]
 

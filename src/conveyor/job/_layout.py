@@ -13,12 +13,12 @@ from typing import Any
 
 from torch import nn
 
-from conveyor.data import Dataset
-from conveyor.planfile import plan_file, read_plan_file
-from conveyor.planner import optimize
-from conveyor.profiler import profile
-from conveyor.stage import as_blocks
-from conveyor.topology import Topology
+from conveyor.job._data import Dataset
+from conveyor.plan._optimizer import optimize
+from conveyor.plan._planfile import plan_file, read_plan_file
+from conveyor.plan._topology import Topology
+from conveyor.runtime._profiler import profile
+from conveyor.runtime._stage import as_blocks
 
 __all__ = ["LOCAL_BANDWIDTH", "Layout", "choose_layout", "even_balance"]
 
@@ -79,7 +79,7 @@ def _file(schedule: str, microbatches: int, balance: list[int], replicas: list[i
 
 
 def choose_layout(cfg: Any, model: nn.Module, data: Dataset, workers: int) -> Layout:
-    """The layout for a :class:`~conveyor.train.TrainConfig` on ``workers`` workers.
+    """The layout for a :class:`~conveyor.job._train.TrainConfig` on ``workers`` workers.
 
     Raises:
         ValueError: a plan file for another worker count or model, or a batch the plan cannot split.

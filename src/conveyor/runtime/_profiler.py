@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from conveyor.comm import differentiable_leaves
-from conveyor.microbatch import batch_size
-from conveyor.profiles import Layer, Profile
-from conveyor.stage import Blocks, as_blocks
+from conveyor.plan._profiles import Layer, Profile
+from conveyor.runtime._microbatch import batch_size
+from conveyor.runtime._stage import Blocks, as_blocks
+from conveyor.runtime._transport import differentiable_leaves
 
 __all__ = ["profile"]
 
@@ -114,7 +114,7 @@ def profile(
         optimizer: builds the optimizer whose state is measured, e.g. ``partial(torch.optim.Adam, lr=1e-3)``;
             ``None`` records no optimizer state.
         batch_sizes: also measure at these batch sizes (each at most the example's; the example's first
-            rows are used), kept as the profile's :attr:`~conveyor.profiles.Profile.variants`.
+            rows are used), kept as the profile's :attr:`~conveyor.plan._profiles.Profile.variants`.
 
     Raises:
         ValueError: a batch size larger than the example's.

@@ -2,7 +2,7 @@
 
 The executor is the only place where a schedule touches tensors. It follows its worker's actions in
 order, blocking only when it receives data; it keeps what a pending backward needs (the stage's input
-and output of each in-flight microbatch, and through :mod:`conveyor.versions` the weights its forward
+and output of each in-flight microbatch, and through :mod:`conveyor.runtime._versions` the weights its forward
 used) and counts them, so the stash a schedule really uses can be compared with the bound the
 validator and the simulator give.
 """
@@ -21,9 +21,9 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
-from conveyor.comm import P2P, PendingRecv, differentiable_leaves
-from conveyor.schedule import Action, Op, Schedule
-from conveyor.versions import WeightVersions
+from conveyor.runtime._transport import P2P, PendingRecv, differentiable_leaves
+from conveyor.runtime._versions import WeightVersions
+from conveyor.schedule._schedule import Action, Op, Schedule
 
 __all__ = ["Executor", "StepOutput"]
 
@@ -54,7 +54,7 @@ class _InFlight:
 
 
 class Executor:
-    """Executes a worker's actions of a :class:`~conveyor.schedule.Schedule`.
+    """Executes a worker's actions of a :class:`~conveyor.schedule._schedule.Schedule`.
 
     Args:
         module: this worker's stage.
@@ -63,7 +63,7 @@ class Executor:
         p2p: the transport to the other workers.
         loss_fn: ``loss_fn(output, target)``, applied on the last stage to each microbatch.
         device: where inputs and targets are moved.
-        weights: the stage's weight versions (default: a fresh :class:`~conveyor.versions.WeightVersions`).
+        weights: the stage's weight versions (default: a fresh :class:`~conveyor.runtime._versions.WeightVersions`).
         autocast: run forwards and the loss under ``torch.autocast`` with this dtype (``torch.bfloat16``).
         recompute: keep only each microbatch's stage input and re-run the forward in its backward
             (``torch.utils.checkpoint``, random state replayed), trading a forward for the stashed activations.

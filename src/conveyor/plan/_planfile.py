@@ -2,7 +2,7 @@
 
 The planner's steady state (one minibatch per slowest stage or link) omits the fill and the drain of a
 run and, for ``flush`` and ``gpipe``, the bubble at every step. The predictions in the plan file come from
-running the plan's own schedule action lists in :func:`~conveyor.simulate.simulate`, so they can be set
+running the plan's own schedule action lists in :func:`~conveyor.schedule._simulate.simulate`, so they can be set
 against what the runtime measures. A replicated stage's worker takes, per minibatch it handles, the
 planner's cycle ``max(compute, all-reduce)``; a message across a stage boundary takes its bytes over the
 bandwidth of the innermost topology level joining the two stages' workers.
@@ -13,7 +13,7 @@ from the stage after, and every update waits at the all-reduce for all of them (
 stage times runs at 2/3 of the steady state). The runtime behaves like the simulator here.
 
 Example:
-    >>> from conveyor.planner import optimize
+    >>> from conveyor.plan._optimizer import optimize
     >>> p = Profile.chain("toy", [1.0, 1.0], [2.0, 2.0], [0, 0], [0, 0], batch_size=8)
     >>> t = Topology.parse("2:1e9")
     >>> round(predict(optimize(p, t), p, t, minibatches=8).samples_per_s, 3)
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.planner import Plan, PlannedStage, step_microbatches
-from conveyor.profiles import Profile
-from conveyor.schedule import make_schedule
-from conveyor.simulate import simulate
-from conveyor.topology import Topology
+from conveyor.plan._optimizer import Plan, PlannedStage, step_microbatches
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
+from conveyor.schedule._schedule import make_schedule
+from conveyor.schedule._simulate import simulate
 
 __all__ = ["PlanFileError", "PlanSpec", "Prediction", "plan_file", "predict", "read_plan_file", "stage_times"]
 

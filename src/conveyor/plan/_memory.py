@@ -17,7 +17,7 @@ schedule          weight versions       microbatches in flight
 
 ``M`` is the microbatches of one optimizer step, shared round-robin by the stage's replicas. These
 counts equal what the schedule module's action lists hold
-(:meth:`~conveyor.schedule.Schedule.worker_peak_versions` and the simulator's peak stash); the tests
+(:meth:`~conveyor.schedule._schedule.Schedule.worker_peak_versions` and the simulator's peak stash); the tests
 check that.
 
 Example:
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conveyor.profiles import Profile
+from conveyor.plan._profiles import Profile
 
 __all__ = ["PLANNER_SCHEDULES", "in_flight", "layer_stash_bytes", "stage_bytes", "weight_versions", "worker_bytes"]
 

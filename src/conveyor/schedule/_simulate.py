@@ -7,7 +7,7 @@ them. Each stage boundary is one link, as in the planner's cost model: it carrie
 activations and gradients alike, each taking ``transfer`` seconds.
 
 Example:
-    >>> from conveyor.schedule import flush
+    >>> from conveyor.schedule._schedule import flush
     >>> simulate(flush(stages=4, microbatches=8), forward_s=1.0, backward_s=2.0).step_s
     33.0
 """
@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from conveyor.schedule import Action, Op, Schedule
+from conveyor.schedule._schedule import Action, Op, Schedule
 
 __all__ = ["DeadlockError", "ScheduleError", "SimResult", "simulate"]
 

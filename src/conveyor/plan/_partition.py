@@ -1,7 +1,7 @@
 """The planner's dynamic program: best pipelines over layer ranges and unit counts, level by level.
 
-See :mod:`conveyor.planner` for the cost model. Memory enters through the warm-up of each stage, which
-depends on the workers after it (:mod:`conveyor.memory`). The recursion therefore runs from the back: a
+See :mod:`conveyor.plan._optimizer` for the cost model. Memory enters through the warm-up of each stage, which
+depends on the workers after it (:mod:`conveyor.plan._memory`). The recursion therefore runs from the back: a
 pipeline over ``[i, j)`` on ``m`` units is one stage, or a first stage ``[i, s)`` on ``m'`` units followed
 by a best pipeline over ``[s, j)`` on ``m - m'`` units, all of which are downstream of the first stage.
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conveyor.memory import layer_stash_bytes, worker_bytes
-from conveyor.profiles import Profile
-from conveyor.topology import Topology
+from conveyor.plan._memory import layer_stash_bytes, worker_bytes
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
 
 __all__ = ["MemoryModel", "Partition", "extras_grid", "solve", "stages"]
 

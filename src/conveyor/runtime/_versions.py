@@ -12,7 +12,7 @@ A schedule that never updates weights under an in-flight microbatch (GPipe, Pipe
 stash: the module runs directly and nothing is copied.
 
 Example:
-    >>> from conveyor.schedule import pipedream
+    >>> from conveyor.schedule._schedule import pipedream
     >>> stage = WeightVersions(torch.nn.Linear(2, 2))
     >>> stage.start(pipedream(stages=3, microbatches=6), worker=0)
     >>> stage.stashing
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from conveyor.schedule import Schedule
+from conveyor.schedule._schedule import Schedule
 
 __all__ = ["StashError", "WeightVersions"]
 
