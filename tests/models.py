@@ -65,3 +65,13 @@ MODELS = {"mlp": (mlp, {2: [3, 2], 4: [1, 1, 2, 1]}), "branchy": (branchy, {2: [
 def batches(n: int = 3, size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(size, 8, generator=g), torch.randint(0, 4, (size,), generator=g)) for _ in range(n)]
+
+
+def factory(batch_size: int) -> tuple[nn.Sequential, torch.Tensor]:
+    """A user's model factory as ``conveyor train --model models:factory`` takes it."""
+    return nn.Sequential(nn.Linear(3, 3)), torch.zeros(batch_size, 3)
+
+
+def not_a_model(batch_size: int) -> int:
+    """A factory that returns something else."""
+    return batch_size

@@ -1,13 +1,15 @@
 """Single-process references for every schedule's weight-update semantics, written from their equations.
 
-Microbatch ``k`` is part ``k % m`` of batch ``k // m``. Stage ``s`` (with ``r_s`` replicas) runs it on
-the weight version ``version(s, k)`` and folds its gradient into update ``update(s, k)``; an update's
-gradient is the mean over the microbatches it covers. The equations, per schedule:
+Microbatch ``k`` is part ``k % m`` of batch ``k // m`` (parts as equal as possible, maybe empty). Stage
+``s`` (with ``r_s`` replicas) runs it on the weight version ``version(s, k)`` and folds its gradient into
+update ``update(s, k)``; an update's gradient is the mean over the samples it covers,
+``sum n_k g_k / sum n_k`` with ``g_k`` the gradient of microbatch ``k``'s mean loss, and an update without
+samples leaves the weights as they are (but still makes a version). The equations, per schedule:
 
 - gpipe, flush: ``version = k // m`` and one update per batch (gradient accumulation).
 - pipedream: a replica of stage ``s`` admits ``w_s = ceil(sum(r[s:]) / r_s)`` minibatches before its first
-  backward and then alternates, so ``version = max(0, k // r_s - w_s + 1)``; one update per ``r_s``
-  minibatches. Unreplicated: ``W(t+1)`` uses the gradient at ``W(t - (p - 1 - s))``.
+  backward and then alternates, so ``version = max(0, k // r_s - w_s + 1)``; one update per round of
+  ``r_s`` minibatches. Unreplicated: ``W(t+1)`` uses the gradient at ``W(t - (p - 1 - s))``.
 - pipedream-vs: the input stage's version ``u`` of that formula, on every stage ``floor(u * r_0 / r_s)``.
 - 2bw: ``version = max(0, k // m - 1)`` and one update per batch: ``W(t+1) = W(t) - lr * grad f(W(t-1))``.
 """
@@ -55,38 +57,44 @@ def train(
     """
     m = microbatches
     version = _versions(schedule, replicas, m)
-    per_update = [r if schedule.startswith("pipedream") else m for r in replicas]
+
+    def update(s: int, k: int) -> int:
+        return k // replicas[s] if schedule.startswith("pipedream") else k // m
+
     opts = [optimizer(st.parameters()) if list(st.parameters()) else None for st in stages]
     history = [[_snapshot(st)] for st in stages]
-    pending: list[list[dict[str, torch.Tensor]]] = [[] for _ in stages]
-    micro = [(x, y) for xb, yb in batches for x, y in zip(xb.chunk(m), yb.chunk(m), strict=True)]
+    pending: list[list[tuple[int, dict[str, torch.Tensor]]]] = [[] for _ in stages]
+    micro = [(x, y) for xb, yb in batches for x, y in zip(xb.tensor_split(m), yb.tensor_split(m), strict=True)]
     for k, (x, y) in enumerate(micro):
         weights = [
             {n: t.clone().requires_grad_() for n, t in history[s][version(s, k)].items()} for s in range(len(stages))
         ]
-        with torch.autocast("cpu", autocast or torch.bfloat16, enabled=autocast is not None):
-            h = x
-            for s, st in enumerate(stages):
-                h = functional_call(st, weights[s], (h,))
-            loss = loss_fn(h, y)
-        loss.backward()
+        if len(x):
+            with torch.autocast("cpu", autocast or torch.bfloat16, enabled=autocast is not None):
+                h = x
+                for s, st in enumerate(stages):
+                    h = functional_call(st, weights[s], (h,))
+                loss = loss_fn(h, y)
+            loss.backward()
         updating = []
-        for s, st in enumerate(stages):
-            pending[s].append({n: t.grad for n, t in weights[s].items()})
-            if len(pending[s]) == per_update[s]:
-                for n, p in st.named_parameters():
-                    p.grad = torch.stack([g[n] for g in pending[s]]).mean(0)
-                pending[s] = []
+        for s in range(len(stages)):
+            pending[s].append((len(x), {n: t.grad for n, t in weights[s].items()}))
+            if k + 1 == len(micro) or update(s, k + 1) != update(s, k):
                 updating.append(s)
+        for s in updating:
+            samples = sum(n for n, _ in pending[s])
+            for name, p in stages[s].named_parameters():
+                p.grad = sum(g[name] * n for n, g in pending[s] if n) / samples if samples else None
         if max_grad_norm is not None and schedule in ("gpipe", "flush"):
             torch.nn.utils.clip_grad_norm_([p for s in updating for p in stages[s].parameters()], max_grad_norm)
         elif max_grad_norm is not None:
             for s in updating:
                 torch.nn.utils.clip_grad_norm_(stages[s].parameters(), max_grad_norm)
         for s in updating:
-            if opts[s] is not None:
+            if opts[s] is not None and sum(n for n, _ in pending[s]):
                 opts[s].step()
                 opts[s].zero_grad(set_to_none=True)
+            pending[s] = []
             history[s].append(_snapshot(stages[s]))
 
 

@@ -26,7 +26,7 @@ def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) 
     assert result["epochs"] == 3 and len(result["accuracy"]) == 3
     assert result["accuracy"][-1] > 0.85, result
     saved = checkpoint.load(ckpt)
-    assert saved["steps"] == 3 * (1437 // 64)
+    assert saved["steps"] == 3 * -(-1437 // 64)
     assert set(saved["model"]) == {f"{i}.{p}" for i in (0, 2, 4) for p in ("weight", "bias")}
 
     resumed = subprocess.run(
@@ -54,7 +54,7 @@ def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) 
         check=False,
     )
     assert resumed.returncode == 0, resumed.stderr
-    assert checkpoint.load(tmp_path / "again.pt")["steps"] == 4 * (1437 // 64)
+    assert checkpoint.load(tmp_path / "again.pt")["steps"] == 4 * -(-1437 // 64)
 
 
 def test_train_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
@@ -87,12 +87,14 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         (["train", "--stages", "6"], "cannot cut 5 blocks into 6 stages"),
         (["train", "--stages", "2", "--replicas", "2"], "--replicas 2 must give each of the 2 stages a worker count"),
         (["train", "--model", "vgg19"], "unknown model 'vgg19': use one of gpt, mlp, resnet, vgg"),
-        (["train", "--model", "test_zoo:not_a_model"], r"must return (model, example_batch)"),
+        (["train", "--model", "models:not_a_model"], r"must return (model, example_batch)"),
         (["train", "--model", "gpt", "--dataset", "digits"], "gpt is a language model"),
         (["train", "--plan", "PLAN", "--workers", "3"], "is for 2 workers but the job has 3"),
         (["train", "--resume", "NOT_A_CHECKPOINT"], "NOT_A_CHECKPOINT"),
         (["train", "--replicas", "two-1"], "--replicas 'two-1' is not a list of counts like 2-1"),
-        (["train", "--batch-size", "30", "--microbatches", "4"], "--batch-size 30 is not a multiple of"),
+        (["train", "--target-accuracy", "1.5"], "--target-accuracy must be in (0, 1], got 1.5"),
+        (["train", "--target-accuracy", "0"], "--target-accuracy must be in (0, 1], got 0.0"),
+        (["train", "--resume", "BINARY"], "is not a readable checkpoint (UnpicklingError"),
         (["bench", "schedules", "--forward-ms", "0", "--backward-ms", "0"], "not both 0"),
     ],
 )
@@ -103,7 +105,9 @@ def test_bad_input_is_one_line_without_traceback(
     plan = {"schedule": "flush", "microbatches": 4, "stages": stages}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "NOT_A_CHECKPOINT").write_text("hello")
-    paths = {"PLAN": str(tmp_path / "plan.json"), "NOT_A_CHECKPOINT": str(tmp_path / "NOT_A_CHECKPOINT")}
+    (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 4)  # like /etc/hostname: torch.load's message is long
+    paths = {name: str(tmp_path / name) for name in ("NOT_A_CHECKPOINT", "BINARY")}
+    paths["PLAN"] = str(tmp_path / "plan.json")
     assert main([paths.get(a, a) for a in args]) == 2
     err = capsys.readouterr().err
     assert message in err

@@ -1,27 +1,48 @@
-"""Conveyor: pipeline-parallel PyTorch training over torch.distributed."""
+"""Conveyor: pipeline-parallel PyTorch training over torch.distributed.
 
-from conveyor.job._train import TrainConfig, train
-from conveyor.plan._optimizer import Plan, optimize
-from conveyor.plan._profiles import Profile
-from conveyor.plan._topology import Topology
-from conveyor.runtime._checkpoint import CheckpointError
-from conveyor.runtime._launch import WorkerError, launch
-from conveyor.runtime._pipeline import Pipeline
-from conveyor.runtime._profiler import profile
-from conveyor.runtime._versions import StashError, WeightVersions
-from conveyor.schedule._schedule import (
-    Action,
-    Op,
-    Schedule,
-    flush,
-    forward_only,
-    gpipe,
-    make_schedule,
-    pipedream,
-    twobw,
-)
-from conveyor.schedule._simulate import DeadlockError, ScheduleError, SimResult, simulate
-from conveyor.schedule._validate import validate
+The package is split by system: :mod:`conveyor.schedule` (schedules as data, their validator and
+simulator), :mod:`conveyor.plan` (profiles, topologies and the planners), :mod:`conveyor.runtime` (the
+pipeline over torch.distributed), :mod:`conveyor.job` (``conveyor train``) and :mod:`conveyor.bench`. The
+names below are imported on first use, so scheduling and planning work without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conveyor.job import TrainConfig, train
+    from conveyor.plan import Plan, Profile, Topology, optimize
+    from conveyor.runtime import CheckpointError, Pipeline, StashError, WeightVersions, WorkerError, launch, profile
+    from conveyor.schedule import (
+        Action,
+        DeadlockError,
+        Op,
+        Schedule,
+        ScheduleError,
+        SimResult,
+        flush,
+        forward_only,
+        gpipe,
+        make_schedule,
+        pipedream,
+        simulate,
+        twobw,
+        validate,
+    )
+
+_HOME = {
+    "conveyor.schedule": (
+        "Action", "DeadlockError", "Op", "Schedule", "ScheduleError", "SimResult", "flush", "forward_only", "gpipe",
+        "make_schedule", "pipedream", "simulate", "twobw", "validate",
+    ),
+    "conveyor.plan": ("Plan", "Profile", "Topology", "optimize"),
+    "conveyor.runtime": ("CheckpointError", "Pipeline", "StashError", "WeightVersions", "WorkerError", "launch",
+                         "profile"),
+    "conveyor.job": ("TrainConfig", "train"),
+}  # fmt: skip
+_WHERE = {name: module for module, names in _HOME.items() for name in names}
 
 __all__ = [
     "Action",
@@ -52,5 +73,14 @@ __all__ = [
     "twobw",
     "validate",
 ]
-
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
+
+
+def __dir__() -> list[str]:
+    return [*globals(), *__all__]

@@ -14,11 +14,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from conveyor.plan._memory import PLANNER_SCHEDULES
-from conveyor.runtime._checkpoint import CheckpointError
-from conveyor.runtime._launch import WorkerError
-from conveyor.runtime._pipeline import WorldSizeError
-from conveyor.schedule._schedule import SCHEDULES
+from conveyor.schedule import KINDS, PLANNER_SCHEDULES
 
 __all__ = ["main"]
 
@@ -53,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--width", type=_positive, default=None, help="scale a zoo model's width")
     train.add_argument("--depth", type=_positive, default=None, help="scale a zoo model's depth")
     train.add_argument("--workers", type=_positive, default=None, help="worker processes (default 4 when planning)")
-    train.add_argument("--schedule", choices=["auto", *sorted(SCHEDULES)], default="auto", help="auto: the planner's")
+    train.add_argument("--schedule", choices=["auto", *sorted(KINDS)], default="auto", help="auto: the planner's")
     train.add_argument("--stages", type=_positive, default=None, help="fix the stage count instead of planning")
     train.add_argument("--replicas", default=None, help="fix workers per stage, e.g. 2-1, instead of planning")
     train.add_argument("--plan", default=None, help="run this plan file (conveyor plan --json) as is")
@@ -125,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _config(cls: type[_C], args: argparse.Namespace) -> _C:
     """A config dataclass filled from the options of the same name; fields without an option keep defaults."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # every config is a dataclass
+    return cls(**{f.name: getattr(args, f.name) for f in fields if hasattr(args, f.name)})
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -346,15 +343,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             _bench_plan_vs_run(args)
         else:
             _bench_schedules(args)
-    except WorkerError as exc:
+    except Exception as exc:
+        status = _report(exc)
+        if status is None:
+            raise
+        return status
+    return 0
+
+
+def _report(exc: Exception) -> int | None:
+    """Print an error the user can fix in one line and return the exit status; ``None`` for a bug."""
+    # Only a command that ran the runtime (and so imported torch) can raise its errors; planning does not.
+    runtime = sys.modules.get("conveyor.runtime")
+    if runtime is not None and isinstance(exc, runtime.WorkerError):
         if os.environ.get("CONVEYOR_TRACEBACK"):
             print(exc.remote_traceback, file=sys.stderr)
         print(f"conveyor: error: worker {exc.rank}: {exc.error_type}: {exc.message}", file=sys.stderr)
         return 1
-    except (ValueError, CheckpointError, OSError, WorldSizeError) as exc:
-        print(f"conveyor: error: {exc}", file=sys.stderr)
+    if isinstance(exc, ValueError | OSError) or (runtime is not None and isinstance(exc, runtime.WorldSizeError)):
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        print(f"conveyor: error: {lines[0]}", file=sys.stderr)  # one line; the rest is for CONVEYOR_TRACEBACK
+        if os.environ.get("CONVEYOR_TRACEBACK"):
+            print("\n".join(lines[1:]), file=sys.stderr)
         return 2
-    return 0
+    return None
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
 from conveyor.runtime._launch import launch
 from conveyor.runtime._pipeline import Pipeline
-from conveyor.schedule._schedule import ASYNCHRONOUS, SCHEDULES, make_schedule
+from conveyor.schedule import KINDS, make_schedule, twobw_min_microbatches
 from conveyor.schedule._simulate import simulate
 
 __all__ = ["BenchConfig", "run"]
@@ -103,7 +103,7 @@ def _worker(cfg: BenchConfig) -> dict[str, Any]:
         else:
             pipe = Pipeline(stages, [1] * p, cfg.microbatches, mse, optimizer=sgd, schedule=name)
         pipes[f"conveyor/{name}"] = pipe
-        if name in ASYNCHRONOUS:  # one run over all batches: one fill, one drain
+        if name != "dp" and not KINDS[name].synchronous:  # one run over all batches: one fill, one drain
             runs[f"conveyor/{name}"] = partial(pipe.train, [(x, y)] * cfg.steps)
             warmups.append(partial(pipe.train, [(x, y)] * 2))
         else:
@@ -128,8 +128,10 @@ def _worker(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _conveyor_schedules(cfg: BenchConfig) -> list[str]:
-    """Conveyor's schedules this configuration can run: 2BW needs enough microbatches, DP a fair share."""
-    names = [n for n in SCHEDULES if n != "2bw" or cfg.microbatches >= cfg.stages - 1]
+    """Conveyor's schedules this configuration can run (2BW needs enough microbatches), and data parallelism
+    when every worker gets the same share of a batch (so its ideal is no bubble at all)."""
+    enough = cfg.microbatches >= twobw_min_microbatches([1] * cfg.stages)
+    names = [n for n in KINDS if n != "2bw" or enough]
     return [*names, "dp"] if cfg.microbatches % cfg.stages == 0 else names
 
 
@@ -156,7 +158,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         kind = name.split("/")[1]
         if kind == "dp":
             theory = 1.0  # no bubble; its cost is the gradient all-reduce, which the stages here make tiny
-        elif kind in ASYNCHRONOUS:
+        elif kind in KINDS and not KINDS[kind].synchronous:
             theory = _flush_theory(cfg.stages, microbatches)
         else:
             theory = _flush_theory(cfg.stages, cfg.microbatches)

@@ -14,11 +14,10 @@ from typing import Any
 from torch import nn
 
 from conveyor.job._data import Dataset
-from conveyor.plan._optimizer import optimize
-from conveyor.plan._planfile import plan_file, read_plan_file
-from conveyor.plan._topology import Topology
+from conveyor.plan import Topology, layout_file, optimize, plan_file, read_plan_file
 from conveyor.runtime._profiler import profile
 from conveyor.runtime._stage import as_blocks
+from conveyor.schedule import kind, parse_replicas
 
 __all__ = ["LOCAL_BANDWIDTH", "Layout", "choose_layout", "even_balance"]
 
@@ -54,31 +53,7 @@ def even_balance(blocks: int, stages: int) -> list[int]:
     return [blocks // stages + (1 if s < blocks % stages else 0) for s in range(stages)]
 
 
-def _replica_counts(text: str | None, stages: int | None) -> list[int]:
-    if text is None:
-        return [1] * (stages or 1)
-    try:
-        counts = [int(r) for r in text.split("-")]
-    except ValueError:
-        raise ValueError(f"--replicas {text!r} is not a list of counts like 2-1") from None
-    if (stages is not None and len(counts) != stages) or min(counts) < 1:
-        n = stages or len(counts)
-        example = "-".join(["2"] + ["1"] * (n - 1))
-        raise ValueError(f"--replicas {text} must give each of the {n} stages a worker count >= 1, e.g. {example}")
-    return counts
-
-
-def _file(schedule: str, microbatches: int, balance: list[int], replicas: list[int], names: list[str]) -> dict:
-    """A plan file for a fixed layout (no predictions), readable by :func:`read_plan_file`."""
-    stages, first, rank = [], 0, 0
-    for blocks, r in zip(balance, replicas, strict=True):
-        layers = {"first_layer": first, "last_layer": first + blocks - 1, "layer_names": names[first : first + blocks]}
-        stages.append({**layers, "replicas": r, "ranks": list(range(rank, rank + r))})
-        first, rank = first + blocks, rank + r
-    return {"schedule": schedule, "microbatches": microbatches, "stages": stages}
-
-
-def choose_layout(cfg: Any, model: nn.Module, data: Dataset, workers: int) -> Layout:
+def choose_layout(cfg: Any, model: nn.Sequential, data: Dataset, workers: int) -> Layout:
     """The layout for a :class:`~conveyor.job._train.TrainConfig` on ``workers`` workers.
 
     Raises:
@@ -97,35 +72,23 @@ def choose_layout(cfg: Any, model: nn.Module, data: Dataset, workers: int) -> La
         schedule = spec.schedule if cfg.schedule == "auto" else cfg.schedule
         layout = Layout(schedule, spec.balance, spec.replicas, spec.microbatches, spec.recompute, f"plan {cfg.plan}")
     elif cfg.stages or cfg.replicas:
-        replicas = _replica_counts(cfg.replicas, cfg.stages)
+        replicas = parse_replicas(cfg.replicas, cfg.stages) if cfg.replicas else [1] * cfg.stages
         balance = even_balance(len(names), len(replicas))
         schedule = "flush" if cfg.schedule == "auto" else cfg.schedule
         layout = Layout(schedule, balance, replicas, cfg.microbatches, how="fixed layout")
     else:
         return _planned(cfg, model, data, workers, names)
-    _check_batch(cfg.batch_size, layout.microbatches)
     return replace(
-        layout, plan_file=_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
+        layout, plan_file=layout_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
     )
 
 
-def _check_batch(batch_size: int, microbatches: int) -> None:
-    if batch_size % microbatches:
-        raise ValueError(
-            f"the layout needs {microbatches} microbatches per batch, which --batch-size {batch_size} does not "
-            f"divide: use a multiple of {microbatches}"
-        )
-
-
-def _planned(cfg: Any, model: nn.Module, data: Dataset, workers: int, names: list[str]) -> Layout:
+def _planned(cfg: Any, model: nn.Sequential, data: Dataset, workers: int, names: list[str]) -> Layout:
     example = data.train_x[: cfg.batch_size // cfg.microbatches]
     prof = profile(model, example, name=cfg.model, repeats=5, warmup=2)
     topology = Topology.parse(f"{workers}:{LOCAL_BANDWIDTH:g}")
-    # The planner has no pipedream-vs memory model: it plans with pipedream's (vertical sync keeps the input
-    # stage's version count on every stage, more than pipedream downstream; no memory limit is set here).
-    candidates = (
-        _PREFERENCE if cfg.schedule == "auto" else ["pipedream" if cfg.schedule == "pipedream-vs" else cfg.schedule]
-    )
+    # A schedule the planner has no memory model for is planned as its record says (no memory limit is set here).
+    candidates = _PREFERENCE if cfg.schedule == "auto" else [kind(cfg.schedule).plan_as or cfg.schedule]
     best = None
     for name in candidates:
         plan = optimize(prof, topology, schedule=name, microbatches=cfg.microbatches)
@@ -134,7 +97,6 @@ def _planned(cfg: Any, model: nn.Module, data: Dataset, workers: int, names: lis
             best = (plan, file)
     assert best is not None
     plan, file = best
-    _check_batch(cfg.batch_size, plan.microbatches)
     schedule = cfg.schedule if cfg.schedule != "auto" else plan.schedule
     balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
     how = f"planned for {workers} workers (predicted {file['predicted']['samples_per_s']:.0f} samples/s)"

@@ -27,10 +27,12 @@ from torch import nn
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
 from conveyor.job._layout import Layout, choose_layout
+from conveyor.job._loader import EpochBatches
 from conveyor.job._report import plot_accuracy
+from conveyor.plan import read_plan_file
 from conveyor.runtime._launch import launch
 from conveyor.runtime._pipeline import Pipeline
-from conveyor.schedule._schedule import Op
+from conveyor.schedule import parse_replicas
 
 __all__ = ["TrainConfig", "explicit_workers", "model_and_data", "train"]
 
@@ -65,13 +67,15 @@ class TrainConfig:
     checkpoint: str | None = None  # default RUN_DIR/checkpoint.pt
     resume: str | None = None
     seed: int = 0
+    loader_workers: int | None = None  # DataLoader processes per reading worker; default 2 with CUDA, else 0
 
     def __post_init__(self) -> None:
-        if self.batch_size % self.microbatches:
-            raise ValueError(
-                f"--batch-size {self.batch_size} is not a multiple of --microbatches {self.microbatches}: "
-                "pick a batch size divisible by the microbatch count"
-            )
+        if min(self.batch_size, self.microbatches) < 1:
+            raise ValueError("--batch-size and --microbatches must be at least 1")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ValueError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
+        if self.loader_workers is not None and self.loader_workers < 0:
+            raise ValueError(f"--loader-workers must be 0 or more, got {self.loader_workers}")
         if self.epochs < 1:
             raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
         if self.optimizer not in OPTIMIZERS:
@@ -86,7 +90,7 @@ def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
         data = datasets.load(cfg.dataset or "digits", cfg.seed)
         torch.manual_seed(cfg.seed)
         model, _ = zoo.resolve(cfg.model, cfg.batch_size)
-        return nn.Sequential(*model) if isinstance(model, list) else model, data
+        return model if isinstance(model, nn.Sequential) else nn.Sequential(*model), data
     data = datasets.load(cfg.dataset or zoo.default_dataset(cfg.model), cfg.seed)
     torch.manual_seed(cfg.seed)
     return zoo.build(cfg.model, data, cfg.width, cfg.depth), data
@@ -101,9 +105,10 @@ def _loss(sequence: bool) -> Any:
 @dataclass
 class _Epoch:
     epoch: int
-    seconds: float
+    seconds: float  # wall clock since training started, at the end of this epoch's evaluation
+    train_seconds: float  # of that, the time spent training
     samples: int
-    samples_per_s: float
+    samples_per_s: float  # training samples per second of training time
     loss: float
     accuracy: float
 
@@ -116,9 +121,10 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     # The first worker profiles and plans; every worker runs what it chose.
     box: list[Layout | None] = [None]
     if dist.get_rank() == 0:
-        box[0] = choose_layout(cfg, model, data, dist.get_world_size())
-        (folder / "plan.json").write_text(json.dumps(box[0].plan_file, indent=2))
-        console.print(box[0].describe())
+        chosen = choose_layout(cfg, model, data, dist.get_world_size())
+        (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
+        console.print(chosen.describe())
+        box[0] = chosen
     dist.broadcast_object_list(box, src=0)
     layout = box[0]
     assert layout is not None
@@ -130,32 +136,40 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     )  # fmt: skip
     if cfg.resume:
         pipe.load(cfg.resume)
-    steps = len(data.train_x) // cfg.batch_size  # the last partial batch is dropped
-    updates = [a.op for a in pipe.schedule(steps).actions[pipe.worker]].count(Op.STEP)  # per epoch, this worker
-    n_test = len(data.test_x) - len(data.test_x) % layout.microbatches
+    cuda = pipe.device.type == "cuda"
+    batches = None
+    if pipe.is_first or pipe.is_last:
+        batches = EpochBatches(
+            data.train_x if pipe.is_first else None, data.train_y if pipe.is_last else None, cfg.batch_size, cfg.seed,
+            (2 if cuda else 0) if cfg.loader_workers is None else cfg.loader_workers, pin_memory=cuda,
+        )  # fmt: skip
+    steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
+    updates = pipe.kind.updates(steps, layout.microbatches, pipe.replicas[pipe.stage])  # this worker's, per epoch
     history: list[_Epoch] = []
-    start = time.perf_counter()
+    start, train_seconds = time.perf_counter(), 0.0
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
         disable=not pipe.is_output,
     ) as bar:  # fmt: skip
         task = bar.add_task("training", total=cfg.epochs * updates, status="")
         for epoch in range(cfg.epochs):
-            order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(cfg.seed + epoch))
-            idx = [order[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(steps)]
-            losses = pipe.train([(data.train_x[i], data.train_y[i]) for i in idx], lambda _: bar.advance(task))
-            logits = pipe.evaluate(data.test_x[:n_test])
+            if batches is not None:
+                batches.order.epoch = epoch
+            began = time.perf_counter()
+            losses = pipe.train(batches, lambda _: bar.advance(task))
+            train_seconds += time.perf_counter() - began
+            logits = pipe.evaluate(data.test_x if pipe.worker == 0 else None)
             accuracy = torch.zeros(1)
             if pipe.is_output:
-                accuracy[0] = (logits.argmax(-1) == data.test_y[:n_test]).float().mean()
-                seconds = time.perf_counter() - start
-                samples = (epoch + 1) * steps * cfg.batch_size
-                history.append(_Epoch(epoch + 1, seconds, samples, samples / seconds, sum(losses) / len(losses),
-                                      float(accuracy)))  # fmt: skip
+                assert losses is not None
+                accuracy[0] = (logits.argmax(-1) == data.test_y).float().mean()
+                samples = (epoch + 1) * len(data.train_x)
+                history.append(_Epoch(epoch + 1, time.perf_counter() - start, train_seconds, samples,
+                                      samples / train_seconds, sum(losses) / len(losses), float(accuracy)))  # fmt: skip
                 with (folder / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps(asdict(history[-1])) + "\n")
                 bar.update(task, status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {float(accuracy):.3f} "
-                           f"{samples / seconds:.0f} samples/s")  # fmt: skip
+                           f"{history[-1].samples_per_s:.0f} samples/s")  # fmt: skip
             dist.all_reduce(accuracy, op=dist.ReduceOp.MAX)  # every worker learns the output worker's accuracy
             if cfg.target_accuracy is not None and float(accuracy) >= cfg.target_accuracy:
                 break
@@ -187,7 +201,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "loss": [h["loss"] for h in history],
         "seconds": history[-1]["seconds"],
         "epoch_seconds": [h["seconds"] for h in history],  # wall clock at the end of each epoch's evaluation
-        "samples_per_s": history[-1]["samples_per_s"],
+        "train_seconds": history[-1]["train_seconds"],
+        "samples_per_s": history[-1]["samples_per_s"],  # training samples per second of training
         "peak_rss_bytes": [per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
         "layout": out["layout"],
         "run_dir": str(run_dir),
@@ -200,9 +215,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 def explicit_workers(cfg: TrainConfig) -> int | None:
     """Workers a fixed layout needs (None when the planner decides)."""
     if cfg.plan:
-        from conveyor.plan._planfile import read_plan_file
-
         return read_plan_file(cfg.plan).workers
     if cfg.replicas:
-        return sum(int(r) for r in cfg.replicas.split("-") if r.isdigit()) or None
+        return sum(parse_replicas(cfg.replicas, cfg.stages))
     return cfg.stages

@@ -1,14 +1,22 @@
 """Planning: profiles, cluster topologies, per-worker memory, PipeDream's and 2BW's planners, plan files (no torch)."""
 
-from conveyor.plan._memory import PLANNER_SCHEDULES, in_flight, stage_bytes, weight_versions, worker_bytes
+from conveyor.plan._memory import in_flight, stage_bytes, weight_versions, worker_bytes
 from conveyor.plan._optimizer import Plan, PlanError, PlannedStage, optimize, step_microbatches
-from conveyor.plan._planfile import PlanFileError, PlanSpec, Prediction, plan_file, predict, read_plan_file
+from conveyor.plan._planfile import (
+    PlanFileError,
+    PlanSpec,
+    Prediction,
+    layout_file,
+    plan_file,
+    predict,
+    read_plan_file,
+    stage_times,
+)
 from conveyor.plan._planner2bw import Candidate, plan_2bw
 from conveyor.plan._profiles import Layer, Profile, ProfileError, read_graph_txt
 from conveyor.plan._topology import Level, Topology, TopologyError
 
 __all__ = [
-    "PLANNER_SCHEDULES",
     "Candidate",
     "Layer",
     "Level",
@@ -23,6 +31,7 @@ __all__ = [
     "Topology",
     "TopologyError",
     "in_flight",
+    "layout_file",
     "optimize",
     "plan_2bw",
     "plan_file",
@@ -30,6 +39,7 @@ __all__ = [
     "read_graph_txt",
     "read_plan_file",
     "stage_bytes",
+    "stage_times",
     "step_microbatches",
     "weight_versions",
     "worker_bytes",

@@ -1,24 +1,10 @@
 """Per-worker memory of a pipeline stage under a schedule: weight versions, gradients, optimizer state, stash.
 
-A worker of a stage holds ``versions`` copies of the stage's weights, one gradient buffer, the optimizer
-state, and the activations of every microbatch whose forward ran and whose backward has not. How many
-of each depends on the schedule and on the layout, through the worker's warm-up: a stage with ``r``
-replicas and ``d`` workers from it to the end of the pipeline (its own included) admits ``ceil(d / r)``
-microbatches before its first backward (PipeDream's NOAM for the input stage).
-
-================  ====================  =============================
-schedule          weight versions       microbatches in flight
-================  ====================  =============================
-``pipedream``     ``ceil(d / r)``       ``ceil(d / r)``
-``2bw``           2                     ``ceil(d / r)``
-``flush``         1                     ``min(ceil(d / r), ceil(M / r))``
-``gpipe``         1                     ``ceil(M / r)`` (all forwards first)
-================  ====================  =============================
-
-``M`` is the microbatches of one optimizer step, shared round-robin by the stage's replicas. These
-counts equal what the schedule module's action lists hold
-(:meth:`~conveyor.schedule._schedule.Schedule.worker_peak_versions` and the simulator's peak stash); the tests
-check that.
+A worker of a stage holds some copies of the stage's weights, one gradient buffer, the optimizer state,
+and the activations of every microbatch whose forward ran and whose backward has not. How many copies
+and microbatches depends on the schedule and on the layout (its record,
+:class:`~conveyor.schedule.Kind`, gives the counts); the tests check them against what the schedules'
+action lists hold (:meth:`~conveyor.schedule.Schedule.worker_peak_versions` and the simulator's peak stash).
 
 Example:
     >>> int(in_flight("pipedream", replicas=1, downstream=4, microbatches=8)), int(weight_versions("2bw", 1, 4))
@@ -30,38 +16,33 @@ from __future__ import annotations
 import numpy as np
 
 from conveyor.plan._profiles import Profile
+from conveyor.schedule import PLANNER_SCHEDULES, Kind, kind
 
-__all__ = ["PLANNER_SCHEDULES", "in_flight", "layer_stash_bytes", "stage_bytes", "weight_versions", "worker_bytes"]
-
-PLANNER_SCHEDULES = ("pipedream", "2bw", "flush", "gpipe")
+__all__ = ["in_flight", "layer_stash_bytes", "planned_kind", "stage_bytes", "weight_versions", "worker_bytes"]
 
 Count = int | np.ndarray
 Bytes = int | float | np.ndarray
 
 
-def _check(schedule: str) -> None:
+def planned_kind(schedule: str) -> Kind:
+    """The record of a schedule the planner has a memory model for.
+
+    Raises:
+        ValueError: a schedule the planner does not know.
+    """
     if schedule not in PLANNER_SCHEDULES:
         raise ValueError(f"the planner knows schedules {', '.join(PLANNER_SCHEDULES)}, not {schedule!r}")
+    return kind(schedule)
 
 
 def in_flight(schedule: str, replicas: Count, downstream: Count, microbatches: int) -> Count:
     """Microbatches a worker of the stage holds activations for at its peak (arrays broadcast)."""
-    _check(schedule)
-    warmup = -(-downstream // replicas)
-    own = -(-microbatches // replicas)
-    if schedule == "gpipe":
-        return own
-    if schedule == "flush":
-        return np.minimum(warmup, own)
-    return warmup
+    return planned_kind(schedule).in_flight(replicas, downstream, microbatches)
 
 
 def weight_versions(schedule: str, replicas: Count, downstream: Count) -> Count:
     """Copies of the stage's weights a worker holds at its peak (arrays broadcast)."""
-    _check(schedule)
-    if schedule == "pipedream":
-        return -(-downstream // replicas)
-    return np.broadcast_to(2 if schedule == "2bw" else 1, np.broadcast_shapes(np.shape(replicas), np.shape(downstream)))
+    return planned_kind(schedule).weight_versions(replicas, downstream)
 
 
 def layer_stash_bytes(profile: Profile) -> list[int]:
@@ -83,7 +64,7 @@ def stage_bytes(
     Args:
         profile: the model (its batch is one microbatch).
         first, stop: the stage's layers.
-        schedule: one of :data:`PLANNER_SCHEDULES`.
+        schedule: one of :data:`~conveyor.schedule.PLANNER_SCHEDULES`.
         replicas: the stage's data-parallel workers.
         downstream: workers from this stage to the end of the pipeline, this stage's included.
         microbatches: microbatches per optimizer step (bounds the stash of ``flush`` and ``gpipe``).

@@ -25,18 +25,16 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
-from conveyor.plan._memory import PLANNER_SCHEDULES, stage_bytes
+from conveyor.plan._memory import planned_kind, stage_bytes
 from conveyor.plan._partition import MemoryModel, Partition, extras_grid, solve
 from conveyor.plan._partition import stages as flat_stages
 from conveyor.plan._profiles import Profile
 from conveyor.plan._topology import Topology
-from conveyor.schedule._schedule import twobw_min_microbatches
+from conveyor.schedule import twobw_min_microbatches
 
 __all__ = ["Plan", "PlanError", "PlannedStage", "optimize", "step_microbatches"]
 
@@ -105,40 +103,6 @@ class Plan:
         """Predicted speedup over one worker (infinite when the model does not fit on one)."""
         return self.single_worker_seconds / self.seconds_per_minibatch
 
-    def to_dict(self, profile: Profile, batch_size: int | None = None) -> dict[str, Any]:
-        """The plan file: stages with layer ranges, names, replicas and ranks, and the predictions.
-
-        Ranks are handed out stage by stage, so a stage's replicas sit on neighbouring workers.
-        """
-        batch = batch_size or profile.batch_size
-        stages, rank = [], 0
-        for st in self.stages:
-            stages.append(
-                {
-                    "first_layer": st.first_layer,
-                    "last_layer": st.last_layer,
-                    "layer_names": [lay.name for lay in profile.layers[st.first_layer : st.last_layer + 1]],
-                    "replicas": st.replicas,
-                    "ranks": list(range(rank, rank + st.replicas)),
-                    "seconds_per_minibatch": st.seconds_per_minibatch,
-                }
-            )
-            rank += st.replicas
-        minibatches_per_s = 1.0 / self.seconds_per_minibatch
-        return {
-            "model": profile.model,
-            "config": self.config,
-            "noam": self.noam,
-            "stages": stages,
-            "predicted": {
-                "seconds_per_minibatch": self.seconds_per_minibatch,
-                "minibatches_per_s": minibatches_per_s,
-                "samples_per_s": None if batch is None else batch * minibatches_per_s,
-                "speedup_vs_dp": self.speedup_vs_dp,
-                "speedup_vs_single": self.speedup_vs_single,
-            },
-        }
-
 
 def optimize(
     profile: Profile,
@@ -156,7 +120,7 @@ def optimize(
             microbatch of the runtime).
         topology: the cluster; every worker is used.
         straight: give every stage exactly one worker (no replication).
-        schedule: one of :data:`~conveyor.plan._memory.PLANNER_SCHEDULES`; sets how many weight versions and
+        schedule: one of :data:`~conveyor.schedule.PLANNER_SCHEDULES`; sets how many weight versions and
             stashed activations a worker holds (:mod:`conveyor.plan._memory`).
         memory: bytes per worker; ``None`` for no limit.
         microbatches: microbatches per optimizer step for ``flush`` and ``gpipe`` (default: the worker count).
@@ -169,8 +133,10 @@ def optimize(
         PlanError: no plan satisfies the constraints (a straight pipeline with more workers than layers, or
             no split fits in ``memory``).
     """
-    if schedule not in PLANNER_SCHEDULES:
-        raise PlanError(f"unknown schedule {schedule!r} for the planner; choose one of {', '.join(PLANNER_SCHEDULES)}")
+    try:
+        planned_kind(schedule)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
     n, total = len(profile), topology.workers
     microbatches = microbatches or total
     prefix = np.array(profile._compute_prefix)
@@ -197,7 +163,7 @@ def optimize(
         inner = lv.best_s[..., level.count]
     best = float(levels[-1].best_s[0, 0, n, topology.levels[-1].count])
     if not np.isfinite(best):
-        if mem is not None and np.isfinite(optimize(profile, topology, straight).seconds_per_minibatch):
+        if memory is not None and np.isfinite(optimize(profile, topology, straight).seconds_per_minibatch):
             raise PlanError(_memory_advice(profile, topology, straight, schedule, memory, microbatches))
         raise PlanError(
             f"no straight pipeline of {profile.model} ({n} layers) uses exactly {total} workers: "
@@ -219,24 +185,14 @@ def optimize(
         replace(st, memory_bytes=stage_bytes(profile, st.first_layer, st.last_layer + 1, schedule, r, d, microbatches))
         for st, r, d in zip(stages, reps, map(int, downstream), strict=True)
     ]
-    too_big = [k for k, st in enumerate(stages) if memory is not None and st.memory_bytes > memory]
-    if too_big:  # only when rounding the microbatches up grew a gpipe or flush stash
-        raise PlanError(
-            f"stage {too_big[0]} of the best plan ({'-'.join(map(str, reps))}) needs {stages[too_big[0]].memory_bytes} "
-            f"bytes with {microbatches} microbatches per step: give a microbatch count that is a multiple of "
-            f"{math.lcm(*reps)}, or more memory"
-        )
     return Plan(tuple(stages), best, float(dp), single, schedule, microbatches, memory)
 
 
 def step_microbatches(schedule: str, replicas: list[int], at_least: int) -> int:
-    """The fewest microbatches per optimizer step, from ``at_least`` on, that the runtime accepts for the
-    layout: a multiple of every stage's replica count (shared round-robin), and for ``2bw`` enough for two
-    weight versions to suffice."""
-    if schedule == "2bw":
-        return twobw_min_microbatches(replicas, at_least)
-    unit = math.lcm(*replicas)
-    return -(-at_least // unit) * unit
+    """The microbatches per optimizer step to run the layout with: ``at_least`` (any count runs; a replica
+    may get one microbatch more than another), or for ``2bw`` the fewest from there on with which two
+    weight versions suffice."""
+    return twobw_min_microbatches(replicas, at_least) if schedule == "2bw" else at_least
 
 
 def _memory_advice(

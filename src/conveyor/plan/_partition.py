@@ -44,7 +44,7 @@ class MemoryModel:
         o = (self.optimizer[stops] - self.optimizer[first])[None, :, None]
         a = (self.stash[stops] - self.stash[first])[None, :, None]
         need = worker_bytes(self.schedule, replicas[None, None, :], downstream, self.microbatches, w, o, a)
-        return need <= self.limit
+        return np.asarray(need <= self.limit)
 
 
 @dataclass
@@ -112,7 +112,7 @@ def solve(
             splits = np.arange(i + 1, j)
             for m in range(2, count + 1):
                 # [e, split point s, units m' of the first stage [i, s) = 1..m-1]
-                if inner:
+                if pick is None:  # the innermost level
                     first = stage_s[0, i, splits, 1:m][None]
                 else:
                     first = stage_s[pick[m, 1:m][None, :], i, splits[:, None], reps[None, : m - 1]][None]

@@ -2,7 +2,7 @@
 
 The planner's steady state (one minibatch per slowest stage or link) omits the fill and the drain of a
 run and, for ``flush`` and ``gpipe``, the bubble at every step. The predictions in the plan file come from
-running the plan's own schedule action lists in :func:`~conveyor.schedule._simulate.simulate`, so they can be set
+running the plan's own schedule action lists in :func:`~conveyor.schedule.simulate`, so they can be set
 against what the runtime measures. A replicated stage's worker takes, per minibatch it handles, the
 planner's cycle ``max(compute, all-reduce)``; a message across a stage boundary takes its bytes over the
 bandwidth of the innermost topology level joining the two stages' workers.
@@ -12,17 +12,17 @@ A replicated stage followed by others can fall short of it: its replicas' backwa
 from the stage after, and every update waits at the all-reduce for all of them (``2-1-1`` with equal
 stage times runs at 2/3 of the steady state). The runtime behaves like the simulator here.
 
-Example:
+Example (two layers without weights: data parallelism on both workers, 6 s per minibatch each):
     >>> from conveyor.plan._optimizer import optimize
     >>> p = Profile.chain("toy", [1.0, 1.0], [2.0, 2.0], [0, 0], [0, 0], batch_size=8)
     >>> t = Topology.parse("2:1e9")
-    >>> round(predict(optimize(p, t), p, t, minibatches=8).samples_per_s, 3)
-    2.462
+    >>> plan = optimize(p, t)
+    >>> plan.config, round(predict(plan, p, t, minibatches=8).samples_per_s, 3)
+    ('2', 2.667)
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -33,10 +33,11 @@ from typing import Any
 from conveyor.plan._optimizer import Plan, PlannedStage, step_microbatches
 from conveyor.plan._profiles import Profile
 from conveyor.plan._topology import Topology
-from conveyor.schedule._schedule import make_schedule
-from conveyor.schedule._simulate import simulate
+from conveyor.schedule import kind, make_schedule, simulate, stage_workers
 
-__all__ = ["PlanFileError", "PlanSpec", "Prediction", "plan_file", "predict", "read_plan_file", "stage_times"]
+__all__ = [
+    "PlanFileError", "PlanSpec", "Prediction", "layout_file", "plan_file", "predict", "read_plan_file", "stage_times",
+]  # fmt: skip
 
 
 class PlanFileError(ValueError):
@@ -53,12 +54,6 @@ class Prediction:
     efficiency: float
 
 
-def _ranks(stages: tuple[PlannedStage, ...]) -> list[list[int]]:
-    """Ranks stage by stage, so a stage's replicas sit on neighbouring workers."""
-    firsts = list(itertools.accumulate((st.replicas for st in stages), initial=0))
-    return [list(range(a, b)) for a, b in itertools.pairwise(firsts)]
-
-
 def stage_times(plan: Plan, profile: Profile) -> tuple[list[float], list[float]]:
     """Per stage of ``plan``, the forward and the backward time of its layers on one worker."""
     layers = [profile.layers[st.first_layer : st.last_layer + 1] for st in plan.stages]
@@ -68,27 +63,34 @@ def stage_times(plan: Plan, profile: Profile) -> tuple[list[float], list[float]]
 def predict(plan: Plan, profile: Profile, topology: Topology, minibatches: int | None = None) -> Prediction:
     """Simulate ``plan``'s schedule for ``minibatches`` minibatches (default: about eight per worker).
 
-    The count is rounded up to whole optimizer steps (``plan.microbatches`` for ``flush``, ``gpipe`` and
-    ``2bw``) and to a multiple of every stage's replica count.
+    For a schedule with an update per batch the count is rounded up to whole batches of ``plan.microbatches``.
     """
     reps = [st.replicas for st in plan.stages]
-    unit = math.lcm(*reps) if plan.schedule == "pipedream" else plan.microbatches
-    count = -(-(minibatches or 8 * plan.workers) // unit) * unit
+    record = kind(plan.schedule)
+    unit = 1 if record.update == "round" else plan.microbatches
+    batches = -(-(minibatches or 8 * plan.workers) // unit)
     forward, compute_backward = stage_times(plan, profile)
     cycle = [st.seconds_per_minibatch * st.replicas for st in plan.stages]
     backward = [max(b, c - f) for b, c, f in zip(compute_backward, cycle, forward, strict=True)]
-    ranks = _ranks(plan.stages)
+    ranks = stage_workers(reps)
     transfer = [
         profile.cut_bytes(st.last_layer) / topology.bandwidth_between(a[0], b[-1])
         for st, a, b in zip(plan.stages, ranks, ranks[1:], strict=False)
     ]
-    if plan.schedule == "pipedream":
-        schedule = make_schedule("pipedream", len(reps), 1, count, reps)
-    else:
-        schedule = make_schedule(plan.schedule, len(reps), plan.microbatches, count // plan.microbatches, reps)
-    result = simulate(schedule, forward, backward, transfer)
-    batch = profile.batch_size or 1
+    result = simulate(make_schedule(plan.schedule, len(reps), unit, batches, reps), forward, backward, transfer)
+    count, batch = batches * unit, profile.batch_size or 1
     return Prediction(count, result.step_s, count * batch / result.step_s, result.efficiency())
+
+
+def layout_file(schedule: str, microbatches: int, balance: list[int], replicas: list[int], names: list[str]) -> dict:
+    """A plan file for a layout without predictions: each stage's layers (by position and name), replicas and
+    ranks (handed out stage by stage, so a stage's replicas sit on neighbouring workers)."""
+    stages, first = [], 0
+    for blocks, r, ranks in zip(balance, replicas, stage_workers(replicas), strict=True):
+        stage = {"first_layer": first, "last_layer": first + blocks - 1, "layer_names": names[first : first + blocks]}
+        stages.append({**stage, "replicas": r, "ranks": ranks})
+        first += blocks
+    return {"schedule": schedule, "microbatches": microbatches, "stages": stages}
 
 
 def plan_file(plan: Plan, profile: Profile, topology: Topology, minibatches: int | None = None) -> dict[str, Any]:
@@ -110,28 +112,20 @@ def plan_file(plan: Plan, profile: Profile, topology: Topology, minibatches: int
         return sim.samples_per_s / predict(other, profile, topology, sim.minibatches).samples_per_s
 
     batch = profile.batch_size or 1
+    balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
+    names = [lay.name for lay in profile.layers]
+    layout = layout_file(plan.schedule, plan.microbatches, balance, [st.replicas for st in plan.stages], names)
+    for entry, st in zip(layout["stages"], plan.stages, strict=True):
+        entry.update(seconds_per_minibatch=st.seconds_per_minibatch, memory_bytes=st.memory_bytes)
     return {
         "model": profile.model,
         "topology": str(topology),
-        "schedule": plan.schedule,
         "config": plan.config,
         "noam": plan.noam,
-        "microbatches": plan.microbatches,
+        **layout,
         "microbatch_size": profile.batch_size,
         "recompute": plan.recompute,
         "memory_limit_bytes": plan.memory_limit,
-        "stages": [
-            {
-                "first_layer": st.first_layer,
-                "last_layer": st.last_layer,
-                "layer_names": [lay.name for lay in profile.layers[st.first_layer : st.last_layer + 1]],
-                "replicas": st.replicas,
-                "ranks": ranks,
-                "seconds_per_minibatch": st.seconds_per_minibatch,
-                "memory_bytes": st.memory_bytes,
-            }
-            for st, ranks in zip(plan.stages, _ranks(plan.stages), strict=True)
-        ],
         "predicted": {
             "samples_per_s": sim.samples_per_s,
             "speedup_vs_dp": speedup(plan.data_parallel_seconds, plan.workers),
@@ -198,4 +192,8 @@ def read_plan_file(path: str | os.PathLike[str]) -> PlanSpec:
         raise PlanFileError(f"{path}: the stages' layer ranges must start at 0 and follow each other without gaps")
     if min(spec.balance) < 1 or min(spec.replicas) < 1 or spec.microbatches < 1:
         raise PlanFileError(f"{path}: every stage needs at least one layer and one replica, and microbatches >= 1")
+    try:
+        kind(spec.schedule)
+    except ValueError as exc:
+        raise PlanFileError(f"{path}: {exc}") from None
     return spec

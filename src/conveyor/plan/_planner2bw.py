@@ -36,7 +36,7 @@ from conveyor.plan._memory import layer_stash_bytes, worker_bytes
 from conveyor.plan._optimizer import Plan, PlanError, PlannedStage
 from conveyor.plan._profiles import Profile
 from conveyor.plan._topology import Topology
-from conveyor.schedule._schedule import twobw_min_microbatches
+from conveyor.schedule import twobw_min_microbatches
 
 __all__ = ["Candidate", "plan_2bw"]
 
@@ -93,6 +93,7 @@ def plan_2bw(
             "change the batch size, or give more memory"
         )
     rate, plan, prof = best
+    assert plan is not None and prof.batch_size is not None
     m = batch_size // prof.batch_size
 
     def alone(width: int) -> float:
@@ -143,7 +144,8 @@ def _best_split(
         """Bytes on a worker of stage ``[i, j)`` with ``k`` stages from it to the end (``k`` in flight):
         recomputation keeps each microbatch's input, plus one microbatch's activations while it reruns."""
         held = inputs[:, None] if recompute else stash
-        return worker_bytes("2bw", w, k * w, microbatches, params, optimizer, held) + (stash if recompute else 0)
+        total = worker_bytes("2bw", w, k * w, microbatches, params, optimizer, held) + (stash if recompute else 0)
+        return np.asarray(total)
 
     # best[k, i]: layers [i, n) in k stages; end[k, i]: where the first of them ends.
     best = np.full((d + 1, n + 1), np.inf)

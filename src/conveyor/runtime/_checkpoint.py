@@ -77,8 +77,11 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"no checkpoint at {path}: check the path")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # torch.load's own message runs over many lines and suggests unsafe loading
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint ({type(exc).__name__}): give a file written by Pipeline.save "
+            "or conveyor train"
+        ) from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a Conveyor checkpoint: save one with Pipeline.save")
     if payload.get("version") != VERSION:

@@ -199,7 +199,7 @@ def _run_local(
             if not ready:
                 raise TimeoutError(f"local job of {nprocs} workers ran past its {timeout_s} s limit")
             for sentinel in ready:
-                proc = running.pop(sentinel)
+                proc = running.pop(sentinel)  # type: ignore[arg-type]  # wait() returns the sentinels given
                 proc.join()
                 if proc.exitcode != 0:
                     _wait_for_reports(procs, _REPORT_GRACE_S)

@@ -1,10 +1,10 @@
-"""Split a batch (any pytree of tensors) into equal microbatches along its first dimension.
+"""Split a batch (any pytree of tensors) into microbatches along its first dimension, as equal as possible.
 
 Example:
     >>> import torch
-    >>> parts = split({"x": torch.zeros(8, 3), "n": 5}, 4)
+    >>> parts = split({"x": torch.zeros(7, 3), "n": 5}, 4)
     >>> [tuple(p["x"].shape) for p in parts], parts[0]["n"]
-    ([(2, 3), (2, 3), (2, 3), (2, 3)], 5)
+    ([(2, 3), (2, 3), (2, 3), (1, 3)], 5)
 """
 
 from __future__ import annotations
@@ -23,30 +23,31 @@ def batch_size(batch: Any) -> int:
     Raises:
         ValueError: ``batch`` holds no tensor, a 0-d tensor, or tensors of different batch sizes.
     """
-    sizes = {t.shape[0] if t.dim() > 0 else None for t in pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)}
-    if not sizes:
+    tensors = [t for t in pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
+    if not tensors:
         raise ValueError("the batch holds no tensor: pass a tensor or a tuple/list/dict of tensors")
-    if None in sizes:
+    if any(t.dim() == 0 for t in tensors):
         raise ValueError("a tensor in the batch is 0-d: every tensor needs a batch dimension first")
+    sizes = {int(t.shape[0]) for t in tensors}
     if len(sizes) > 1:
         raise ValueError(f"tensors in the batch have different first dimensions {sorted(sizes)}: they must agree")
     return sizes.pop()
 
 
 def split(batch: Any, microbatches: int) -> list[Any]:
-    """Cut every tensor of ``batch`` into ``microbatches`` equal parts along dim 0; other leaves are shared.
+    """Cut every tensor of ``batch`` into ``microbatches`` parts along dim 0 (views); other leaves are shared.
+
+    The parts' sizes differ by at most one sample, the larger ones first; a batch of fewer samples than
+    ``microbatches`` leaves the last parts empty (a pipeline skips them).
 
     Raises:
-        ValueError: the batch size is not a multiple of ``microbatches``.
+        ValueError: ``microbatches`` is below 1, or the batch is not a pytree of tensors with one batch size.
     """
-    size = batch_size(batch)
-    if microbatches < 1 or size % microbatches:
-        raise ValueError(
-            f"a batch of {size} samples cannot be split into {microbatches} equal microbatches: "
-            f"use a batch size that is a multiple of {microbatches}, or another number of microbatches"
-        )
+    if microbatches < 1:
+        raise ValueError(f"a batch is split into at least 1 microbatch, got {microbatches}")
+    batch_size(batch)
     leaves, spec = pytree.tree_flatten(batch)
-    chunks = [leaf.chunk(microbatches) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+    chunks = [leaf.tensor_split(microbatches) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
     return [
         pytree.tree_unflatten([leaf if c is None else c[i] for leaf, c in zip(leaves, chunks, strict=True)], spec)
         for i in range(microbatches)

@@ -8,15 +8,16 @@ Example (run with ``conveyor.launch(main, nprocs=3)`` or under ``torchrun --npro
         pipe = Pipeline(model, balance=[2, 1], microbatches=4, loss_fn=F.cross_entropy,
                         optimizer=partial(torch.optim.SGD, lr=0.1), schedule="pipedream", replicas=[2, 1])
         for epoch in range(10):
-            losses = pipe.train(loader)   # one fill and one drain for the whole epoch
+            losses = pipe.train(loader)   # one fill and one drain for the whole epoch, read as it goes
         pipe.save("model.pt")             # the whole model under its original names
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -26,12 +27,23 @@ from torch.utils import _pytree as pytree
 
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.runtime._executor import Executor, LossFn
-from conveyor.runtime._microbatch import split
+from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
+from conveyor.runtime._microbatch import batch_size, split
 from conveyor.runtime._stage import Blocks, as_blocks, build_stage, stage_ranges
 from conveyor.runtime._transport import P2P
+from conveyor.runtime._update import Updater
 from conveyor.runtime._versions import WeightVersions
-from conveyor.schedule._schedule import ASYNCHRONOUS, Schedule, forward_only, make_schedule
-from conveyor.schedule._validate import validate
+from conveyor.schedule import (
+    Schedule,
+    check_replicas,
+    forward_only,
+    kind,
+    make_schedule,
+    stage_workers,
+    validate,
+    worker_actions,
+    worker_stages,
+)
 
 __all__ = ["OptimizerFactory", "Pipeline", "WorldSizeError"]
 
@@ -40,6 +52,14 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 class WorldSizeError(RuntimeError):
     """The job has a different number of workers than the pipeline's stages and replicas need."""
+
+
+_PIPELINES = itertools.count()  # every worker builds its pipelines in the same order, so the ids agree
+
+
+def _store() -> dist.Store:
+    """The job's c10d store (the one torch.distributed was initialised with)."""
+    return dist.distributed_c10d._get_default_store()
 
 
 def _default_device() -> torch.device:
@@ -53,22 +73,24 @@ class Pipeline:
 
     Every worker constructs the same full model and the same ``Pipeline``; each keeps only its stage.
     Workers are assigned stage by stage: with ``replicas=[2, 1]`` workers 0 and 1 run stage 0 and worker
-    2 runs stage 1. Replicas of a stage all-reduce their gradients in a process group of their own
-    before each optimizer step, as ``DistributedDataParallel`` does; one stage with N replicas is plain
-    data parallelism.
+    2 runs stage 1. Microbatch ``k`` runs on replica ``k % r`` of a stage with ``r`` replicas, and the
+    replicas all-reduce their gradients in a process group of their own before each optimizer step, as
+    ``DistributedDataParallel`` does; one stage with N replicas is plain data parallelism. No count needs
+    to divide another: batches of any size are split into ``microbatches`` parts as equal as possible,
+    and an update's gradient is always the mean over the samples it covers (:mod:`conveyor.runtime._update`).
 
-    Schedules (see :mod:`conveyor.schedule._schedule`): ``"gpipe"`` and ``"flush"`` give exactly the update of
-    gradient accumulation over each batch's microbatches. The asynchronous ones keep the pipeline full
-    across batches and pay one fill and one drain per :meth:`train` call: ``"pipedream"`` (every
-    microbatch is a minibatch with its own update, weight stashing), ``"pipedream-vs"`` (the same with
-    vertical sync) and ``"2bw"`` (one update per batch, computed on the weights one update old).
+    Schedules (see :mod:`conveyor.schedule`): ``"gpipe"`` and ``"flush"`` give exactly the update of
+    gradient accumulation over each batch. The asynchronous ones keep the pipeline full across batches
+    and pay one fill and one drain per :meth:`train` call: ``"pipedream"`` (every microbatch is a
+    minibatch with its own update, weight stashing), ``"pipedream-vs"`` (the same with vertical sync) and
+    ``"2bw"`` (one update per batch, computed on the weights one update old).
 
     Args:
         model: an ``nn.Sequential``, or a list of modules where each block's output is the next one's
             input (any pytree of tensors: a tensor, a tuple, a dict).
         balance: the number of consecutive blocks in each stage, e.g. ``[2, 2]``.
         microbatches: how many microbatches each batch is split into.
-        loss_fn: ``loss_fn(output, target) -> scalar``, averaged over microbatches, as a batch loss.
+        loss_fn: ``loss_fn(output, target) -> scalar``, the mean over a microbatch's samples.
         optimizer: builds a stage's optimizer from its parameters, e.g. ``partial(torch.optim.SGD, lr=0.1)``.
         schedule: ``"flush"``, ``"gpipe"``, ``"pipedream"``, ``"pipedream-vs"`` or ``"2bw"``.
         replicas: data-parallel workers per stage (default one each); the job needs ``sum(replicas)``.
@@ -92,12 +114,12 @@ class Pipeline:
     def __init__(
         self,
         model: Blocks,
-        balance: Sequence[int],
+        balance: list[int],
         microbatches: int,
         loss_fn: LossFn,
         optimizer: OptimizerFactory | None = None,
         schedule: str = "flush",
-        replicas: Sequence[int] | None = None,
+        replicas: list[int] | tuple[int, ...] | None = None,
         device: torch.device | str | None = None,
         max_grad_norm: float | None = None,
         autocast: torch.dtype | None = None,
@@ -111,11 +133,11 @@ class Pipeline:
             )
         blocks = as_blocks(model)
         ranges = stage_ranges(balance, len(blocks))
-        self.replicas = tuple(replicas) if replicas is not None else (1,) * len(ranges)
-        self.schedule_name = schedule
+        self.kind = kind(schedule)
+        self.replicas = check_replicas(len(ranges), replicas)
         self.microbatches = microbatches
-        # A bad name or layout fails here, before any worker waits for another.
-        make_schedule(schedule, len(ranges), microbatches, math.lcm(*self.replicas), self.replicas)
+        for steps in sorted({1, 2, 2 + math.lcm(*self.replicas)}):
+            self.schedule(steps)  # a bad layout fails here, before any worker waits for another
         world, workers = dist.get_world_size(), sum(self.replicas)
         if world != workers:
             layout = "-".join(map(str, self.replicas))
@@ -125,40 +147,45 @@ class Pipeline:
                 f"--nproc_per_node {workers}), or give a balance and replicas for {world} workers"
             )
         self.worker = dist.get_rank()
-        self.worker_stage = tuple(s for s, r in enumerate(self.replicas) for _ in range(r))
+        self.worker_stage = worker_stages(self.replicas)
         self.stage = self.worker_stage[self.worker]
         self.num_stages = len(ranges)
         self.device = torch.device(device) if device is not None else _default_device()
-        self.max_grad_norm = max_grad_norm
         # The whole model's names and shapes, to check that a checkpoint belongs to this model.
         self._model_shapes = {f"{name}.{k}": v.shape for name, block in blocks for k, v in block.state_dict().items()}
         self.module = build_stage(model, ranges[self.stage]).to(self.device)
         params = list(self.module.parameters())
         self.optimizer = optimizer(params) if optimizer is not None and params else None
         # Every worker creates every group, in the same order, as torch.distributed requires.
-        groups = [dist.new_group(self._workers_of(s)) if r > 1 else None for s, r in enumerate(self.replicas)]
+        groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in stage_workers(self.replicas)]
         self._replica_group = groups[self.stage]
-        self._schedules: dict[int, Schedule] = {}
+        updater = Updater(self.module, self.optimizer, self._replica_group, max_grad_norm, self.kind.synchronous,
+                          self.replicas[self.stage])  # fmt: skip
+        self._stashing = self.kind.stashes(self.replicas, self.stage)
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
-        weights = WeightVersions(self.module, debug=debug)
-        p2p = P2P(self.device)
+        self._id, self._runs = next(_PIPELINES), 0
         self.executor = Executor(
-            self.module, self.worker, range(world), p2p, loss_fn, self.device, weights, autocast, recompute
-        )
+            self.module, self.stage, self.num_stages, list(range(world)), P2P(self.device), loss_fn, self.device,
+            WeightVersions(self.module, debug=debug), updater, autocast, recompute,
+        )  # fmt: skip
         self.steps = 0  # batches trained on
         self.updates = 0  # this worker's optimizer steps
 
     def _workers_of(self, stage: int) -> list[int]:
-        return [w for w, s in enumerate(self.worker_stage) if s == stage]
+        return stage_workers(self.replicas)[stage]
+
+    @property
+    def schedule_name(self) -> str:
+        return self.kind.name
 
     @property
     def is_first(self) -> bool:
-        """Whether this worker runs the first stage (and so needs the inputs)."""
+        """Whether this worker runs the first stage (and so reads the inputs)."""
         return self.stage == 0
 
     @property
     def is_last(self) -> bool:
-        """Whether this worker runs the last stage (and so needs the targets)."""
+        """Whether this worker runs the last stage (and so reads the targets)."""
         return self.stage == self.num_stages - 1
 
     @property
@@ -177,20 +204,17 @@ class Pipeline:
         return self.executor.weights.peak
 
     def schedule(self, steps: int) -> Schedule:
-        """The validated schedule of a run of ``steps`` batches."""
-        if steps not in self._schedules:
-            sched = make_schedule(self.schedule_name, self.num_stages, self.microbatches, steps, self.replicas)
-            validate(sched)
-            self._schedules[steps] = sched
-        return self._schedules[steps]
+        """The validated action lists of a run of ``steps`` batches (what :meth:`train` generates as it goes)."""
+        sched = make_schedule(self.kind.name, len(self.replicas), self.microbatches, steps, self.replicas)
+        validate(sched)
+        return sched
 
     def train_step(self, inputs: Any = None, targets: Any = None) -> float | None:
         """Run one batch: with ``"gpipe"`` or ``"flush"`` the same update as gradient accumulation over its
         microbatches. An asynchronous schedule fills and drains the pipeline for this one batch: give it
         many batches at once with :meth:`train`.
 
-        Every worker calls it; the first stage needs ``inputs``, the last needs ``targets`` (passing
-        both everywhere is simplest).
+        The first stage needs ``inputs``, the last ``targets`` (passing both everywhere is simplest).
 
         Returns:
             The batch's mean loss on the first replica of the last stage, ``None`` elsewhere.
@@ -199,103 +223,86 @@ class Pipeline:
         return None if losses is None else losses[0]
 
     def train(
-        self, batches: Iterable[tuple[Any, Any]], on_step: Callable[[int], None] | None = None
+        self, batches: Iterable[tuple[Any, Any]] | None, on_step: Callable[[int], None] | None = None
     ) -> list[float] | None:
         """Train on every ``(inputs, targets)`` batch of ``batches`` in one run of the schedule.
 
-        Every worker calls it with the same batches in the same order (seed any shuffling alike); a
-        worker reads only the parts its stage needs. The run ends drained: every stage's weights have
-        seen every batch, so :meth:`save` and :meth:`evaluate` after it are consistent.
+        ``batches`` may be any iterable, a ``DataLoader`` or a generator of any length: it is read as the
+        run goes, never held whole. Only the first stage reads inputs and only the last reads targets, each
+        from its own copy of the same batches in the same order (seed any shuffling alike); other workers
+        may pass ``None``. The run ends drained: every stage's weights have seen every batch, so
+        :meth:`save` and :meth:`evaluate` after it are consistent.
 
         Args:
-            batches: a sequence of batches (an iterable such as a DataLoader is read into a list first).
+            batches: the batches (see above).
             on_step: called with this worker's optimizer step count after each of its steps.
 
         Returns:
-            Each batch's mean loss on the first replica of the last stage, ``None`` elsewhere.
+            Each batch's loss (the mean over its samples) on the first replica of the last stage, ``None``
+            elsewhere.
         """
-        batches = batches if isinstance(batches, Sequence) else list(batches)
-        if not batches:
-            return [] if self.is_output else None
-        sched = self.schedule(len(batches))
-        inputs = self._microbatches(batches, 0) if self.is_first else None
-        targets = self._microbatches(batches, 1) if self.is_last else None
-        # The loss is scaled for the last stage's update size; this stage's updates may cover another count.
-        factor = sched.update_size(self.num_stages - 1) / sched.update_size(self.stage)
+        source = None
+        if self.is_first or self.is_last:
+            if batches is None:
+                raise ValueError(f"stage {self.stage} reads the batches: pass them on worker {self.worker}")
+            source = BatchSource(batches, self.microbatches, self.is_first, self.is_last, self.worker)
+        self._runs += 1
+        window = read_ahead(len(self.worker_stage), self.microbatches)
+        prefix = f"conveyor/pipeline{self._id}/run{self._runs}"
+        length = RunLength(_store(), prefix, window, batches, source if self.worker == 0 else None)
+        actions = worker_actions(self.kind, self.worker, self.replicas, self.microbatches, length)
+
+        def stepped() -> None:
+            self.updates += 1
+            if on_step is not None:
+                on_step(self.updates)
+
         self.module.train()
-        out = self.executor.run(
-            sched,
-            inputs,
-            targets,
-            on_step=lambda: self._optimizer_step(factor, on_step),
-        )
-        self.steps += len(batches)
-        return self._batch_losses(out.losses, len(batches))
+        will_use = self._pinned_versions(length)
+        out = self.executor.run(actions, source, True, self._stashing, will_use, stepped)
+        if self.worker == 0 and source is not None and source.fill(length.total):
+            raise ValueError(f"the batches on worker 0 yielded more than their len() of {length.total}")
+        self.steps += length.total
+        return self._batch_losses(out.losses, length.total)
 
-    def _microbatches(self, batches: Sequence[tuple[Any, Any]], index: int) -> list[Any]:
-        """Element ``index`` (0: inputs, 1: targets) of every batch, split into microbatches (views)."""
-        parts = []
-        for batch in batches:
-            if batch[index] is None:
-                what = "inputs" if index == 0 else "targets"
-                raise ValueError(f"stage {self.stage} needs the batch's {what}: pass them on this worker")
-            parts += split(batch[index], self.microbatches)
-        return parts
+    def _pinned_versions(self, length: RunLength) -> Callable[[int], bool] | None:
+        """For schedules whose forwards name their weight version: whether a forward of this worker not yet
+        run will use a version (its own microbatches come in order, their versions never decrease)."""
+        if self.kind.version(self.stage, 0, self.replicas, self.microbatches) is None:
+            return None
+        r, m = self.replicas[self.stage], self.microbatches
+        first = self.worker - self._workers_of(self.stage)[0]
+        weights = self.executor.weights
 
-    def _batch_losses(self, losses: dict[int, torch.Tensor], count: int) -> list[float] | None:
-        """Gather the last stage's per-microbatch losses on its first replica; per-batch means."""
+        def will_use(version: int) -> bool:
+            k = weights.last_forward + r if weights.last_forward >= 0 else first
+            while length.has(k // m):
+                v = self.kind.version(self.stage, k, self.replicas, m)
+                assert v is not None
+                if v >= version:
+                    return v == version
+                k += r
+            return False
+
+        return will_use
+
+    def _batch_losses(self, losses: dict[int, tuple[float, int]], count: int) -> list[float] | None:
+        """Gather the last stage's per-microbatch losses on its first replica; per-batch means over samples."""
         group = self._workers_of(self.num_stages - 1)
         if len(group) > 1 and self.is_last:
             parts: list[Any] = [None] * len(group) if self.is_output else []
-            dist.gather_object(
-                {k: float(v) for k, v in losses.items()},
-                parts if self.is_output else None,
-                dst=group[0],
-                group=self._replica_group,
-            )
+            dst = group[0]
+            dist.gather_object(losses, parts if self.is_output else None, dst=dst, group=self._replica_group)
             if self.is_output:
-                losses = {k: torch.tensor(v) for part in parts for k, v in part.items()}
+                losses = {k: v for part in parts for k, v in part.items()}
         if not self.is_output:
             return None
-        m = self.microbatches
-        return [float(torch.stack([losses[b * m + i] for i in range(m)]).mean()) for b in range(count)]
-
-    def _optimizer_step(self, factor: float, on_step: Callable[[int], None] | None) -> None:
-        """All-reduce the replicas' gradients, scale them by ``factor`` into the mean over the update's
-        microbatches, clip, step."""
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        if self._replica_group is not None and params:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self._replica_group)
-            for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
-                p.grad = g.view_as(p)
-        if factor != 1.0:
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(factor)
-        if self.max_grad_norm is not None:
-            self._clip(params)
-        if self.optimizer is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        self.updates += 1
-        if on_step is not None:
-            on_step(self.updates)
-
-    def _clip(self, params: list[nn.Parameter]) -> None:
-        grads = [p.grad for p in params if p.grad is not None]
-        if self.schedule_name in ASYNCHRONOUS:
-            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-            return
-        # Synchronous: every worker steps once per batch, so the whole model's norm can be agreed on;
-        # replicas hold equal gradients after the all-reduce, so each stage counts once.
-        sq = sum((g.double().pow(2).sum() for g in grads), torch.zeros((), dtype=torch.float64, device=self.device))
-        sq = sq / self.replicas[self.stage]
-        dist.all_reduce(sq)
-        coef = torch.clamp(self.max_grad_norm / (sq.sqrt() + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(coef.to(g.dtype))
+        m, out = self.microbatches, []
+        for b in range(count):
+            parts_of_batch = [losses[k] for k in range(b * m, (b + 1) * m) if k in losses]
+            samples = sum(n for _, n in parts_of_batch)
+            out.append(sum(loss * n for loss, n in parts_of_batch) / samples)
+        return out
 
     @torch.no_grad()
     def evaluate(self, inputs: Any = None) -> Any:
@@ -308,12 +315,12 @@ class Pipeline:
             :attr:`is_output`), ``None`` elsewhere.
         """
         self.module.eval()
-        parts = None
+        feed = None
         if self.worker == 0:
             if inputs is None:
                 raise ValueError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
-            parts = split(inputs, self.microbatches)
-        out = self.executor.run(self._eval_schedule, parts, None)
+            feed = _Parts(split(inputs, self.microbatches))
+        out = self.executor.run(self._eval_schedule.actions[self.worker], feed, training=False)
         if not self.is_output:
             return None
         return pytree.tree_map(
@@ -358,3 +365,13 @@ class Pipeline:
         if self.optimizer is not None and payload.get("optimizer"):
             checkpoint.set_optimizer_state(self.optimizer, self.module, payload["optimizer"])
         self.steps = int(payload.get("steps", 0))
+
+
+class _Parts:
+    """The microbatches of one batch, as a feed for evaluation."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    def microbatch(self, k: int) -> tuple[Any, Any, int]:
+        return self.parts[k], None, batch_size(self.parts[k])

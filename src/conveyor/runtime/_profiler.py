@@ -35,6 +35,10 @@ def _nbytes(tree: Any) -> int:
     return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
+def _rows(t: torch.Tensor, count: int) -> torch.Tensor:
+    return t[:count]
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -124,7 +128,7 @@ def profile(
         raise ValueError(f"batch sizes {list(batch_sizes)} must be between 1 and the example's batch size {full}")
     if batch_sizes:
         others = sorted(set(batch_sizes) - {full})
-        rows = [pytree.tree_map_only(torch.Tensor, lambda t, b=b: t[:b], example) for b in others]
+        rows = [pytree.tree_map_only(torch.Tensor, partial(_rows, count=b), example) for b in others]
         measure = partial(profile, model, name=name, device=device, repeats=repeats, warmup=warmup, optimizer=optimizer)
         return replace(measure(example), variants=tuple(measure(x) for x in rows))
     if repeats < 1 or warmup < 0:

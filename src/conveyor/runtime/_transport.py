@@ -1,9 +1,10 @@
 """Point-to-point transfer of pytrees of tensors between pipeline workers over torch.distributed.
 
 A stage may hand the next one a tensor, a tuple, a dict, or any nesting of them with plain Python
-values mixed in. Every transfer is one message: an 8-byte header and then every tensor's bytes, packed
-at 16-byte-aligned offsets, so a microbatch costs one send and one receive however many tensors it has
-(on a latency-bound pipeline the message count is what costs).
+values mixed in. Every transfer is one message: a 16-byte header (the length of a description that
+follows, if any, and the microbatch's sample count) and then every tensor's bytes, packed at 16-byte-
+aligned offsets, so a microbatch costs one send and one receive however many tensors it has (on a
+latency-bound pipeline the message count is what costs).
 
 The receiver must post a buffer of the right size, so both ends remember the structure (tree, shapes,
 dtypes, plain values) of the last message on the channel and expect the next to be the same. When it
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +33,9 @@ from torch.utils import _pytree as pytree
 
 __all__ = ["P2P", "PendingRecv", "differentiable_leaves"]
 
-_HEADER = 16  # bytes before the first tensor: an int64 header, padded to the alignment
+_HEADER = 16  # bytes before the first tensor: two int64s, the description length and the sample count
 _ALIGN = 16
+_MAX_PENDING = 256  # sends kept until completion before the oldest is waited on
 
 
 def differentiable_leaves(tree: Any) -> list[torch.Tensor]:
@@ -57,10 +60,10 @@ class _Layout:
             pos += -(-size // _ALIGN) * _ALIGN
         return cls(tuple(shapes), tuple(offsets), pos)
 
-    def pack(self, tensors: list[torch.Tensor], header: int | None, device: torch.device) -> torch.Tensor:
+    def pack(self, tensors: list[torch.Tensor], header: tuple[int, int] | None, device: torch.device) -> torch.Tensor:
         buf = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
         if header is not None:
-            buf[:8].view(torch.int64).fill_(header)
+            buf[:_HEADER].view(torch.int64).copy_(torch.tensor(header, dtype=torch.int64))
         for t, view in zip(tensors, self.unpack(buf), strict=True):
             view.copy_(t.detach())
         return buf
@@ -95,6 +98,11 @@ class PendingRecv:
     src: int
     layout: _Layout | None = None
 
+    def wait(self) -> None:
+        """Block until the data has arrived (a receive of nothing returns at once)."""
+        if self.work is not None:
+            self.work.wait()
+
 
 class P2P:
     """Sends and receives pytrees to and from other ranks of a process group.
@@ -108,15 +116,20 @@ class P2P:
         self.device = device
         # The ProcessGroup's own send/recv: torch.distributed.isend adds ~45 us of Python checks per call,
         # which a latency-bound pipeline pays on its critical path at every hop.
-        self._pg = group if group is not None else dist.group.WORLD
+        world = dist.group.WORLD
+        assert world is not None, "torch.distributed is not initialised"
+        self._pg: dist.ProcessGroup = group if group is not None else world
         self._group_rank: dict[int, int] = {}
         self._to: dict[int, _Channel] = {}
         self._from: dict[int, _Channel] = {}
-        self._pending: list[tuple[dist.Work, torch.Tensor]] = []
+        self._pending: deque[tuple[dist.Work, torch.Tensor]] = deque()
 
     def _isend(self, buf: torch.Tensor, dst: int) -> None:
-        if len(self._pending) >= 256:  # schedules without a step boundary would otherwise grow this forever
-            self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+        while len(self._pending) >= _MAX_PENDING:
+            # A long run would otherwise keep every send's buffer. Gloo marks a send complete only once it is
+            # waited on; a send this many messages old was received long ago (a schedule keeps only a
+            # pipeline's depth of messages in flight), so the wait returns at once.
+            self._pending.popleft()[0].wait()
         work = self._pg.send([buf], self._peer(dst), 0)
         # Keep the buffer alive until the send completes: the backend reads it asynchronously.
         self._pending.append((work, buf))
@@ -128,15 +141,16 @@ class P2P:
 
     def _recv(self, nbytes: int, src: int) -> torch.Tensor:
         pending = self._irecv(nbytes, src)
-        pending.work.wait()
+        pending.wait()
         return pending.buf
 
     def _irecv(self, nbytes: int, src: int) -> PendingRecv:
         buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         return PendingRecv(self._pg.recv([buf], self._peer(src), 0), buf, src)
 
-    def send_tree(self, tree: Any, dst: int) -> None:
-        """Send ``tree`` (tensors detached) to rank ``dst`` as one message (two more if its structure changed)."""
+    def send_tree(self, tree: Any, dst: int, samples: int = 0) -> None:
+        """Send ``tree`` (tensors detached) and a sample count to rank ``dst`` as one message (two more if its
+        structure changed)."""
         leaves, spec = pytree.tree_flatten(tree)
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         signature = (
@@ -152,7 +166,7 @@ class P2P:
             self._isend(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device), dst)
             channel = _Channel(signature, spec, _Layout.of([(t.shape, t.dtype) for t in tensors], _HEADER))
             self._to[dst] = channel
-        self._isend(channel.layout.pack(tensors, 0, self.device), dst)
+        self._isend(channel.layout.pack(tensors, (0, samples), self.device), dst)
 
     def irecv_tree(self, src: int) -> PendingRecv:
         """Post the receive of the next pytree from ``src``; finish it with :meth:`wait_tree`.
@@ -162,9 +176,9 @@ class P2P:
         """
         return self._irecv(_expected_size(self._from.get(src)), src)
 
-    def wait_tree(self, pending: PendingRecv) -> Any:
-        """Complete a receive posted by :meth:`irecv_tree` and return the pytree."""
-        pending.work.wait()
+    def wait_tree(self, pending: PendingRecv) -> tuple[Any, int]:
+        """Complete a receive posted by :meth:`irecv_tree`: the pytree and its sample count."""
+        pending.wait()
         buf, src = pending.buf, pending.src
         meta_bytes = int(buf[:8].view(torch.int64).item())
         if meta_bytes:
@@ -176,10 +190,10 @@ class P2P:
         channel = self._from[src]
         tensors = iter(channel.layout.unpack(buf))
         leaves = [value if kind == "value" else next(tensors) for kind, value in channel.signature[1]]
-        return pytree.tree_unflatten(leaves, channel.spec)
+        return pytree.tree_unflatten(leaves, channel.spec), int(buf[8:_HEADER].view(torch.int64).item())
 
-    def recv_tree(self, src: int) -> Any:
-        """Receive the next pytree that rank ``src`` sent with :meth:`send_tree`."""
+    def recv_tree(self, src: int) -> tuple[Any, int]:
+        """Receive the next pytree (and its sample count) that rank ``src`` sent with :meth:`send_tree`."""
         return self.wait_tree(self.irecv_tree(src))
 
     def send_tensors(self, tensors: list[torch.Tensor], dst: int) -> None:
@@ -198,8 +212,8 @@ class P2P:
     @staticmethod
     def wait_tensors(pending: PendingRecv) -> list[torch.Tensor]:
         """Complete a receive posted by :meth:`irecv_tensors` and return the tensors."""
-        if pending.work is not None:
-            pending.work.wait()
+        pending.wait()
+        assert pending.layout is not None, "a receive posted by irecv_tree: finish it with wait_tree"
         return pending.layout.unpack(pending.buf)
 
     def recv_tensors(self, like: list[torch.Tensor], src: int) -> list[torch.Tensor]:

@@ -12,23 +12,25 @@ A schedule that never updates weights under an in-flight microbatch (GPipe, Pipe
 stash: the module runs directly and nothing is copied.
 
 Example:
-    >>> from conveyor.schedule._schedule import pipedream
     >>> stage = WeightVersions(torch.nn.Linear(2, 2))
-    >>> stage.start(pipedream(stages=3, microbatches=6), worker=0)
-    >>> stage.stashing
-    True
+    >>> stage.start(stashing=True)
+    >>> y = stage.forward(0, torch.ones(1, 2))  # microbatch 0 on version 0
+    >>> stage.collect_grads(); stage.publish()   # a step: version 1 is the newest, 0 stays for microbatch 0
+    >>> stage.live
+    2
+    >>> stage.done(0); stage.live                # microbatch 0's backward ran: version 0 is freed
+    1
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
-
-from conveyor.schedule._schedule import Schedule
 
 __all__ = ["StashError", "WeightVersions"]
 
@@ -39,6 +41,11 @@ class StashError(RuntimeError):
 
 class WeightVersions:
     """The weight versions a stage keeps for the microbatches in flight, freed as soon as none needs them.
+
+    A version lives from the step that makes it until it is neither the newest, nor used by a microbatch
+    whose backward is pending, nor pinned by a forward still to come (2BW and vertical sync name the
+    version each forward uses; ask ``will_use``), the rule
+    :meth:`~conveyor.schedule.Schedule.worker_peak_versions` applies to a whole action list.
 
     Args:
         module: the stage; its parameters are the master copy the optimizer updates.
@@ -56,26 +63,44 @@ class WeightVersions:
         self._need: Counter[int] = Counter()
         self._newest = 0
         self._snapshots: dict[int, list[torch.Tensor]] = {}
+        self._will_use: Callable[[int], bool] = _never
+        self.last_forward = -1  # the latest microbatch a version was held for
 
-    def start(self, schedule: Schedule, worker: int) -> None:
-        """Prepare for a run of ``schedule``: version 0 is the module's current weights."""
-        self._uses = schedule.forward_versions(worker)
-        self._need = Counter(self._uses.values())
-        self._newest = 0
-        self._snapshots = {}
-        self.stashing = schedule.worker_peak_versions(worker) > 1
-        self._versions = {0: self._clone()} if self.stashing else {}
+    def start(self, stashing: bool, will_use: Callable[[int], bool] | None = None) -> None:
+        """Prepare for a run: version 0 is the module's current weights.
+
+        Args:
+            stashing: keep versions for the backwards of microbatches in flight (without it the module runs
+                as is: a flush schedule).
+            will_use: whether a forward not yet run will ask for this version (``None``: forwards always
+                use the newest).
+        """
+        self._uses, self._need, self._newest, self._snapshots = {}, Counter(), 0, {}
+        self.stashing, self.last_forward = stashing, -1
+        self._will_use = will_use or _never
+        self._versions = {0: self._clone()} if stashing else {}
 
     @property
     def live(self) -> int:
         """How many versions are held now (1 without stashing)."""
         return max(len(self._versions), 1)
 
-    def forward(self, microbatch: int, inputs: Any) -> Any:
-        """Run the stage on ``inputs`` with the weights the schedule assigns to ``microbatch``."""
+    def use(self, microbatch: int, version: int | None = None) -> int:
+        """Hold ``version`` (default the newest) for ``microbatch`` until its backward; return it. Its forward
+        calls this; an empty microbatch, which runs nothing, calls it alone."""
+        if microbatch not in self._uses:
+            v = self._newest if version is None else version
+            self._uses[microbatch] = v
+            self._need[v] += 1
+            self.last_forward = max(self.last_forward, microbatch)
+        return self._uses[microbatch]
+
+    def forward(self, microbatch: int, inputs: Any, version: int | None = None) -> Any:
+        """Run the stage on ``inputs`` with weight ``version`` (default the newest), held for ``microbatch``."""
+        v = self.use(microbatch, version)
         if not self.stashing:
             return self.module(inputs)
-        weights = self._versions[self._uses[microbatch]]
+        weights = self._versions[v]
         if self.debug:
             self._snapshots[microbatch] = [t.detach().clone() for t in weights.values()]
         return functional_call(self.module, weights, (inputs,))
@@ -86,7 +111,9 @@ class WeightVersions:
             return
         v = self._uses[microbatch]
         now = self._versions.get(v)
-        before = self._snapshots.pop(microbatch)
+        before = self._snapshots.pop(microbatch, None)
+        if before is None:  # an empty microbatch: nothing ran
+            return
         if now is None or not all(torch.equal(a, b) for a, b in zip(now.values(), before, strict=True)):
             raise StashError(
                 f"stage {stage}: the backward of microbatch {microbatch} would use weights other than version {v}, "
@@ -95,10 +122,10 @@ class WeightVersions:
 
     def done(self, microbatch: int) -> None:
         """The backward of ``microbatch`` ran: free its version if nothing else needs it."""
-        v = self._uses[microbatch]
+        v = self._uses.pop(microbatch)
+        self._snapshots.pop(microbatch, None)  # one a recomputed forward took again
         self._need[v] -= 1
-        if self._need[v] == 0 and v != self._newest:
-            self._release(v)
+        self._free_if_unused(v)
 
     def collect_grads(self) -> None:
         """Move the gradients accumulated on the versions onto the master parameters, for the optimizer."""
@@ -113,11 +140,13 @@ class WeightVersions:
                 p.grad = t.grad if p.grad is None else p.grad + t.grad
                 t.grad = None
 
-    def _release(self, version: int) -> None:
-        """Free ``version``, keeping the gradients it holds for the next step."""
-        weights = self._versions.pop(version, None)
-        if weights is not None:
-            self._move_grads(weights)
+    def _free_if_unused(self, version: int) -> None:
+        """Free ``version``, keeping the gradients it holds for the next step, unless something needs it."""
+        if self._need[version] or version == self._newest or version not in self._versions:
+            return
+        if self._will_use(version):
+            return
+        self._move_grads(self._versions.pop(version))
 
     def publish(self) -> None:
         """The optimizer stepped the master parameters: make them the newest version."""
@@ -126,8 +155,7 @@ class WeightVersions:
         if not self.stashing:
             return
         self._versions[self._newest] = self._clone()
-        if self._need[old] == 0:
-            self._release(old)
+        self._free_if_unused(old)  # one kept for a coming forward goes when that forward's backward is done
         self.peak = max(self.peak, len(self._versions))
 
     def _clone(self) -> dict[str, torch.Tensor]:
@@ -135,3 +163,7 @@ class WeightVersions:
             return {
                 name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in self.module.named_parameters()
             }
+
+
+def _never(version: int) -> bool:
+    return False

@@ -14,9 +14,11 @@ def test_split_keeps_structure_and_shares_plain_values() -> None:
     assert all(p["pair"][1] == "tag" for p in parts)
 
 
-def test_batch_that_does_not_divide_names_the_fix() -> None:
-    with pytest.raises(ValueError, match="10 samples cannot be split into 4 equal microbatches"):
-        split(torch.zeros(10, 3), 4)
+def test_uneven_batches_split_as_equally_as_possible() -> None:
+    assert [len(p) for p in split(torch.zeros(10, 3), 4)] == [3, 3, 2, 2]
+    assert [len(p) for p in split(torch.zeros(2, 3), 4)] == [1, 1, 0, 0]  # a short batch leaves parts empty
+    with pytest.raises(ValueError, match="at least 1 microbatch"):
+        split(torch.zeros(2, 3), 0)
 
 
 def test_tensors_of_different_batch_sizes_are_rejected() -> None:

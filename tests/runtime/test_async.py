@@ -18,7 +18,7 @@ from conveyor.runtime._versions import StashError, WeightVersions
 pytestmark = pytest.mark.timeout(240)
 
 N_BATCHES = 4
-MICROBATCHES = 6  # a multiple of every replica count below, and enough for 2BW on 4 stages
+MICROBATCHES = 6  # enough for 2BW on 4 stages
 OPTIMIZERS = {
     "sgd": partial(torch.optim.SGD, lr=0.05, momentum=0.9),
     "adam": partial(torch.optim.Adam, lr=0.01),
@@ -29,19 +29,26 @@ BALANCE = {2: [3, 2], 3: [2, 2, 1], 4: [1, 1, 2, 1]}
 Case = tuple[str, str, float | None, torch.dtype | None]
 
 
-def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return batches(n=N_BATCHES, size=2 * MICROBATCHES)
+# Uneven: batch sizes that no microbatch count divides, the last one shorter than the microbatch count.
+UNEVEN = (10, 9, 7, 3)
 
 
-def _run(replicas: tuple[int, ...], cases: list[Case]) -> dict[Case, dict[str, Any]]:
+def _data(sizes: tuple[int, ...] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    full = batches(n=N_BATCHES, size=2 * MICROBATCHES)
+    return full if sizes is None else [(x[:n], y[:n]) for (x, y), n in zip(full, sizes, strict=True)]
+
+
+def _run(
+    replicas: tuple[int, ...], cases: list[Case], m: int = MICROBATCHES, sizes: tuple[int, ...] | None = None
+) -> dict[Case, dict[str, Any]]:
     out = {}
     for case in cases:
         schedule, opt, clip, autocast = case
         pipe = Pipeline(
-            mlp(), BALANCE[len(replicas)], MICROBATCHES, F.cross_entropy, OPTIMIZERS[opt], schedule, replicas,
+            mlp(), BALANCE[len(replicas)], m, F.cross_entropy, OPTIMIZERS[opt], schedule, replicas,
             max_grad_norm=clip, autocast=autocast, debug=True,
         )  # fmt: skip
-        losses = pipe.train(_data())
+        losses = pipe.train(_data(sizes))
         out[case] = {
             "params": {k: v.detach().clone() for k, v in pipe.module.named_parameters()},
             "peak_versions": pipe.peak_versions,
@@ -51,18 +58,26 @@ def _run(replicas: tuple[int, ...], cases: list[Case]) -> dict[Case, dict[str, A
     return out
 
 
-def _reference(replicas: tuple[int, ...], case: Case) -> dict[str, torch.Tensor]:
+def _reference(
+    replicas: tuple[int, ...], case: Case, m: int = MICROBATCHES, sizes: tuple[int, ...] | None = None
+) -> dict[str, torch.Tensor]:
     schedule, opt, clip, autocast = case
     model = mlp()
     stages = [build_stage(model, r) for r in stage_ranges(BALANCE[len(replicas)], len(as_blocks(model)))]
-    reference.train(stages, _data(), MICROBATCHES, schedule, replicas, OPTIMIZERS[opt], F.cross_entropy, clip, autocast)
+    reference.train(stages, _data(sizes), m, schedule, replicas, OPTIMIZERS[opt], F.cross_entropy, clip, autocast)
     return {k: v for st in stages for k, v in st.named_parameters()}
 
 
-def _check(replicas: tuple[int, ...], cases: list[Case], rtol: float = 1e-5) -> dict[Case, dict[str, Any]]:
-    per_rank = launch(_run, replicas, cases, nprocs=sum(replicas), timeout_s=200)
+def _check(
+    replicas: tuple[int, ...],
+    cases: list[Case],
+    rtol: float = 1e-5,
+    m: int = MICROBATCHES,
+    sizes: tuple[int, ...] | None = None,
+) -> dict[Case, dict[str, Any]]:
+    per_rank = launch(_run, replicas, cases, m, sizes, nprocs=sum(replicas), timeout_s=200)
     for case in cases:
-        ref = _reference(replicas, case)
+        ref = _reference(replicas, case, m, sizes)
         seen = set()
         for rank, result in per_rank.items():
             got = result[case]["params"]
@@ -97,6 +112,13 @@ def test_clipping_and_autocast() -> None:
 def test_replicated_stages_match_their_update_equations(replicas: tuple[int, ...]) -> None:
     opts = ["sgd", "adam"] if replicas == (2, 2) else ["sgd"]
     _check(replicas, [(s, opt, None, None) for s in ("flush", "gpipe", *ASYNC) for opt in opts])
+
+
+@pytest.mark.parametrize("replicas", [(3, 1), (1, 2)])
+def test_counts_that_divide_nothing_match_the_update_equations(replicas: tuple[int, ...]) -> None:
+    """4 microbatches on 3 replicas, batches of 10, 9, 7 and 3 samples: uneven rounds, a last partial round,
+    uneven and empty microbatches; every schedule still follows its equations."""
+    _check(replicas, [(s, "sgd", None, None) for s in ("flush", "gpipe", *ASYNC)], m=4, sizes=UNEVEN)
 
 
 def test_the_reference_semantics_differ() -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conveyor.runtime._launch import launch
+from conveyor.runtime import launch
 from conveyor.runtime._transport import P2P, differentiable_leaves
 
 pytestmark = pytest.mark.timeout(90)
@@ -30,12 +30,12 @@ def _messages() -> list[object]:
 def _exchange() -> list[object] | None:
     p2p = P2P(torch.device("cpu"))
     if dist.get_rank() == 0:
-        for msg in _messages():
-            p2p.send_tree(msg, 1)
+        for i, msg in enumerate(_messages()):
+            p2p.send_tree(msg, 1, samples=10 + i)
         grads = p2p.recv_tensors([torch.zeros(3), torch.zeros(2, 2, dtype=torch.float64)], 1)
         p2p.wait_sends()
         return grads
-    got = [p2p.recv_tree(0) for _ in _messages()]
+    got = [p2p.recv_tree(0) for _ in _messages()]  # (tree, samples) pairs
     p2p.send_tensors([torch.full((3,), 2.0), torch.eye(2, dtype=torch.float64)], 0)
     p2p.wait_sends()
     return got
@@ -55,8 +55,9 @@ def test_pytrees_and_gradients_arrive_intact() -> None:
     out = launch(_exchange, nprocs=2, timeout_s=60)
     received = out[1]
     assert len(received) == len(_messages())
-    for sent, got in zip(_messages(), received, strict=True):
+    for i, (sent, (got, samples)) in enumerate(zip(_messages(), received, strict=True)):
         assert _same(sent, got), (sent, got)
+        assert samples == 10 + i
     assert torch.equal(out[0][0], torch.full((3,), 2.0))
     assert torch.equal(out[0][1], torch.eye(2, dtype=torch.float64))
 

@@ -4,14 +4,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.schedule._schedule import SCHEDULES, Op, flush, gpipe, make_schedule
-from conveyor.schedule._simulate import simulate
+from conveyor.schedule import SCHEDULES, Op, flush, gpipe, make_schedule, simulate, twobw_min_microbatches
 
 times = st.floats(0.1, 10.0)
 
 
 @given(st.integers(1, 8), st.integers(1, 12), times, times, st.sampled_from(sorted(SCHEDULES)))
 def test_equal_stages_take_m_plus_p_minus_1_slots(p: int, m: int, tf: float, tb: float, name: str) -> None:
+    m = max(m, twobw_min_microbatches([1] * p)) if name == "2bw" else m
     result = simulate(make_schedule(name, p, m), forward_s=tf, backward_s=tb)
     assert result.step_s == pytest.approx((m + p - 1) * (tf + tb))
 
@@ -40,7 +40,7 @@ def test_busy_time_and_efficiency() -> None:
 
 def test_timeline_lists_every_compute_action() -> None:
     result = simulate(gpipe(2, 3), 1.0, 1.0)
-    assert len(result.timeline) == 2 * (3 + 3 + 1)
+    assert len(result.timeline) == 2 * (3 + 3 + 2)  # forwards, backwards, reduce, step
     assert all(end >= start for _, _, start, end in result.timeline)
 
 
@@ -49,9 +49,12 @@ def test_per_stage_values_must_match_the_stage_count() -> None:
         simulate(gpipe(3, 2), forward_s=[1.0, 2.0], backward_s=1.0)
 
 
-def test_replicas_step_together() -> None:
+def test_replicas_reduce_together() -> None:
     # Stage 0 has 2 replicas with one microbatch each; stage 1 runs both microbatches. Replica 0's
-    # microbatch finishes first, but its step (an all-reduce) waits for replica 1's.
-    result = simulate(flush(2, 2, replicas=[2, 1]), forward_s=1.0, backward_s=1.0)
-    steps = {w: start for w, a, start, _ in result.timeline if a.op is Op.STEP and w < 2}
-    assert steps[0] == steps[1] == pytest.approx(result.finish_s[1])
+    # microbatch finishes first, but its reduce (an all-reduce) waits for replica 1's.
+    result = simulate(flush(2, 2, replicas=[2, 1]), forward_s=1.0, backward_s=1.0, reduce_s=[0.5, 0.0])
+    ends = {(w, str(a)): end for w, a, _, end in result.timeline}
+    # Replica 0's backward ends at 4 (stage 1 serves microbatch 0 first), replica 1's at 6: both reduce at 6.
+    assert ends[(0, "B0")] == 4.0 and ends[(1, "B1")] == 6.0
+    reduces = {w: (start, end) for w, a, start, end in result.timeline if a.op is Op.REDUCE_GRAD and w < 2}
+    assert reduces == {0: (6.0, 6.5), 1: (6.0, 6.5)}

@@ -8,11 +8,11 @@ import pytest
 
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.job._train import TrainConfig, train
-from conveyor.plan._planfile import read_plan_file
+from conveyor.plan import layout_file, read_plan_file
 
 pytestmark = pytest.mark.timeout(240)
 
-STEPS_PER_EPOCH = 1437 // 64
+STEPS_PER_EPOCH = -(-1437 // 64)  # the last batch of an epoch is short, not dropped
 
 
 def _check_run_folder(run: Path, epochs: int) -> None:
@@ -52,3 +52,26 @@ def test_planned_run_its_plan_file_and_resuming(tmp_path: Path) -> None:
 def test_target_accuracy_stops_early(tmp_path: Path) -> None:
     summary = train(TrainConfig(stages=1, replicas="2", epochs=10, target_accuracy=0.5, run_dir=str(tmp_path)))
     assert summary["epochs"] < 10 and summary["accuracy"][-1] >= 0.5
+
+
+def test_replicas_that_divide_nothing_train_the_digits(tmp_path: Path) -> None:
+    """3-1 with 4 microbatches per batch of 64 and 1437 samples: no count is a multiple of 3."""
+    summary = train(TrainConfig(stages=2, replicas="3-1", schedule="pipedream", epochs=2, run_dir=str(tmp_path)))
+    assert summary["layout"]["replicas"] == [3, 1] and len(summary["peak_rss_bytes"]) == 4
+    assert summary["accuracy"][-1] > 0.8, summary["accuracy"]
+    _check_run_folder(tmp_path, 2)
+
+
+def test_the_vgg16_plan_shape_15_1_runs_on_the_digits(tmp_path: Path) -> None:
+    """PipeDream's "15-1" (16 workers) as a plan file: 1437 samples, batches of 64 in 4 microbatches."""
+    names = [str(i) for i in range(5)]
+    plan = layout_file("flush", 4, [4, 1], [15, 1], names)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    summary = train(TrainConfig(plan=str(tmp_path / "plan.json"), epochs=1, run_dir=str(tmp_path / "run")))
+    assert summary["layout"]["replicas"] == [15, 1] and len(summary["peak_rss_bytes"]) == 16
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.pt")["steps"] == STEPS_PER_EPOCH
+
+
+def test_loader_processes_feed_the_readers(tmp_path: Path) -> None:
+    summary = train(TrainConfig(stages=2, loader_workers=1, epochs=1, run_dir=str(tmp_path)))
+    assert summary["epochs"] == 1 and summary["accuracy"][-1] > 0.5

@@ -169,5 +169,5 @@ def test_vgg16_that_fits_nowhere_says_how_much_would(pipedream_profiles: Path) -
 
 def test_unknown_schedule_is_reported() -> None:
     p = Profile.chain("one", [1.0], [1.0], [1], [1])
-    with pytest.raises(PlanError, match="choose one of pipedream, 2bw, flush, gpipe"):
+    with pytest.raises(PlanError, match="the planner knows schedules pipedream, 2bw, flush, gpipe, not 'zb'"):
         optimize(p, Topology.parse("1:1e9"), schedule="zb")

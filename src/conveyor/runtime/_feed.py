@@ -1,0 +1,162 @@
+"""A run's batches, read as the run goes: how many there are, and each worker's share of them.
+
+Only the workers that need a batch read it: the first stage its inputs, the last stage its targets,
+each from its own copy of the same iterable (the same batches in the same order on every worker). The
+other workers never touch the data; they learn the run's length from the first worker through the c10d
+store. A run whose batches have a ``len()`` announces it at once; a generator's length is only known
+at its end, so the first worker reads a window of batches ahead and announces, window by window, how
+many it found. Generation asks about a batch at most a pipeline's depth ahead of the work, so the
+window covers that (:func:`read_ahead`) and memory stays bounded however long the run is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+
+from conveyor.runtime._microbatch import batch_size, split
+
+__all__ = ["BatchSource", "RunLength", "read_ahead"]
+
+
+def read_ahead(workers: int, microbatches: int) -> int:
+    """Batches the first worker reads beyond the one asked about: generation on any worker asks at most a
+    stage's warm-up and a round of replicas (both at most ``workers`` microbatches) plus an update beyond
+    the work it runs, which is never more than that ahead of the first worker's."""
+    return 2 + -(-3 * workers // microbatches)
+
+
+class BatchSource:
+    """One worker's view of the batches: the inputs and/or targets of each microbatch, read on demand.
+
+    Batches are read in order and dropped once a later batch is asked for, so a worker holds at most the
+    batches it has read ahead.
+
+    Args:
+        batches: the ``(inputs, targets)`` batches.
+        microbatches: the parts each batch is cut into (:func:`~conveyor.runtime._microbatch.split`).
+        inputs, targets: which parts this worker needs (the other is dropped on reading).
+        worker: this worker's rank, for error messages.
+    """
+
+    def __init__(
+        self, batches: Iterable[tuple[Any, Any]], microbatches: int, inputs: bool, targets: bool, worker: int
+    ) -> None:
+        self._iter: Iterator[tuple[Any, Any]] = iter(batches)
+        self._m, self._inputs, self._targets, self._worker = microbatches, inputs, targets, worker
+        self._parts: dict[int, tuple[list[Any] | None, list[Any] | None, list[int]]] = {}
+        self.read = 0  # batches read so far
+        self.ended = False
+        self.fill(0)  # a batch this worker cannot use fails here, before any worker waits on another
+
+    def fill(self, batch: int) -> bool:
+        """Read up to batch ``batch``; whether it exists."""
+        while self.read <= batch and not self.ended:
+            item = next(self._iter, None)
+            if item is None:
+                self.ended = True
+                break
+            self._parts[self.read] = self._cut(item)
+            self.read += 1
+        return batch < self.read
+
+    def microbatch(self, k: int) -> tuple[Any, Any, int]:
+        """Inputs (or ``None``), targets (or ``None``) and sample count of microbatch ``k``.
+
+        Raises:
+            ValueError: the batches ran out before microbatch ``k``'s.
+        """
+        b = k // self._m
+        if not self.fill(b):
+            raise ValueError(
+                f"worker {self._worker}'s batches end after {self.read}, but the run has at least {b + 1}: give every "
+                "worker the same batches in the same order"
+            )
+        for old in [x for x in self._parts if x < b]:
+            del self._parts[old]
+        inputs, targets, sizes = self._parts[b]
+        i = k % self._m
+        return (None if inputs is None else inputs[i]), (None if targets is None else targets[i]), sizes[i]
+
+    def _cut(self, item: tuple[Any, Any]) -> tuple[list[Any] | None, list[Any] | None, list[int]]:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise ValueError(f"a batch must be an (inputs, targets) pair, got {type(item).__name__}")
+        parts = []
+        for wanted, value, what in ((self._inputs, item[0], "inputs"), (self._targets, item[1], "targets")):
+            if wanted and value is None:
+                raise ValueError(f"worker {self._worker} needs the batches' {what}: pass them on this worker")
+            parts.append(split(value, self._m) if wanted else None)
+        sizes = [batch_size(p) for p in (parts[0] or parts[1] or [])]
+        return parts[0], parts[1], sizes
+
+
+class RunLength:
+    """The number of batches in a run, as every worker learns it (a :class:`~conveyor.schedule.BatchCount`).
+
+    Worker 0 announces it through the c10d ``store`` under ``prefix``: the length at once when its batches
+    have a ``len()``, else window by window (``window`` batches each, read ahead by its
+    :class:`BatchSource`). A worker whose own batches have a ``len()`` uses it without asking.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        prefix: str,
+        window: int,
+        batches: Iterable[Any] | None,
+        source: BatchSource | None = None,
+    ) -> None:
+        self._store, self._prefix, self._window, self._source = store, prefix, window, source
+        self._known: int | None = None  # the exact length, once known
+        self._seen = 0  # batches known to exist
+        self._announced = 0  # windows announced (worker 0)
+        own = _length(batches)
+        if source is not None:  # worker 0
+            self._store.set(f"{prefix}/length", str(-1 if own is None else own))
+            self._known = own
+        elif own is not None:
+            self._known = own
+        else:
+            announced = int(self._store.get(f"{prefix}/length"))
+            self._known = None if announced < 0 else announced
+
+    def has(self, batch: int) -> bool:
+        """Whether the run has batch ``batch`` (on workers other than worker 0, waits until it is known)."""
+        while self._known is None and batch >= self._seen:
+            self._learn_window(self._seen // self._window)
+        return batch < (self._known if self._known is not None else self._seen)
+
+    @property
+    def total(self) -> int:
+        """The run's length (learning it to the end if need be)."""
+        while self._known is None:
+            self._learn_window(self._seen // self._window)
+        return self._known
+
+    def _learn_window(self, j: int) -> None:
+        if self._source is not None:
+            # Announce the next window too: another worker's question runs at most a window ahead of worker
+            # 0's, so it never waits on worker 0 reaching a batch that worker 0 does not yet need.
+            self._source.fill((j + 2) * self._window - 1)
+            for w in range(self._announced, j + 2):
+                self._store.set(f"{self._prefix}/{w}", str(self._count(w)))
+            self._announced = j + 2
+            count = self._count(j)
+        else:
+            count = int(self._store.get(f"{self._prefix}/{j}"))
+        self._seen = j * self._window + count
+        if count < self._window:
+            self._known = self._seen
+
+    def _count(self, j: int) -> int:
+        assert self._source is not None
+        return max(0, min(self._window, self._source.read - j * self._window))
+
+
+def _length(batches: Iterable[Any] | None) -> int | None:
+    try:
+        return None if batches is None else len(batches)  # type: ignore[arg-type]
+    except TypeError:
+        return None

@@ -1,0 +1,151 @@
+"""One record per schedule: how its workers order the work, what an update covers, which weights a forward uses.
+
+Everything that behaves differently per schedule reads it here: the generators, the planner's memory
+model, the runtime's gradient clipping, the command line. ``m`` is the microbatches per batch, ``r`` a
+stage's replicas and ``d`` the workers from that stage to the end of the pipeline (its own included); a
+replica admits ``ceil(d / r)`` microbatches before its first backward (PipeDream's NOAM on the input stage).
+
+==============  ============  ===============  =================  ===============  ===================
+name            order         update covers    forward uses       weight versions  microbatches held
+==============  ============  ===============  =================  ===============  ===================
+``pipedream``   1F1B, no      a round: one     the newest         ``ceil(d/r)``    ``ceil(d/r)``
+                flush         per replica
+``pipedream-``  1F1B, no      a round          the input stage's  (not modelled)   ``ceil(d/r)``
+``vs``          flush                          at entry
+``2bw``         1F1B, no      a batch          one update old     2                ``ceil(d/r)``
+                flush
+``flush``       1F1B per      a batch          the newest         1                ``min(ceil(d/r),
+                batch                                                                ceil(m/r))``
+``gpipe``       all forwards  a batch          the newest         1                ``ceil(m/r)``
+                first
+==============  ============  ===============  =================  ===============  ===================
+
+Example:
+    >>> KINDS["2bw"].version(stage=1, microbatch=9, replicas=[1, 1], microbatches=4)
+    1
+    >>> int(KINDS["pipedream"].weight_versions(replicas=1, downstream=3)), KINDS["flush"].synchronous
+    (3, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["KINDS", "PLANNER_SCHEDULES", "Kind", "kind", "warmup"]
+
+Count = int | np.ndarray
+
+
+def warmup(replicas: Count, downstream: Count) -> Count:
+    """Forwards a replica admits before its first backward: the workers from its stage on, shared among the
+    stage's replicas (arrays broadcast)."""
+    return -(-downstream // replicas)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a schedule is.
+
+    Attributes:
+        name: as given to :func:`~conveyor.schedule.make_schedule` and ``--schedule``.
+        summary: one line for help texts.
+        all_forwards_first: every forward of a batch runs before its backwards (GPipe); otherwise one
+            forward one backward (1F1B) after a warm-up.
+        synchronous: the pipeline drains at every update, so the update equals gradient accumulation over
+            the batch on the newest weights; otherwise it stays full across batches.
+        update: what one optimizer step covers: a ``"batch"``, or a ``"round"`` of one minibatch per replica
+            (PipeDream, where every microbatch is a minibatch of its own).
+        weights: which version a forward uses: the ``"newest"``; the newest with the version ``"stashed"``
+            for the backward (PipeDream); the input stage's at ``"entry"`` (vertical sync); the
+            ``"previous"`` update's (2BW).
+        plan_as: the schedule whose memory counts the planner uses for this one (``None``: its own).
+    """
+
+    name: str
+    summary: str
+    all_forwards_first: bool
+    synchronous: bool
+    update: Literal["batch", "round"]
+    weights: Literal["newest", "stashed", "entry", "previous"]
+    plan_as: str | None = None
+
+    def update_of(self, microbatch: int, microbatches: int, replicas: int) -> int:
+        """The update (optimizer step) of a stage with ``replicas`` replicas that ``microbatch`` belongs to."""
+        return microbatch // (replicas if self.update == "round" else microbatches)
+
+    def updates(self, batches: int, microbatches: int, replicas: int) -> int:
+        """The updates a stage with ``replicas`` replicas makes in a run of ``batches`` batches."""
+        return -(-batches * microbatches // replicas) if self.update == "round" else batches
+
+    def version(self, stage: int, microbatch: int, replicas: Sequence[int], microbatches: int) -> int | None:
+        """The weight version the forward of ``microbatch`` on ``stage`` uses; ``None`` for the newest.
+
+        2BW: ``max(k // m - 1, 0)``, so ``W(t+1) = W(t) - lr grad f(W(t-1))``. Vertical sync: the version ``u``
+        the input stage used, ``max(0, k // r0 - w0 + 1)``, which on a stage with ``r`` replicas is the newest
+        whose minibatches the input stage's had all seen, ``floor(u r0 / r)``.
+        """
+        if self.weights == "previous":
+            return max(microbatch // microbatches - 1, 0)
+        if self.weights == "entry":
+            r0 = replicas[0]
+            entered = max(0, microbatch // r0 - int(warmup(r0, sum(replicas))) + 1)
+            return entered * r0 // replicas[stage]
+        return None
+
+    def stashes(self, replicas: Sequence[int], stage: int) -> bool:
+        """Whether a worker of ``stage`` keeps more than one weight version, so its forwards must run on
+        copies that an optimizer step leaves alone."""
+        if self.weights == "entry":
+            return len(replicas) > 1
+        return bool(self.weight_versions(replicas[stage], sum(replicas[stage:])) > 1)
+
+    def weight_versions(self, replicas: Count, downstream: Count) -> Count:
+        """Copies of a stage's weights a worker holds at its peak (arrays broadcast)."""
+        if self.weights == "entry":
+            raise ValueError(f"the planner has no memory model for {self.name}: plan it as {self.plan_as}")
+        if self.weights == "stashed":
+            return warmup(replicas, downstream)
+        shape = np.broadcast_shapes(np.shape(replicas), np.shape(downstream))
+        return np.broadcast_to(2 if self.weights == "previous" else 1, shape)
+
+    def in_flight(self, replicas: Count, downstream: Count, microbatches: int) -> Count:
+        """Microbatches a worker of a stage holds activations for at its peak (arrays broadcast)."""
+        own = -(-microbatches // replicas)  # the most microbatches of one batch a replica runs
+        if self.all_forwards_first:
+            return np.broadcast_to(own, np.broadcast_shapes(np.shape(own), np.shape(downstream)))
+        if self.synchronous:
+            return np.minimum(warmup(replicas, downstream), own)
+        return warmup(replicas, downstream)
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("pipedream", "PipeDream: asynchronous 1F1B, an update per minibatch, weight stashing", False, False,
+             "round", "stashed"),
+        Kind("pipedream-vs", "PipeDream with vertical sync: every stage uses the input stage's version", False, False,
+             "round", "entry", plan_as="pipedream"),
+        Kind("2bw", "PipeDream-2BW: asynchronous 1F1B, an update per batch on weights one update old", False, False,
+             "batch", "previous"),
+        Kind("flush", "PipeDream-Flush: 1F1B, drained at every batch (gradient accumulation)", False, True,
+             "batch", "newest"),
+        Kind("gpipe", "GPipe: all forwards, then all backwards, drained at every batch", True, True,
+             "batch", "newest"),
+    )
+}  # fmt: skip
+PLANNER_SCHEDULES = tuple(name for name, k in KINDS.items() if k.plan_as is None)
+
+
+def kind(name: str) -> Kind:
+    """The record of schedule ``name``.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name not in KINDS:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(sorted(KINDS))}")
+    return KINDS[name]
