@@ -39,6 +39,10 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description="Pipeline-parallel PyTorch training.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint", default=None, help="write the final model here (default RUN_DIR/checkpoint.pt)")
     train.add_argument("--resume", default=None, help="start from this checkpoint")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--loader-workers", type=int, default=None, help="DataLoader processes per reading worker (default 2 with CUDA)"
+    )
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
 
     prof = sub.add_parser("profile", help="measure a model block by block and save the profile as JSON")
@@ -114,6 +121,12 @@ def _parser() -> argparse.ArgumentParser:
     tta.add_argument("--lr", type=float, default=0.05)
     tta.add_argument("--json", type=Path, default=None, help="write the report here")
     tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
+    pred = which.add_parser("predictions", help="conveyor train's predicted against measured throughput, zoo models")
+    pred.add_argument("--models", type=_names, default=("mlp", "vgg", "resnet", "gpt"), help="e.g. mlp,vgg")
+    pred.add_argument("--workers", type=_positive, default=4)
+    pred.add_argument("--epochs", type=_positive, default=3)
+    pred.add_argument("--repeats", type=_positive, default=2, help="runs per model")
+    pred.add_argument("--json", type=Path, default=None, help="write the report here")
     planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
     planner.add_argument("--json", type=Path, default=None, help="write the report here")
     return parser
@@ -126,16 +139,14 @@ def _config(cls: type[_C], args: argparse.Namespace) -> _C:
 
 
 def _train(args: argparse.Namespace) -> None:
-    import conveyor.runtime._checkpoint as checkpoint
-    from conveyor.job._layout import choose_layout
-    from conveyor.job._train import TrainConfig, explicit_workers, model_and_data, train
+    from conveyor.job import TrainConfig, closing_notes, explicit_workers, fixed_layout, model_and_data, train
+    from conveyor.runtime import load_checkpoint
 
     if args.resume:
-        checkpoint.load(args.resume)  # fail here, with one line, rather than in every worker
+        load_checkpoint(args.resume)  # fail here, with one line, rather than in every worker
     cfg = _config(TrainConfig, args)
     model, data = model_and_data(cfg)  # an unknown model or dataset fails here, before any worker starts
-    if cfg.plan or cfg.stages or cfg.replicas:  # so does a layout that cannot work
-        choose_layout(cfg, model, data, cfg.workers or explicit_workers(cfg) or 0)
+    fixed_layout(cfg, len(model), cfg.workers or explicit_workers(cfg) or 0)  # so does a layout that cannot work
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(
             f"training {cfg.model} on {data.name}: {len(data.train_x)} training samples, batch {cfg.batch_size}"
@@ -148,6 +159,8 @@ def _train(args: argparse.Namespace) -> None:
             f"{result['seconds']:.1f}", f"{result['samples_per_s']:.0f}", result["run_dir"],
         )  # fmt: skip
         console.print(table)
+        for note in closing_notes(result):
+            console.print(note)
         if args.json:
             _write_json(args.json, result)
 
@@ -191,8 +204,8 @@ def _bench_schedules(args: argparse.Namespace) -> None:
 
 
 def _profile(args: argparse.Namespace) -> None:
-    from conveyor.job._zoo import resolve
-    from conveyor.runtime._profiler import profile
+    from conveyor.job import resolve
+    from conveyor.runtime import profile
 
     model, example = resolve(args.model, args.batch_size)
     sizes = args.batch_sizes
@@ -218,11 +231,7 @@ def _print_candidates(candidates: list[Any]) -> None:
 
 
 def _plan(args: argparse.Namespace) -> None:
-    from conveyor.plan._optimizer import optimize
-    from conveyor.plan._planfile import plan_file
-    from conveyor.plan._planner2bw import plan_2bw
-    from conveyor.plan._profiles import Profile
-    from conveyor.plan._topology import Topology
+    from conveyor.plan import Profile, Topology, optimize, plan_2bw, plan_file
 
     profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
     if args.batch_size is not None:
@@ -325,6 +334,23 @@ def _bench_plan_vs_run(args: argparse.Namespace) -> None:
         _write_json(args.json, report)
 
 
+def _bench_predictions(args: argparse.Namespace) -> None:
+    from conveyor.bench.predictions import PredictionsConfig, run
+
+    report = run(_config(PredictionsConfig, args))
+    table = Table("model", "layout", "schedule", "predicted samples/s", "measured", "error", "one worker",
+                  title="conveyor train: predicted against measured training throughput")  # fmt: skip
+    for r in report["results"]:
+        table.add_row(
+            r["model"], "-".join(map(str, r["replicas"])) + f" {r['balance']}", r["schedule"],
+            f"{r['predicted_samples_per_s']:.0f}", f"{r['measured_samples_per_s']:.0f}", f"{r['error']:+.0%}",
+            f"{r['single_worker_samples_per_s']:.0f}",
+        )  # fmt: skip
+    console.print(table)
+    if args.json:
+        _write_json(args.json, report)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``conveyor`` command; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -341,6 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _bench_tta(args)
         elif args.bench == "plan-vs-run":
             _bench_plan_vs_run(args)
+        elif args.bench == "predictions":
+            _bench_predictions(args)
         else:
             _bench_schedules(args)
     except Exception as exc:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import conveyor.runtime._checkpoint as checkpoint
-from conveyor.job._train import TrainConfig, train
+from conveyor.job import TrainConfig, closing_notes, train
 from conveyor.plan import layout_file, read_plan_file
 
 pytestmark = pytest.mark.timeout(240)
@@ -47,6 +47,21 @@ def test_planned_run_its_plan_file_and_resuming(tmp_path: Path) -> None:
     assert second["layout"]["replicas"] == first["layout"]["replicas"]
     assert checkpoint.load(tmp_path / "b" / "checkpoint.pt")["steps"] == 3 * STEPS_PER_EPOCH
     assert second["accuracy"][-1] >= first["accuracy"][-1] - 0.05
+
+
+def test_every_run_reports_its_prediction_and_whether_one_worker_is_faster(tmp_path: Path) -> None:
+    summary = train(TrainConfig(stages=2, epochs=1, run_dir=str(tmp_path)))
+    prediction = summary["prediction"]
+    assert prediction["samples_per_s"] > 0
+    assert prediction["error"] == pytest.approx(summary["samples_per_s"] / prediction["samples_per_s"] - 1)
+    start = prediction["measured_at_start"]
+    assert start["workers"] == 2 and start["link"]["bandwidth"] > 0 and start["single_worker_samples_per_s"] > 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["predicted"]["samples_per_s"] == prediction["samples_per_s"]
+    notes = closing_notes(summary)
+    assert notes[0].startswith(f"predicted {prediction['samples_per_s']:.0f} training samples/s, measured")
+    slower = min(summary["samples_per_s"], prediction["samples_per_s"]) < start["single_worker_samples_per_s"]
+    assert (len(notes) == 2 and "one worker alone does" in notes[1]) == slower
 
 
 def test_target_accuracy_stops_early(tmp_path: Path) -> None:

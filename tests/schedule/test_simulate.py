@@ -58,3 +58,30 @@ def test_replicas_reduce_together() -> None:
     assert ends[(0, "B0")] == 4.0 and ends[(1, "B1")] == 6.0
     reduces = {w: (start, end) for w, a, start, end in result.timeline if a.op is Op.REDUCE_GRAD and w < 2}
     assert reduces == {0: (6.0, 6.5), 1: (6.0, 6.5)}
+
+
+def test_messages_cost_their_sender_and_receiver() -> None:
+    # One microbatch through 2 stages: the activation and the gradient each cost 0.25 to send, 0.5 on the
+    # link and 0.125 to receive.
+    result = simulate(gpipe(2, 1), 1.0, 1.0, transfer_s=0.5, send_s=0.25, recv_s=0.125)
+    assert result.step_s == pytest.approx(4 * 1.0 + 2 * (0.25 + 0.5 + 0.125))
+
+
+def test_workers_share_the_cores_they_want_at_the_same_moment() -> None:
+    # Four replicas computing at once on two cores take twice as long; on four cores, as long as on their own.
+    dp = flush(1, 4, replicas=[4])
+    alone = simulate(dp, 1.0, 2.0).step_s
+    assert simulate(dp, 1.0, 2.0, cores=4).step_s == pytest.approx(alone)
+    assert simulate(dp, 1.0, 2.0, cores=2).step_s == pytest.approx(2 * alone)
+    # A pipeline's workers mostly take turns: sharing two cores costs less than twice.
+    pipe = flush(4, 4)
+    assert (
+        simulate(pipe, 1.0, 2.0).step_s < simulate(pipe, 1.0, 2.0, cores=2).step_s < 2 * simulate(pipe, 1.0, 2.0).step_s
+    )
+
+
+def test_a_reduce_waits_on_the_network_and_uses_no_core() -> None:
+    dp = flush(1, 2, replicas=[2])
+    assert simulate(dp, 1.0, 1.0, reduce_s=5.0, cores=1).step_s == pytest.approx(2 * 2.0 + 5.0)
+    with pytest.raises(ValueError, match="cores must be at least 1"):
+        simulate(dp, 1.0, 1.0, cores=0)

@@ -22,14 +22,9 @@ import torch
 import torch.distributed as dist
 
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
-from conveyor.plan._optimizer import optimize
-from conveyor.plan._planfile import stage_times
-from conveyor.plan._profiles import Profile
-from conveyor.plan._topology import Topology
-from conveyor.runtime._launch import launch
-from conveyor.runtime._pipeline import Pipeline
-from conveyor.schedule._schedule import make_schedule
-from conveyor.schedule._simulate import simulate
+from conveyor.plan import Profile, Topology, optimize, stage_times
+from conveyor.runtime import Pipeline, launch
+from conveyor.schedule import make_schedule, simulate
 
 __all__ = ["CASES", "PlanVsRunConfig", "profile", "run"]
 

@@ -11,9 +11,7 @@ import random
 import time
 from typing import Any
 
-from conveyor.plan._optimizer import optimize
-from conveyor.plan._profiles import Profile
-from conveyor.plan._topology import Topology
+from conveyor.plan import Profile, Topology, optimize
 
 __all__ = ["MEMORY", "run", "synthetic_chain"]
 

@@ -25,10 +25,8 @@ import torch
 import torch.distributed as dist
 
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
-from conveyor.runtime._launch import launch
-from conveyor.runtime._pipeline import Pipeline
-from conveyor.schedule import KINDS, make_schedule, twobw_min_microbatches
-from conveyor.schedule._simulate import simulate
+from conveyor.runtime import Pipeline, launch
+from conveyor.schedule import KINDS, make_schedule, simulate, twobw_min_microbatches
 
 __all__ = ["BenchConfig", "run"]
 

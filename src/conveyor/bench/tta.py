@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.job._report import plot_accuracy
-from conveyor.job._train import TrainConfig, train
+from conveyor.job import TrainConfig, plot_accuracy, train
 
 __all__ = ["STRATEGIES", "TTAConfig", "run"]
 

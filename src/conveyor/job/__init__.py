@@ -1,5 +1,19 @@
-"""The training job behind ``conveyor train``: model zoo, bundled data, layout choice, run folder and plots."""
+"""The training job behind ``conveyor train``: model zoo, bundled data, measured costs, layout choice, run folder."""
 
-from conveyor.job._train import TrainConfig, train
+from conveyor.job._layout import Layout, choose_layout, fixed_layout
+from conveyor.job._report import plot_accuracy
+from conveyor.job._train import TrainConfig, closing_notes, explicit_workers, model_and_data, train
+from conveyor.job._zoo import resolve
 
-__all__ = ["TrainConfig", "train"]
+__all__ = [
+    "Layout",
+    "TrainConfig",
+    "choose_layout",
+    "closing_notes",
+    "explicit_workers",
+    "fixed_layout",
+    "model_and_data",
+    "plot_accuracy",
+    "resolve",
+    "train",
+]

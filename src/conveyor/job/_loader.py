@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
 
 __all__ = ["EpochBatches", "EpochOrder"]
 
@@ -58,9 +58,10 @@ class EpochBatches:
         parts = [t for t in (inputs, targets) if t is not None]
         self.order = EpochOrder(len(parts[0]), seed)
         self._which = (inputs is not None, targets is not None)
+        # Whole batches at a time: a TensorDataset takes a list of indices, so no per-sample fetch and collate.
         self._loader = DataLoader(
-            TensorDataset(*parts), batch_size=batch_size, sampler=self.order, num_workers=loader_workers,
-            pin_memory=pin_memory, persistent_workers=loader_workers > 0,
+            TensorDataset(*parts), batch_size=None, sampler=BatchSampler(self.order, batch_size, drop_last=False),
+            num_workers=loader_workers, pin_memory=pin_memory, persistent_workers=loader_workers > 0,
         )  # fmt: skip
 
     def __len__(self) -> int:

@@ -26,15 +26,15 @@ from torch import nn
 
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
+from conveyor.job._costs import measure_costs
 from conveyor.job._layout import Layout, choose_layout
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import plot_accuracy
 from conveyor.plan import read_plan_file
-from conveyor.runtime._launch import launch
-from conveyor.runtime._pipeline import Pipeline
+from conveyor.runtime import Pipeline, launch
 from conveyor.schedule import parse_replicas
 
-__all__ = ["TrainConfig", "explicit_workers", "model_and_data", "train"]
+__all__ = ["TrainConfig", "closing_notes", "explicit_workers", "model_and_data", "train"]
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
@@ -115,24 +115,30 @@ class _Epoch:
 
 def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     model, data = model_and_data(cfg)  # the same initial weights on every worker
-    torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     folder = Path(run_dir)
     console = Console()
-    # The first worker profiles and plans; every worker runs what it chose.
+    optimizer = OPTIMIZERS[cfg.optimizer]
+    opt_args = {"lr": cfg.lr, "momentum": cfg.momentum} if cfg.optimizer == "sgd" else {"lr": cfg.lr}
+    loss_fn, make_optimizer = _loss(data.sequence), partial(optimizer, **opt_args)
+    steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
+    # Every worker measures at once (the cores as busy as in the run); the first one plans and predicts.
+    B = cfg.batch_size
+    sample = [(data.train_x[i * B : (i + 1) * B], data.train_y[i * B : (i + 1) * B]) for i in range(min(steps, 7))]
+    costs = measure_costs(model, sample, cfg.microbatches, loss_fn, make_optimizer, cfg.model)
+    torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     box: list[Layout | None] = [None]
-    if dist.get_rank() == 0:
-        chosen = choose_layout(cfg, model, data, dist.get_world_size())
+    if costs is not None:
+        names = [name for name, _ in model.named_children()]
+        chosen = choose_layout(cfg, names, costs, steps * cfg.microbatches)
         (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
         console.print(chosen.describe())
         box[0] = chosen
     dist.broadcast_object_list(box, src=0)
     layout = box[0]
     assert layout is not None
-    optimizer = OPTIMIZERS[cfg.optimizer]
-    opt_args = {"lr": cfg.lr, "momentum": cfg.momentum} if cfg.optimizer == "sgd" else {"lr": cfg.lr}
     pipe = Pipeline(
-        model, layout.balance, layout.microbatches, _loss(data.sequence), partial(optimizer, **opt_args),
-        layout.schedule, layout.replicas, recompute=layout.recompute,
+        model, layout.balance, layout.microbatches, loss_fn, make_optimizer, layout.schedule, layout.replicas,
+        recompute=layout.recompute,
     )  # fmt: skip
     if cfg.resume:
         pipe.load(cfg.resume)
@@ -143,7 +149,6 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             data.train_x if pipe.is_first else None, data.train_y if pipe.is_last else None, cfg.batch_size, cfg.seed,
             (2 if cuda else 0) if cfg.loader_workers is None else cfg.loader_workers, pin_memory=cuda,
         )  # fmt: skip
-    steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
     updates = pipe.kind.updates(steps, layout.microbatches, pipe.replicas[pipe.stage])  # this worker's, per epoch
     history: list[_Epoch] = []
     start, train_seconds = time.perf_counter(), 0.0
@@ -182,7 +187,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run ``cfg`` on local workers (or as one worker of a torchrun job); return the run's summary.
 
     The summary has ``epochs``, ``accuracy``, ``loss`` and ``epoch_seconds`` (per epoch), ``seconds``,
-    ``samples_per_s``, ``peak_rss_bytes`` (per worker), the layout run and ``run_dir``.
+    ``train_seconds``, ``samples_per_s`` (training samples per second of training), ``peak_rss_bytes`` (per
+    worker), ``prediction`` (the predicted training samples/s, its error against the measured one, and the
+    figures measured at start-up it rests on), the layout run and ``run_dir``.
     """
     run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -207,6 +214,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "layout": out["layout"],
         "run_dir": str(run_dir),
     }
+    plan = out["layout"]["plan_file"]
+    predicted = plan["predicted"]["samples_per_s"]
+    summary["prediction"] = {
+        "samples_per_s": predicted,
+        "error": summary["samples_per_s"] / predicted - 1,  # measured against predicted
+        "measured_at_start": plan["measured_at_start"],
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy")
     return summary
@@ -219,3 +233,22 @@ def explicit_workers(cfg: TrainConfig) -> int | None:
     if cfg.replicas:
         return sum(parse_replicas(cfg.replicas, cfg.stages))
     return cfg.stages
+
+
+def closing_notes(summary: dict[str, Any]) -> list[str]:
+    """What a user should know after a run: how the prediction fared, and whether one worker would have been
+    faster."""
+    prediction = summary["prediction"]
+    measured, predicted = summary["samples_per_s"], prediction["samples_per_s"]
+    single = prediction["measured_at_start"]["single_worker_samples_per_s"]
+    workers = prediction["measured_at_start"]["workers"]
+    notes = [f"predicted {predicted:.0f} training samples/s, measured {measured:.0f} ({prediction['error']:+.0%})"]
+    if workers > 1 and min(measured, predicted) < single:
+        slower = "measured and predicted" if max(measured, predicted) < single else (
+            "measured" if measured < single else "predicted")  # fmt: skip
+        notes.append(
+            f"one worker alone does {single:.0f} samples/s (a plain PyTorch loop measured at start-up): this run on "
+            f"{workers} workers is {slower} slower; the model is too small for its transfers and per-step costs "
+            "to pay off here (--workers 1, or a larger model or batch)"
+        )
+    return notes

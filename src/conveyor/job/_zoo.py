@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.job._data import Dataset
-from conveyor.runtime._stage import Blocks
+from conveyor.runtime import Blocks
 
 __all__ = [
     "MODELS", "ResidualBlock", "TransformerBlock", "build", "default_dataset", "gpt", "load_factory", "mlp", "resnet",

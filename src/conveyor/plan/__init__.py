@@ -2,17 +2,9 @@
 
 from conveyor.plan._memory import in_flight, stage_bytes, weight_versions, worker_bytes
 from conveyor.plan._optimizer import Plan, PlanError, PlannedStage, optimize, step_microbatches
-from conveyor.plan._planfile import (
-    PlanFileError,
-    PlanSpec,
-    Prediction,
-    layout_file,
-    plan_file,
-    predict,
-    read_plan_file,
-    stage_times,
-)
+from conveyor.plan._planfile import PlanFileError, PlanSpec, layout_file, plan_file, read_plan_file
 from conveyor.plan._planner2bw import Candidate, plan_2bw
+from conveyor.plan._predict import Prediction, RuntimeCosts, allreduce_s, predict, stage_times
 from conveyor.plan._profiles import Layer, Profile, ProfileError, read_graph_txt
 from conveyor.plan._topology import Level, Topology, TopologyError
 
@@ -28,8 +20,10 @@ __all__ = [
     "Prediction",
     "Profile",
     "ProfileError",
+    "RuntimeCosts",
     "Topology",
     "TopologyError",
+    "allreduce_s",
     "in_flight",
     "layout_file",
     "optimize",

@@ -2,23 +2,15 @@
 
 The planner's steady state (one minibatch per slowest stage or link) omits the fill and the drain of a
 run and, for ``flush`` and ``gpipe``, the bubble at every step. The predictions in the plan file come from
-running the plan's own schedule action lists in :func:`~conveyor.schedule.simulate`, so they can be set
-against what the runtime measures. A replicated stage's worker takes, per minibatch it handles, the
-planner's cycle ``max(compute, all-reduce)``; a message across a stage boundary takes its bytes over the
-bandwidth of the innermost topology level joining the two stages' workers.
+running the plan's own schedule action lists in :func:`~conveyor.schedule.simulate` with the costs the
+runtime pays (:func:`predict`: compute, messages, a blocking all-reduce per update, optimizer steps), so
+they can be set against what the runtime measures.
 
-The simulation is never faster than the steady state, and a straight pipeline reaches it on a long run.
-A replicated stage followed by others can fall short of it: its replicas' backwards come back in turn
-from the stage after, and every update waits at the all-reduce for all of them (``2-1-1`` with equal
-stage times runs at 2/3 of the steady state). The runtime behaves like the simulator here.
-
-Example (two layers without weights: data parallelism on both workers, 6 s per minibatch each):
-    >>> from conveyor.plan._optimizer import optimize
-    >>> p = Profile.chain("toy", [1.0, 1.0], [2.0, 2.0], [0, 0], [0, 0], batch_size=8)
-    >>> t = Topology.parse("2:1e9")
-    >>> plan = optimize(p, t)
-    >>> plan.config, round(predict(plan, p, t, minibatches=8).samples_per_s, 3)
-    ('2', 2.667)
+The simulation is never faster than the steady state, and a straight pipeline with negligible transfers
+reaches it on a long run. Transfers lengthen the round trip that 1F1B's warm-up covers, and a replicated
+stage followed by others can fall short: its replicas' backwards come back in turn from the stage after,
+and every update waits at the all-reduce for all of them (``2-1-1`` with equal stage times runs at 2/3 of
+the steady state). The runtime behaves like the simulator here.
 """
 
 from __future__ import annotations
@@ -26,60 +18,21 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from conveyor.plan._optimizer import Plan, PlannedStage, step_microbatches
+from conveyor.plan._predict import RuntimeCosts, predict
 from conveyor.plan._profiles import Profile
 from conveyor.plan._topology import Topology
-from conveyor.schedule import kind, make_schedule, simulate, stage_workers
+from conveyor.schedule import kind, stage_workers
 
-__all__ = [
-    "PlanFileError", "PlanSpec", "Prediction", "layout_file", "plan_file", "predict", "read_plan_file", "stage_times",
-]  # fmt: skip
+__all__ = ["PlanFileError", "PlanSpec", "layout_file", "plan_file", "read_plan_file"]
 
 
 class PlanFileError(ValueError):
     """A plan file that cannot be read or does not describe a runnable plan."""
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """The simulator's prediction for a run of ``minibatches`` minibatches (fill and drain included)."""
-
-    minibatches: int
-    seconds: float
-    samples_per_s: float
-    efficiency: float
-
-
-def stage_times(plan: Plan, profile: Profile) -> tuple[list[float], list[float]]:
-    """Per stage of ``plan``, the forward and the backward time of its layers on one worker."""
-    layers = [profile.layers[st.first_layer : st.last_layer + 1] for st in plan.stages]
-    return [sum(lay.forward_s for lay in ls) for ls in layers], [sum(lay.backward_s for lay in ls) for ls in layers]
-
-
-def predict(plan: Plan, profile: Profile, topology: Topology, minibatches: int | None = None) -> Prediction:
-    """Simulate ``plan``'s schedule for ``minibatches`` minibatches (default: about eight per worker).
-
-    For a schedule with an update per batch the count is rounded up to whole batches of ``plan.microbatches``.
-    """
-    reps = [st.replicas for st in plan.stages]
-    record = kind(plan.schedule)
-    unit = 1 if record.update == "round" else plan.microbatches
-    batches = -(-(minibatches or 8 * plan.workers) // unit)
-    forward, compute_backward = stage_times(plan, profile)
-    cycle = [st.seconds_per_minibatch * st.replicas for st in plan.stages]
-    backward = [max(b, c - f) for b, c, f in zip(compute_backward, cycle, forward, strict=True)]
-    ranks = stage_workers(reps)
-    transfer = [
-        profile.cut_bytes(st.last_layer) / topology.bandwidth_between(a[0], b[-1])
-        for st, a, b in zip(plan.stages, ranks, ranks[1:], strict=False)
-    ]
-    result = simulate(make_schedule(plan.schedule, len(reps), unit, batches, reps), forward, backward, transfer)
-    count, batch = batches * unit, profile.batch_size or 1
-    return Prediction(count, result.step_s, count * batch / result.step_s, result.efficiency())
 
 
 def layout_file(schedule: str, microbatches: int, balance: list[int], replicas: list[int], names: list[str]) -> dict:
@@ -93,14 +46,20 @@ def layout_file(schedule: str, microbatches: int, balance: list[int], replicas: 
     return {"schedule": schedule, "microbatches": microbatches, "stages": stages}
 
 
-def plan_file(plan: Plan, profile: Profile, topology: Topology, minibatches: int | None = None) -> dict[str, Any]:
+def plan_file(
+    plan: Plan,
+    profile: Profile,
+    topology: Topology,
+    minibatches: int | None = None,
+    runtime: RuntimeCosts | None = None,
+) -> dict[str, Any]:
     """The plan as the JSON the runtime runs: stages, ranks, memory, schedule and predictions.
 
-    ``predicted.samples_per_s`` and the speedups are the simulator's (for the same schedule on one stage
-    with every worker, and on one worker); ``steady_state`` holds the planner's own figures. Sample counts
-    use the profile's batch size (1 when the profile does not record one).
+    ``predicted.samples_per_s`` and the speedups are the simulator's (:func:`predict`, for the same schedule
+    on one stage with every worker, and on one worker); ``steady_state`` holds the planner's own figures.
+    Sample counts use the profile's batch size (1 when the profile does not record one).
     """
-    sim = predict(plan, profile, topology, minibatches)
+    sim = predict(plan, profile, topology, minibatches, runtime)
 
     def speedup(seconds: float, workers: int) -> float | None:
         """Over one stage on ``workers`` workers with the same schedule; None if that does not fit."""
@@ -109,7 +68,7 @@ def plan_file(plan: Plan, profile: Profile, topology: Topology, minibatches: int
         alone = (PlannedStage(0, len(profile) - 1, workers, seconds),)
         m = step_microbatches(plan.schedule, [workers], plan.microbatches)
         other = Plan(alone, seconds, seconds, seconds, plan.schedule, m)
-        return sim.samples_per_s / predict(other, profile, topology, sim.minibatches).samples_per_s
+        return sim.samples_per_s / predict(other, profile, topology, sim.minibatches, runtime).samples_per_s
 
     batch = profile.batch_size or 1
     balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
@@ -132,6 +91,7 @@ def plan_file(plan: Plan, profile: Profile, topology: Topology, minibatches: int
             "speedup_vs_single": speedup(plan.single_worker_seconds, 1),
             "simulated_minibatches": sim.minibatches,
             "efficiency": sim.efficiency,
+            "runtime_costs": asdict(runtime or RuntimeCosts()),
             "steady_state": {
                 "seconds_per_minibatch": plan.seconds_per_minibatch,
                 "samples_per_s": batch / plan.seconds_per_minibatch,

@@ -48,6 +48,7 @@ class Layer:
         saved_bytes: bytes autograd saves for the backward of one minibatch (0: not measured; PipeDream's
             graph.txt does not record it).
         optimizer_bytes: bytes of the optimizer's state for the layer's parameters (0: not measured).
+        step_s: time of one optimizer step on the layer's parameters, seconds (0: not measured).
     """
 
     name: str
@@ -58,6 +59,7 @@ class Layer:
     param_bytes: int
     saved_bytes: int = 0
     optimizer_bytes: int = 0
+    step_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class Profile:
         for layer in self.layers:
             values = (
                 layer.forward_s, layer.backward_s, layer.output_bytes, layer.param_bytes,
-                layer.saved_bytes, layer.optimizer_bytes,
+                layer.saved_bytes, layer.optimizer_bytes, layer.step_s,
             )  # fmt: skip
             if any(v < 0 for v in values):
                 raise ProfileError(f"layer {layer.name!r} of profile {self.model!r} has a negative time or size")
@@ -181,6 +183,7 @@ class Profile:
                     "param_bytes": "B",
                     "saved_bytes": "B",
                     "optimizer_bytes": "B",
+                    "step_s": "s",
                 },
                 "layers": [asdict(layer) for layer in self.layers],
                 "edges": [list(e) for e in self.edges],

@@ -1,20 +1,28 @@
-"""A hierarchical cluster: devices in a server, servers in a rack, ..., each level with its bandwidth.
+"""A hierarchical cluster: devices in a server, servers in a rack, ..., each level with its link.
 
-Written innermost level first, ``COUNT:BYTES_PER_S`` per level: ``"4:12e9,4:1.25e9"`` is 4 devices per
-server joined at 12 GB/s, and 4 such servers joined at 1.25 GB/s (10 Gbit/s): 16 workers.
+Written innermost level first, ``COUNT:BYTES_PER_S`` per level, optionally ``/LATENCY`` (a time per
+message, ``s``, ``ms`` or ``us``): ``"4:12e9,4:1.25e9/50us"`` is 4 devices per server joined at 12 GB/s,
+and 4 such servers joined at 1.25 GB/s (10 Gbit/s) with 50 microseconds per message: 16 workers. A
+message of ``b`` bytes across a level takes ``latency + b / bandwidth``.
 
 Example:
-    >>> t = Topology.parse("4:12e9,4:1.25e9")
-    >>> t.workers, t.levels[1].bandwidth
-    (16, 1250000000.0)
+    >>> t = Topology.parse("4:12e9,4:1.25e9/50us")
+    >>> t.workers, t.levels[1].bandwidth, t.levels[1].latency
+    (16, 1250000000.0, 5e-05)
+    >>> round(t.transfer_s(1.25e6, 0, 15) * 1e3, 3)  # ms for 1.25 MB between the first and last worker
+    1.05
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
 __all__ = ["Level", "Topology", "TopologyError"]
+
+_UNITS = {"s": Decimal(1), "ms": Decimal("1e-3"), "us": Decimal("1e-6")}
 
 
 class TopologyError(ValueError):
@@ -23,10 +31,12 @@ class TopologyError(ValueError):
 
 @dataclass(frozen=True)
 class Level:
-    """``count`` units of the level below, joined at ``bandwidth`` bytes per second."""
+    """``count`` units of the level below, joined at ``bandwidth`` bytes per second and ``latency`` seconds
+    per message."""
 
     count: int
     bandwidth: float
+    latency: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -39,34 +49,60 @@ class Topology:
     def workers(self) -> int:
         return math.prod(level.count for level in self.levels)
 
-    def bandwidth_between(self, a: int, b: int) -> float:
-        """Bandwidth of the innermost level that joins workers ``a`` and ``b`` (ranks handed out in order)."""
+    def level_between(self, a: int, b: int) -> Level:
+        """The innermost level that joins workers ``a`` and ``b`` (ranks handed out in order)."""
         span = 1
         for level in self.levels:
             span *= level.count
             if a // span == b // span:
-                return level.bandwidth
+                return level
         raise ValueError(f"workers {a} and {b} are not both below {self.workers}")
 
+    def bandwidth_between(self, a: int, b: int) -> float:
+        """Bandwidth of the innermost level that joins workers ``a`` and ``b``."""
+        return self.level_between(a, b).bandwidth
+
+    def transfer_s(self, nbytes: float, a: int, b: int) -> float:
+        """Seconds for a message of ``nbytes`` from worker ``a`` to worker ``b``."""
+        level = self.level_between(a, b)
+        return level.latency + nbytes / level.bandwidth
+
     def __str__(self) -> str:
-        return ",".join(f"{lv.count}:{lv.bandwidth:g}" for lv in self.levels)
+        return ",".join(
+            f"{lv.count}:{lv.bandwidth:g}" + (f"/{lv.latency * 1e6:g}us" if lv.latency else "") for lv in self.levels
+        )
 
     @classmethod
     def parse(cls, text: str) -> Topology:
-        """Parse ``"COUNT:BANDWIDTH,COUNT:BANDWIDTH,..."`` (innermost first, bandwidth in bytes/s)."""
+        """Parse ``"COUNT:BANDWIDTH[/LATENCY],..."`` (innermost first, bandwidth in bytes/s)."""
         levels = []
         for part in text.split(","):
-            count, sep, bandwidth = part.strip().partition(":")
+            count, sep, link = part.strip().partition(":")
+            bandwidth, _, latency = link.partition("/")
             try:
                 if not sep:
                     raise ValueError("no ':'")
-                level = Level(int(count), float(bandwidth))
+                level = Level(int(count), float(bandwidth), _seconds(latency) if latency else 0.0)
             except ValueError as exc:
                 raise TopologyError(
-                    f"cannot read topology level {part.strip()!r} of {text!r}: write COUNT:BYTES_PER_S per level, "
-                    "innermost first, e.g. 4:12e9,4:1.25e9 for 4 servers of 4 devices"
+                    f"cannot read topology level {part.strip()!r} of {text!r}: write COUNT:BYTES_PER_S[/LATENCY] per "
+                    "level, innermost first, e.g. 4:12e9,4:1.25e9/50us for 4 servers of 4 devices"
                 ) from exc
-            if level.count < 1 or not level.bandwidth > 0 or math.isinf(level.bandwidth):
-                raise TopologyError(f"topology level {part.strip()!r} needs a count >= 1 and a finite bandwidth > 0")
+            if level.count < 1 or not level.bandwidth > 0 or math.isinf(level.bandwidth) or level.latency < 0:
+                raise TopologyError(
+                    f"topology level {part.strip()!r} needs a count >= 1, a finite bandwidth > 0 and a latency >= 0"
+                )
             levels.append(level)
         return cls(tuple(levels))
+
+
+def _seconds(text: str) -> float:
+    """``"50us"``, ``"0.1ms"``, ``"2e-4"`` (seconds) or ``"1s"`` in seconds."""
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us)?\s*", text)
+    try:
+        value = Decimal(match.group(1)) if match else None
+    except InvalidOperation:
+        value = None
+    if match is None or value is None:
+        raise ValueError(f"latency {text!r} is not a time like 50us, 0.1ms or 2e-4")
+    return float(value * _UNITS[match.group(2) or "s"])  # in decimal, so 50us is exactly 5e-05

@@ -1,21 +1,35 @@
 """The runtime: pipelines over torch.distributed, their executor, transport, weight versions, checkpoints, launcher."""
 
+from conveyor.runtime._calibrate import Link, measure_allreduce, measure_link, measure_overhead
 from conveyor.runtime._checkpoint import CheckpointError
-from conveyor.runtime._launch import WorkerError, default_backend, launch, under_torchrun
+from conveyor.runtime._checkpoint import load as load_checkpoint
+from conveyor.runtime._launch import WorkerError, default_backend, default_device, launch, under_torchrun
 from conveyor.runtime._pipeline import OptimizerFactory, Pipeline, WorldSizeError
 from conveyor.runtime._profiler import profile
+from conveyor.runtime._stage import Blocks, as_blocks, even_balance
+from conveyor.runtime._transport import P2P
 from conveyor.runtime._versions import StashError, WeightVersions
 
 __all__ = [
+    "P2P",
+    "Blocks",
     "CheckpointError",
+    "Link",
     "OptimizerFactory",
     "Pipeline",
     "StashError",
     "WeightVersions",
     "WorkerError",
     "WorldSizeError",
+    "as_blocks",
     "default_backend",
+    "default_device",
+    "even_balance",
     "launch",
+    "load_checkpoint",
+    "measure_allreduce",
+    "measure_link",
+    "measure_overhead",
     "profile",
     "under_torchrun",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["WorkerError", "default_backend", "launch", "under_torchrun"]
+__all__ = ["WorkerError", "default_backend", "default_device", "launch", "under_torchrun"]
 
 # How long a failed job waits for the other workers to report their own errors before terminating them.
 _REPORT_GRACE_S = 2.0
@@ -66,6 +66,13 @@ def under_torchrun() -> bool:
 def default_backend() -> str:
     """NCCL when CUDA is available, gloo otherwise."""
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def default_device() -> torch.device:
+    """This worker's device: ``cuda:LOCAL_RANK`` with CUDA, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
 
 
 def launch(

@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
+from conveyor.runtime._launch import default_device
 from conveyor.runtime._microbatch import batch_size, split
 from conveyor.runtime._stage import Blocks, as_blocks, build_stage, stage_ranges
 from conveyor.runtime._transport import P2P
@@ -60,12 +61,6 @@ _PIPELINES = itertools.count()  # every worker builds its pipelines in the same 
 def _store() -> dist.Store:
     """The job's c10d store (the one torch.distributed was initialised with)."""
     return dist.distributed_c10d._get_default_store()
-
-
-def _default_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 class Pipeline:
@@ -150,7 +145,7 @@ class Pipeline:
         self.worker_stage = worker_stages(self.replicas)
         self.stage = self.worker_stage[self.worker]
         self.num_stages = len(ranges)
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = torch.device(device) if device is not None else default_device()
         # The whole model's names and shapes, to check that a checkpoint belongs to this model.
         self._model_shapes = {f"{name}.{k}": v.shape for name, block in blocks for k, v in block.state_dict().items()}
         self.module = build_stage(model, ranges[self.stage]).to(self.device)

@@ -1,4 +1,4 @@
-"""Measure a model block by block: times, activation, saved-for-backward, parameter and optimizer bytes.
+"""Measure a model block by block: times, activation, saved, parameter and optimizer bytes, step time.
 
 Each block runs on the output of the block before it, as in the pipeline. Times are medians over
 ``repeats`` runs after ``warmup`` runs (with CUDA synchronised around each), on stock PyTorch.
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from conveyor.plan._profiles import Layer, Profile
+from conveyor.plan import Layer, Profile
 from conveyor.runtime._microbatch import batch_size
 from conveyor.runtime._stage import Blocks, as_blocks
 from conveyor.runtime._transport import differentiable_leaves
@@ -83,16 +83,23 @@ def _measure(block: nn.Module, x: Any, device: torch.device) -> tuple[float, flo
     return forward, time.perf_counter() - start, out, saved
 
 
-def _optimizer_bytes(block: nn.Module, optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]) -> int:
-    """Bytes of optimizer state after one step (a copy of the block's parameters is stepped, not the block)."""
+def _optimizer_state(
+    block: nn.Module, optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], repeats: int
+) -> tuple[int, float]:
+    """Bytes of optimizer state after a step, and the median time of a step (a copy of the block's parameters is
+    stepped, not the block)."""
     params = [nn.Parameter(p.detach().clone()) for p in block.parameters()]
     if not params:
-        return 0
+        return 0, 0.0
     opt = optimizer(params)
     for p in params:
         p.grad = torch.zeros_like(p)
-    opt.step()
-    return sum(_nbytes(list(s.values())) for s in opt.state.values())
+    times = []
+    for _ in range(repeats + 1):  # the first step creates the state
+        start = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return sum(_nbytes(list(s.values())) for s in opt.state.values()), statistics.median(times[1:])
 
 
 def profile(
@@ -115,8 +122,8 @@ def profile(
         device: where to run; default CUDA if available, else CPU.
         repeats: timed runs per block (the median is kept).
         warmup: untimed runs per block first.
-        optimizer: builds the optimizer whose state is measured, e.g. ``partial(torch.optim.Adam, lr=1e-3)``;
-            ``None`` records no optimizer state.
+        optimizer: builds the optimizer whose state and step time are measured, e.g.
+            ``partial(torch.optim.Adam, lr=1e-3)``; ``None`` records neither.
         batch_sizes: also measure at these batch sizes (each at most the example's; the example's first
             rows are used), kept as the profile's :attr:`~conveyor.plan._profiles.Profile.variants`.
 
@@ -143,6 +150,7 @@ def profile(
         runs = [_measure(block, x, device) for _ in range(repeats)]
         block.zero_grad(set_to_none=True)
         out = runs[-1][2]
+        state_bytes, step_s = (0, 0.0) if optimizer is None else _optimizer_state(block, optimizer, repeats)
         layers.append(
             Layer(
                 name=block_name,
@@ -152,7 +160,8 @@ def profile(
                 output_bytes=_nbytes(out),
                 param_bytes=sum(p.numel() * p.element_size() for p in block.parameters()),
                 saved_bytes=runs[-1][3],
-                optimizer_bytes=0 if optimizer is None else _optimizer_bytes(block, optimizer),
+                optimizer_bytes=state_bytes,
+                step_s=step_s,
             )
         )
         x = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out)

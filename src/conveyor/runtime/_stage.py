@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-__all__ = ["Blocks", "as_blocks", "build_stage", "stage_ranges"]
+__all__ = ["Blocks", "as_blocks", "build_stage", "even_balance", "stage_ranges"]
 
 Blocks = nn.Sequential | Sequence[nn.Module]
 
@@ -70,6 +70,17 @@ def stage_ranges(balance: Sequence[int], num_blocks: int) -> list[tuple[int, int
         ranges.append((start, start + n))
         start += n
     return ranges
+
+
+def even_balance(blocks: int, stages: int) -> list[int]:
+    """Blocks per stage, as equal as possible: ``even_balance(5, 2) == [3, 2]``.
+
+    Raises:
+        ValueError: fewer blocks than stages, or no stage.
+    """
+    if not 1 <= stages <= blocks:
+        raise ValueError(f"cannot cut {blocks} blocks into {stages} stages: use 1 to {blocks} stages")
+    return [blocks // stages + (1 if s < blocks % stages else 0) for s in range(stages)]
 
 
 def build_stage(model: Blocks, block_range: tuple[int, int]) -> nn.Sequential:

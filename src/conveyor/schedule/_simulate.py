@@ -1,12 +1,12 @@
 """Discrete-event simulation of a schedule's action lists: run time and peak stash, before running it.
 
-Each worker runs its actions in order. A forward or backward takes its stage's time, a send is
-asynchronous (it costs the sender nothing), a receive waits for the message, and messages between two
-workers are delivered in the order they were sent, as the executor's point-to-point channels deliver
-them. Each stage boundary is one link, as in the planner's cost model: it carries one message at a time,
-activations and gradients alike, each taking ``transfer`` seconds. A ``REDUCE`` waits for every replica
-of its stage to reach it (their all-reduce) and then takes the stage's reduce time; a ``STEP`` takes the
-optimizer step's time.
+Each worker runs its actions in order. A forward or backward takes its stage's time; a send costs its
+sender ``send_s`` (packing the message, handing it to the transport) and does not wait for delivery; a
+receive waits for the message and then costs ``recv_s``; messages between two workers are delivered in
+the order they were sent, as the executor's point-to-point channels deliver them. Each stage boundary is
+one link, as in the planner's cost model: it carries one message at a time, activations and gradients
+alike, each taking ``transfer`` seconds. A ``REDUCE`` waits for every replica of its stage to reach it
+(their all-reduce) and then takes the stage's reduce time; a ``STEP`` takes the optimizer step's time.
 
 Example:
     >>> from conveyor.schedule import flush
@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -68,68 +67,138 @@ def _per_item(value: float | Sequence[float], n: int, what: str) -> list[float]:
     return values
 
 
-class _Run:
-    """The simulation's state: every worker's clock, position, stash and messages in flight."""
+class _Worker:
+    """One worker in the simulation: where it is in its actions and what it is doing now."""
 
-    def __init__(self, schedule: Schedule, costs: dict[Op, list[float]], hop: list[float], step_s: float) -> None:
-        n = schedule.workers
-        self.schedule, self.costs, self.hop, self.step_s = schedule, costs, hop, step_s
-        self.stage = schedule.worker_stage
-        self.replicas = schedule.replicas
+    def __init__(self) -> None:
+        self.pc = 0
+        self.state = "ready"  # ready | cpu (using a core) | delay (waiting for a time) | wait (for a peer)
+        self.work = 0.0  # core-seconds left of the running action
+        self.until = 0.0  # end of a delay
+        self.started = 0.0
+        self.finished = 0.0
+        self.busy = 0.0
+        self.stashed: set[int | None] = set()
+        self.peak = 0
+        self.reduces = 0
+
+
+class _Run:
+    """The simulation: a global clock, every worker's state, the messages in flight and the shared cores."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        costs: dict[Op, list[float]],
+        hop: list[float],
+        send_s: float,
+        recv_s: float,
+        cores: int | None,
+    ) -> None:
+        self.schedule, self.costs, self.hop, self.send_s, self.recv_s = schedule, costs, hop, send_s, recv_s
+        self.cores = cores
+        self.stage, self.replicas = schedule.worker_stage, schedule.replicas
+        self.workers = [_Worker() for _ in range(schedule.workers)]
         self.pending_backward = [{a.microbatch for a in acts if a.op is Op.BACKWARD} for acts in schedule.actions]
-        self.clock, self.busy, self.pc, self.peak = [0.0] * n, [0.0] * n, [0] * n, [0] * n
-        self.stashed: list[set[int | None]] = [set() for _ in range(n)]
         self.channels: dict[tuple[int, int, bool], deque[tuple[int | None, float]]] = {}
         self.link_free = [0.0] * len(hop)  # when each boundary's link finishes its last message
+        self.arrived: dict[tuple[int, int], list[int]] = {}  # (stage, reduce index) -> workers there
         self.timeline: list[tuple[int, Action, float, float]] = []
-        self.reduces_done = [0] * n
-        self.at_reduce: dict[tuple[int, int], dict[int, float]] = {}  # (stage, reduce index) -> worker -> arrival
+        self.now = 0.0
 
-    def step(self, w: int) -> bool:
-        """Run worker ``w``'s next action if it can; False if it waits on a message or its replicas."""
-        a = self.schedule.actions[w][self.pc[w]]
+    def run(self) -> None:
+        while True:
+            self._start_everything()
+            running = [w for w in self.workers if w.state == "cpu"]
+            delayed = [w for w in self.workers if w.state == "delay"]
+            if not running and not delayed:
+                return
+            rate = 1.0 if self.cores is None else min(1.0, self.cores / max(len(running), 1))
+            ends = [self.now + w.work / rate for w in running] + [w.until for w in delayed]
+            step = min(ends) - self.now
+            self.now += step
+            for w in running:
+                w.work = max(w.work - step * rate, 0.0)
+            for i, w in enumerate(self.workers):
+                if (w.state == "cpu" and w.work <= 1e-12 * max(self.now, 1.0)) or (
+                    w.state == "delay" and w.until <= self.now
+                ):
+                    self._finish(i)
+
+    def _start_everything(self) -> None:
+        """Start the next action of every worker that can, until none can (actions of no time run at once)."""
+        moved = True
+        while moved:
+            moved = False
+            for i, w in enumerate(self.workers):
+                if w.state in ("ready", "wait") and w.pc < len(self.schedule.actions[i]) and self._start(i):
+                    moved = True
+
+    def _start(self, i: int) -> bool:
+        """Start worker ``i``'s next action if it can; False if it waits on a message or its replicas."""
+        w, a = self.workers[i], self.schedule.actions[i][self.workers[i].pc]
+        stage = self.stage[i]
         if a.op.is_recv:
-            q = self.channels.get((a.to, w, a.op is Op.RECV_GRAD))
+            q = self.channels.get((a.to, i, a.op is Op.RECV_GRAD))
             if not q:
+                w.state = "wait"
                 return False
-            mb, arrival = q.popleft()
+            mb, arrival = q[0]
             if mb != a.microbatch:
                 raise ScheduleError(
-                    f"worker {w} expects microbatch {a.microbatch} from worker {a.peer} ({a}) but the next message "
+                    f"worker {i} expects microbatch {a.microbatch} from worker {a.peer} ({a}) but the next message "
                     f"on that channel is microbatch {mb}: reorder the receives to match the sends\n"
-                    + action_grid(self.schedule, {w: self.pc[w]})
+                    + action_grid(self.schedule, {i: w.pc})
                 )
-            self.clock[w] = max(self.clock[w], arrival)
-        elif a.op.is_send:
-            boundary = min(self.stage[w], self.stage[a.to])
-            self.link_free[boundary] = max(self.link_free[boundary], self.clock[w]) + self.hop[boundary]
-            channel = self.channels.setdefault((w, a.to, a.op is Op.SEND_GRAD), deque())
-            channel.append((a.microbatch, self.link_free[boundary]))
-        else:
-            if a.op is Op.REDUCE_GRAD and not self._all_replicas_arrived(w):
+            if arrival > self.now:
+                w.state, w.until = "delay", arrival  # then it is taken: see _finish
+                return True
+            q.popleft()
+            return self._use_core(i, self.recv_s)
+        if a.op.is_send:
+            return self._use_core(i, self.send_s)
+        if a.op is Op.REDUCE_GRAD:
+            there = self.arrived.setdefault((stage, w.reduces), [])
+            if i not in there:
+                there.append(i)
+            if len(there) < self.replicas[stage]:
+                w.state = "wait"
                 return False
-            duration = self.step_s if a.op is Op.STEP else self.costs[a.op][self.stage[w]]
-            self.timeline.append((w, a, self.clock[w], self.clock[w] + duration))
-            self.clock[w] += duration
-            self.busy[w] += duration
-            if a.op is Op.FORWARD and a.microbatch in self.pending_backward[w]:
-                self.stashed[w].add(a.microbatch)
-                self.peak[w] = max(self.peak[w], len(self.stashed[w]))
-            elif a.op is Op.BACKWARD:
-                self.stashed[w].discard(a.microbatch)
-        self.pc[w] += 1
+            w.started, w.state, w.until = self.now, "delay", self.now + self.costs[Op.REDUCE_GRAD][stage]
+            return True
+        w.started = self.now
+        return self._use_core(i, self.costs[a.op][stage])
+
+    def _use_core(self, i: int, seconds: float) -> bool:
+        w = self.workers[i]
+        w.started, w.state, w.work = self.now, "cpu", seconds
+        if seconds <= 0:
+            self._finish(i)
         return True
 
-    def _all_replicas_arrived(self, w: int) -> bool:
-        """An all-reduce: record ``w``'s arrival; once every replica is there, all start at the latest arrival."""
-        stage = self.stage[w]
-        arrived = self.at_reduce.setdefault((stage, self.reduces_done[w]), {})
-        arrived.setdefault(w, self.clock[w])
-        if len(arrived) < self.replicas[stage]:
-            return False
-        self.clock[w] = max(arrived.values())
-        self.reduces_done[w] += 1
-        return True
+    def _finish(self, i: int) -> None:
+        """Worker ``i``'s current action ends now."""
+        w, a = self.workers[i], self.schedule.actions[i][self.workers[i].pc]
+        if a.op.is_recv and w.state == "delay":  # the message has just arrived: take it, then pay for it
+            self.channels[(a.to, i, a.op is Op.RECV_GRAD)].popleft()
+            self._use_core(i, self.recv_s)
+            return
+        if a.op.is_send:
+            boundary = min(self.stage[i], self.stage[a.to])
+            self.link_free[boundary] = max(self.link_free[boundary], self.now) + self.hop[boundary]
+            channel = self.channels.setdefault((i, a.to, a.op is Op.SEND_GRAD), deque())
+            channel.append((a.microbatch, self.link_free[boundary]))
+        elif not a.op.is_recv:
+            self.timeline.append((i, a, w.started, self.now))
+            w.busy += self.now - w.started
+            w.reduces += a.op is Op.REDUCE_GRAD
+            if a.op is Op.FORWARD and a.microbatch in self.pending_backward[i]:
+                w.stashed.add(a.microbatch)
+                w.peak = max(w.peak, len(w.stashed))
+            elif a.op is Op.BACKWARD:
+                w.stashed.discard(a.microbatch)
+        w.pc += 1
+        w.state, w.finished = "ready", self.now
 
 
 def simulate(
@@ -137,8 +206,11 @@ def simulate(
     forward_s: float | Sequence[float],
     backward_s: float | Sequence[float],
     transfer_s: float | Sequence[float] = 0.0,
-    step_s: float = 0.0,
+    step_s: float | Sequence[float] = 0.0,
     reduce_s: float | Sequence[float] = 0.0,
+    send_s: float = 0.0,
+    recv_s: float = 0.0,
+    cores: int | None = None,
 ) -> SimResult:
     """Run ``schedule`` on a model of time and return its predicted timing and memory.
 
@@ -148,8 +220,14 @@ def simulate(
         backward_s: backward time of one microbatch, per stage (or one number).
         transfer_s: time for a message to cross the boundary after stage ``s``, per boundary
             (``stages - 1`` values, or one number); activations and gradients take the same time.
-        step_s: time of one optimizer step.
-        reduce_s: time of one ``REDUCE`` once every replica has arrived (the all-reduce), per stage (or one number).
+        step_s: time of one optimizer step, per stage (or one number).
+        reduce_s: time of one ``REDUCE`` once every replica has arrived (the all-reduce), per stage (or one
+            number); it waits on the network, using no core.
+        send_s: the sender's own time per message (the link's time comes after it).
+        recv_s: the receiver's own time per message, once it has arrived.
+        cores: the cores the workers share: forwards, backwards, steps, sends and receives use one, and when
+            more workers want one than there are, they share them equally (processor sharing). ``None``:
+            every worker has its own.
 
     Raises:
         DeadlockError: the workers wait on each other forever.
@@ -160,35 +238,25 @@ def simulate(
         Op.FORWARD: _per_item(forward_s, n, "forward_s"),
         Op.BACKWARD: _per_item(backward_s, n, "backward_s"),
         Op.REDUCE_GRAD: _per_item(reduce_s, n, "reduce_s"),
+        Op.STEP: _per_item(step_s, n, "step_s"),
     }
-    run = _Run(schedule, costs, _per_item(transfer_s, max(n - 1, 0), "transfer_s"), step_s)
-    # Workers advance in time order (the earliest clock first), so a shared link serves messages in the
-    # order they are sent; a worker that waits leaves the queue until a message or its replicas wake it.
-    ready = [(0.0, w) for w in range(schedule.workers) if schedule.actions[w]]
-    waiting: set[int] = set()
-    same_stage = [[v for v in range(schedule.workers) if run.stage[v] == k] for k in range(n)]
-    while ready:
-        _, w = heapq.heappop(ready)
-        a = schedule.actions[w][run.pc[w]]
-        if not run.step(w):
-            waiting.add(w)
-            continue
-        woken = [a.peer] if a.op.is_send else same_stage[run.stage[w]] if a.op is Op.REDUCE_GRAD else []
-        for v in woken:
-            if v in waiting:
-                waiting.discard(v)
-                heapq.heappush(ready, (run.clock[w], v))
-        if run.pc[w] < len(schedule.actions[w]):
-            heapq.heappush(ready, (run.clock[w], w))
-    if waiting:
-        stuck = "; ".join(f"worker {w} at {schedule.actions[w][run.pc[w]]}" for w in sorted(waiting))
+    if cores is not None and cores < 1:
+        raise ValueError(f"cores must be at least 1, got {cores}")
+    run = _Run(schedule, costs, _per_item(transfer_s, max(n - 1, 0), "transfer_s"), send_s, recv_s, cores)
+    run.run()
+    stuck = [i for i, w in enumerate(run.workers) if w.pc < len(schedule.actions[i])]
+    if stuck:
+        where = "; ".join(f"worker {i} at {schedule.actions[i][run.workers[i].pc]}" for i in stuck)
         raise DeadlockError(
-            f"deadlock: {stuck} wait for messages or replicas' reduces that never come\n"
-            + action_grid(schedule, {w: run.pc[w] for w in waiting})
+            f"deadlock: {where} wait for messages or replicas' reduces that never come\n"
+            + action_grid(schedule, {i: run.workers[i].pc for i in stuck})
         )
     unread = [(k, len(q)) for k, q in run.channels.items() if q]
     if unread:
         (src, dst, grad), count = unread[0]
         kind = "gradient" if grad else "activation"
         raise ScheduleError(f"{count} {kind} message(s) from worker {src} to {dst} are sent but never received")
-    return SimResult(max(run.clock, default=0.0), run.clock, run.busy, run.peak, run.timeline)
+    finish = [w.finished for w in run.workers]
+    return SimResult(
+        max(finish, default=0.0), finish, [w.busy for w in run.workers], [w.peak for w in run.workers], run.timeline
+    )

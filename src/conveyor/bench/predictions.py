@@ -1,0 +1,63 @@
+"""``conveyor bench predictions``: does ``conveyor train`` predict the training throughput it then measures?
+
+Each zoo model trains with ``conveyor train``'s default options (4 workers, the planner's layout and
+schedule, batch 64 in 4 microbatches) for a few epochs, ``repeats`` times; each run predicts its training
+samples per second at start-up (from what it measured there) and measures it. The report gives, per run,
+the layout chosen, the prediction, the measurement and the error, and per model the median error.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from conveyor.job import TrainConfig, train
+
+__all__ = ["PredictionsConfig", "run"]
+
+MODELS = ("mlp", "vgg", "resnet", "gpt")
+
+
+@dataclass(frozen=True)
+class PredictionsConfig:
+    """What ``conveyor bench predictions`` runs."""
+
+    models: tuple[str, ...] = MODELS
+    workers: int = 4
+    epochs: int = 3
+    repeats: int = 2
+
+    def __post_init__(self) -> None:
+        if min(self.workers, self.epochs, self.repeats) < 1:
+            raise ValueError("workers, epochs and repeats must be at least 1")
+
+
+def run(cfg: PredictionsConfig) -> dict[str, Any]:
+    """Train every model ``repeats`` times; return the JSON-ready report."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="conveyor-predictions-") as tmp:
+        for model in cfg.models:
+            for repeat in range(cfg.repeats):
+                run_dir = Path(tmp) / f"{model}-{repeat}"
+                summary = train(TrainConfig(model=model, workers=cfg.workers, epochs=cfg.epochs, run_dir=str(run_dir)))
+                layout = summary["layout"]
+                results.append(
+                    {
+                        "model": model,
+                        "schedule": layout["schedule"],
+                        "replicas": layout["replicas"],
+                        "balance": layout["balance"],
+                        "predicted_samples_per_s": summary["prediction"]["samples_per_s"],
+                        "measured_samples_per_s": summary["samples_per_s"],
+                        "error": summary["prediction"]["error"],
+                        "single_worker_samples_per_s": summary["prediction"]["measured_at_start"][
+                            "single_worker_samples_per_s"
+                        ],
+                        "measured_at_start": summary["prediction"]["measured_at_start"],
+                    }
+                )
+    medians = {model: statistics.median(r["error"] for r in results if r["model"] == model) for model in cfg.models}
+    return {"config": asdict(cfg), "results": results, "median_error": medians}

@@ -1,0 +1,167 @@
+"""What a training job measures before it plans: the model's profile, the messages between workers, the
+runtime's own cost per action, and one worker alone for comparison.
+
+Every worker measures at once, so each measurement sees the cores as busy as they will be in the run:
+four workers on two cores each get half a core, and sharing costs more than the share (caches, context
+switches). The profile and the runtime's cost per action are then put per core (times the share), and
+the simulator shares the cores among the workers that want one at each moment
+(:class:`~conveyor.plan.RuntimeCosts`). The first worker keeps the figures; the plan and its prediction
+rest on them. ``single_worker_samples_per_s`` is a plain PyTorch loop (forward, backward, optimizer step
+on whole batches) on the first worker alone with every core, the baseline a job with more workers has to
+beat.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from conveyor.plan import Level, Profile, RuntimeCosts, Topology
+from conveyor.runtime import P2P, Link, default_device, measure_allreduce, measure_link, measure_overhead, profile
+
+__all__ = ["Costs", "measure_costs"]
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The measured figures a job plans and predicts with (see the module docstring).
+
+    Attributes:
+        profile: the model at the microbatch size, its times measured with every worker busy.
+        link: messages between two workers (``None`` with one worker).
+        allreduce: seconds per step and bytes per second of a ring all-reduce among all the workers
+            (``None`` with one worker).
+        overhead_s: the executor's own time per compute action.
+        single_worker_samples_per_s: a plain PyTorch loop on one worker with every core.
+        workers: the job's workers.
+        cores: the machine's cores.
+    """
+
+    profile: Profile
+    link: Link | None
+    allreduce: tuple[float, float] | None
+    overhead_s: float
+    single_worker_samples_per_s: float
+    workers: int
+    cores: int
+
+    @property
+    def topology(self) -> Topology:
+        """The job's workers as one level joined by the measured link."""
+        if self.link is None:  # one worker sends nothing
+            return Topology((Level(self.workers, 1e12),))
+        return Topology((Level(self.workers, self.link.bandwidth, self.link.latency),))
+
+    @property
+    def runtime(self) -> RuntimeCosts:
+        """The runtime's own costs, for the simulator."""
+        link = self.link or Link(0.0, 0.0, 0.0, 1e12)
+        latency, bandwidth = self.allreduce or (None, None)
+        return RuntimeCosts(self.overhead_s, link.send_s, link.recv_s, latency, bandwidth, self.cores)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures for the run folder (the profile is in the plan's own terms)."""
+        return {
+            "link": None if self.link is None else asdict(self.link),
+            "allreduce_latency_s": None if self.allreduce is None else self.allreduce[0],
+            "allreduce_bandwidth_bytes_per_s": None if self.allreduce is None else self.allreduce[1],
+            "overhead_s_per_action": self.overhead_s,
+            "single_worker_samples_per_s": self.single_worker_samples_per_s,
+            "workers": self.workers,
+            "cores": self.cores,
+        }
+
+
+def measure_costs(
+    model: nn.Sequential,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    name: str,
+) -> Costs | None:
+    """Measure (every worker calls it); the first worker's :class:`Costs`, ``None`` elsewhere. ``batches`` are
+    whole training batches, at least two (the first is a warm-up)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = default_device()
+    cores = os.cpu_count() or 1
+    # Every worker profiles at once: the times are those of a core as busy as in the run (sharing it costs
+    # more than the share: caches, switches), then put per core; the simulator shares the cores again.
+    example = batches[0][0][: -(-len(batches[0][0]) // microbatches)]
+    # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
+    prof = profile(copy.deepcopy(model), example, name=name, device=device, repeats=5, warmup=2, optimizer=optimizer)
+    per_core = min(1.0, cores / world) if device.type == "cpu" else 1.0
+    compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
+    compute += sum(lay.step_s for lay in prof.layers)
+    overhead = measure_overhead(model, batches, loss_fn, optimizer, microbatches, compute, device)
+    link, allreduce = None, None
+    if world > 1:
+        work = _forward_backward(model, batches[0], microbatches, loss_fn)
+        peer = rank ^ 1  # pairs 0-1, 2-3, ...: every worker sends (and computes) while the first pair measures
+        if peer < world:
+            link = measure_link(P2P(device), peer, leader=rank % 2 == 0, busy=work)
+        dist.barrier()
+        allreduce = measure_allreduce(busy=work)
+    dist.barrier()
+    single = _plain_loop(model, batches, loss_fn, optimizer) if rank == 0 else 0.0
+    dist.barrier()
+    if rank != 0:
+        return None
+    return Costs(_scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, cores)
+
+
+def _forward_backward(
+    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], microbatches: int, loss_fn: Callable[[Any, Any], Any]
+) -> Callable[[], object]:
+    """A microbatch's forward and backward on a copy of the model: the work between two all-reduces."""
+    module = copy.deepcopy(model).to(default_device())
+    size = -(-len(batch[0]) // microbatches)
+    x, y = batch[0][:size].to(default_device()), batch[1][:size].to(default_device())
+    return lambda: loss_fn(module(x), y).backward()
+
+
+def _scaled(prof: Profile, factor: float) -> Profile:
+    """``prof`` with every time multiplied by ``factor``."""
+    layers = tuple(
+        replace(lay, forward_s=lay.forward_s * factor, backward_s=lay.backward_s * factor, step_s=lay.step_s * factor)
+        for lay in prof.layers
+    )
+    return replace(prof, layers=layers)
+
+
+def _plain_loop(
+    model: nn.Module,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+) -> float:
+    """Samples per second of forward, backward and step on whole batches, with every core (the other workers
+    wait); the first batch is a warm-up."""
+    device = default_device()
+    module = copy.deepcopy(model).to(device)
+    opt = optimizer(list(module.parameters()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        times = []
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss_fn(module(x), y).backward()
+            opt.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return len(batches[0][0]) / statistics.median(times[1:])

@@ -1,0 +1,119 @@
+"""How fast a plan runs: its schedule's action lists simulated with the costs the runtime pays.
+
+Each forward and backward takes its layers' profiled time, each message its link's latency plus its
+bytes over the bandwidth (and its sender's and receiver's own time), each ``REDUCE`` a ring all-reduce of
+the stage's weights among its replicas (the runtime does not overlap it with compute), each ``STEP`` the
+layers' profiled optimizer step. On a machine with fewer cores than workers (:attr:`RuntimeCosts.cores`)
+the workers that want a core at the same moment share them (the simulator's processor sharing): four
+workers computing at once on two cores take twice as long, while one computing as the others wait on
+the network does not.
+
+Example (two layers without weights: data parallelism on both workers, 6 s per minibatch each):
+    >>> from conveyor.plan._optimizer import optimize
+    >>> p = Profile.chain("toy", [1.0, 1.0], [2.0, 2.0], [0, 0], [0, 0], batch_size=8)
+    >>> t = Topology.parse("2:1e9")
+    >>> plan = optimize(p, t)
+    >>> plan.config, round(predict(plan, p, t, minibatches=8).samples_per_s, 3)
+    ('2', 2.667)
+    >>> round(predict(plan, p, t, minibatches=8, runtime=RuntimeCosts(cores=1)).samples_per_s, 3)  # one core
+    1.333
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conveyor.plan._optimizer import Plan
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
+from conveyor.schedule import kind, make_schedule, simulate, stage_workers
+
+__all__ = ["Prediction", "RuntimeCosts", "allreduce_s", "predict", "stage_times"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The simulator's prediction for a run of ``minibatches`` minibatches (fill and drain included)."""
+
+    minibatches: int
+    seconds: float
+    samples_per_s: float
+    efficiency: float
+
+
+def stage_times(plan: Plan, profile: Profile) -> tuple[list[float], list[float]]:
+    """Per stage of ``plan``, the forward and the backward time of its layers on one worker."""
+    layers = [profile.layers[st.first_layer : st.last_layer + 1] for st in plan.stages]
+    return [sum(lay.forward_s for lay in ls) for ls in layers], [sum(lay.backward_s for lay in ls) for ls in layers]
+
+
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """What the runtime itself costs on a machine, beside the model's compute and the links' bytes (``conveyor
+    train`` measures these at start-up; a plan made without them assumes none).
+
+    Attributes:
+        action_s: the executor's own time per compute action (forward, backward, reduce, step).
+        send_s: a sender's own time per message (packing it, handing it to the transport).
+        recv_s: a receiver's own time per message once it has arrived.
+        allreduce_latency: seconds per step of a ring all-reduce (``None``: the topology's latency).
+        allreduce_bandwidth: bytes per second of a ring all-reduce's steps (``None``: the topology's bandwidth).
+        cores: the cores the workers share (``None``: every worker has its own).
+    """
+
+    action_s: float = 0.0
+    send_s: float = 0.0
+    recv_s: float = 0.0
+    allreduce_latency: float | None = None
+    allreduce_bandwidth: float | None = None
+    cores: int | None = None
+
+
+def allreduce_s(nbytes: float, replicas: int, latency: float, bandwidth: float) -> float:
+    """A ring all-reduce of ``nbytes`` among ``replicas`` workers: ``2 (r - 1)`` steps, each a message of
+    ``nbytes / r`` (no time for one worker)."""
+    return 2 * (replicas - 1) * (latency + nbytes / replicas / bandwidth)
+
+
+def predict(
+    plan: Plan,
+    profile: Profile,
+    topology: Topology,
+    minibatches: int | None = None,
+    runtime: RuntimeCosts | None = None,
+) -> Prediction:
+    """Simulate ``plan``'s schedule for ``minibatches`` minibatches (default: about eight per worker) as the
+    runtime runs it (see the module docstring). For a schedule with an update per batch the count is rounded
+    up to whole batches of ``plan.microbatches``."""
+    runtime = runtime or RuntimeCosts()
+    reps = [st.replicas for st in plan.stages]
+    unit = 1 if kind(plan.schedule).update == "round" else plan.microbatches
+    batches = -(-(minibatches or 8 * plan.workers) // unit)
+    forward, backward = stage_times(plan, profile)
+    act = runtime.action_s
+    ranks = stage_workers(reps)
+    transfer = [
+        topology.transfer_s(profile.cut_bytes(st.last_layer), a[0], b[-1])
+        for st, a, b in zip(plan.stages, ranks, ranks[1:], strict=False)
+    ]
+    reduce = []
+    for st, workers in zip(plan.stages, ranks, strict=True):
+        level = topology.level_between(workers[0], workers[-1])
+        latency = level.latency if runtime.allreduce_latency is None else runtime.allreduce_latency
+        bandwidth = level.bandwidth if runtime.allreduce_bandwidth is None else runtime.allreduce_bandwidth
+        weights = profile.param_bytes(st.first_layer, st.last_layer + 1)
+        reduce.append(act + allreduce_s(weights, st.replicas, latency, bandwidth))
+    step = [act + sum(lay.step_s for lay in profile.layers[st.first_layer : st.last_layer + 1]) for st in plan.stages]
+    result = simulate(
+        make_schedule(plan.schedule, len(reps), unit, batches, reps),
+        [f + act for f in forward],
+        [b + act for b in backward],
+        transfer,
+        step_s=step,
+        reduce_s=reduce,
+        send_s=runtime.send_s,
+        recv_s=runtime.recv_s,
+        cores=runtime.cores,
+    )
+    count, batch = batches * unit, profile.batch_size or 1
+    return Prediction(count, result.step_s, count * batch / result.step_s, result.efficiency())

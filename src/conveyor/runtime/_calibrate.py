@@ -1,0 +1,174 @@
+"""What the runtime itself costs on this machine: a message between two workers, and the executor's own time
+per action. ``conveyor train`` measures both at start-up, on every worker at once (so the cores are as busy
+as in the run), and plans and predicts with them.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from conveyor.runtime._executor import Executor, LossFn
+from conveyor.runtime._feed import BatchSource
+from conveyor.runtime._transport import P2P
+from conveyor.runtime._update import Updater
+from conveyor.runtime._versions import WeightVersions
+from conveyor.schedule import KINDS, Batches, worker_actions
+
+__all__ = ["Link", "measure_allreduce", "measure_link", "measure_overhead"]
+
+
+@dataclass(frozen=True)
+class Link:
+    """Messages between two workers as the runtime sends them: a message of ``b`` bytes costs its sender
+    ``send_s``, then takes ``latency + b / bandwidth`` to arrive, then costs its receiver ``recv_s``."""
+
+    send_s: float
+    recv_s: float
+    latency: float
+    bandwidth: float
+
+
+def measure_link(
+    p2p: P2P,
+    peer: int,
+    leader: bool,
+    nbytes: int = 1 << 22,
+    repeats: int = 20,
+    busy: Callable[[], object] | None = None,
+) -> Link:
+    """Measure :class:`Link` to and from ``peer``; both workers call it, one as the leader (whose result
+    holds; the follower's holds its own send times only).
+
+    A ping-pong of 4-byte messages gives the round trip (two messages, each one send, one transfer and one
+    receive); the leader's send calls give ``send_s``; a burst the follower receives only after it has
+    surely arrived gives ``recv_s``; a ping-pong of ``nbytes`` messages gives the bandwidth. With ``busy``
+    (a piece of work, such as a forward and backward), each side runs it before each of its sends, as a
+    pipeline stage computes between messages: the latency then includes waking a worker on cores that
+    others keep busy (the work's own time is taken out).
+    """
+    small, big = torch.zeros(1), torch.zeros(nbytes // 4)
+
+    def ping_pong(tree: torch.Tensor, count: int, work: Callable[[], object] | None) -> tuple[float, float]:
+        """Seconds per message, without the work's time on either side, and the leader's mean send time."""
+        sends, worked = [], 0.0
+        start = time.perf_counter()
+        for _ in range(count):
+            if not leader:
+                p2p.recv_tree(peer)
+            if work is not None:
+                began = time.perf_counter()
+                work()
+                worked += time.perf_counter() - began
+            began = time.perf_counter()
+            p2p.send_tree(tree, peer)
+            sends.append(time.perf_counter() - began)
+            if leader:
+                p2p.recv_tree(peer)
+        p2p.wait_sends()
+        elapsed = time.perf_counter() - start
+        worked += _exchange(p2p, peer, leader, worked)  # the follower's work is inside the leader's round trips
+        return (elapsed - worked) / (2 * count), statistics.mean(sends)
+
+    ping_pong(small, 3, None)  # warm-up: connections, the messages' structure
+    per_message, send_s = ping_pong(small, repeats, busy)
+    # A burst: the follower waits until it has surely all arrived, so its receives measure only their own cost.
+    receives = []
+    if leader:
+        for _ in range(repeats):
+            p2p.send_tree(small, peer)
+        p2p.wait_sends()
+        p2p.recv_tree(peer)
+    else:
+        time.sleep(0.05)
+        for _ in range(repeats):
+            began = time.perf_counter()
+            p2p.recv_tree(peer)
+            receives.append(time.perf_counter() - began)
+        p2p.send_tree(small, peer)
+        p2p.wait_sends()
+    recv_s = _exchange(p2p, peer, leader, statistics.mean(receives) if receives else 0.0)
+    ping_pong(big, 2, None)
+    big_message, _ = ping_pong(big, max(repeats // 4, 3), None)
+    latency = max(per_message - send_s - recv_s, 0.0)
+    bandwidth = nbytes / max(big_message - send_s - recv_s - latency, 1e-9)
+    return Link(send_s, recv_s, latency, bandwidth)
+
+
+def _exchange(p2p: P2P, peer: int, leader: bool, value: float) -> float:
+    """The follower's ``value`` on the leader; 0 on the follower (which sends it)."""
+    if leader:
+        return float(p2p.recv_tree(peer)[0])
+    p2p.send_tree(torch.tensor(value, dtype=torch.float64), peer)
+    p2p.wait_sends()
+    return 0.0
+
+
+def measure_allreduce(
+    nbytes: int = 1 << 22, repeats: int = 10, busy: Callable[[], object] | None = None
+) -> tuple[float, float]:
+    """Seconds per step and bytes per second of a ring all-reduce among all workers (every worker calls it):
+    an all-reduce of ``b`` bytes among ``r`` workers takes ``2 (r - 1) (latency + b / r / bandwidth)``.
+
+    With ``busy`` (a piece of work, such as a forward and backward), every worker runs it before each
+    all-reduce, as training does: the time then includes waiting for the replica that finished last and
+    waking peers on cores that other workers keep busy, which on a machine with fewer cores than workers
+    costs far more than the messages themselves.
+    """
+    world = dist.get_world_size()
+    steps = 2 * (world - 1)
+
+    def seconds(t: torch.Tensor) -> float:
+        dist.all_reduce(t)  # warm-up
+        dist.barrier()
+        times = []
+        for _ in range(repeats):
+            if busy is not None:
+                busy()
+            start = time.perf_counter()
+            dist.all_reduce(t)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    latency = seconds(torch.zeros(1)) / steps
+    per_step = seconds(torch.zeros(nbytes // 4)) / steps
+    return latency, nbytes / world / max(per_step - latency, 1e-9)
+
+
+def measure_overhead(
+    model: nn.Module,
+    batches: Iterable[tuple[Any, Any]],
+    loss_fn: LossFn,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    microbatches: int,
+    compute_s: float,
+    device: torch.device,
+) -> float:
+    """The executor's own time per compute action (forward, backward, reduce, step): a copy of the whole model
+    runs as one stage of a flush schedule on ``batches`` (the first one a warm-up), and what its time per batch
+    exceeds ``compute_s`` (the profiled forwards, backwards and optimizer step of one batch) is shared among the
+    batch's ``2 m + 2`` actions.
+    """
+    module = copy.deepcopy(model).to(device)
+    params = list(module.parameters())
+    executor = Executor(
+        module, 0, 1, [0], P2P(device), loss_fn, device, WeightVersions(module),
+        Updater(module, optimizer(params) if params else None, None, None, False, 1),
+    )  # fmt: skip
+    data = list(batches)
+    times = []
+    for batch in data:
+        source = BatchSource([batch], microbatches, True, True, worker=0)
+        start = time.perf_counter()
+        executor.run(worker_actions(KINDS["flush"], 0, [1], microbatches, Batches(1)), source, training=True)
+        times.append(time.perf_counter() - start)
+    per_batch = statistics.median(times[1:])
+    return max(0.0, (per_batch - compute_s) / (2 * microbatches + 2))

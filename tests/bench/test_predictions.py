@@ -1,0 +1,21 @@
+"""conveyor bench predictions: each run's prediction set against its measurement."""
+
+import pytest
+
+from conveyor.bench.predictions import PredictionsConfig, run
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_report_sets_each_prediction_against_its_measurement() -> None:
+    report = run(PredictionsConfig(models=("mlp",), workers=2, epochs=1, repeats=1))
+    (result,) = report["results"]
+    assert result["model"] == "mlp" and sum(result["replicas"]) == 2
+    assert result["predicted_samples_per_s"] > 0 and result["measured_samples_per_s"] > 0
+    assert result["error"] == pytest.approx(result["measured_samples_per_s"] / result["predicted_samples_per_s"] - 1)
+    assert report["median_error"] == {"mlp": result["error"]}
+
+
+def test_bad_config_is_rejected() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        PredictionsConfig(repeats=0)

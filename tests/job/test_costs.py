@@ -1,0 +1,40 @@
+"""What a training job measures at start-up, and the figures it plans with."""
+
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conveyor.job import TrainConfig, model_and_data
+from conveyor.job._costs import Costs, measure_costs
+from conveyor.runtime import launch
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _measure() -> Costs | None:
+    model, data = model_and_data(TrainConfig())
+    sample = [(data.train_x[i * 64 : (i + 1) * 64], data.train_y[i * 64 : (i + 1) * 64]) for i in range(3)]
+    return measure_costs(model, sample, 4, F.cross_entropy, partial(torch.optim.SGD, lr=0.05), "mlp")
+
+
+def test_every_worker_measures_and_the_first_keeps_the_figures() -> None:
+    out = launch(_measure, nprocs=2, timeout_s=100)
+    assert out[1] is None
+    costs = out[0]
+    assert costs is not None and costs.workers == 2 and costs.link is not None and costs.allreduce is not None
+    assert [lay.name for lay in costs.profile.layers] == ["0", "1", "2", "3", "4"]
+    assert costs.profile.batch_size == 16 and all(lay.step_s > 0 for lay in costs.profile.layers[::2])
+    assert costs.single_worker_samples_per_s > 0 and costs.overhead_s >= 0
+    level = costs.topology.levels[0]
+    assert (level.count, level.bandwidth, level.latency) == (2, costs.link.bandwidth, costs.link.latency)
+    runtime = costs.runtime
+    assert (runtime.send_s, runtime.recv_s, runtime.cores) == (costs.link.send_s, costs.link.recv_s, costs.cores)
+    assert costs.summary()["workers"] == 2
+
+
+def test_one_worker_measures_no_link() -> None:
+    costs = launch(_measure, nprocs=1, timeout_s=100)[0]
+    assert costs is not None and costs.link is None and costs.allreduce is None
+    assert costs.topology.workers == 1 and costs.runtime.send_s == 0.0

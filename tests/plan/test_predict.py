@@ -1,0 +1,48 @@
+"""Predictions: a plan's schedule simulated with the runtime's costs, the cores shared as they are."""
+
+import pytest
+
+from conveyor.plan import Plan, PlannedStage, Profile, RuntimeCosts, Topology, allreduce_s, predict
+
+# Two layers of 1 s forward and 2 s backward, 8 samples a microbatch, 100 MB of weights each, 4 MB between.
+PROFILE = Profile.chain("two", [1.0, 1.0], [2.0, 2.0], [4e6, 4e6], [10**8, 10**8], batch_size=8)
+
+
+def _plan(replicas: list[int], schedule: str = "flush", microbatches: int = 4) -> Plan:
+    if len(replicas) == 1:
+        stages = (PlannedStage(0, 1, replicas[0], 0.0),)
+    else:
+        stages = (PlannedStage(0, 0, replicas[0], 0.0), PlannedStage(1, 1, replicas[1], 0.0))
+    return Plan(stages, 0.0, 0.0, 0.0, schedule, microbatches)
+
+
+def test_ring_allreduce() -> None:
+    assert allreduce_s(1e9, 1, 0.1, 1e9) == 0.0
+    assert allreduce_s(1e9, 4, 0.1, 1e9) == pytest.approx(6 * (0.1 + 0.25))
+
+
+def test_data_parallelism_pays_a_blocking_allreduce_per_batch() -> None:
+    topology = Topology.parse("2:1e9/10ms")
+    # Per batch of 4 microbatches: 2 each per replica (6 s each), then the all-reduce of 200 MB: 2 (0.01 + 0.1).
+    seconds = predict(_plan([2]), PROFILE, topology, minibatches=4).seconds
+    assert seconds == pytest.approx(2 * 6.0 + 2 * (0.01 + 0.1))
+
+
+def test_messages_cost_latency_bytes_and_their_ends() -> None:
+    topology = Topology.parse("2:1e9/10ms")
+    plan = _plan([1, 1], microbatches=1)
+    bare = predict(plan, PROFILE, topology, minibatches=1).seconds
+    # One microbatch: 3 s per stage, and an activation and a gradient of 4 MB at 10 ms + 4 ms each.
+    assert bare == pytest.approx(6.0 + 2 * 0.014)
+    ends = predict(plan, PROFILE, topology, minibatches=1, runtime=RuntimeCosts(send_s=0.5, recv_s=0.25))
+    assert ends.seconds == pytest.approx(bare + 2 * 0.75)
+
+
+def test_runtime_costs_per_action_and_shared_cores() -> None:
+    topology = Topology.parse("4:1e12")
+    plan = _plan([4])
+    alone = predict(plan, PROFILE, topology, minibatches=4).seconds
+    allreduce = allreduce_s(2e8, 4, 0.0, 1e12)  # on the network: it does not share the cores
+    assert predict(plan, PROFILE, topology, 4, RuntimeCosts(cores=2)).seconds == pytest.approx(2 * alone - allreduce)
+    # Each replica runs a forward, a backward, a reduce and a step: four actions of 0.25 s more.
+    assert predict(plan, PROFILE, topology, 4, RuntimeCosts(action_s=0.25)).seconds == pytest.approx(alone + 1.0)

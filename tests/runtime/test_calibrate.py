@@ -1,0 +1,48 @@
+"""Start-up measurements of what the runtime costs: messages, all-reduces, the executor's time per action."""
+
+from functools import partial
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from models import batches, mlp
+
+from conveyor.runtime import P2P, launch, measure_allreduce, measure_link, measure_overhead
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _measure() -> dict[str, Any]:
+    rank = dist.get_rank()
+    link = measure_link(P2P(torch.device("cpu")), 1 - rank, leader=rank == 0, nbytes=1 << 20, repeats=8)
+    busy = measure_link(P2P(torch.device("cpu")), 1 - rank, leader=rank == 0, repeats=8, busy=lambda: None)
+    allreduce = measure_allreduce(nbytes=1 << 20, repeats=4)
+    loaded = measure_allreduce(nbytes=1 << 20, repeats=4, busy=lambda: torch.randn(64, 64) @ torch.randn(64, 64))
+    return {"link": link, "busy": busy, "allreduce": allreduce, "loaded": loaded}
+
+
+def test_links_and_allreduces_are_measured_on_both_workers() -> None:
+    out = launch(_measure, nprocs=2, timeout_s=100)
+    link = out[0]["link"]
+    assert 0 < link.send_s < 0.1 and 0 < link.recv_s < 0.1 and 0 <= link.latency < 0.1
+    assert 1e6 < link.bandwidth < 1e12  # loopback: between a megabyte and a terabyte per second
+    assert out[0]["busy"].latency >= 0
+    for key in ("allreduce", "loaded"):
+        latency, bandwidth = out[0][key]
+        assert 0 < latency < 0.1 and bandwidth > 1e6
+        assert out[1][key] is not None  # a collective: both workers measure
+
+
+def _overhead(compute_s: float) -> float:
+    data = batches(n=4, size=8)
+    return measure_overhead(mlp(), data, F.cross_entropy, partial(torch.optim.SGD, lr=0.1), 2, compute_s,
+                            torch.device("cpu"))  # fmt: skip
+
+
+def test_the_executors_own_time_is_what_a_batch_takes_beyond_its_compute() -> None:
+    per_action = launch(_overhead, 0.0, nprocs=1, timeout_s=60)[0]
+    assert 0 < per_action < 0.05
+    # A batch's compute that already accounts for all of its time leaves the executor nothing.
+    assert launch(_overhead, 10.0, nprocs=1, timeout_s=60)[0] == 0.0
