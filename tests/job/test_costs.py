@@ -26,7 +26,7 @@ def test_every_worker_measures_and_the_first_keeps_the_figures() -> None:
     assert costs is not None and costs.workers == 2 and costs.link is not None and costs.allreduce is not None
     assert [lay.name for lay in costs.profile.layers] == ["0", "1", "2", "3", "4"]
     assert costs.profile.batch_size == 16 and all(lay.step_s > 0 for lay in costs.profile.layers[::2])
-    assert costs.single_worker_samples_per_s > 0 and costs.overhead_s >= 0
+    assert costs.single_worker_samples_per_s > 0 and costs.overhead_s < 0.01
     level = costs.topology.levels[0]
     assert (level.count, level.bandwidth, level.latency) == (2, costs.link.bandwidth, costs.link.latency)
     runtime = costs.runtime

@@ -26,13 +26,13 @@ def _measure() -> dict[str, Any]:
 def test_links_and_allreduces_are_measured_on_both_workers() -> None:
     out = launch(_measure, nprocs=2, timeout_s=100)
     link = out[0]["link"]
-    assert 0 < link.send_s < 0.1 and 0 < link.recv_s < 0.1 and 0 <= link.latency < 0.1
+    assert 0 < link.send_s < 0.1 and 0 < link.recv_s < 0.1 and link.latency < 0.1
     assert 1e6 < link.bandwidth < 1e12  # loopback: between a megabyte and a terabyte per second
-    assert out[0]["busy"].latency >= 0
+    assert out[0]["busy"].latency < 0.1  # the work's own time is taken out of the round trips
     for key in ("allreduce", "loaded"):
-        latency, bandwidth = out[0][key]
-        assert 0 < latency < 0.1 and bandwidth > 1e6
-        assert out[1][key] is not None  # a collective: both workers measure
+        for rank in (0, 1):  # a collective: both workers measure it
+            latency, bandwidth = out[rank][key]
+            assert 0 < latency < 0.1 and 1e6 < bandwidth < 1e12
 
 
 def _overhead(compute_s: float) -> float:

@@ -102,3 +102,8 @@ def test_a_source_reads_only_what_it_needs_and_drops_what_it_used() -> None:
     assert pulled == [0, 1]
     with pytest.raises(ValueError, match="worker 3's batches end after 5, but the run has at least 11"):
         source.microbatch(20)
+
+
+def test_an_empty_batch_is_refused() -> None:
+    with pytest.raises(ValueError, match="batch 0 has no samples: leave empty batches out"):
+        BatchSource([_batch(0, size=0)], microbatches=2, inputs=True, targets=True, worker=0)

@@ -85,3 +85,16 @@ def test_a_reduce_waits_on_the_network_and_uses_no_core() -> None:
     assert simulate(dp, 1.0, 1.0, reduce_s=5.0, cores=1).step_s == pytest.approx(2 * 2.0 + 5.0)
     with pytest.raises(ValueError, match="cores must be at least 1"):
         simulate(dp, 1.0, 1.0, cores=0)
+
+
+def test_latency_delays_a_message_without_holding_the_link() -> None:
+    # Two activations back to back over one boundary: each keeps the link 0.5 s, then flies 2 s more; the
+    # second need not wait for the first one's flight.
+    result = simulate(gpipe(2, 2), forward_s=1.0, backward_s=1.0, transfer_s=0.5, latency_s=2.0)
+    forward_1 = next(start for w, a, start, _ in result.timeline if w == 1 and str(a) == "F1")
+    assert forward_1 == pytest.approx(2.0 + 0.5 + 2.0)  # sent at 2 (after F1 on stage 0), link, flight
+
+
+def test_negative_times_are_rejected() -> None:
+    with pytest.raises(ValueError, match="times must be >= 0"):
+        simulate(flush(2, 2), 1.0, 1.0, reduce_s=-5.0)

@@ -43,7 +43,7 @@ class Costs:
         overhead_s: the executor's own time per compute action.
         single_worker_samples_per_s: a plain PyTorch loop on one worker with every core.
         workers: the job's workers.
-        cores: the machine's cores.
+        cores: the cores the workers share (``None`` on GPUs, one each).
     """
 
     profile: Profile
@@ -52,7 +52,7 @@ class Costs:
     overhead_s: float
     single_worker_samples_per_s: float
     workers: int
-    cores: int
+    cores: int | None
 
     @property
     def topology(self) -> Topology:
@@ -93,7 +93,7 @@ def measure_costs(
     whole training batches, at least two (the first is a warm-up)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = default_device()
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))
     # Every worker profiles at once: the times are those of a core as busy as in the run (sharing it costs
     # more than the share: caches, switches), then put per core; the simulator shares the cores again.
     example = batches[0][0][: -(-len(batches[0][0]) // microbatches)]
@@ -116,7 +116,8 @@ def measure_costs(
     dist.barrier()
     if rank != 0:
         return None
-    return Costs(_scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, cores)
+    shared = cores if device.type == "cpu" else None
+    return Costs(_scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, shared)
 
 
 def _forward_backward(
@@ -150,7 +151,7 @@ def _plain_loop(
     module = copy.deepcopy(model).to(device)
     opt = optimizer(list(module.parameters()))
     threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     try:
         times = []
         for x, y in batches:

@@ -76,9 +76,9 @@ def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
     return None
 
 
-def choose_layout(cfg: Any, names: list[str], costs: Costs, minibatches: int) -> Layout:
+def choose_layout(cfg: Any, names: list[str], costs: Costs, batches: int, samples: int) -> Layout:
     """The layout for a :class:`~conveyor.job.TrainConfig` on ``costs.workers`` workers, its plan file with the
-    prediction for a run of ``minibatches`` microbatches (an epoch) and the figures it rests on.
+    prediction for an epoch (one run of ``batches`` batches, ``samples`` samples) and the figures it rests on.
 
     Raises:
         ValueError: see :func:`fixed_layout`.
@@ -90,24 +90,29 @@ def choose_layout(cfg: Any, names: list[str], costs: Costs, minibatches: int) ->
         for blocks, r in zip(layout.balance, layout.replicas, strict=True):
             ranges.append(PlannedStage(first, first + blocks - 1, r, 0.0))
             first += blocks
-        plan = Plan(tuple(ranges), 0.0, 0.0, 0.0, layout.schedule, layout.microbatches)
-        prediction = predict(plan, prof, topology, minibatches, runtime)
+        plan = Plan(tuple(ranges), 0.0, 0.0, 0.0, layout.schedule, layout.microbatches, recompute=layout.recompute)
         file = layout_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
-        file["predicted"] = {"samples_per_s": prediction.samples_per_s, "efficiency": prediction.efficiency}
     else:
         # A schedule the planner has no memory model for is planned as its record says (no memory limit here).
         candidates = _PREFERENCE if cfg.schedule == "auto" else [kind(cfg.schedule).plan_as or cfg.schedule]
         best: tuple[Plan, dict[str, Any]] | None = None
         for name in candidates:
             plan = optimize(prof, topology, schedule=name, microbatches=cfg.microbatches)
-            file = plan_file(plan, prof, topology, minibatches, runtime)
+            file = plan_file(plan, prof, topology, batches * plan.microbatches, runtime)
             if best is None or file["predicted"]["samples_per_s"] > best[1]["predicted"]["samples_per_s"] * 1.001:
                 best = (plan, file)
         assert best is not None
         plan, file = best
         schedule = cfg.schedule if cfg.schedule != "auto" else plan.schedule
+        plan = replace(plan, schedule=schedule)  # pipedream-vs is planned as pipedream but runs as itself
+        file["schedule"] = schedule
         balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
         replicas = [st.replicas for st in plan.stages]
         layout = Layout(schedule, balance, replicas, plan.microbatches, False, f"planned for {costs.workers} workers")
+    # An epoch as it runs: its samples over the simulated time of its batches.
+    prediction = predict(plan, prof, topology, batches * plan.microbatches, runtime)
+    file.setdefault("predicted", {}).update(
+        samples_per_s=samples / prediction.seconds, epoch_seconds=prediction.seconds
+    )
     file["measured_at_start"] = costs.summary()
     return replace(layout, plan_file=file)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -27,11 +28,11 @@ from torch import nn
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
 from conveyor.job._costs import measure_costs
-from conveyor.job._layout import Layout, choose_layout
+from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import plot_accuracy
 from conveyor.plan import read_plan_file
-from conveyor.runtime import Pipeline, launch
+from conveyor.runtime import OptimizerFactory, Pipeline, launch
 from conveyor.schedule import parse_replicas
 
 __all__ = ["TrainConfig", "closing_notes", "explicit_workers", "model_and_data", "train"]
@@ -113,29 +114,44 @@ class _Epoch:
     accuracy: float
 
 
+def _measure_and_plan(
+    cfg: TrainConfig,
+    model: nn.Sequential,
+    data: datasets.Dataset,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    make_optimizer: OptimizerFactory,
+    folder: Path,
+) -> Layout:
+    """Every worker measures (the cores as busy as in the run); the first one plans and predicts, writes the
+    plan file, and every worker gets the layout."""
+    steps = -(-len(data.train_x) // cfg.batch_size)
+    # At least two batches (the first a warm-up), at the microbatch count of a fixed layout if there is one.
+    B = cfg.batch_size
+    sample = [(data.train_x[i * B : (i + 1) * B], data.train_y[i * B : (i + 1) * B]) for i in range(min(steps, 7))]
+    fixed = fixed_layout(cfg, len(model), dist.get_world_size())
+    microbatches = cfg.microbatches if fixed is None else fixed.microbatches
+    costs = measure_costs(model, (sample * 2)[: max(2, len(sample))], microbatches, loss_fn, make_optimizer, cfg.model)
+    box: list[Layout | None] = [None]
+    if costs is not None:
+        names = [name for name, _ in model.named_children()]
+        chosen = choose_layout(cfg, names, costs, steps, len(data.train_x))
+        (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
+        Console().print(chosen.describe())
+        box[0] = chosen
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
 def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     model, data = model_and_data(cfg)  # the same initial weights on every worker
     folder = Path(run_dir)
-    console = Console()
     optimizer = OPTIMIZERS[cfg.optimizer]
     opt_args = {"lr": cfg.lr, "momentum": cfg.momentum} if cfg.optimizer == "sgd" else {"lr": cfg.lr}
     loss_fn, make_optimizer = _loss(data.sequence), partial(optimizer, **opt_args)
     steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
-    # Every worker measures at once (the cores as busy as in the run); the first one plans and predicts.
-    B = cfg.batch_size
-    sample = [(data.train_x[i * B : (i + 1) * B], data.train_y[i * B : (i + 1) * B]) for i in range(min(steps, 7))]
-    costs = measure_costs(model, sample, cfg.microbatches, loss_fn, make_optimizer, cfg.model)
+    layout = _measure_and_plan(cfg, model, data, loss_fn, make_optimizer, folder)
     torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
-    box: list[Layout | None] = [None]
-    if costs is not None:
-        names = [name for name, _ in model.named_children()]
-        chosen = choose_layout(cfg, names, costs, steps * cfg.microbatches)
-        (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
-        console.print(chosen.describe())
-        box[0] = chosen
-    dist.broadcast_object_list(box, src=0)
-    layout = box[0]
-    assert layout is not None
     pipe = Pipeline(
         model, layout.balance, layout.microbatches, loss_fn, make_optimizer, layout.schedule, layout.replicas,
         recompute=layout.recompute,

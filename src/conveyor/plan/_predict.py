@@ -8,6 +8,12 @@ the workers that want a core at the same moment share them (the simulator's proc
 workers computing at once on two cores take twice as long, while one computing as the others wait on
 the network does not.
 
+What the prediction leaves out (each small where it was measured, see the README): every microbatch is
+charged the profiled microbatch's time, also a short or empty one at the end of an epoch; the whole-model
+norm that synchronous schedules clip to is one more all-reduce per step; stashing schedules copy a
+stage's weights at each step and run forwards through ``functional_call``, which the per-action cost,
+measured on a flush schedule, does not see.
+
 Example (two layers without weights: data parallelism on both workers, 6 s per minibatch each):
     >>> from conveyor.plan._optimizer import optimize
     >>> p = Profile.chain("toy", [1.0, 1.0], [2.0, 2.0], [0, 0], [0, 0], batch_size=8)
@@ -21,6 +27,7 @@ Example (two layers without weights: data parallelism on both workers, 6 s per m
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from conveyor.plan._optimizer import Plan
@@ -90,12 +97,12 @@ def predict(
     unit = 1 if kind(plan.schedule).update == "round" else plan.microbatches
     batches = -(-(minibatches or 8 * plan.workers) // unit)
     forward, backward = stage_times(plan, profile)
+    if plan.recompute:  # the backward runs the forward again first
+        backward = [b + f for f, b in zip(forward, backward, strict=True)]
     act = runtime.action_s
     ranks = stage_workers(reps)
-    transfer = [
-        topology.transfer_s(profile.cut_bytes(st.last_layer), a[0], b[-1])
-        for st, a, b in zip(plan.stages, ranks, ranks[1:], strict=False)
-    ]
+    links = [topology.level_between(a[0], b[-1]) for a, b in itertools.pairwise(ranks)]
+    transfer = [profile.cut_bytes(st.last_layer) / lv.bandwidth for st, lv in zip(plan.stages, links, strict=False)]
     reduce = []
     for st, workers in zip(plan.stages, ranks, strict=True):
         level = topology.level_between(workers[0], workers[-1])
@@ -109,6 +116,7 @@ def predict(
         [f + act for f in forward],
         [b + act for b in backward],
         transfer,
+        latency_s=[lv.latency for lv in links],
         step_s=step,
         reduce_s=reduce,
         send_s=runtime.send_s,

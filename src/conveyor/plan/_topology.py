@@ -9,8 +9,8 @@ Example:
     >>> t = Topology.parse("4:12e9,4:1.25e9/50us")
     >>> t.workers, t.levels[1].bandwidth, t.levels[1].latency
     (16, 1250000000.0, 5e-05)
-    >>> round(t.transfer_s(1.25e6, 0, 15) * 1e3, 3)  # ms for 1.25 MB between the first and last worker
-    1.05
+    >>> t.level_between(0, 15).latency  # the first and the last worker meet at the outer level
+    5e-05
 """
 
 from __future__ import annotations
@@ -61,11 +61,6 @@ class Topology:
     def bandwidth_between(self, a: int, b: int) -> float:
         """Bandwidth of the innermost level that joins workers ``a`` and ``b``."""
         return self.level_between(a, b).bandwidth
-
-    def transfer_s(self, nbytes: float, a: int, b: int) -> float:
-        """Seconds for a message of ``nbytes`` from worker ``a`` to worker ``b``."""
-        level = self.level_between(a, b)
-        return level.latency + nbytes / level.bandwidth
 
     def __str__(self) -> str:
         return ",".join(

@@ -1,6 +1,6 @@
-"""What the runtime itself costs on this machine: a message between two workers, and the executor's own time
-per action. ``conveyor train`` measures both at start-up, on every worker at once (so the cores are as busy
-as in the run), and plans and predicts with them.
+"""What the runtime itself costs on this machine: a message between two workers, an all-reduce among all of
+them, and the executor's own time per action. ``conveyor train`` measures these at start-up, with the
+cores as busy as in the run, and plans and predicts with them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch import nn
 
 from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource
+from conveyor.runtime._launch import default_device
 from conveyor.runtime._transport import P2P
 from conveyor.runtime._update import Updater
 from conveyor.runtime._versions import WeightVersions
@@ -49,8 +50,9 @@ def measure_link(
     holds; the follower's holds its own send times only).
 
     A ping-pong of 4-byte messages gives the round trip (two messages, each one send, one transfer and one
-    receive); the leader's send calls give ``send_s``; a burst the follower receives only after it has
-    surely arrived gives ``recv_s``; a ping-pong of ``nbytes`` messages gives the bandwidth. With ``busy``
+    receive); the leader's send calls give ``send_s`` (medians throughout: a preempted call is not the
+    cost of a message); a burst the follower receives only after it has surely arrived gives ``recv_s``;
+    what a ping-pong of ``nbytes`` messages takes beyond the 4-byte one gives the bandwidth. With ``busy``
     (a piece of work, such as a forward and backward), each side runs it before each of its sends, as a
     pipeline stage computes between messages: the latency then includes waking a worker on cores that
     others keep busy (the work's own time is taken out).
@@ -76,15 +78,26 @@ def measure_link(
         p2p.wait_sends()
         elapsed = time.perf_counter() - start
         worked += _exchange(p2p, peer, leader, worked)  # the follower's work is inside the leader's round trips
-        return (elapsed - worked) / (2 * count), statistics.mean(sends)
+        return (elapsed - worked) / (2 * count), statistics.median(sends)
 
     ping_pong(small, 3, None)  # warm-up: connections, the messages' structure
-    per_message, send_s = ping_pong(small, repeats, busy)
-    # A burst: the follower waits until it has surely all arrived, so its receives measure only their own cost.
+    idle, send_s = ping_pong(small, repeats, None)
+    per_message = ping_pong(small, repeats, busy)[0] if busy is not None else idle
+    recv_s = _receive_cost(p2p, peer, leader, small, repeats)
+    ping_pong(big, 2, None)
+    big_message, _ = ping_pong(big, max(repeats // 4, 3), None)
+    latency = max(per_message - send_s - recv_s, 0.0)
+    bandwidth = nbytes / max(big_message - idle, 1e-6)  # what the bytes add to a message, on idle cores
+    return Link(send_s, recv_s, latency, bandwidth)
+
+
+def _receive_cost(p2p: P2P, peer: int, leader: bool, tree: torch.Tensor, repeats: int) -> float:
+    """A burst the follower receives only after it has surely all arrived, so its receives measure only their
+    own cost (the median, on the leader)."""
     receives = []
     if leader:
         for _ in range(repeats):
-            p2p.send_tree(small, peer)
+            p2p.send_tree(tree, peer)
         p2p.wait_sends()
         p2p.recv_tree(peer)
     else:
@@ -93,14 +106,9 @@ def measure_link(
             began = time.perf_counter()
             p2p.recv_tree(peer)
             receives.append(time.perf_counter() - began)
-        p2p.send_tree(small, peer)
+        p2p.send_tree(tree, peer)
         p2p.wait_sends()
-    recv_s = _exchange(p2p, peer, leader, statistics.mean(receives) if receives else 0.0)
-    ping_pong(big, 2, None)
-    big_message, _ = ping_pong(big, max(repeats // 4, 3), None)
-    latency = max(per_message - send_s - recv_s, 0.0)
-    bandwidth = nbytes / max(big_message - send_s - recv_s - latency, 1e-9)
-    return Link(send_s, recv_s, latency, bandwidth)
+    return _exchange(p2p, peer, leader, statistics.median(receives) if receives else 0.0)
 
 
 def _exchange(p2p: P2P, peer: int, leader: bool, value: float) -> float:
@@ -138,8 +146,9 @@ def measure_allreduce(
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    latency = seconds(torch.zeros(1)) / steps
-    per_step = seconds(torch.zeros(nbytes // 4)) / steps
+    device = default_device()  # NCCL reduces only tensors on the GPU
+    latency = seconds(torch.zeros(1, device=device)) / steps
+    per_step = seconds(torch.zeros(nbytes // 4, device=device)) / steps
     return latency, nbytes / world / max(per_step - latency, 1e-9)
 
 
@@ -161,7 +170,7 @@ def measure_overhead(
     params = list(module.parameters())
     executor = Executor(
         module, 0, 1, [0], P2P(device), loss_fn, device, WeightVersions(module),
-        Updater(module, optimizer(params) if params else None, None, None, False, 1),
+        Updater(module, optimizer(params) if params else None, None, None, False, 1, device),
     )  # fmt: skip
     data = list(batches)
     times = []

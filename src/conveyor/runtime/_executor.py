@@ -173,6 +173,8 @@ class Executor:
         if not state.samples:  # an empty microbatch: nothing to run, None to pass on
             if run.training:
                 self.weights.use(k, action.version)
+            elif self.last:
+                del run.flight[k]
             return
         autocast = torch.autocast(self.device.type, self.autocast) if self.autocast else contextlib.nullcontext()
         with torch.set_grad_enabled(run.training), autocast:

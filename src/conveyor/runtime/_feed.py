@@ -89,6 +89,8 @@ class BatchSource:
                 raise ValueError(f"worker {self._worker} needs the batches' {what}: pass them on this worker")
             parts.append(split(value, self._m) if wanted else None)
         sizes = [batch_size(p) for p in (parts[0] or parts[1] or [])]
+        if not sum(sizes):
+            raise ValueError(f"batch {self.read} has no samples: leave empty batches out")
         return parts[0], parts[1], sizes
 
 
@@ -97,7 +99,7 @@ class RunLength:
 
     Worker 0 announces it through the c10d ``store`` under ``prefix``: the length at once when its batches
     have a ``len()``, else window by window (``window`` batches each, read ahead by its
-    :class:`BatchSource`). A worker whose own batches have a ``len()`` uses it without asking.
+    :class:`BatchSource`). A worker whose own batches have a ``len()`` checks it against worker 0's.
     """
 
     def __init__(
@@ -116,17 +118,26 @@ class RunLength:
         if source is not None:  # worker 0
             self._store.set(f"{prefix}/length", str(-1 if own is None else own))
             self._known = own
-        elif own is not None:
-            self._known = own
-        else:
-            announced = int(self._store.get(f"{prefix}/length"))
-            self._known = None if announced < 0 else announced
+            return
+        announced = int(self._store.get(f"{prefix}/length"))
+        self._known = None if announced < 0 else announced
+        if own is not None and announced >= 0 and own != announced:
+            raise ValueError(
+                f"this worker's batches have len() {own} but worker 0's have {announced}: give every worker the "
+                "same batches"
+            )
 
     def has(self, batch: int) -> bool:
         """Whether the run has batch ``batch`` (on workers other than worker 0, waits until it is known)."""
         while self._known is None and batch >= self._seen:
             self._learn_window(self._seen // self._window)
         return batch < (self._known if self._known is not None else self._seen)
+
+    def known(self, batch: int) -> bool | None:
+        """Whether the run has batch ``batch``, or ``None`` if that is not known yet (never waits)."""
+        if self._known is not None:
+            return batch < self._known
+        return True if batch < self._seen else None
 
     @property
     def total(self) -> int:

@@ -157,7 +157,7 @@ def _worker(
     _set_parent_death_signal()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     # Local workers share this machine's cores: one thread each keeps them from oversubscribing it.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
     try:
         _init_process_group(backend, f"file://{tmp / 'rendezvous'}", rank, world, collective_timeout_s)
         value = fn(*args)

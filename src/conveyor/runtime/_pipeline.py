@@ -155,7 +155,7 @@ class Pipeline:
         groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in stage_workers(self.replicas)]
         self._replica_group = groups[self.stage]
         updater = Updater(self.module, self.optimizer, self._replica_group, max_grad_norm, self.kind.synchronous,
-                          self.replicas[self.stage])  # fmt: skip
+                          self.replicas[self.stage], self.device)  # fmt: skip
         self._stashing = self.kind.stashes(self.replicas, self.stage)
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
         self._id, self._runs = next(_PIPELINES), 0
@@ -271,7 +271,9 @@ class Pipeline:
 
         def will_use(version: int) -> bool:
             k = weights.last_forward + r if weights.last_forward >= 0 else first
-            while length.has(k // m):
+            while (exists := length.known(k // m)) is not False:
+                if exists is None:  # not announced yet: keep the version rather than wait in a backward
+                    return True
                 v = self.kind.version(self.stage, k, self.replicas, m)
                 assert v is not None
                 if v >= version:

@@ -34,6 +34,7 @@ class Updater:
         max_grad_norm: clip to this norm, or ``None``.
         clip_whole_model: clip to the whole model's norm (every worker steps at once) instead of the stage's.
         replicas: the stage's replica count (to count each stage once in the whole model's norm).
+        device: where the stage runs (the sample count and norm are reduced there, as NCCL needs).
     """
 
     def __init__(
@@ -44,8 +45,9 @@ class Updater:
         max_grad_norm: float | None,
         clip_whole_model: bool,
         replicas: int,
+        device: torch.device,
     ) -> None:
-        self.module, self.optimizer, self.group = module, optimizer, group
+        self.module, self.optimizer, self.group, self.device = module, optimizer, group, device
         self.max_grad_norm, self.clip_whole_model, self.replicas = max_grad_norm, clip_whole_model, replicas
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.samples = 0  # of the update being reduced; 0 after a reduce that found none
@@ -60,7 +62,7 @@ class Updater:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
-        count = torch.tensor([float(samples)], dtype=dtype, device=grads[0].device if grads else None)
+        count = torch.tensor([float(samples)], dtype=dtype, device=self.device)
         flat = torch.cat([*(g.reshape(-1).to(dtype) for g in grads), count])
         dist.all_reduce(flat, group=self.group)
         self.samples = int(flat[-1].item())
@@ -87,8 +89,8 @@ class Updater:
         # Every worker steps at once: agree on the whole model's norm; replicas hold equal gradients after
         # the reduce, so each stage counts once.
         grads = [p.grad for p in self.params if p.grad is not None]
-        device = grads[0].device if grads else torch.device("cpu")
-        sq = sum((g.double().pow(2).sum() for g in grads), torch.zeros((), dtype=torch.float64, device=device))
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        sq = sum((g.double().pow(2).sum() for g in grads), zero)
         sq = sq / self.replicas
         dist.all_reduce(sq)
         coef = torch.clamp(self.max_grad_norm / (sq.sqrt() + 1e-6), max=1.0)

@@ -3,7 +3,8 @@
 A run is a stream of batches, each cut into ``m`` microbatches numbered in order (microbatch ``k`` is
 part ``k % m`` of batch ``k // m``). Its length may only be known at its end (a generator of batches), so
 generation asks a :class:`BatchCount` whether batch ``b`` exists as it goes; every question concerns a
-batch at most a pipeline's depth ahead of the work being done. :func:`worker_actions` with
+batch at most ``3 x workers`` microbatches ahead of the last one the worker's actions named (a stage's
+warm-up and a round of replicas: the tests check the bound). :func:`worker_actions` with
 :class:`Batches` (a known count) gives the lists a :class:`~conveyor.schedule.Schedule` holds; the executor
 runs the same generator on a count it learns from the first worker.
 

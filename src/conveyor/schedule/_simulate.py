@@ -5,8 +5,10 @@ sender ``send_s`` (packing the message, handing it to the transport) and does no
 receive waits for the message and then costs ``recv_s``; messages between two workers are delivered in
 the order they were sent, as the executor's point-to-point channels deliver them. Each stage boundary is
 one link, as in the planner's cost model: it carries one message at a time, activations and gradients
-alike, each taking ``transfer`` seconds. A ``REDUCE`` waits for every replica of its stage to reach it
-(their all-reduce) and then takes the stage's reduce time; a ``STEP`` takes the optimizer step's time.
+alike, each keeping it ``transfer`` seconds, then ``latency`` more in flight. A ``REDUCE`` waits for every
+replica of its stage to reach it (their all-reduce) and then takes the stage's reduce time; a ``STEP``
+takes the optimizer step's time. With ``cores``, the workers that want a core at the same moment share
+them equally.
 
 Example:
     >>> from conveyor.schedule import flush
@@ -40,7 +42,7 @@ class SimResult:
     """What a simulated run of one schedule predicts.
 
     Attributes:
-        step_s: time from the first action to the last worker's last action.
+        step_s: the run's time, from the first action to the last worker's last action.
         finish_s: per worker, when its last action ends.
         busy_s: per worker, the time spent in forwards, backwards, reduces and optimizer steps.
         peak_stashed: per worker, the most microbatches whose forward ran and whose backward is pending.
@@ -91,11 +93,13 @@ class _Run:
         schedule: Schedule,
         costs: dict[Op, list[float]],
         hop: list[float],
+        delay: list[float],
         send_s: float,
         recv_s: float,
         cores: int | None,
     ) -> None:
-        self.schedule, self.costs, self.hop, self.send_s, self.recv_s = schedule, costs, hop, send_s, recv_s
+        self.schedule, self.costs, self.hop, self.delay = schedule, costs, hop, delay
+        self.send_s, self.recv_s = send_s, recv_s
         self.cores = cores
         self.stage, self.replicas = schedule.worker_stage, schedule.replicas
         self.workers = [_Worker() for _ in range(schedule.workers)]
@@ -187,7 +191,7 @@ class _Run:
             boundary = min(self.stage[i], self.stage[a.to])
             self.link_free[boundary] = max(self.link_free[boundary], self.now) + self.hop[boundary]
             channel = self.channels.setdefault((i, a.to, a.op is Op.SEND_GRAD), deque())
-            channel.append((a.microbatch, self.link_free[boundary]))
+            channel.append((a.microbatch, self.link_free[boundary] + self.delay[boundary]))
         elif not a.op.is_recv:
             self.timeline.append((i, a, w.started, self.now))
             w.busy += self.now - w.started
@@ -211,6 +215,7 @@ def simulate(
     send_s: float = 0.0,
     recv_s: float = 0.0,
     cores: int | None = None,
+    latency_s: float | Sequence[float] = 0.0,
 ) -> SimResult:
     """Run ``schedule`` on a model of time and return its predicted timing and memory.
 
@@ -218,13 +223,15 @@ def simulate(
         schedule: the action lists to run.
         forward_s: forward time of one microbatch, per stage (or one number for every stage).
         backward_s: backward time of one microbatch, per stage (or one number).
-        transfer_s: time for a message to cross the boundary after stage ``s``, per boundary
-            (``stages - 1`` values, or one number); activations and gradients take the same time.
+        transfer_s: time a message keeps the link after stage ``s`` busy (its bytes over the bandwidth), per
+            boundary (``stages - 1`` values, or one number); activations and gradients take the same time.
         step_s: time of one optimizer step, per stage (or one number).
         reduce_s: time of one ``REDUCE`` once every replica has arrived (the all-reduce), per stage (or one
             number); it waits on the network, using no core.
         send_s: the sender's own time per message (the link's time comes after it).
         recv_s: the receiver's own time per message, once it has arrived.
+        latency_s: time a message spends in flight after it leaves the link, per boundary (or one number):
+            it delays the message without keeping the link from the next one.
         cores: the cores the workers share: forwards, backwards, steps, sends and receives use one, and when
             more workers want one than there are, they share them equally (processor sharing). ``None``:
             every worker has its own.
@@ -242,7 +249,11 @@ def simulate(
     }
     if cores is not None and cores < 1:
         raise ValueError(f"cores must be at least 1, got {cores}")
-    run = _Run(schedule, costs, _per_item(transfer_s, max(n - 1, 0), "transfer_s"), send_s, recv_s, cores)
+    hop = _per_item(transfer_s, max(n - 1, 0), "transfer_s")
+    delay = _per_item(latency_s, max(n - 1, 0), "latency_s")
+    if min([*(c for values in costs.values() for c in values), *hop, *delay, send_s, recv_s]) < 0:
+        raise ValueError("times must be >= 0: a negative one would run the clock backwards")
+    run = _Run(schedule, costs, hop, delay, send_s, recv_s, cores)
     run.run()
     stuck = [i for i, w in enumerate(run.workers) if w.pc < len(schedule.actions[i])]
     if stuck:

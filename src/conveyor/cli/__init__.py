@@ -1,0 +1,53 @@
+"""The ``conveyor`` command: ``train``, ``profile``, ``plan`` and ``bench ...``, one module per group."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from conveyor.cli import _bench, _plan, _train
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conveyor", description="Pipeline-parallel PyTorch training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _train.add_parser(sub)
+    _plan.add_parsers(sub)
+    _bench.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``conveyor`` command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    commands = {"train": _train.run, "profile": _plan.profile, "plan": _plan.plan, "bench": _bench.run}
+    try:
+        commands[args.command](args)
+    except Exception as exc:
+        status = _report(exc)
+        if status is None:
+            raise
+        return status
+    return 0
+
+
+def _report(exc: Exception) -> int | None:
+    """Print an error the user can fix in one line and return the exit status; ``None`` for a bug."""
+    # Only a command that ran the runtime (and so imported torch) can raise its errors; planning does not.
+    runtime = sys.modules.get("conveyor.runtime")
+    if runtime is not None and isinstance(exc, runtime.WorkerError):
+        if os.environ.get("CONVEYOR_TRACEBACK"):
+            print(exc.remote_traceback, file=sys.stderr)
+        print(f"conveyor: error: worker {exc.rank}: {exc.error_type}: {exc.message}", file=sys.stderr)
+        return 1
+    if isinstance(exc, ValueError | OSError) or (runtime is not None and isinstance(exc, runtime.WorldSizeError)):
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        print(f"conveyor: error: {lines[0]}", file=sys.stderr)  # one line; the rest is for CONVEYOR_TRACEBACK
+        if os.environ.get("CONVEYOR_TRACEBACK"):
+            print("\n".join(lines[1:]), file=sys.stderr)
+        return 2
+    return None

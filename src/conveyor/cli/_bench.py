@@ -1,0 +1,163 @@
+"""``conveyor bench ...``: the benchmarks' options and their tables."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from conveyor.cli._common import config, console, names, positive, write_json
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="benchmarks that write JSON")
+    which = bench.add_subparsers(dest="bench", required=True)
+    sched = which.add_parser("schedules", help="pipeline efficiency of every schedule on fixed-latency stages")
+    sched.add_argument("--stages", type=positive, default=4)
+    sched.add_argument("--microbatches", type=positive, default=8)
+    sched.add_argument("--steps", type=positive, default=20)
+    sched.add_argument("--forward-ms", type=float, default=10.0)
+    sched.add_argument("--backward-ms", type=float, default=20.0)
+    sched.add_argument("--repeats", type=positive, default=3, help="interleaved rounds; the median is reported")
+    sched.add_argument("--json", type=Path, default=None, help="write the report here")
+    pvr = which.add_parser("plan-vs-run", help="run planned pipelines and compare their throughput with the plan")
+    pvr.add_argument("--minibatches", type=positive, default=60, help="minibatches per timed run")
+    pvr.add_argument("--repeats", type=positive, default=3, help="timed runs per plan; the median is reported")
+    pvr.add_argument("--json", type=Path, default=None, help="write the report here")
+    tta = which.add_parser("tta", help="time to accuracy of data parallelism and each pipeline schedule")
+    tta.add_argument("--model", default="mlp")
+    tta.add_argument("--dataset", default=None)
+    tta.add_argument("--workers", type=positive, default=4)
+    tta.add_argument("--target", type=float, default=0.9, help="test accuracy to reach")
+    tta.add_argument("--epochs", type=positive, default=20, help="give up after this many")
+    tta.add_argument("--batch-size", type=positive, default=64)
+    tta.add_argument("--microbatches", type=positive, default=4)
+    tta.add_argument("--lr", type=float, default=0.05)
+    tta.add_argument("--json", type=Path, default=None, help="write the report here")
+    tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
+    pred = which.add_parser("predictions", help="conveyor train's predicted against measured throughput, zoo models")
+    pred.add_argument("--models", type=names, default=("mlp", "vgg", "resnet", "gpt"), help="e.g. mlp,vgg")
+    pred.add_argument("--workers", type=positive, default=4)
+    pred.add_argument("--epochs", type=positive, default=3)
+    pred.add_argument("--repeats", type=positive, default=2, help="runs per model")
+    pred.add_argument("--json", type=Path, default=None, help="write the report here")
+    planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
+    planner.add_argument("--json", type=Path, default=None, help="write the report here")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the benchmark ``args.bench`` names."""
+    {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "predictions": _predictions,
+     "planner": _planner}[args.bench](args)  # fmt: skip
+
+
+def _schedules(args: argparse.Namespace) -> None:
+    from conveyor.bench.schedules import BenchConfig, run
+
+    cfg = config(BenchConfig, args)
+    report = run(cfg)
+    table = Table(
+        "schedule",
+        "efficiency",
+        "theory",
+        "vs theory",
+        "samples/s",
+        "vs torch 1F1B",
+        "peak stash",
+        "peak versions",
+        title=f"P={cfg.stages} M={cfg.microbatches}, t_f={cfg.forward_ms} ms, t_b={cfg.backward_ms} ms",
+    )
+    for name, r in report["results"].items():
+        table.add_row(
+            name,
+            f"{r['efficiency']:.4f}",
+            f"{r['theory']:.4f}",
+            f"{r['efficiency_vs_theory']:.4f}",
+            f"{r['samples_per_s']:.1f}",
+            f"{r['speedup_vs_torch_1f1b']:.2f}x",
+            str(r.get("peak_stashed_per_worker", "")),
+            str(r.get("peak_weight_versions_per_worker", "")),
+        )
+    console.print(table)
+    if args.json:
+        write_json(args.json, report)
+
+
+def _planner(args: argparse.Namespace) -> None:
+    from conveyor.bench.planner import run
+
+    report = run()
+    table = Table(
+        "layers",
+        "workers",
+        "topology",
+        "seconds",
+        "config",
+        "seconds, memory limit",
+        "config",
+        title=f"planning time (memory limit {report['config']['memory_bytes']:.3g} bytes per worker)",
+    )
+    for r in report["results"]:
+        table.add_row(
+            str(r["layers"]), str(r["workers"]), r["topology"], f"{r['seconds']:.3f}", r["config"][:24],
+            f"{r['seconds_with_memory_limit']:.3f}", r["config_with_memory_limit"][:24],
+        )  # fmt: skip
+    console.print(table)
+    if args.json:
+        write_json(args.json, report)
+
+
+def _tta(args: argparse.Namespace) -> None:
+    from conveyor.bench.tta import TTAConfig, run
+
+    report = run(config(TTAConfig, args), plot=str(args.plot) if args.plot else None)
+    table = Table("strategy", "seconds to target", "epochs", "final accuracy", "samples/s", "peak RSS MB per worker",
+                  title=f"time to {report['config']['target']:g} test accuracy")  # fmt: skip
+    for r in report["results"]:
+        reached = r["seconds_to_target"] is not None
+        table.add_row(
+            r["strategy"], f"{r['seconds_to_target']:.1f}" if reached else "not reached",
+            str(r["epochs_to_target"]) if reached else "-", f"{r['final_accuracy']:.3f}", f"{r['samples_per_s']:.0f}",
+            " ".join(f"{b / 2**20:.0f}" for b in r["peak_rss_bytes_per_worker"]),
+        )  # fmt: skip
+    console.print(table)
+    if args.plot:
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, report)
+
+
+def _plan_vs_run(args: argparse.Namespace) -> None:
+    from conveyor.bench.plan_vs_run import PlanVsRunConfig, run
+
+    report = run(config(PlanVsRunConfig, args))
+    table = Table("plan", "config", "measured samples/s", "simulated", "error", "planner (steady state)", "error")
+    for r in report["results"]:
+        table.add_row(
+            r["case"], r["config"], f"{r['measured_samples_per_s']:.1f}", f"{r['simulated_samples_per_s']:.1f}",
+            f"{r['error_vs_simulated']:+.1%}", f"{r['planner_samples_per_s']:.1f}", f"{r['error_vs_planner']:+.1%}",
+        )  # fmt: skip
+    console.print(table)
+    if args.json:
+        write_json(args.json, report)
+
+
+def _predictions(args: argparse.Namespace) -> None:
+    from conveyor.bench.predictions import PredictionsConfig, run
+
+    report = run(config(PredictionsConfig, args))
+    table = Table("model", "layout", "schedule", "predicted samples/s", "measured", "error", "one worker",
+                  title="conveyor train: predicted against measured training throughput")  # fmt: skip
+    for r in report["results"]:
+        table.add_row(
+            r["model"], "-".join(map(str, r["replicas"])) + f" {r['balance']}", r["schedule"],
+            f"{r['predicted_samples_per_s']:.0f}", f"{r['measured_samples_per_s']:.0f}", f"{r['error']:+.0%}",
+            f"{r['single_worker_samples_per_s']:.0f}",
+        )  # fmt: skip
+    console.print(table)
+    if args.json:
+        write_json(args.json, report)

@@ -1,0 +1,49 @@
+"""What the ``conveyor`` commands share: argument types, filling configs from options, writing reports."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import TypeVar
+
+from rich.console import Console
+
+__all__ = ["config", "console", "names", "positive", "sizes", "write_json"]
+
+console = Console()
+_C = TypeVar("_C")
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"write sizes as 8,16,32, not {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be at least 1, got {text!r}")
+    return values
+
+
+def names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def config(cls: type[_C], args: argparse.Namespace) -> _C:
+    """A config dataclass filled from the options of the same name; fields without an option keep defaults."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # every config is a dataclass
+    return cls(**{f.name: getattr(args, f.name) for f in fields if hasattr(args, f.name)})
+
+
+def write_json(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    console.print(f"wrote {path}")

@@ -1,0 +1,112 @@
+"""``conveyor profile`` and ``conveyor plan``: measure a model, choose its stages and replicas."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from conveyor.cli._common import console, positive, sizes, write_json
+from conveyor.schedule import PLANNER_SCHEDULES
+
+__all__ = ["add_parsers", "plan", "profile"]
+
+
+def add_parsers(sub: Any) -> None:
+    prof = sub.add_parser("profile", help="measure a model block by block and save the profile as JSON")
+    prof.add_argument("model", help="a built-in model (mlp) or package.module:factory")
+    prof.add_argument("--batch-size", type=positive, default=64)
+    prof.add_argument(
+        "--batch-sizes", type=sizes, default=(), help="also measure these smaller sizes, e.g. 8,16,32 (for planning)"
+    )
+    prof.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    prof.add_argument("--repeats", type=positive, default=10)
+    prof.add_argument("--json", type=Path, required=True, help="write the profile here")
+
+    plan = sub.add_parser("plan", help="choose stages and replicas for a profiled model on a cluster")
+    plan.add_argument("profile", help="a profile JSON, or a PipeDream graph.txt (or its folder)")
+    plan.add_argument("--topology", required=True, help="COUNT:BYTES_PER_S per level, innermost first: 4:12e9,4:1.25e9")
+    plan.add_argument("--straight", action="store_true", help="one worker per stage, no replication")
+    plan.add_argument("--memory", type=float, default=None, help="bytes per worker, e.g. 16e9 (default: no limit)")
+    plan.add_argument("--schedule", choices=PLANNER_SCHEDULES, default="pipedream", help="what memory counts follow")
+    plan.add_argument("--microbatches", type=positive, default=None, help="per step, for flush/gpipe/2bw")
+    plan.add_argument(
+        "--batch-size", type=positive, default=None,
+        help="with --schedule 2bw: samples per step to keep; choose width x depth, microbatch size and recomputation",
+    )  # fmt: skip
+    plan.add_argument("--json", type=Path, default=None, help="write the plan file here")
+
+
+def profile(args: argparse.Namespace) -> None:
+    from conveyor.job import resolve
+    from conveyor.runtime import profile as measure
+
+    model, example = resolve(args.model, args.batch_size)
+    result = measure(
+        model, example, name=args.model, device=args.device, repeats=args.repeats, batch_sizes=args.batch_sizes
+    )
+    table = Table("block", "what", "forward ms", "backward ms", "output MB", "saved MB", "params MB")
+    for layer in result.layers:
+        table.add_row(
+            layer.name, layer.description[:40], f"{layer.forward_s * 1e3:.3f}", f"{layer.backward_s * 1e3:.3f}",
+            f"{layer.output_bytes / 1e6:.3f}", f"{layer.saved_bytes / 1e6:.3f}", f"{layer.param_bytes / 1e6:.3f}",
+        )  # fmt: skip
+    console.print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    result.save(args.json)
+    console.print(f"wrote {args.json}")
+
+
+def _print_candidates(candidates: list[Any]) -> None:
+    table = Table("width", "depth", "microbatch", "recompute", "samples/s", title="PipeDream-2BW candidates")
+    for c in sorted(candidates, key=lambda c: -(c.samples_per_s or 0.0))[:12]:
+        rate = f"{c.samples_per_s:.2f}" if c.samples_per_s is not None else c.why_not
+        table.add_row(str(c.width), str(c.depth), str(c.microbatch_size), "yes" if c.recompute else "no", rate)
+    console.print(table)
+
+
+def plan(args: argparse.Namespace) -> None:
+    from conveyor.plan import Profile, Topology, optimize, plan_2bw, plan_file
+
+    profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
+    if args.batch_size is not None:
+        if args.schedule != "2bw" or args.straight or args.microbatches:
+            raise ValueError(
+                "--batch-size runs the 2BW planner: use it with --schedule 2bw, without --straight and --microbatches"
+            )
+        plan, candidates = plan_2bw(profile, topology, args.batch_size, args.memory)
+        _print_candidates(candidates)
+        profile = profile.at(args.batch_size // plan.microbatches)  # the chosen microbatch size
+    else:
+        plan = optimize(
+            profile, topology, args.straight, schedule=args.schedule, memory=args.memory, microbatches=args.microbatches
+        )
+    report = plan_file(plan, profile, topology)
+    table = Table(
+        "stage", "layers", "first - last layer", "replicas", "ranks", "ms per minibatch", "memory GB",
+        title=f"{profile.model} on {topology.workers} workers ({topology}), {plan.schedule}"
+        f"{' with recomputation' if plan.recompute else ''}: {plan.config}, microbatch size {profile.batch_size}",
+    )  # fmt: skip
+    for i, st in enumerate(report["stages"]):
+        ranks = st["ranks"]
+        table.add_row(
+            str(i), str(len(st["layer_names"])), f"{st['layer_names'][0]} - {st['layer_names'][-1]}",
+            str(st["replicas"]), f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
+            f"{st['seconds_per_minibatch'] * 1e3:.2f}", f"{st['memory_bytes'] / 1e9:.3f}",
+        )  # fmt: skip
+    console.print(table)
+    pred = report["predicted"]
+
+    def times(x: float | None) -> str:
+        return "n/a (does not fit)" if x is None else f"{x:.2f}x"
+
+    console.print(
+        f"simulated over {pred['simulated_minibatches']} minibatches: {pred['samples_per_s']:.2f} samples/s, "
+        f"{times(pred['speedup_vs_dp'])} data parallelism, {times(pred['speedup_vs_single'])} one worker; "
+        f"steady state {pred['steady_state']['seconds_per_minibatch'] * 1e3:.2f} ms per minibatch; "
+        f"NOAM {report['noam']}"
+    )
+    if args.json:
+        write_json(args.json, report)
