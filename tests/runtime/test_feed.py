@@ -107,3 +107,15 @@ def test_a_source_reads_only_what_it_needs_and_drops_what_it_used() -> None:
 def test_an_empty_batch_is_refused() -> None:
     with pytest.raises(ValueError, match="batch 0 has no samples: leave empty batches out"):
         BatchSource([_batch(0, size=0)], microbatches=2, inputs=True, targets=True, worker=0)
+
+
+def _three_replicas_ahead() -> int:
+    """PipeDream on 3-1 with 4 microbatches per batch: replica 2 of stage 0 asks about batch 5 (window 1) while
+    worker 0, one round behind at its all-reduce, still works in window 0."""
+    pipe = Pipeline(_model(), [2, 1], 4, F.cross_entropy, partial(torch.optim.SGD, lr=0.05), "pipedream", [3, 1])
+    pipe.train(iter([_batch(i, size=10) for i in range(7)]))
+    return pipe.steps
+
+
+def test_the_next_window_is_announced_before_a_replica_needs_it() -> None:
+    assert launch(_three_replicas_ahead, nprocs=4, timeout_s=60) == {r: 7 for r in range(4)}

@@ -76,15 +76,13 @@ def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
     return None
 
 
-def choose_layout(cfg: Any, names: list[str], costs: Costs, batches: int, samples: int) -> Layout:
-    """The layout for a :class:`~conveyor.job.TrainConfig` on ``costs.workers`` workers, its plan file with the
-    prediction for an epoch (one run of ``batches`` batches, ``samples`` samples) and the figures it rests on.
-
-    Raises:
-        ValueError: see :func:`fixed_layout`.
-    """
+def choose_layout(
+    cfg: Any, names: list[str], costs: Costs, batches: int, samples: int, layout: Layout | None = None
+) -> Layout:
+    """The layout for a :class:`~conveyor.job.TrainConfig` on ``costs.workers`` workers (``layout`` when
+    :func:`fixed_layout` gave one, else the planner's), its plan file with the prediction for an epoch (one
+    run of ``batches`` batches, ``samples`` samples) and the figures it rests on."""
     topology, prof, runtime = costs.topology, costs.profile, costs.runtime
-    layout = fixed_layout(cfg, len(names), costs.workers)
     if layout is not None:
         ranges, first = [], 0
         for blocks, r in zip(layout.balance, layout.replicas, strict=True):
@@ -92,6 +90,7 @@ def choose_layout(cfg: Any, names: list[str], costs: Costs, batches: int, sample
             first += blocks
         plan = Plan(tuple(ranges), 0.0, 0.0, 0.0, layout.schedule, layout.microbatches, recompute=layout.recompute)
         file = layout_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
+        seconds = predict(plan, prof, topology, batches * plan.microbatches, runtime).seconds
     else:
         # A schedule the planner has no memory model for is planned as its record says (no memory limit here).
         candidates = _PREFERENCE if cfg.schedule == "auto" else [kind(cfg.schedule).plan_as or cfg.schedule]
@@ -104,15 +103,14 @@ def choose_layout(cfg: Any, names: list[str], costs: Costs, batches: int, sample
         assert best is not None
         plan, file = best
         schedule = cfg.schedule if cfg.schedule != "auto" else plan.schedule
-        plan = replace(plan, schedule=schedule)  # pipedream-vs is planned as pipedream but runs as itself
-        file["schedule"] = schedule
+        if schedule != plan.schedule:  # pipedream-vs is planned as pipedream, but runs and is predicted as itself
+            plan = replace(plan, schedule=schedule)
+            file = plan_file(plan, prof, topology, batches * plan.microbatches, runtime)
+        seconds = file["predicted"]["simulated_seconds"]
         balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
         replicas = [st.replicas for st in plan.stages]
         layout = Layout(schedule, balance, replicas, plan.microbatches, False, f"planned for {costs.workers} workers")
     # An epoch as it runs: its samples over the simulated time of its batches.
-    prediction = predict(plan, prof, topology, batches * plan.microbatches, runtime)
-    file.setdefault("predicted", {}).update(
-        samples_per_s=samples / prediction.seconds, epoch_seconds=prediction.seconds
-    )
+    file.setdefault("predicted", {}).update(samples_per_s=samples / seconds, epoch_seconds=seconds)
     file["measured_at_start"] = costs.summary()
     return replace(layout, plan_file=file)

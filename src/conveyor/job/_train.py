@@ -121,10 +121,10 @@ def _measure_and_plan(
     loss_fn: Callable[[Any, Any], torch.Tensor],
     make_optimizer: OptimizerFactory,
     folder: Path,
+    steps: int,
 ) -> Layout:
-    """Every worker measures (the cores as busy as in the run); the first one plans and predicts, writes the
-    plan file, and every worker gets the layout."""
-    steps = -(-len(data.train_x) // cfg.batch_size)
+    """Every worker measures (the cores as busy as in the run); the first one plans and predicts an epoch of
+    ``steps`` batches, writes the plan file, and every worker gets the layout."""
     # At least two batches (the first a warm-up), at the microbatch count of a fixed layout if there is one.
     B = cfg.batch_size
     sample = [(data.train_x[i * B : (i + 1) * B], data.train_y[i * B : (i + 1) * B]) for i in range(min(steps, 7))]
@@ -134,7 +134,7 @@ def _measure_and_plan(
     box: list[Layout | None] = [None]
     if costs is not None:
         names = [name for name, _ in model.named_children()]
-        chosen = choose_layout(cfg, names, costs, steps, len(data.train_x))
+        chosen = choose_layout(cfg, names, costs, steps, len(data.train_x), fixed)
         (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
         Console().print(chosen.describe())
         box[0] = chosen
@@ -150,7 +150,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     opt_args = {"lr": cfg.lr, "momentum": cfg.momentum} if cfg.optimizer == "sgd" else {"lr": cfg.lr}
     loss_fn, make_optimizer = _loss(data.sequence), partial(optimizer, **opt_args)
     steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
-    layout = _measure_and_plan(cfg, model, data, loss_fn, make_optimizer, folder)
+    layout = _measure_and_plan(cfg, model, data, loss_fn, make_optimizer, folder, steps)
     torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     pipe = Pipeline(
         model, layout.balance, layout.microbatches, loss_fn, make_optimizer, layout.schedule, layout.replicas,

@@ -90,6 +90,7 @@ def plan_file(
             "speedup_vs_dp": speedup(plan.data_parallel_seconds, plan.workers),
             "speedup_vs_single": speedup(plan.single_worker_seconds, 1),
             "simulated_minibatches": sim.minibatches,
+            "simulated_seconds": sim.seconds,
             "efficiency": sim.efficiency,
             "runtime_costs": asdict(runtime or RuntimeCosts()),
             "steady_state": {

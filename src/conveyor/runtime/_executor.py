@@ -322,24 +322,25 @@ class _Prefetcher:
             if not a.op.is_recv or key in seen:
                 continue
             seen.add(key)  # only a channel's first receive in the buffer can be posted, and one at a time
-            if key in self.posted:
-                continue
-            src = self.rank_of_worker[a.to]
-            if a.op is Op.RECV_ACTIVATION:
-                pending = self.p2p.irecv_tree(src)
-            elif a.mb in self.flight and self.flight[a.mb].forwarded:
-                pending = self.p2p.irecv_tensors(differentiable_leaves(self.flight[a.mb].outputs), src)
-            else:
-                continue
-            self.posted[key] = (a, pending)
+            if key not in self.posted:
+                self._post(a)
+
+    def _post(self, action: Action) -> None:
+        """Post ``action``'s receive if its message size is known."""
+        src = self.rank_of_worker[action.to]
+        if action.op is Op.RECV_ACTIVATION:
+            pending = self.p2p.irecv_tree(src)
+        elif action.mb in self.flight and self.flight[action.mb].forwarded:
+            pending = self.p2p.irecv_tensors(differentiable_leaves(self.flight[action.mb].outputs), src)
+        else:
+            return
+        self.posted[(action.peer, action.op)] = (action, pending)
 
     def take(self, action: Action) -> PendingRecv:
         """The posted receive for ``action`` (posting it now if it was not yet)."""
         key = (action.peer, action.op)
         if key not in self.posted:
-            self.lookahead.buffer.appendleft(action)  # it was just taken from the stream: let post() see it
-            self.post()
-            self.lookahead.buffer.popleft()
+            self._post(action)
         posted, pending = self.posted.pop(key)
         assert posted == action, f"receive {action} found {posted} posted: the schedule's receives are out of order"
         return pending

@@ -5,8 +5,8 @@ each from its own copy of the same iterable (the same batches in the same order 
 other workers never touch the data; they learn the run's length from the first worker through the c10d
 store. A run whose batches have a ``len()`` announces it at once; a generator's length is only known
 at its end, so the first worker reads a window of batches ahead and announces, window by window, how
-many it found. Generation asks about a batch at most a pipeline's depth ahead of the work, so the
-window covers that (:func:`read_ahead`) and memory stays bounded however long the run is.
+many it found. Generation asks about a batch at most ``3 x workers`` microbatches ahead of the work,
+so the window covers that (:func:`read_ahead`) and memory stays bounded however long the run is.
 """
 
 from __future__ import annotations

@@ -151,8 +151,9 @@ class Pipeline:
         self.module = build_stage(model, ranges[self.stage]).to(self.device)
         params = list(self.module.parameters())
         self.optimizer = optimizer(params) if optimizer is not None and params else None
+        self._stage_workers = stage_workers(self.replicas)
         # Every worker creates every group, in the same order, as torch.distributed requires.
-        groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in stage_workers(self.replicas)]
+        groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]
         self._replica_group = groups[self.stage]
         updater = Updater(self.module, self.optimizer, self._replica_group, max_grad_norm, self.kind.synchronous,
                           self.replicas[self.stage], self.device)  # fmt: skip
@@ -167,7 +168,7 @@ class Pipeline:
         self.updates = 0  # this worker's optimizer steps
 
     def _workers_of(self, stage: int) -> list[int]:
-        return stage_workers(self.replicas)[stage]
+        return self._stage_workers[stage]
 
     @property
     def schedule_name(self) -> str:
