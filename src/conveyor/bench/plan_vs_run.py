@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
+from conveyor.emulate import Emulation, launch_emulated
 from conveyor.plan import Profile, Topology, optimize, stage_times
-from conveyor.runtime import Pipeline, launch
+from conveyor.runtime import Pipeline
 from conveyor.schedule import make_schedule, simulate
 
 __all__ = ["CASES", "PlanVsRunConfig", "profile", "run"]
@@ -44,6 +45,8 @@ class PlanVsRunConfig:
     repeats: int = 3
     batch_size: int = 1
     features: int = 16
+    network: str | None = None  # run on this emulated network (conveyor.emulate)
+    devices: str | None = None  # emulated devices: CPU cores per worker
 
     def __post_init__(self) -> None:
         if min(self.minibatches, self.repeats, self.batch_size, self.features) < 1:
@@ -92,7 +95,10 @@ def run(cfg: PlanVsRunConfig) -> dict[str, Any]:
         replicas = [st.replicas for st in plan.stages]
         schedule = make_schedule("pipedream", len(replicas), 1, cfg.minibatches, replicas)
         simulated_s = simulate(schedule, forward_s, backward_s).step_s
-        walls = launch(_worker, cfg, forward_s, backward_s, replicas, nprocs=plan.workers, timeout_s=600)[0]
+        emulation = Emulation(cfg.network, cfg.devices)
+        walls = launch_emulated(
+            _worker, cfg, forward_s, backward_s, replicas, nprocs=plan.workers, emulation=emulation, timeout_s=600
+        )[0]
         wall = statistics.median(walls)
         samples = cfg.minibatches * cfg.batch_size
         measured, simulated = samples / wall, samples / simulated_s

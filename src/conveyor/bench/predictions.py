@@ -29,6 +29,9 @@ class PredictionsConfig:
     workers: int = 4
     epochs: int = 3
     repeats: int = 2
+    network: str | None = None  # run on this emulated network (conveyor.emulate)
+    devices: str | None = None  # emulated devices: CPU cores per worker
+    faults: str | None = None
 
     def __post_init__(self) -> None:
         if min(self.workers, self.epochs, self.repeats) < 1:
@@ -42,7 +45,12 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
         for model in cfg.models:
             for repeat in range(cfg.repeats):
                 run_dir = Path(tmp) / f"{model}-{repeat}"
-                summary = train(TrainConfig(model=model, workers=cfg.workers, epochs=cfg.epochs, run_dir=str(run_dir)))
+                summary = train(
+                    TrainConfig(
+                        model=model, workers=cfg.workers, epochs=cfg.epochs, run_dir=str(run_dir),
+                        network=cfg.network, devices=cfg.devices, faults=cfg.faults,
+                    )
+                )  # fmt: skip
                 layout = summary["layout"]
                 results.append(
                     {

@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
-from conveyor.runtime import Pipeline, launch
+from conveyor.emulate import Emulation, launch_emulated
+from conveyor.runtime import Pipeline
 from conveyor.schedule import KINDS, make_schedule, simulate, twobw_min_microbatches
 
 __all__ = ["BenchConfig", "run"]
@@ -43,6 +44,8 @@ class BenchConfig:
     microbatch_size: int = 1
     features: int = 16
     repeats: int = 3
+    network: str | None = None  # run on this emulated network (conveyor.emulate)
+    devices: str | None = None  # emulated devices: CPU cores per worker
 
     def __post_init__(self) -> None:
         if min(self.stages, self.microbatches, self.steps, self.microbatch_size, self.features, self.repeats) < 1:
@@ -146,7 +149,8 @@ def _flush_theory(stages: int, microbatches: int) -> float:
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
     """Run the benchmark on ``cfg.stages`` local processes and return its JSON-ready report."""
-    out = launch(_worker, cfg, nprocs=cfg.stages, timeout_s=900)[0]
+    emulation = Emulation(cfg.network, cfg.devices)
+    out = launch_emulated(_worker, cfg, nprocs=cfg.stages, emulation=emulation, timeout_s=900)[0]
     microbatches = cfg.steps * cfg.microbatches
     work_s = (cfg.forward_ms + cfg.backward_ms) / 1e3
     ideal_s = microbatches * work_s

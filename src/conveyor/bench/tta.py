@@ -39,6 +39,9 @@ class TTAConfig:
     microbatches: int = 4
     lr: float = 0.05
     strategies: tuple[str, ...] = STRATEGIES
+    network: str | None = None  # run on this emulated network (conveyor.emulate)
+    devices: str | None = None  # emulated devices: CPU cores per worker
+    faults: str | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.strategies) - set(STRATEGIES)
@@ -57,7 +60,7 @@ def _config(cfg: TTAConfig, strategy: str, run_dir: Path) -> TrainConfig:
     return TrainConfig(
         model=cfg.model, dataset=cfg.dataset, epochs=cfg.epochs, target_accuracy=cfg.target, batch_size=cfg.batch_size,
         microbatches=cfg.microbatches, lr=cfg.lr / (cfg.microbatches if strategy == "pipedream" else 1),
-        run_dir=str(run_dir / strategy), **layout,
+        run_dir=str(run_dir / strategy), network=cfg.network, devices=cfg.devices, faults=cfg.faults, **layout,
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""The ``conveyor`` command: ``train``, ``profile``, ``plan`` and ``bench ...``, one module per group."""
+"""The ``conveyor`` command: ``train``, ``profile``, ``plan``, ``emulate ...`` and ``bench ...``, one module per
+group."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from conveyor.cli import _bench, _plan, _train
+from conveyor.cli import _bench, _emulate, _plan, _train
 
 __all__ = ["main"]
 
@@ -17,6 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _train.add_parser(sub)
     _plan.add_parsers(sub)
+    _emulate.add_parser(sub)
     _bench.add_parser(sub)
     return parser
 
@@ -24,7 +26,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``conveyor`` command; returns the exit status."""
     args = _parser().parse_args(argv)
-    commands = {"train": _train.run, "profile": _plan.profile, "plan": _plan.plan, "bench": _bench.run}
+    commands = {
+        "train": _train.run,
+        "profile": _plan.profile,
+        "plan": _plan.plan,
+        "emulate": _emulate.run,
+        "bench": _bench.run,
+    }
     try:
         commands[args.command](args)
     except Exception as exc:

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from conveyor.cli._common import config, console, names, positive, write_json
+from conveyor.cli._common import add_emulation, config, console, names, positive, write_json
 
 __all__ = ["add_parser", "run"]
 
@@ -24,10 +24,12 @@ def add_parser(sub: Any) -> None:
     sched.add_argument("--backward-ms", type=float, default=20.0)
     sched.add_argument("--repeats", type=positive, default=3, help="interleaved rounds; the median is reported")
     sched.add_argument("--json", type=Path, default=None, help="write the report here")
+    add_emulation(sched, faults=False)
     pvr = which.add_parser("plan-vs-run", help="run planned pipelines and compare their throughput with the plan")
     pvr.add_argument("--minibatches", type=positive, default=60, help="minibatches per timed run")
     pvr.add_argument("--repeats", type=positive, default=3, help="timed runs per plan; the median is reported")
     pvr.add_argument("--json", type=Path, default=None, help="write the report here")
+    add_emulation(pvr, faults=False)
     tta = which.add_parser("tta", help="time to accuracy of data parallelism and each pipeline schedule")
     tta.add_argument("--model", default="mlp")
     tta.add_argument("--dataset", default=None)
@@ -38,6 +40,7 @@ def add_parser(sub: Any) -> None:
     tta.add_argument("--microbatches", type=positive, default=4)
     tta.add_argument("--lr", type=float, default=0.05)
     tta.add_argument("--json", type=Path, default=None, help="write the report here")
+    add_emulation(tta)
     tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
     pred = which.add_parser("predictions", help="conveyor train's predicted against measured throughput, zoo models")
     pred.add_argument("--models", type=names, default=("mlp", "vgg", "resnet", "gpt"), help="e.g. mlp,vgg")
@@ -45,6 +48,12 @@ def add_parser(sub: Any) -> None:
     pred.add_argument("--epochs", type=positive, default=3)
     pred.add_argument("--repeats", type=positive, default=2, help="runs per model")
     pred.add_argument("--json", type=Path, default=None, help="write the report here")
+    add_emulation(pred)
+    emulate = which.add_parser("emulate", help="emulated links, quotas and set-up time against their spec (root)")
+    emulate.add_argument("--devices", default="1,0.5,0.25,0.1", help="the CPU quotas to measure")
+    emulate.add_argument("--seconds-per-link", type=float, default=2.0, help="each transfer's length at its rate")
+    emulate.add_argument("--repeats", type=positive, default=3)
+    emulate.add_argument("--json", type=Path, default=None, help="write the report here")
     planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
     planner.add_argument("--json", type=Path, default=None, help="write the report here")
 
@@ -52,7 +61,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     """Run the benchmark ``args.bench`` names."""
     {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "predictions": _predictions,
-     "planner": _planner}[args.bench](args)  # fmt: skip
+     "planner": _planner, "emulate": _emulate}[args.bench](args)  # fmt: skip
 
 
 def _schedules(args: argparse.Namespace) -> None:
@@ -159,5 +168,27 @@ def _predictions(args: argparse.Namespace) -> None:
             f"{r['single_worker_samples_per_s']:.0f}",
         )  # fmt: skip
     console.print(table)
+    if args.json:
+        write_json(args.json, report)
+
+
+def _emulate(args: argparse.Namespace) -> None:
+    from conveyor.bench.emulate import EmulateBenchConfig, run
+
+    report = run(config(EmulateBenchConfig, args))
+    links = Table("rate", "spec MB/s", "measured MB/s", "error", title="links (two workers)")
+    for link in report["links"]:
+        error = "ceiling" if link["error"] is None else f"{link['error']:+.1%}"
+        spec, measured = link["spec_bytes_per_s"] / 1e6, link["measured_bytes_per_s"] / 1e6
+        links.add_row(link["rate"], f"{spec:.2f}", f"{measured:.2f}", error)
+    console.print(links)
+    devices = Table("spec cores", "measured cores", "error", title="devices (each alone)")
+    for row in report["devices"]:
+        devices.add_row(f"{row['spec_cores']:g}", f"{row['measured_cores']:.3f}", f"{row['error']:+.1%}")
+    console.print(devices)
+    setup = Table("workers", "set-up s", "tear-down s", title=f"latency: {report['latency']}")
+    for row in report["setup"]:
+        setup.add_row(str(row["workers"]), f"{row['setup_s']:.2f}", f"{row['teardown_s']:.2f}")
+    console.print(setup)
     if args.json:
         write_json(args.json, report)

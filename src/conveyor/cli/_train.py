@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from conveyor.cli._common import config, console, positive, write_json
+from conveyor.cli._common import add_emulation, config, console, positive, write_json
 from conveyor.schedule import KINDS
 
 __all__ = ["add_parser", "run"]
@@ -41,6 +41,7 @@ def add_parser(sub: Any) -> None:
         "--loader-workers", type=int, default=None, help="DataLoader processes per reading worker (default 2 with CUDA)"
     )
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
+    add_emulation(train)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -43,7 +43,8 @@ class Costs:
         overhead_s: the executor's own time per compute action.
         single_worker_samples_per_s: a plain PyTorch loop on one worker with every core.
         workers: the job's workers.
-        cores: the cores the workers share (``None`` on GPUs, one each).
+        cores: the cores the workers share (``None`` on GPUs or emulated devices: one each).
+        network: the emulated network's topology, when the job runs on one.
     """
 
     profile: Profile
@@ -53,10 +54,15 @@ class Costs:
     single_worker_samples_per_s: float
     workers: int
     cores: int | None
+    network: Topology | None = None
 
     @property
     def topology(self) -> Topology:
-        """The job's workers as one level joined by the measured link."""
+        """The emulated network (each level's latency plus the measured one of a message over a link that adds
+        none), or else the job's workers as one level joined by the measured link."""
+        if self.network is not None:
+            base = self.link.latency if self.link else 0.0
+            return Topology(tuple(replace(level, latency=level.latency + base) for level in self.network.levels))
         if self.link is None:  # one worker sends nothing
             return Topology((Level(self.workers, 1e12),))
         return Topology((Level(self.workers, self.link.bandwidth, self.link.latency),))
@@ -88,9 +94,13 @@ def measure_costs(
     loss_fn: Callable[[Any, Any], torch.Tensor],
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
     name: str,
+    network: Topology | None = None,
+    dedicated: bool = False,
 ) -> Costs | None:
     """Measure (every worker calls it); the first worker's :class:`Costs`, ``None`` elsewhere. ``batches`` are
-    whole training batches, at least two (the first is a warm-up)."""
+    whole training batches, at least two (the first is a warm-up). ``network`` is the emulated network the job
+    runs on; ``dedicated``: each worker has a device of its own (an emulated one, a CPU quota), so the cores
+    are not shared in the model."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = default_device()
     cores = len(os.sched_getaffinity(0))
@@ -99,7 +109,7 @@ def measure_costs(
     example = batches[0][0][: -(-len(batches[0][0]) // microbatches)]
     # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
     prof = profile(copy.deepcopy(model), example, name=name, device=device, repeats=5, warmup=2, optimizer=optimizer)
-    per_core = min(1.0, cores / world) if device.type == "cpu" else 1.0
+    per_core = min(1.0, cores / world) if device.type == "cpu" and not dedicated else 1.0
     compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
     compute += sum(lay.step_s for lay in prof.layers)
     overhead = measure_overhead(model, batches, loss_fn, optimizer, microbatches, compute, device)
@@ -116,8 +126,8 @@ def measure_costs(
     dist.barrier()
     if rank != 0:
         return None
-    shared = cores if device.type == "cpu" else None
-    return Costs(_scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, shared)
+    shared = cores if device.type == "cpu" and not dedicated else None
+    return Costs(_scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, shared, network)
 
 
 def _forward_backward(

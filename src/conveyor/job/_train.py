@@ -27,12 +27,13 @@ from torch import nn
 
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
+from conveyor.emulate import Emulation, launch_emulated
 from conveyor.job._costs import measure_costs
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import plot_accuracy
 from conveyor.plan import read_plan_file
-from conveyor.runtime import OptimizerFactory, Pipeline, launch
+from conveyor.runtime import OptimizerFactory, Pipeline
 from conveyor.schedule import parse_replicas
 
 __all__ = ["TrainConfig", "closing_notes", "explicit_workers", "model_and_data", "train"]
@@ -69,6 +70,9 @@ class TrainConfig:
     resume: str | None = None
     seed: int = 0
     loader_workers: int | None = None  # DataLoader processes per reading worker; default 2 with CUDA, else 0
+    network: str | None = None  # an emulated network's topology (conveyor.emulate)
+    devices: str | None = None  # emulated devices: CPU cores per worker
+    faults: str | None = None  # faults to apply on the emulated cluster
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches) < 1:
@@ -130,7 +134,9 @@ def _measure_and_plan(
     sample = [(data.train_x[i * B : (i + 1) * B], data.train_y[i * B : (i + 1) * B]) for i in range(min(steps, 7))]
     fixed = fixed_layout(cfg, len(model), dist.get_world_size())
     microbatches = cfg.microbatches if fixed is None else fixed.microbatches
-    costs = measure_costs(model, (sample * 2)[: max(2, len(sample))], microbatches, loss_fn, make_optimizer, cfg.model)
+    network = Emulation(cfg.network).topology(dist.get_world_size())
+    costs = measure_costs(model, (sample * 2)[: max(2, len(sample))], microbatches, loss_fn, make_optimizer, cfg.model,
+                          network, dedicated=cfg.devices is not None)  # fmt: skip
     box: list[Layout | None] = [None]
     if costs is not None:
         names = [name for name, _ in model.named_children()]
@@ -213,7 +219,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.checkpoint:
         Path(cfg.checkpoint).parent.mkdir(parents=True, exist_ok=True)
     nprocs = cfg.workers or (explicit_workers(cfg) or 4)
-    per_rank = launch(_worker, cfg, str(run_dir), nprocs=nprocs)
+    emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
+    per_rank = launch_emulated(_worker, cfg, str(run_dir), nprocs=nprocs, emulation=emulation, log_dir=run_dir)
     out = next((r for r in per_rank.values() if r["history"]), None)
     if out is None:  # under torchrun, only the output worker's process has the history
         return {}

@@ -82,6 +82,7 @@ def launch(
     backend: str | None = None,
     timeout_s: float | None = None,
     collective_timeout_s: float = 300.0,
+    setup: Callable[[int], None] | None = None,
 ) -> dict[int, Any]:
     """Run ``fn(*args)`` on every worker with the default process group initialised.
 
@@ -97,6 +98,8 @@ def launch(
         backend: ``"gloo"`` or ``"nccl"``; default NCCL with CUDA, gloo without.
         timeout_s: wall-clock limit for the whole local job; its workers are killed past it.
         collective_timeout_s: how long a communication may wait before it fails instead of hanging.
+        setup: called as ``setup(rank)`` first thing in each local worker, before torch.distributed starts
+            (to place it in an emulated network or cgroup); must be picklable.
 
     Returns:
         ``{rank: fn's return value}`` for the workers that ran in this machine's launch.
@@ -122,7 +125,7 @@ def launch(
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
     with tempfile.TemporaryDirectory(prefix="conveyor-launch-") as tmp:
-        return _run_local(fn, args, nprocs, backend, Path(tmp), timeout_s, collective_timeout_s)
+        return _run_local(fn, args, nprocs, backend, Path(tmp), timeout_s, collective_timeout_s, setup)
 
 
 def _init_process_group(backend: str, init_method: str, rank: int, world: int, timeout_s: float) -> None:
@@ -153,12 +156,15 @@ def _worker(
     backend: str,
     tmp: Path,
     collective_timeout_s: float,
+    setup: Callable[[int], None] | None,
 ) -> None:
     _set_parent_death_signal()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     # Local workers share this machine's cores: one thread each keeps them from oversubscribing it.
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
     try:
+        if setup is not None:
+            setup(rank)
         _init_process_group(backend, f"file://{tmp / 'rendezvous'}", rank, world, collective_timeout_s)
         value = fn(*args)
         dist.barrier()  # nobody leaves while a peer may still be receiving from it
@@ -188,10 +194,11 @@ def _run_local(
     tmp: Path,
     timeout_s: float | None,
     collective_timeout_s: float,
+    setup: Callable[[int], None] | None,
 ) -> dict[int, Any]:
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(target=_worker, args=(r, fn, args, nprocs, backend, tmp, collective_timeout_s))
+        ctx.Process(target=_worker, args=(r, fn, args, nprocs, backend, tmp, collective_timeout_s, setup))
         for r in range(nprocs)
     ]
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local workers talk over loopback only

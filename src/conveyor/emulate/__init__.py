@@ -1,0 +1,53 @@
+"""An emulated shared cluster on one machine: shaped links between namespaces, CPU quotas, faults.
+
+Every worker runs in its own network namespace; the workers of a server meet on a bridge and servers meet
+through links shaped by ``tc`` to the bandwidth (and latency) of each level of a planner topology. Each
+worker's speed is a CPU quota in a cgroup. Faults (stragglers, revocations, link failures) are applied at
+their times and logged. All of it is real kernel machinery, and none of it outlives the job.
+
+Example:
+    >>> from conveyor.emulate import Emulation, launch_emulated
+    >>> emulation = Emulation(network="2:1.25e9,2:1.25e7", devices="0.5")
+    >>> launch_emulated(fn, nprocs=4, emulation=emulation)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conveyor.emulate._cgroups import CgroupError, WorkerCgroup, remove_stale_jobs
+    from conveyor.emulate._check import check_cluster, cpu_loop_seconds, link_pairs
+    from conveyor.emulate._cluster import Cluster, Emulation, WorkerSetup
+    from conveyor.emulate._devices import Device, parse_devices
+    from conveyor.emulate._driver import FaultDriver
+    from conveyor.emulate._faults import Fault, parse_faults
+    from conveyor.emulate._launch import WorkerRevoked, launch_emulated
+    from conveyor.emulate._network import Link, Network, address, links_of
+    from conveyor.emulate._privileges import EmulationError
+
+# Imported on first use: the janitor process and fault planning need none of torch.
+_HOME = {
+    "_cgroups": ("CgroupError", "WorkerCgroup", "remove_stale_jobs"),
+    "_check": ("check_cluster", "cpu_loop_seconds", "link_pairs"),
+    "_cluster": ("Cluster", "Emulation", "WorkerSetup"),
+    "_devices": ("Device", "parse_devices"),
+    "_driver": ("FaultDriver",),
+    "_faults": ("Fault", "parse_faults"),
+    "_launch": ("WorkerRevoked", "launch_emulated"),
+    "_network": ("Link", "Network", "address", "links_of"),
+    "_privileges": ("EmulationError",),
+}
+_WHERE = {name: module for module, names in _HOME.items() for name in names}
+__all__ = [
+    "CgroupError", "Cluster", "Device", "Emulation", "EmulationError", "Fault", "FaultDriver", "Link", "Network",
+    "WorkerCgroup", "WorkerRevoked", "WorkerSetup", "address", "check_cluster", "cpu_loop_seconds",
+    "launch_emulated", "link_pairs", "links_of", "parse_devices", "parse_faults", "remove_stale_jobs",
+]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'conveyor.emulate' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"conveyor.emulate.{_WHERE[name]}"), name)

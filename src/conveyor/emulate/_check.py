@@ -1,0 +1,145 @@
+"""``conveyor emulate check``: measure every emulated link and device and set each beside its spec."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from conveyor.emulate._cluster import Emulation
+from conveyor.emulate._launch import launch_emulated
+from conveyor.plan import Topology
+
+__all__ = ["check_cluster", "cpu_loop_seconds", "link_pairs"]
+
+_PINGS = 30
+_LOOP_SIZE = 192  # a matmul a core does in about a millisecond
+
+
+def link_pairs(topology: Topology) -> list[tuple[int, int]]:
+    """Worker pairs whose transfers cross every emulated link: each worker to the next one of its server
+    (its own link), and the first worker of each group to the first of the next group, at every level.
+
+    Example:
+        >>> link_pairs(Topology.parse("2:1e9,2:1e8"))
+        [(0, 1), (1, 0), (2, 3), (3, 2), (0, 2), (2, 0)]
+    """
+    pairs: list[tuple[int, int]] = []
+    span = 1
+    for level in topology.levels:
+        inner, span = span, span * level.count
+        for a in range(0, topology.workers, inner):
+            b = a // span * span + (a + inner) % span  # the next group of the same parent, round the ring
+            if a != b:
+                pairs.append((a, b))
+    return pairs
+
+
+def cpu_loop_seconds(iterations: int) -> float:
+    """Wall-clock seconds of a fixed single-threaded CPU loop (the same work on every worker)."""
+    a, threads = torch.ones(_LOOP_SIZE, _LOOP_SIZE), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        for _ in range(iterations):
+            torch.mm(a, a)
+        return time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(pairs: list[tuple[int, int]], sizes: list[int], iterations: int) -> dict[str, Any]:
+    rank = dist.get_rank()
+    out: dict[str, Any] = {"links": [], "alone_s": 0.0, "all_busy_s": 0.0}
+    small = torch.zeros(1)
+    for a, b in pairs:  # a first message between two workers opens their connection: not part of the timing
+        dist.barrier()
+        if rank == a:
+            dist.send(small, b)
+        elif rank == b:
+            dist.recv(small, a)
+    for (a, b), size in zip(pairs, sizes, strict=True):
+        dist.barrier()
+        if rank not in (a, b):
+            continue
+        peer, big = b if rank == a else a, torch.zeros(size // 4)
+        rtts = []
+        for _ in range(_PINGS):
+            start = time.perf_counter()
+            if rank == a:
+                dist.send(small, peer)
+                dist.recv(small, peer)
+            else:
+                dist.recv(small, peer)
+                dist.send(small, peer)
+            rtts.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        if rank == a:
+            dist.send(big, peer)
+            dist.recv(small, peer)  # the receiver's word that it has all of it
+        else:
+            dist.recv(big, peer)
+            dist.send(small, peer)
+        if rank == a:
+            seconds = time.perf_counter() - start - statistics.median(rtts) / 2
+            out["links"].append({"from": a, "to": b, "bytes": size, "seconds": seconds,
+                                 "latency_s": statistics.median(rtts[5:]) / 2})  # fmt: skip
+    for worker in range(dist.get_world_size()):  # one at a time: its own speed, nobody competing
+        dist.barrier()
+        if worker == rank:
+            out["alone_s"] = cpu_loop_seconds(iterations)
+    dist.barrier()
+    out["all_busy_s"] = cpu_loop_seconds(iterations)  # all at once: what the machine's cores allow
+    return out
+
+
+def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 1.0) -> dict[str, Any]:
+    """Measure the links and devices of ``emulation`` for ``workers`` workers; return the JSON report.
+
+    Each link's transfer is sized to take ``seconds_per_link`` at its specified rate (1 MiB to 256 MiB);
+    each worker's speed is its time for a fixed loop against this process's time for it on a whole core.
+    """
+    topology = emulation.topology(workers)
+    devices = emulation.device_list(workers)
+    pairs = link_pairs(topology) if topology else []
+    rates = [_spec(topology, a, b)[0] for a, b in pairs] if topology else []
+    sizes = [int(min(max(bw * seconds_per_link, 1 << 20), 1 << 28)) // 4 * 4 for bw in rates]
+    cpu_loop_seconds(50)  # warm-up
+    iterations = max(1, round(0.5 / (cpu_loop_seconds(200) / 200)))  # half a second on a whole core
+    reference = statistics.median(cpu_loop_seconds(iterations) for _ in range(3))
+    per_rank = launch_emulated(_measure, pairs, sizes, iterations, nprocs=workers, emulation=emulation, timeout_s=600)
+    measured = sorted(
+        (m for r in per_rank for m in per_rank[r]["links"]), key=lambda m: pairs.index((m["from"], m["to"]))
+    )
+    links = []
+    for m in measured:
+        bandwidth, latency = _spec(topology, m["from"], m["to"]) if topology else (0.0, 0.0)
+        links.append({"from": m["from"], "to": m["to"], "spec_bytes_per_s": bandwidth,
+                      "measured_bytes_per_s": m["bytes"] / m["seconds"], "spec_latency_s": latency,
+                      "measured_latency_s": m["latency_s"], "bytes": m["bytes"]})  # fmt: skip
+    device_rows = [
+        {"worker": r, "device": devices[r].name if devices else "unlimited",
+         "spec_cores": devices[r].cores if devices else None,
+         "measured_cores": reference / per_rank[r]["alone_s"],
+         "measured_cores_all_busy": reference / per_rank[r]["all_busy_s"]}
+        for r in range(workers)
+    ]  # fmt: skip
+    return {
+        "network": emulation.network,
+        "devices_spec": emulation.devices,
+        "machine_cores": len(os.sched_getaffinity(0)),
+        "reference_loop_s": reference,
+        "links": links,
+        "devices": device_rows,
+    }
+
+
+def _spec(topology: Topology, a: int, b: int) -> tuple[float, float]:
+    """The rate (the slowest level crossed) and latency of a message from ``a`` to ``b``."""
+    joining = topology.level_between(a, b)
+    crossed = topology.levels[: topology.levels.index(joining) + 1]
+    return min(level.bandwidth for level in crossed), joining.latency

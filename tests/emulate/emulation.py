@@ -1,0 +1,92 @@
+"""Helpers for emulation tests: skip where the machine cannot emulate, and the worker functions they run."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conveyor.emulate import EmulationError
+from conveyor.emulate._privileges import require_cgroups, require_network
+
+
+def _reason() -> str | None:
+    try:
+        require_network()
+        require_cgroups()
+    except EmulationError as exc:
+        return str(exc)
+    return None
+
+
+REASON = _reason()
+needs_root = pytest.mark.skipif(REASON is not None, reason=f"cannot emulate a cluster here: {REASON}")
+
+
+def send_seconds(nbytes: int) -> float:
+    """Worker 0 sends ``nbytes`` to worker 1; the seconds until worker 1 confirms it has them all."""
+    small, big = torch.zeros(1), torch.zeros(nbytes // 4)
+    if dist.get_rank() == 0:  # open the connection first
+        dist.send(small, 1)
+    else:
+        dist.recv(small, 0)
+    dist.barrier()
+    start = time.perf_counter()
+    if dist.get_rank() == 0:
+        dist.send(big, 1)
+        dist.recv(small, 1)
+    else:
+        dist.recv(big, 0)
+        dist.send(small, 0)
+    return time.perf_counter() - start
+
+
+def longest_send(nbytes: int, seconds: float) -> float:
+    """Send ``nbytes`` from worker 0 to worker 1 again and again for ``seconds``; the longest one took."""
+    end, longest = time.monotonic() + seconds, 0.0
+    while True:
+        longest = max(longest, send_seconds(nbytes))
+        done = torch.tensor([float(time.monotonic() > end)])
+        dist.broadcast(done, 0)
+        if done.item():
+            return longest
+
+
+def loop_seconds(iterations: int) -> float:
+    """This worker's time for a fixed CPU loop, measured alone (the others wait)."""
+    from conveyor.emulate import cpu_loop_seconds
+
+    seconds = 0.0
+    for worker in range(dist.get_world_size()):
+        dist.barrier()
+        if worker == dist.get_rank():
+            seconds = cpu_loop_seconds(iterations)
+    return seconds
+
+
+def gaps(seconds: float) -> float:
+    """Run short steps for ``seconds``; the longest wall-clock gap between two steps (a pause shows as one)."""
+    end, last, longest = time.monotonic() + seconds, time.monotonic(), 0.0
+    while time.monotonic() < end:
+        time.sleep(0.01)
+        now = time.monotonic()
+        longest, last = max(longest, now - last), now
+    return longest
+
+
+def barriers_forever() -> None:
+    """Keep in step with the other workers until someone stops the job."""
+    while True:
+        dist.barrier()
+        time.sleep(0.05)
+
+
+def pid_then_barriers(folder: str) -> None:
+    """Say which process this worker is (a file ``pid-RANK``), then keep in step until stopped."""
+    import os
+    from pathlib import Path
+
+    (Path(folder) / f"pid-{dist.get_rank()}").write_text(str(os.getpid()))
+    barriers_forever()

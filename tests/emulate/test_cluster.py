@@ -1,0 +1,82 @@
+"""Emulated links, devices and faults, measured with real workers (root only: skipped elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from emulation import barriers_forever, gaps, longest_send, loop_seconds, needs_root, send_seconds
+
+from conveyor.emulate import Emulation, EmulationError, WorkerRevoked, cpu_loop_seconds, launch_emulated
+from conveyor.emulate._privileges import require_netem
+
+pytestmark = [needs_root, pytest.mark.timeout(120)]
+
+
+def test_a_100_mbit_link_carries_50_mb_in_4_s() -> None:
+    seconds = launch_emulated(send_seconds, 50_000_000, nprocs=2, emulation=Emulation(network="2:1.25e7"))[0]
+    assert seconds == pytest.approx(4.0, rel=0.10)
+
+
+def test_the_slow_level_between_servers_sets_the_rate() -> None:
+    # Workers 0 and 1 are on different servers: 12.5 MB/s between them, 1.25 GB/s inside each.
+    seconds = launch_emulated(send_seconds, 12_500_000, nprocs=2, emulation=Emulation(network="1:1.25e9,2:1.25e7"))[0]
+    assert seconds == pytest.approx(1.0, rel=0.15)
+
+
+def test_latency_delays_a_small_message() -> None:
+    try:
+        require_netem()
+    except EmulationError as exc:
+        pytest.skip(str(exc))
+    base = launch_emulated(send_seconds, 4, nprocs=2, emulation=Emulation(network="2:1.25e9"))[0]
+    delayed = launch_emulated(send_seconds, 4, nprocs=2, emulation=Emulation(network="2:1.25e9/10ms"))[0]
+    assert delayed - base == pytest.approx(0.020, abs=0.004)  # there and back, 10 ms each
+
+
+def test_latency_without_netem_is_one_line() -> None:
+    try:
+        require_netem()
+    except EmulationError:
+        with pytest.raises(EmulationError, match=r"^this kernel has no netem[^\n]*drop the /LATENCY"):
+            launch_emulated(send_seconds, 4, nprocs=2, emulation=Emulation(network="2:1.25e9/10ms"))
+    else:
+        pytest.skip("this kernel has netem: latency is emulated (test_latency_delays_a_small_message)")
+
+
+def test_a_quarter_core_is_four_times_slower_than_a_whole_one() -> None:
+    cpu_loop_seconds(50)
+    iterations = max(1, round(1.0 / (cpu_loop_seconds(200) / 200)))  # a second on a whole core
+    fast, slow = launch_emulated(loop_seconds, iterations, nprocs=2, emulation=Emulation(devices="1,0.25")).values()
+    assert slow / fast == pytest.approx(4.0, rel=0.10)
+
+
+def test_a_pause_stops_the_worker_for_its_duration(tmp_path) -> None:
+    emulation = Emulation(faults="pause:worker=1,at=1,for=1.5")
+    longest = launch_emulated(gaps, 4.0, nprocs=2, emulation=emulation, log_dir=tmp_path)
+    assert longest[0] < 0.5 and longest[1] == pytest.approx(1.5, abs=0.3)
+    log = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["kind"]) for e in log] == [("begin", "pause"), ("end", "pause")]
+    assert log[1]["t"] - log[0]["t"] == pytest.approx(1.5, abs=0.1)
+
+
+def test_a_cut_link_holds_a_transfer_until_it_is_back(tmp_path) -> None:
+    # 1.25 MB at 12.5 MB/s takes 0.1 s, but not while the link between the servers is down (2 s).
+    emulation = Emulation(network="1:1.25e9,2:1.25e7", faults="link-down:server=0,at=1.5,for=2")
+    longest = launch_emulated(longest_send, 1_250_000, 5.0, nprocs=2, emulation=emulation, log_dir=tmp_path)[0]
+    assert longest > 1.5
+    log = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["kind"], e["server"]) for e in log] == [("begin", "link-down", 0), ("end", "link-down", 0)]
+
+
+def test_a_revoked_worker_gets_notice_then_is_killed_and_the_job_says_so(tmp_path, capfd) -> None:
+    emulation = Emulation(faults="revoke:worker=1,at=2,grace=1.5")
+    with pytest.raises(
+        WorkerRevoked, match=r"worker 1 was revoked by the emulated cluster \(notice at 2\.\d s, killed at"
+    ):
+        launch_emulated(barriers_forever, nprocs=2, emulation=emulation, log_dir=tmp_path, timeout_s=60)
+    assert re.search(r"worker 1: revocation notice: SIGKILL in 1.5 s", capfd.readouterr().err)
+    log = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in log] == ["begin", "killed"]
+    assert log[1]["t"] - log[0]["t"] == pytest.approx(1.5, abs=0.1)
