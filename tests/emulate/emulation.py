@@ -66,6 +66,16 @@ def loop_seconds(iterations: int) -> float:
     return seconds
 
 
+def loop_times(iterations: int, seconds: float) -> list[float]:
+    """Time a fixed CPU loop again and again for ``seconds``; every time it took."""
+    from conveyor.emulate import cpu_loop_seconds
+
+    end, times = time.monotonic() + seconds, []
+    while time.monotonic() < end:
+        times.append(cpu_loop_seconds(iterations))
+    return times
+
+
 def gaps(seconds: float) -> float:
     """Run short steps for ``seconds``; the longest wall-clock gap between two steps (a pause shows as one)."""
     end, last, longest = time.monotonic() + seconds, time.monotonic(), 0.0

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 
 import pytest
-from emulation import barriers_forever, gaps, longest_send, loop_seconds, needs_root, send_seconds
+from emulation import barriers_forever, gaps, longest_send, loop_seconds, loop_times, needs_root, send_seconds
 
 from conveyor.emulate import Emulation, EmulationError, WorkerRevoked, cpu_loop_seconds, launch_emulated
 from conveyor.emulate._privileges import require_netem
@@ -50,6 +51,21 @@ def test_a_quarter_core_is_four_times_slower_than_a_whole_one() -> None:
     iterations = max(1, round(1.0 / (cpu_loop_seconds(200) / 200)))  # a second on a whole core
     fast, slow = launch_emulated(loop_seconds, iterations, nprocs=2, emulation=Emulation(devices="1,0.25")).values()
     assert slow / fast == pytest.approx(4.0, rel=0.10)
+
+
+@pytest.mark.parametrize(("fault", "slowdown"), [("slow:worker=1,at=1.5,for=3,cores=0.25", 4.0),
+                                                 ("load:worker=1,at=1.5,for=3", 2.0)])  # fmt: skip
+def test_a_straggler_runs_slower_for_its_period(fault: str, slowdown: float, tmp_path) -> None:
+    # A quota cut to a quarter core makes a loop 4x slower; a competing busy process in the worker's
+    # cgroup (FlexRR's disrupted machine) takes half of its core.
+    cpu_loop_seconds(50)
+    iterations = max(1, round(0.2 / (cpu_loop_seconds(200) / 200)))  # 0.2 s on a whole core
+    emulation = Emulation(devices="1,1", faults=fault)
+    times = launch_emulated(loop_times, iterations, 7.0, nprocs=2, emulation=emulation, log_dir=tmp_path)[1]
+    fast = [t for t in times if t < 1.5 * min(times)]
+    slow = [t for t in times if t >= 1.5 * min(times)]
+    assert len(slow) >= 2  # slow for a period, not one hiccup
+    assert statistics.median(slow) / statistics.median(fast) == pytest.approx(slowdown, rel=0.2)
 
 
 def test_a_pause_stops_the_worker_for_its_duration(tmp_path) -> None:

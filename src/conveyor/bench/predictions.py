@@ -8,6 +8,7 @@ the layout chosen, the prediction, the measurement and the error, and per model 
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.job import TrainConfig, train
+from conveyor.schedule import KINDS
 
 __all__ = ["PredictionsConfig", "run"]
 
@@ -29,6 +31,9 @@ class PredictionsConfig:
     workers: int = 4
     epochs: int = 3
     repeats: int = 2
+    # "auto" (the planner's choice), a schedule the planner lays out (flush, pipedream, ...), or "dp" (data
+    # parallelism: one stage on every worker)
+    schedules: tuple[str, ...] = ("auto",)
     network: str | None = None  # run on this emulated network (conveyor.emulate)
     devices: str | None = None  # emulated devices: CPU cores per worker
     faults: str | None = None
@@ -36,36 +41,48 @@ class PredictionsConfig:
     def __post_init__(self) -> None:
         if min(self.workers, self.epochs, self.repeats) < 1:
             raise ValueError("workers, epochs and repeats must be at least 1")
+        unknown = set(self.schedules) - {"auto", "dp", *KINDS}
+        if unknown:
+            raise ValueError(f"unknown schedule {sorted(unknown)[0]!r}: use auto, dp or one of {', '.join(KINDS)}")
 
 
 def run(cfg: PredictionsConfig) -> dict[str, Any]:
     """Train every model ``repeats`` times; return the JSON-ready report."""
     results = []
     with tempfile.TemporaryDirectory(prefix="conveyor-predictions-") as tmp:
-        for model in cfg.models:
-            for repeat in range(cfg.repeats):
-                run_dir = Path(tmp) / f"{model}-{repeat}"
-                summary = train(
-                    TrainConfig(
-                        model=model, workers=cfg.workers, epochs=cfg.epochs, run_dir=str(run_dir),
-                        network=cfg.network, devices=cfg.devices, faults=cfg.faults,
-                    )
-                )  # fmt: skip
-                layout = summary["layout"]
-                results.append(
-                    {
-                        "model": model,
-                        "schedule": layout["schedule"],
-                        "replicas": layout["replicas"],
-                        "balance": layout["balance"],
-                        "predicted_samples_per_s": summary["prediction"]["samples_per_s"],
-                        "measured_samples_per_s": summary["samples_per_s"],
-                        "error": summary["prediction"]["error"],
-                        "single_worker_samples_per_s": summary["prediction"]["measured_at_start"][
-                            "single_worker_samples_per_s"
-                        ],
-                        "measured_at_start": summary["prediction"]["measured_at_start"],
-                    }
+        for model, schedule, repeat in itertools.product(cfg.models, cfg.schedules, range(cfg.repeats)):
+            run_dir = Path(tmp) / f"{model}-{schedule}-{repeat}"
+            layout_options: dict[str, Any] = (
+                {"stages": 1, "replicas": str(cfg.workers), "schedule": "flush"} if schedule == "dp"
+                else {"schedule": schedule}
+            )  # fmt: skip
+            summary = train(
+                TrainConfig(
+                    model=model, workers=cfg.workers, epochs=cfg.epochs, run_dir=str(run_dir),
+                    network=cfg.network, devices=cfg.devices, faults=cfg.faults, **layout_options,
                 )
-    medians = {model: statistics.median(r["error"] for r in results if r["model"] == model) for model in cfg.models}
+            )  # fmt: skip
+            layout = summary["layout"]
+            results.append(
+                {
+                    "model": model,
+                    "asked": schedule,
+                    "schedule": layout["schedule"],
+                    "replicas": layout["replicas"],
+                    "balance": layout["balance"],
+                    "predicted_samples_per_s": summary["prediction"]["samples_per_s"],
+                    "measured_samples_per_s": summary["samples_per_s"],
+                    "error": summary["prediction"]["error"],
+                    "single_worker_samples_per_s": summary["prediction"]["measured_at_start"][
+                        "single_worker_samples_per_s"
+                    ],
+                    "measured_at_start": summary["prediction"]["measured_at_start"],
+                }
+            )
+    medians = {
+        f"{model} {schedule}": statistics.median(
+            r["error"] for r in results if (r["model"], r["asked"]) == (model, schedule)
+        )
+        for model, schedule in itertools.product(cfg.models, cfg.schedules)
+    }
     return {"config": asdict(cfg), "results": results, "median_error": medians}

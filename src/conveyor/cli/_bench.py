@@ -47,6 +47,9 @@ def add_parser(sub: Any) -> None:
     pred.add_argument("--workers", type=positive, default=4)
     pred.add_argument("--epochs", type=positive, default=3)
     pred.add_argument("--repeats", type=positive, default=2, help="runs per model")
+    pred.add_argument(
+        "--schedules", type=names, default=("auto",), help="auto, dp or schedules, e.g. flush,pipedream,dp"
+    )
     pred.add_argument("--json", type=Path, default=None, help="write the report here")
     add_emulation(pred)
     emulate = which.add_parser("emulate", help="emulated links, quotas and set-up time against their spec (root)")

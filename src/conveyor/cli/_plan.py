@@ -23,6 +23,10 @@ def add_parsers(sub: Any) -> None:
     )
     prof.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     prof.add_argument("--repeats", type=positive, default=10)
+    prof.add_argument(
+        "--device-cores", type=float, default=None,
+        help="profile on an emulated device of this many CPU cores (a cgroup quota, as --devices gives workers)",
+    )  # fmt: skip
     prof.add_argument("--json", type=Path, required=True, help="write the profile here")
 
     plan = sub.add_parser("plan", help="choose stages and replicas for a profiled model on a cluster")
@@ -39,14 +43,23 @@ def add_parsers(sub: Any) -> None:
     plan.add_argument("--json", type=Path, default=None, help="write the plan file here")
 
 
-def profile(args: argparse.Namespace) -> None:
+def _measure(name: str, batch_size: int, device: str | None, repeats: int, batch_sizes: tuple[int, ...]) -> Any:
     from conveyor.job import resolve
     from conveyor.runtime import profile as measure
 
-    model, example = resolve(args.model, args.batch_size)
-    result = measure(
-        model, example, name=args.model, device=args.device, repeats=args.repeats, batch_sizes=args.batch_sizes
-    )
+    model, example = resolve(name, batch_size)
+    return measure(model, example, name=name, device=device, repeats=repeats, batch_sizes=batch_sizes)
+
+
+def profile(args: argparse.Namespace) -> None:
+    measure_args = (args.model, args.batch_size, args.device, args.repeats, args.batch_sizes)
+    if args.device_cores is None:
+        result = _measure(*measure_args)
+    else:  # in a worker process whose cgroup gives it the device's cores
+        from conveyor.emulate import Emulation, launch_emulated
+
+        emulation = Emulation(devices=f"{args.device_cores:g}")
+        result = launch_emulated(_measure, *measure_args, nprocs=1, emulation=emulation)[0]
     table = Table("block", "what", "forward ms", "backward ms", "output MB", "saved MB", "params MB")
     for layer in result.layers:
         table.add_row(

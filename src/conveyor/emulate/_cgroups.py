@@ -16,8 +16,12 @@ from pathlib import Path
 __all__ = ["CgroupError", "WorkerCgroup", "cgroup_roots", "job_name", "remove_job", "remove_stale_jobs"]
 
 _ROOT = Path("/sys/fs/cgroup")
-_PERIOD_US = 20_000  # a short period makes a slow device slow throughout, not fast then stopped for 75 ms
-_MIN_QUOTA_US = 1_000  # the kernel's smallest quota
+# Each period lets a worker run this long, then stops it until the next. Every stop costs work (on the VM
+# this was measured on, about 1.3 ms of CPU per stop: cold caches, a vCPU waking), so the runs must be long
+# for the rate to hold (a 5 ms run made a 0.1-core device 13% slow, a 25 ms run within 6%); a slower device
+# then has a longer period, and stops as long, relative to its speed, as a faster one.
+_RUN_US = 25_000
+_MAX_PERIOD_US = 1_000_000  # the kernel's longest period
 
 
 class CgroupError(RuntimeError):
@@ -66,10 +70,10 @@ class WorkerCgroup:
     def set_cores(self, cores: float) -> None:
         """Let the worker use ``cores`` CPU cores' worth of time (``inf``: no limit)."""
         if cores == float("inf"):
-            quota, period = -1, _PERIOD_US
+            quota, period = -1, _RUN_US
         else:
-            period = max(_PERIOD_US, round(_MIN_QUOTA_US / cores))
-            quota = max(_MIN_QUOTA_US, round(cores * period))
+            period = min(_MAX_PERIOD_US, max(_RUN_US, round(_RUN_US / cores)))
+            quota = round(cores * period)
         if self.v2:
             _write(self.dirs[0] / "cpu.max", f"{'max' if quota < 0 else quota} {period}")
         else:

@@ -10,8 +10,6 @@ trace, in the formats of ``../shared/spot-traces``). Everything here is pure: no
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import heapq
 import json
 import math
 from dataclasses import dataclass
@@ -19,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from conveyor.emulate._traces import replay
 
 __all__ = ["KINDS", "PATTERNS", "Fault", "parse_faults"]
 
@@ -359,7 +359,7 @@ class _Item:
     def trace(self, rest: str) -> list[Fault]:
         """Revocations and additions that replay a spot-availability trace onto worker slots (ranks).
 
-        Machines map to slots as ``_replay`` says. Job time ``(t - offset) / time-scale`` for trace time ``t``
+        Machines map to slots as :func:`replay` says. Job time ``(t - offset) / time-scale`` for trace time ``t``
         (seconds from the trace's first line): the fleet live at ``offset`` is the one the job starts on (no
         events); a later removal revokes its slot's rank (with ``grace``), a later addition emits ``add``.
         Slots the trace has no machine for at the start are revoked at time 0 with no grace. The trace governs
@@ -371,7 +371,7 @@ class _Item:
             raise self.fail(f"trace file {path!r} not found" if path else "missing the trace file's path")
         scale, offset = self.num("time-scale", 1.0, positive=True), self.num("offset", 0.0)
         grace = self.num("grace", 0.0)
-        steps = _replay(file)
+        steps = replay(file)
         peak = max((slot + 1 for _, _, slot in steps), default=0)
         if "machines" in self.kv:
             keep = self.whole("machines")
@@ -397,51 +397,3 @@ class _Item:
                 out.append(Fault((t - offset) / scale, "revoke", (slot,), grace=grace, source=source))
         # Slots the trace has no machine for at the start are revoked at once (no notice: there was no machine).
         return [Fault(0.0, "revoke", (s,), source=source) for s in range(keep) if s not in live] + out
-
-
-def _replay(file: Path) -> list[tuple[float, str, int]]:
-    """A trace's events as ``(seconds, "add"|"remove", slot)``, seconds counted from the trace's first event.
-
-    Two formats (see ``../shared/spot-traces/README.md``): ``MILLISECONDS,add|remove,NODE`` lines, where an
-    added machine takes the lowest free slot and keeps it until removed; and Google Cloud's
-    ``DATE, TIME, LIVE_COUNT`` samples, where a drop removes the highest live slots and a rise fills the lowest
-    free ones. A count file repeats each sample on later lines, some stamped earlier than the line before, so a
-    change takes the time of the first line with the new count, kept no earlier than the change before it.
-    """
-    rows = [[c.strip() for c in line.split(",")] for line in file.read_text().splitlines() if line.strip()]
-    if not rows:
-        raise ValueError(f"trace {file.name} is empty")
-    out: list[tuple[float, str, int]] = []
-    live: set[int] = set()
-    free: list[int] = []  # freed slots below the highest slot ever used, lowest first
-    slots: dict[str, int] = {}
-    t0: float | None = None
-    count = 0
-    for n, row in enumerate(rows, 1):
-        try:
-            if row[1] in ("add", "remove") and len(row) == 3:
-                t, ops = float(row[0]) / 1000.0, [(row[1], row[2])]
-            else:
-                stamp = datetime.datetime.strptime(f"{row[0]} {row[1]} +0000", "%Y-%m-%d %H:%M:%S %z").timestamp()
-                target, t = int(row[2]), stamp
-                ops = [("add", "") for _ in range(target - count)] + [("remove", "") for _ in range(count - target)]
-                count = target
-        except (IndexError, ValueError):
-            expected = "MILLISECONDS,add|remove,NODE or DATE, TIME, COUNT"
-            raise ValueError(f"trace {file.name} line {n} {','.join(row)!r}: expected {expected}") from None
-        t0 = t if t0 is None else t0
-        t = max(t - t0, out[-1][0] if out else 0.0)
-        for op, name in ops:
-            if op == "add":
-                slot = heapq.heappop(free) if free else len(live) + len(free)
-                live.add(slot)
-                if name:
-                    slots[name] = slot
-            else:
-                slot = slots.pop(name, -1) if name else max(live, default=-1)
-                if slot < 0:
-                    raise ValueError(f"trace {file.name} line {n}: removes {name or 'a machine'} that is not live")
-                live.discard(slot)
-                heapq.heappush(free, slot)
-            out.append((t, op, slot))
-    return out
