@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from conveyor.emulate import Emulation
     from conveyor.job import TrainConfig, closing_notes, explicit_workers, fixed_layout, model_and_data, train
     from conveyor.runtime import load_checkpoint
 
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> None:
     cfg = config(TrainConfig, args)
     model, data = model_and_data(cfg)  # an unknown model or dataset fails here, before any worker starts
     fixed_layout(cfg, len(model), cfg.workers or explicit_workers(cfg) or 0)  # so does a layout that cannot work
+    Emulation(cfg.network, cfg.devices, cfg.faults).check(cfg.workers or explicit_workers(cfg) or 4)  # and so on
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(
             f"training {cfg.model} on {data.name}: {len(data.train_x)} training samples, batch {cfg.batch_size}"

@@ -1,0 +1,33 @@
+"""``conveyor emulate check``: every link and device measured beside its spec (root only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from emulation import needs_root
+
+from conveyor.cli import main
+
+pytestmark = [needs_root, pytest.mark.timeout(120)]
+
+
+def test_check_measures_every_link_and_device_against_its_spec(tmp_path: Path) -> None:
+    out = tmp_path / "check.json"
+    assert (
+        main(["emulate", "check", "--network", "2:1.25e8,2:1.25e7", "--devices", "1,1,0.5,0.5", "--json", str(out)])
+        == 0
+    )
+    report = json.loads(out.read_text())
+    assert [(link["from"], link["to"]) for link in report["links"]] == [(0, 1), (1, 0), (2, 3), (3, 2), (0, 2), (2, 0)]
+    for link in report["links"]:
+        assert {"spec_bytes_per_s", "measured_bytes_per_s", "spec_latency_s", "measured_latency_s"} <= set(link)
+        # Between servers 100 Mbit/s; inside one, 1 Gbit/s is more than a half-core worker's TCP can fill.
+        if link["spec_bytes_per_s"] == 1.25e7:
+            assert link["measured_bytes_per_s"] == pytest.approx(1.25e7, rel=0.10)
+        else:
+            assert 1.25e7 * 2 < link["measured_bytes_per_s"] <= 1.25e8 * 1.02
+    assert [row["spec_cores"] for row in report["devices"]] == [1, 1, 0.5, 0.5]
+    for row in report["devices"]:
+        assert row["measured_cores"] == pytest.approx(row["spec_cores"], rel=0.15)
