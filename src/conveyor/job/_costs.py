@@ -69,9 +69,12 @@ class Costs:
 
     @property
     def runtime(self) -> RuntimeCosts:
-        """The runtime's own costs, for the simulator."""
+        """The runtime's own costs, for the simulator. On an emulated network an all-reduce's rate is that of
+        the level its replicas span (the one measured spans all the workers, and so the slowest level)."""
         link = self.link or Link(0.0, 0.0, 0.0, 1e12)
         latency, bandwidth = self.allreduce or (None, None)
+        if self.network is not None:
+            bandwidth = None
         return RuntimeCosts(self.overhead_s, link.send_s, link.recv_s, latency, bandwidth, self.cores)
 
     def summary(self) -> dict[str, Any]:
@@ -95,30 +98,43 @@ def measure_costs(
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
     name: str,
     network: Topology | None = None,
-    dedicated: bool = False,
+    device_cores: float | None = None,
 ) -> Costs | None:
     """Measure (every worker calls it); the first worker's :class:`Costs`, ``None`` elsewhere. ``batches`` are
     whole training batches, at least two (the first is a warm-up). ``network`` is the emulated network the job
-    runs on; ``dedicated``: each worker has a device of its own (an emulated one, a CPU quota), so the cores
-    are not shared in the model."""
+    runs on; ``device_cores``: each worker has a device of its own, an emulated one of this many cores (a CPU
+    quota). Such a device is a whole core for 25 ms at a time, stopped in between, so a short operation
+    measured alone runs at full speed (it almost never spans a stop) and takes ``1/c`` as long on average on
+    a device of ``c`` cores; measured beside the other workers, the machine's own cores would be shared too,
+    which a quota that fits the machine never lets happen on average. The profile, the per-action cost and
+    the link are then measured by the first worker(s) alone, and put per device."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = default_device()
     cores = len(os.sched_getaffinity(0))
-    # Every worker profiles at once: the times are those of a core as busy as in the run (sharing it costs
-    # more than the share: caches, switches), then put per core; the simulator shares the cores again.
+    alone = device_cores is not None
+    # Without emulated devices every worker profiles at once: the times are those of a core as busy as in the
+    # run (sharing it costs more than the share: caches, switches), then put per core; the simulator shares the
+    # cores again.
+    shares = min(1.0, cores / world) if device.type == "cpu" else 1.0
+    per_core = 1.0 / device_cores if device_cores is not None else shares
     example = batches[0][0][: -(-len(batches[0][0]) // microbatches)]
-    # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
-    prof = profile(copy.deepcopy(model), example, name=name, device=device, repeats=5, warmup=2, optimizer=optimizer)
-    per_core = min(1.0, cores / world) if device.type == "cpu" and not dedicated else 1.0
-    compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
-    compute += sum(lay.step_s for lay in prof.layers)
-    overhead = measure_overhead(model, batches, loss_fn, optimizer, microbatches, compute, device)
+    prof, overhead = None, 0.0
+    dist.barrier()
+    if rank == 0 or not alone:
+        # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
+        prof = profile(
+            copy.deepcopy(model), example, name=name, device=device, repeats=5, warmup=2, optimizer=optimizer
+        )
+        compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
+        compute += sum(lay.step_s for lay in prof.layers)
+        overhead = measure_overhead(model, batches, loss_fn, optimizer, microbatches, compute, device, fastest=alone)
+    dist.barrier()
     link, allreduce = None, None
     if world > 1:
         work = _forward_backward(model, batches[0], microbatches, loss_fn)
         peer = rank ^ 1  # pairs 0-1, 2-3, ...: every worker sends (and computes) while the first pair measures
-        if peer < world:
-            link = measure_link(P2P(device), peer, leader=rank % 2 == 0, busy=work)
+        if peer < world and (rank < 2 or not alone):
+            link = measure_link(P2P(device), peer, leader=rank % 2 == 0, busy=None if alone else work)
         dist.barrier()
         allreduce = measure_allreduce(busy=work)
     dist.barrier()
@@ -126,7 +142,10 @@ def measure_costs(
     dist.barrier()
     if rank != 0:
         return None
-    shared = cores if device.type == "cpu" and not dedicated else None
+    assert prof is not None
+    shared = cores if device.type == "cpu" and not alone else None
+    if alone and link is not None:  # sending and receiving are work on the device too
+        link = replace(link, send_s=link.send_s * per_core, recv_s=link.recv_s * per_core)
     return Costs(_scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, shared, network)
 
 

@@ -134,9 +134,11 @@ def _measure_and_plan(
     sample = [(data.train_x[i * B : (i + 1) * B], data.train_y[i * B : (i + 1) * B]) for i in range(min(steps, 7))]
     fixed = fixed_layout(cfg, len(model), dist.get_world_size())
     microbatches = cfg.microbatches if fixed is None else fixed.microbatches
-    network = Emulation(cfg.network).topology(dist.get_world_size())
+    emulation = Emulation(cfg.network, cfg.devices)
+    network, devices = emulation.topology(dist.get_world_size()), emulation.device_list(dist.get_world_size())
+    device_cores = devices[dist.get_rank()].cores if devices else None
     costs = measure_costs(model, (sample * 2)[: max(2, len(sample))], microbatches, loss_fn, make_optimizer, cfg.model,
-                          network, dedicated=cfg.devices is not None)  # fmt: skip
+                          network, device_cores)  # fmt: skip
     box: list[Layout | None] = [None]
     if costs is not None:
         names = [name for name, _ in model.named_children()]
