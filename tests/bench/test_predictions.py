@@ -8,14 +8,19 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_report_sets_each_prediction_against_its_measurement() -> None:
-    report = run(PredictionsConfig(models=("mlp",), workers=2, epochs=1, repeats=1))
-    (result,) = report["results"]
-    assert result["model"] == "mlp" and sum(result["replicas"]) == 2
-    assert result["predicted_samples_per_s"] > 0 and result["measured_samples_per_s"] > 0
-    assert result["error"] == pytest.approx(result["measured_samples_per_s"] / result["predicted_samples_per_s"] - 1)
-    assert report["median_error"] == {"mlp": result["error"]}
+    report = run(PredictionsConfig(models=("mlp",), workers=2, epochs=1, repeats=1, schedules=("auto", "dp")))
+    planned, data_parallel = report["results"]
+    for result in (planned, data_parallel):
+        assert result["model"] == "mlp" and sum(result["replicas"]) == 2
+        assert result["predicted_samples_per_s"] > 0 and result["measured_samples_per_s"] > 0
+        error = result["measured_samples_per_s"] / result["predicted_samples_per_s"] - 1
+        assert result["error"] == pytest.approx(error)
+    assert data_parallel["asked"] == "dp" and data_parallel["replicas"] == [2]
+    assert report["median_error"] == {"mlp auto": planned["error"], "mlp dp": data_parallel["error"]}
 
 
 def test_bad_config_is_rejected() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         PredictionsConfig(repeats=0)
+    with pytest.raises(ValueError, match="unknown schedule 'zigzag': use auto, dp or one of"):
+        PredictionsConfig(schedules=("zigzag",))

@@ -30,4 +30,4 @@ def test_check_measures_every_link_and_device_against_its_spec(tmp_path: Path) -
             assert 1.25e7 * 2 < link["measured_bytes_per_s"] <= 1.25e8 * 1.02
     assert [row["spec_cores"] for row in report["devices"]] == [1, 1, 0.5, 0.5]
     for row in report["devices"]:
-        assert row["measured_cores"] == pytest.approx(row["spec_cores"], rel=0.15)
+        assert row["measured_cores"] == pytest.approx(row["spec_cores"], rel=0.2), row

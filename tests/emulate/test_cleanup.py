@@ -64,7 +64,10 @@ def _wait_for(condition, seconds: float) -> bool:  # type: ignore[no-untyped-def
 def test_sigkill_of_the_launcher_leaves_no_namespace_link_or_cgroup(tmp_path: Path) -> None:
     before = _network_namespaces()
     root_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(tmp_path)], env=env)
     try:
         assert _wait_for(lambda: len(list(tmp_path.glob("pid-*"))) == 4, 60), "the workers did not start"

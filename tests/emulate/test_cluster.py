@@ -7,7 +7,7 @@ import re
 import statistics
 
 import pytest
-from emulation import barriers_forever, gaps, longest_send, loop_seconds, loop_times, needs_root, send_seconds
+from emulation import barriers_forever, gaps, longest_send, loop_seconds, loop_times, needs_root, routes, send_seconds
 
 from conveyor.emulate import Emulation, EmulationError, WorkerRevoked, cpu_loop_seconds, launch_emulated
 from conveyor.emulate._privileges import require_netem
@@ -18,6 +18,14 @@ pytestmark = [needs_root, pytest.mark.timeout(120)]
 def test_a_100_mbit_link_carries_50_mb_in_4_s() -> None:
     seconds = launch_emulated(send_seconds, 50_000_000, nprocs=2, emulation=Emulation(network="2:1.25e7"))[0]
     assert seconds == pytest.approx(4.0, rel=0.10)
+
+
+def test_a_worker_reaches_only_the_emulated_network() -> None:
+    tables = launch_emulated(routes, nprocs=2, emulation=Emulation(network="2:1.25e9"))
+    for table in tables.values():  # one route, to the job's own subnet, on its one interface: no way out
+        assert table.split() == ["10.77.0.0/16", "dev", "eth0", "proto", "kernel", "scope", "link", "src",
+                                 table.split()[-1]]  # fmt: skip
+        assert table.split()[-1] in ("10.77.0.1", "10.77.0.2")
 
 
 def test_the_slow_level_between_servers_sets_the_rate() -> None:

@@ -100,3 +100,10 @@ def pid_then_barriers(folder: str) -> None:
 
     (Path(folder) / f"pid-{dist.get_rank()}").write_text(str(os.getpid()))
     barriers_forever()
+
+
+def routes() -> str:
+    """This worker's routing table, as ``ip route`` prints it."""
+    import subprocess
+
+    return subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
