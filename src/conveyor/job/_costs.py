@@ -107,7 +107,8 @@ def measure_costs(
     measured alone runs at full speed (it almost never spans a stop) and takes ``1/c`` as long on average on
     a device of ``c`` cores; measured beside the other workers, the machine's own cores would be shared too,
     which a quota that fits the machine never lets happen on average. The profile, the per-action cost and
-    the link are then measured by the first worker(s) alone, and put per device."""
+    the link are then measured by the first worker(s) alone, and put per device; the all-reduce is timed
+    without compute before it (the replicas' skew, which a stop makes long, is the simulator's to model)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = default_device()
     cores = len(os.sched_getaffinity(0))
@@ -136,7 +137,7 @@ def measure_costs(
         if peer < world and (rank < 2 or not alone):
             link = measure_link(P2P(device), peer, leader=rank % 2 == 0, busy=None if alone else work)
         dist.barrier()
-        allreduce = measure_allreduce(busy=work)
+        allreduce = measure_allreduce(busy=None if alone else work)
     dist.barrier()
     single = _plain_loop(model, batches, loss_fn, optimizer) if rank == 0 else 0.0
     dist.barrier()
