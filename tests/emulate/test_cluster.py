@@ -83,6 +83,7 @@ def test_a_pause_stops_the_worker_for_its_duration(tmp_path) -> None:
     log = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert [(e["event"], e["kind"]) for e in log] == [("begin", "pause"), ("end", "pause")]
     assert log[1]["t"] - log[0]["t"] == pytest.approx(1.5, abs=0.1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["faults.jsonl"]  # the workers' markers are gone
 
 
 def test_a_cut_link_holds_a_transfer_until_it_is_back(tmp_path) -> None:

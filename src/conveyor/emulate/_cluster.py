@@ -131,8 +131,7 @@ class Cluster:
     def __enter__(self) -> Cluster:
         self.emulation.check(self.workers)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for old in [*self.log_dir.glob("started-*"), *self.log_dir.glob("revoke-*")]:
-            old.unlink()
+        self._remove_markers()
         remove_stale_jobs()
         try:
             topology = self.emulation.topology(self.workers)
@@ -175,3 +174,9 @@ class Cluster:
         if self._janitor is not None:
             self._janitor.terminate()
             self._janitor.wait()
+        self._remove_markers()
+
+    def _remove_markers(self) -> None:
+        """The files workers and faults leave in the log folder to signal each other (not a record)."""
+        for marker in [*self.log_dir.glob("started-*"), *self.log_dir.glob("revoke-*")]:
+            marker.unlink(missing_ok=True)

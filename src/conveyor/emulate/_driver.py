@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
+from conveyor.emulate._cgroups import CgroupError
 from conveyor.emulate._cluster import Cluster
 from conveyor.emulate._faults import Fault
 
@@ -75,7 +76,7 @@ class FaultDriver:
             heapq.heappop(self._queue)
             try:
                 entry = action()
-            except OSError as exc:  # the worker may be gone already (revoked, or the job failed)
+            except (OSError, CgroupError) as exc:  # the worker may be gone already (revoked, or the job failed)
                 entry = {"event": "failed", "error": str(exc)}
             entry = {"t": round(time.monotonic() - self._start, 4), **entry}
             with self.log_path.open("a") as log:
