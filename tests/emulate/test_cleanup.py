@@ -63,6 +63,7 @@ def _wait_for(condition, seconds: float) -> bool:  # type: ignore[no-untyped-def
 
 def test_sigkill_of_the_launcher_leaves_no_namespace_link_or_cgroup(tmp_path: Path) -> None:
     before = _network_namespaces()
+    roots_before = [root.exists() for root in cgroup_roots()]
     root_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
     env = {
         **os.environ,
@@ -83,6 +84,7 @@ def test_sigkill_of_the_launcher_leaves_no_namespace_link_or_cgroup(tmp_path: Pa
         launcher.wait()
     assert _wait_for(lambda: not any(_alive(pid) for pid in workers), 15), "a worker outlived its launcher"
     assert _wait_for(lambda: not _job_cgroups(launcher.pid), 15), "the job's cgroups were left behind"
+    assert [root.exists() for root in cgroup_roots()] == roots_before, "conveyor's cgroup folder was left behind"
     assert _wait_for(lambda: not (_network_namespaces() & during), 15), "a namespace of the job was left behind"
     after_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
     assert after_links == root_links  # the job never touched this machine's own network

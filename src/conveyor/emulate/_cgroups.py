@@ -61,7 +61,7 @@ class WorkerCgroup:
             if self.v2:  # v2 hands a controller down only where every parent enables it for its children
                 _write(root.parent / "cgroup.subtree_control", "+cpu")
                 _write(root / "cgroup.subtree_control", "+cpu")
-            (root / job).mkdir(exist_ok=True)
+            (root / job).mkdir(parents=True, exist_ok=True)  # parents: another job may just have removed root
             if self.v2:
                 _write(root / job / "cgroup.subtree_control", "+cpu")
         for d in self.dirs:
@@ -106,7 +106,7 @@ class WorkerCgroup:
 
 
 def remove_job(job: str, wait_s: float = 10.0) -> None:
-    """Kill whatever still runs in job ``job``'s cgroups and remove them."""
+    """Kill whatever still runs in job ``job``'s cgroups and remove them (and ``conveyor/`` once empty)."""
     roots = cgroup_roots()
     workers = sorted({d.name for root in roots if (root / job).is_dir() for d in (root / job).iterdir() if d.is_dir()})
     for name in workers:
@@ -122,6 +122,8 @@ def remove_job(job: str, wait_s: float = 10.0) -> None:
                     if time.monotonic() > end:
                         raise
                     time.sleep(0.01)
+        with contextlib.suppress(OSError):  # the last job out removes the shared folder; others' jobs keep it
+            root.rmdir()
 
 
 def remove_stale_jobs() -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -62,5 +61,3 @@ def require_cgroups() -> None:
         parent = root if root.is_dir() else root.parent
         if not os.access(parent, os.W_OK):
             raise EmulationError(f"--devices and --faults need write access to {parent} (run as root)")
-        with contextlib.suppress(FileExistsError):
-            root.mkdir()
