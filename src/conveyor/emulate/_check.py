@@ -85,9 +85,9 @@ def _measure(pairs: list[tuple[int, int]], sizes: list[int], iterations: int) ->
             dist.recv(big, peer)
             dist.send(small, peer)
         if rank == a:
-            seconds = time.perf_counter() - start - statistics.median(rtts) / 2
-            out["links"].append({"from": a, "to": b, "bytes": size, "seconds": seconds,
-                                 "latency_s": statistics.median(rtts[5:]) / 2})  # fmt: skip
+            latency = statistics.median(rtts[5:]) / 2  # the first few pings still warm up
+            out["links"].append({"from": a, "to": b, "bytes": size, "latency_s": latency,
+                                 "seconds": time.perf_counter() - start - latency})  # fmt: skip
     for worker in range(dist.get_world_size()):  # one at a time: its own speed, nobody competing
         dist.barrier()
         if worker == rank:
@@ -105,9 +105,9 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
     """
     topology = emulation.topology(workers)
     devices = emulation.device_list(workers)
-    pairs = link_pairs(topology) if topology else []
-    rates = [_spec(topology, a, b)[0] for a, b in pairs] if topology else []
-    sizes = [int(min(max(bw * seconds_per_link, 1 << 20), 1 << 28)) // 4 * 4 for bw in rates]
+    specs = {(a, b): _spec(topology, a, b) for a, b in link_pairs(topology)} if topology else {}
+    pairs = list(specs)
+    sizes = [int(min(max(bw * seconds_per_link, 1 << 20), 1 << 28)) // 4 * 4 for bw, _ in specs.values()]
     cpu_loop_seconds(50)  # warm-up
     iterations = max(1, round(0.5 / (cpu_loop_seconds(200) / 200)))  # half a second on a whole core
     reference = statistics.median(cpu_loop_seconds(iterations) for _ in range(3))
@@ -117,7 +117,7 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
     )
     links = []
     for m in measured:
-        bandwidth, latency = _spec(topology, m["from"], m["to"]) if topology else (0.0, 0.0)
+        bandwidth, latency = specs[m["from"], m["to"]]
         links.append({"from": m["from"], "to": m["to"], "spec_bytes_per_s": bandwidth,
                       "measured_bytes_per_s": m["bytes"] / m["seconds"], "spec_latency_s": latency,
                       "measured_latency_s": m["latency_s"], "bytes": m["bytes"]})  # fmt: skip

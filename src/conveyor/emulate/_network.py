@@ -117,6 +117,7 @@ class Network:
                     f"link set {_bridge(k, g)} up",
                 ]
         for link in self.links:
+            above = _bridge(link.level, link.group // levels[link.level].count)  # the bridge it joins upwards
             if link.level == 0:
                 ns = Namespace()
                 self.workers.append(ns)
@@ -127,11 +128,9 @@ class Network:
                     f"link set {link.up} up",
                 ])  # fmt: skip
                 ns.batch("tc", _shape(link.up, link.bandwidth, link.delay_s))
-                below = _bridge(0, link.group // levels[0].count)
-                fabric_ip += [f"link set {link.down} master {below}", f"link set {link.down} up"]
+                fabric_ip += [f"link set {link.down} master {above}", f"link set {link.down} up"]
             else:
                 below = _bridge(link.level - 1, link.group)
-                above = _bridge(link.level, link.group // levels[link.level].count)
                 fabric_ip += [
                     f"link add {link.up} type veth peer name {link.down}",
                     f"link set {link.up} master {below}", f"link set {link.down} master {above}",
