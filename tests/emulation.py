@@ -54,15 +54,18 @@ def longest_send(nbytes: int, seconds: float) -> float:
             return longest
 
 
-def loop_seconds(iterations: int) -> float:
-    """This worker's time for a fixed CPU loop, measured alone (the others wait)."""
+def loop_seconds(iterations: int, repeats: int = 3) -> float:
+    """This worker's median time for a fixed CPU loop, measured alone (the others wait): the median, as one
+    loop can meet a burst of the host's own work."""
+    import statistics
+
     from conveyor.emulate import cpu_loop_seconds
 
     seconds = 0.0
     for worker in range(dist.get_world_size()):
         dist.barrier()
         if worker == dist.get_rank():
-            seconds = cpu_loop_seconds(iterations)
+            seconds = statistics.median(cpu_loop_seconds(iterations) for _ in range(repeats))
     return seconds
 
 
