@@ -52,10 +52,11 @@ def test_replicas_wait_for_each_other_at_the_all_reduce() -> None:
 
 
 def test_a_busy_link_falls_short_of_the_steady_state() -> None:
-    """Four 2 s stages, the middle cut crossed by 3.3 s of activation and gradient per minibatch: the link
-    is the bottleneck, but 1F1B sends a gradient only after its backward and the next activation only after
-    that forward, so the link idles between them and the run falls short of one minibatch per 3.3 s."""
-    p = Profile.chain("link", [1.0] * 4, [1.0] * 4, [0, 651537052, 0, 0], [0] * 4)
+    """Four 2 s stages, the middle cut crossed by 3.3 s of activation per minibatch (and as long a gradient
+    the other way): the link is the bottleneck, but 1F1B sends a gradient only after its backward and the
+    next activation only after that forward, so the link idles between them and the run falls short of one
+    minibatch per 3.3 s."""
+    p = Profile.chain("link", [1.0] * 4, [1.0] * 4, [0, 2 * 651537052, 0, 0], [0] * 4)
     topology = Topology.parse("4:389387262.0")
     plan = optimize(p, topology, straight=True)
     link_s = 2 * 651537052 / 389387262.0

@@ -49,9 +49,10 @@ def _brute_force(p: Profile, workers: int, bandwidth: float, batch: int, memory:
                     held = inflight * received + stash if recompute else inflight * stash
                     if 3 * weights + held > memory:
                         slowest = math.inf
-                    allreduce = 2 * (w - 1) * weights / bandwidth / (m / w)
-                    link = 2 * received / bandwidth
-                    slowest = max(slowest, max(c, allreduce) / w, link)
+                    sent = q.cut_bytes(j - 1) if j < len(q) else 0
+                    allreduce = 2 * (w - 1) * (weights / w) / bandwidth  # a ring, once per step of m
+                    link = (received + sent) / (w * bandwidth)  # each replica's link, both ways at once
+                    slowest = max(slowest, c / w + allreduce / m, link)
                 best = max(best, b / slowest)
     return best
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from conveyor.cli._common import add_emulation, config, console, names, positive, write_json
+from conveyor.cli._common import add_emulation, config, console, floats, names, positive, sizes, write_json
 
 __all__ = ["add_parser", "run"]
 
@@ -57,6 +57,12 @@ def add_parser(sub: Any) -> None:
     emulate.add_argument("--seconds-per-link", type=float, default=2.0, help="each transfer's length at its rate")
     emulate.add_argument("--repeats", type=positive, default=3)
     emulate.add_argument("--json", type=Path, default=None, help="write the report here")
+    costs = which.add_parser("costs", help="the planner's all-reduce and transfer terms on the emulated cluster (root)")
+    costs.add_argument("--bandwidths", type=floats, default=(1.25e7, 1.25e8), help="bytes/s per link: 1.25e7,1.25e8")
+    costs.add_argument("--replicas", type=sizes, default=(2, 4, 8), help="all-reduce group sizes")
+    costs.add_argument("--sizes-mb", type=floats, default=(1.0, 10.0, 100.0), help="all-reduce sizes in MB")
+    costs.add_argument("--repeats", type=positive, default=3)
+    costs.add_argument("--json", type=Path, default=None, help="write the report here")
     planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
     planner.add_argument("--json", type=Path, default=None, help="write the report here")
 
@@ -64,7 +70,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     """Run the benchmark ``args.bench`` names."""
     {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "predictions": _predictions,
-     "planner": _planner, "emulate": _emulate}[args.bench](args)  # fmt: skip
+     "planner": _planner, "emulate": _emulate, "costs": _costs}[args.bench](args)  # fmt: skip
 
 
 def _schedules(args: argparse.Namespace) -> None:
@@ -193,5 +199,30 @@ def _emulate(args: argparse.Namespace) -> None:
     for row in report["setup"]:
         setup.add_row(str(row["workers"]), f"{row['setup_s']:.2f}", f"{row['teardown_s']:.2f}")
     console.print(setup)
+    if args.json:
+        write_json(args.json, report)
+
+
+def _costs(args: argparse.Namespace) -> None:
+    from conveyor.bench.costs import CostsBenchConfig, run
+
+    report = run(config(CostsBenchConfig, args))
+    allreduce = Table("network", "workers", "MB", "model s", "measured s", "error", title="all-reduce")
+    for row in report["allreduce"]:
+        allreduce.add_row(row["network"], str(row["workers"]), f"{row['bytes'] / 1e6:g}", f"{row['model_s']:.4f}",
+                          f"{row['measured_s']:.4f}", f"{row['error']:+.1%}")  # fmt: skip
+    console.print(allreduce)
+    transfers = Table("network", "replicas per stage", "model s", "measured s", "error", title="activation transfers")
+    for row in report["transfers"]:
+        transfers.add_row(row["network"], row["stages"], f"{row['model_s']:.4f}", f"{row['measured_s']:.4f}",
+                          f"{row['error']:+.1%}")  # fmt: skip
+    console.print(transfers)
+    overlap = Table("network", "compute s", "transfers s", "summed s", "measured s", "error vs overlapped",
+                    title="sends during compute")  # fmt: skip
+    for row in report["overlap"]:
+        overlap.add_row(row["network"], f"{row['compute_s']:.4f}", f"{row['transfer_s']:.4f}", f"{row['summed_s']:.4f}",
+                        f"{row['measured_s']:.4f}", f"{row['error']:+.1%}")  # fmt: skip
+    console.print(overlap)
+    console.print(f"{report['within_10_percent']} of {report['cases']} runs within 10% of the model")
     if args.json:
         write_json(args.json, report)

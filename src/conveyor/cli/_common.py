@@ -33,6 +33,16 @@ def sizes(text: str) -> tuple[int, ...]:
     return values
 
 
+def floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"write numbers as 1.25e7,1.25e8, not {text!r}") from None
+    if min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"numbers must be above 0, got {text!r}")
+    return values
+
+
 def names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 

@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from conveyor.cli._common import console, positive, sizes, write_json
+from conveyor.plan import COST_MODELS
 from conveyor.schedule import PLANNER_SCHEDULES
 
 __all__ = ["add_parsers", "plan", "profile"]
@@ -39,6 +40,10 @@ def add_parsers(sub: Any) -> None:
     plan.add_argument(
         "--batch-size", type=positive, default=None,
         help="with --schedule 2bw: samples per step to keep; choose width x depth, microbatch size and recomputation",
+    )  # fmt: skip
+    plan.add_argument(
+        "--cost-model", choices=COST_MODELS, default="physical",
+        help="physical: the runtime on the topology's links (default); pipedream: the PipeDream optimizer's own terms",
     )  # fmt: skip
     plan.add_argument("--json", type=Path, default=None, help="write the plan file here")
 
@@ -85,22 +90,25 @@ def plan(args: argparse.Namespace) -> None:
 
     profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
     if args.batch_size is not None:
-        if args.schedule != "2bw" or args.straight or args.microbatches:
+        if args.schedule != "2bw" or args.straight or args.microbatches or args.cost_model != "physical":
             raise ValueError(
-                "--batch-size runs the 2BW planner: use it with --schedule 2bw, without --straight and --microbatches"
+                "--batch-size runs the 2BW planner: use it with --schedule 2bw, without --straight, --microbatches "
+                "and --cost-model"
             )
         plan, candidates = plan_2bw(profile, topology, args.batch_size, args.memory)
         _print_candidates(candidates)
         profile = profile.at(args.batch_size // plan.microbatches)  # the chosen microbatch size
     else:
         plan = optimize(
-            profile, topology, args.straight, schedule=args.schedule, memory=args.memory, microbatches=args.microbatches
-        )
+            profile, topology, args.straight, schedule=args.schedule, memory=args.memory,
+            microbatches=args.microbatches, cost_model=args.cost_model,
+        )  # fmt: skip
     report = plan_file(plan, profile, topology)
     table = Table(
         "stage", "layers", "first - last layer", "replicas", "ranks", "ms per minibatch", "memory GB",
         title=f"{profile.model} on {topology.workers} workers ({topology}), {plan.schedule}"
-        f"{' with recomputation' if plan.recompute else ''}: {plan.config}, microbatch size {profile.batch_size}",
+        f"{' with recomputation' if plan.recompute else ''}: {plan.config}, microbatch size {profile.batch_size}, "
+        f"{plan.cost_model} cost model",
     )  # fmt: skip
     for i, st in enumerate(report["stages"]):
         ranks = st["ranks"]
@@ -118,8 +126,11 @@ def plan(args: argparse.Namespace) -> None:
     console.print(
         f"simulated over {pred['simulated_minibatches']} minibatches: {pred['samples_per_s']:.2f} samples/s, "
         f"{times(pred['speedup_vs_dp'])} data parallelism, {times(pred['speedup_vs_single'])} one worker; "
-        f"steady state {pred['steady_state']['seconds_per_minibatch'] * 1e3:.2f} ms per minibatch; "
+        f"steady state ({plan.cost_model} cost model) {pred['steady_state']['seconds_per_minibatch'] * 1e3:.4f} ms "
+        "per minibatch; "
         f"NOAM {report['noam']}"
     )
+    if plan.note:
+        console.print(f"note: {plan.note}")
     if args.json:
         write_json(args.json, report)

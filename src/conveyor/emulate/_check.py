@@ -140,6 +140,4 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
 
 def _spec(topology: Topology, a: int, b: int) -> tuple[float, float]:
     """The rate (the slowest level crossed) and latency of a message from ``a`` to ``b``."""
-    joining = topology.level_between(a, b)
-    crossed = topology.levels[: topology.levels.index(joining) + 1]
-    return min(level.bandwidth for level in crossed), joining.latency
+    return topology.bandwidth_between(a, b), topology.level_between(a, b).latency

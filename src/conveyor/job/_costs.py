@@ -70,7 +70,7 @@ class Costs:
     @property
     def runtime(self) -> RuntimeCosts:
         """The runtime's own costs, for the simulator. On an emulated network an all-reduce's rate is that of
-        the level its replicas span (the one measured spans all the workers, and so the slowest level)."""
+        the slowest link its ring crosses (the one measured spans all the workers, and so the slowest level)."""
         link = self.link or Link(0.0, 0.0, 0.0, 1e12)
         latency, bandwidth = self.allreduce or (None, None)
         if self.network is not None:

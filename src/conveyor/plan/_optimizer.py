@@ -1,19 +1,20 @@
 """PipeDream's partitioning optimizer: split layers into stages and choose each stage's replica count.
 
-The cost model is the PipeDream paper's (Narayanan et al., SOSP 2019, section 3.1). For level ``k`` of a
-hierarchical topology (innermost first), with ``m`` units of the level below joined at bandwidth ``B_k``:
+The search is the PipeDream paper's (Narayanan et al., SOSP 2019, section 3.1), run level by level through
+a hierarchical topology, innermost first. At level ``k`` with ``m`` units of the level below:
 
-- one stage running layers ``[i, j)`` replicated over ``m`` units takes, per minibatch,
-  ``T_k(i, j, m) = max(A_{k-1}(i, j), 2 (m - 1) W(i, j) / B_k) / m``: each unit runs the best plan of the
-  level below for those layers, and the ring all-reduce of the stage's weights ``W`` overlaps compute;
-- the best pipeline over ``[i, j)`` with ``m`` units is a single stage or a best pipeline over ``[i, s)``
-  followed by one stage over ``[s, j)``, joined by the activation and gradient crossing the cut:
-  ``A_k(i, j, m) = min(T_k(i, j, m), min_{s, m'} max(A_k(i, s, m - m'), 2 C(s) / B_k, T_k(s, j, m')))``.
+- one stage running layers ``[i, j)`` replicated over ``m`` units takes ``T_k(i, j, m)`` per minibatch, from
+  ``A_{k-1}(i, j)`` (each unit runs the best plan of the level below for those layers), the stage's weights
+  and the activations entering and leaving it, as the cost model says (:mod:`conveyor.plan._cost_model`);
+- the best pipeline over ``[i, j)`` with ``m`` units is a single stage or a first stage over ``[i, s)`` on
+  ``m'`` units followed by a best pipeline over ``[s, j)`` on the rest:
+  ``A_k(i, j, m) = min(T_k(i, j, m), min_{s, m'} max(T_k(i, s, m'), A_k(s, j, m - m')))``.
 
 At the innermost level a unit is one worker and ``A_{-1}(i, j)`` is the layers' forward plus backward
-time. The pipeline's time per minibatch is that of its slowest stage or link; the plan is the arg-min.
-Every candidate the recursion ranges over includes a single stage replicated over every worker (data
-parallelism), so the plan is never slower than data parallelism under the model.
+time. The pipeline's time per minibatch is that of its slowest stage (a stage's links are part of its
+time); the plan is the arg-min. Every candidate the recursion ranges over includes a single stage
+replicated over every worker (data parallelism), so the plan is never slower than data parallelism under
+the model.
 
 Example:
     >>> from conveyor.plan._profiles import Profile
@@ -26,9 +27,12 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TypeAlias
 
 import numpy as np
 
+from conveyor.plan._cost_model import check_cost_model, stage_seconds
+from conveyor.plan._cuts import cuts_of
 from conveyor.plan._memory import planned_kind, stage_bytes
 from conveyor.plan._partition import MemoryModel, Partition, extras_grid, solve
 from conveyor.plan._partition import stages as flat_stages
@@ -37,6 +41,8 @@ from conveyor.plan._topology import Topology
 from conveyor.schedule import twobw_min_microbatches
 
 __all__ = ["Plan", "PlanError", "PlannedStage", "optimize", "step_microbatches"]
+
+Index: TypeAlias = "np.ndarray | int"
 
 
 class PlanError(ValueError):
@@ -68,6 +74,11 @@ class Plan:
         microbatches: microbatches per optimizer step (for ``flush`` and ``gpipe``).
         memory_limit: bytes per worker the plan had to fit in, if any.
         recompute: stages re-run their forward in the backward instead of stashing activations.
+        cost_model: the cost model the times are from (:data:`~conveyor.plan.COST_MODELS`).
+        layers: the profile's layer positions in the plan's order, when a graph's stages are not ranges of the
+            profile's own order (empty: that order); the stages' layer indices are in the plan's order
+            (:meth:`in_order`).
+        note: why the plan could not cut where the graph allows (empty when it could).
     """
 
     stages: tuple[PlannedStage, ...]
@@ -78,6 +89,13 @@ class Plan:
     microbatches: int = 1
     memory_limit: float | None = None
     recompute: bool = False
+    cost_model: str = "physical"
+    layers: tuple[int, ...] = ()
+    note: str = ""
+
+    def in_order(self, profile: Profile) -> Profile:
+        """``profile`` with its layers in the plan's order, which the stages' layer indices refer to."""
+        return profile.reordered(self.layers) if self.layers else profile
 
     @property
     def workers(self) -> int:
@@ -112,6 +130,7 @@ def optimize(
     schedule: str = "pipedream",
     memory: float | None = None,
     microbatches: int | None = None,
+    cost_model: str = "physical",
 ) -> Plan:
     """The plan with the least predicted time per minibatch that fits in memory.
 
@@ -124,6 +143,8 @@ def optimize(
             stashed activations a worker holds (:mod:`conveyor.plan._memory`).
         memory: bytes per worker; ``None`` for no limit.
         microbatches: microbatches per optimizer step for ``flush`` and ``gpipe`` (default: the worker count).
+        cost_model: ``"physical"`` (the runtime on the topology's links) or ``"pipedream"`` (the PipeDream
+            optimizer's own terms), see :mod:`conveyor.plan._cost_model`.
 
     The memory check is exact with one topology level. With two, the inner level's stash counts round the
     workers that follow it up to a grid; with more, they assume every worker of the cluster follows
@@ -134,58 +155,74 @@ def optimize(
             no split fits in ``memory``).
     """
     try:
-        planned_kind(schedule)
+        update = planned_kind(schedule).update
+        check_cost_model(cost_model)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
-    n, total = len(profile), topology.workers
-    microbatches = microbatches or total
-    prefix = np.array(profile._compute_prefix)
-    params = np.array(profile._param_prefix, dtype=np.float64)
-    compute = prefix[None, :] - prefix[:, None]  # compute[i, j] = time of layers [i, j) on one worker
-    weights = params[None, :] - params[:, None]
-    cut = np.array([0.0] + [profile.cut_bytes(s - 1) for s in range(1, n + 1)])  # cut[s]: between s-1 and s
-    mem = None if memory is None else MemoryModel(profile, memory, schedule, microbatches)
+    total, microbatches = topology.workers, microbatches or topology.workers
+    cuts = cuts_of(profile)
+    n = len(cuts.sets) - 1  # boundaries 0..n; a stage [i, j) holds the layers of boundary j not in boundary i
+    nested = cuts.nested()
+    compute = np.where(nested, cuts.span([lay.forward_s + lay.backward_s for lay in profile.layers]), np.inf)
+    weights = np.where(nested, cuts.span([lay.param_bytes for lay in profile.layers]), 0.0)
+    cut = cuts.crossing(profile)  # cut[s]: bytes crossing boundary s (none at the first and the last)
+    per_update = None if update == "round" else microbatches
+
+    def stage_cost(k: int, inner: np.ndarray | float, i: Index, j: Index, units: Index) -> np.ndarray:
+        """``T_k``: layers ``[i, j)`` on ``units`` units of level ``k``, each taking ``inner`` per minibatch."""
+        first = np.asarray(i) == 0
+        return stage_seconds(cost_model, topology, k, inner, weights[i, j], cut[i], cut[j], units, per_update, first)
+
+    mem = None if memory is None else MemoryModel(profile, cuts, memory, schedule, microbatches)
     extras, pick = extras_grid(topology, mem)
     levels: list[Partition] = []
     inner = compute[None]
+    rows, cols = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
     for k, level in enumerate(topology.levels):
-        units = np.arange(level.count + 1, dtype=np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            allreduce = 2 * (units - 1) * weights[:, :, None] / level.bandwidth
-            stage_s = np.maximum(inner[..., None], allreduce[None]) / units
+        units = np.arange(level.count + 1)
+        stage_s = stage_cost(k, inner[..., None], rows[..., None], cols[..., None], units)
         stage_s[..., 0] = np.inf
         if straight:
             stage_s[..., 2:] = np.inf
         top = k == len(topology.levels) - 1
-        lv = solve(stage_s, 2 * cut / level.bandwidth, level.count, top, mem if k == 0 else None, extras,
-                   None if k == 0 else pick)  # fmt: skip
-        levels.append(lv)
-        inner = lv.best_s[..., level.count]
+        levels.append(solve(stage_s, level.count, top, mem if k == 0 else None, extras, None if k == 0 else pick))
+        inner = levels[-1].best_s[..., level.count]
     best = float(levels[-1].best_s[0, 0, n, topology.levels[-1].count])
     if not np.isfinite(best):
-        if memory is not None and np.isfinite(optimize(profile, topology, straight).seconds_per_minibatch):
+        if memory is not None and np.isfinite(
+            optimize(profile, topology, straight, cost_model=cost_model).seconds_per_minibatch
+        ):
             raise PlanError(_memory_advice(profile, topology, straight, schedule, memory, microbatches))
         raise PlanError(
-            f"no straight pipeline of {profile.model} ({n} layers) uses exactly {total} workers: "
+            f"no straight pipeline of {profile.model} ({len(profile)} layers) uses exactly {total} workers: "
             f"use at most {n} workers, or allow replicated stages"
         )
-    top_units = topology.levels[-1].count
-    stages = [PlannedStage(*st) for st in flat_stages(levels, weights, topology, len(levels) - 1, 0, n, top_units, 0)]
+    order: list[int] = []  # the layers in the plan's order: each stage's after the stages before it
+    stages = []
+    for a, last, r, t in flat_stages(levels, stage_cost, topology, len(levels) - 1, 0, n, topology.levels[-1].count, 0):
+        layers = cuts.layers(a, last + 1)
+        stages.append(PlannedStage(len(order), len(order) + len(layers) - 1, r, t))
+        order += layers
+    layer_order = () if order == list(range(len(profile))) else tuple(order)
+    profile = profile.reordered(order) if layer_order else profile
     reps = [st.replicas for st in stages]
     microbatches = step_microbatches(schedule, reps, microbatches)
-    dp = compute[0, n]
-    for level in topology.levels:
-        dp = max(dp, 2 * (level.count - 1) * weights[0, n] / level.bandwidth) / level.count
-    single = float(compute[0, n])
+    dp = float(compute[0, n])
+    for k, level in enumerate(topology.levels):
+        dp = float(stage_cost(k, dp, 0, n, level.count))
+    single, everything = float(compute[0, n]), len(profile)
     if memory is not None:
-        dp = dp if stage_bytes(profile, 0, n, schedule, total, total, microbatches) <= memory else np.inf
-        single = single if stage_bytes(profile, 0, n, schedule, 1, 1, microbatches) <= memory else np.inf
+        dp = dp if stage_bytes(profile, 0, everything, schedule, total, total, microbatches) <= memory else np.inf
+        single = single if stage_bytes(profile, 0, everything, schedule, 1, 1, microbatches) <= memory else np.inf
     downstream = np.cumsum([st.replicas for st in stages][::-1])[::-1]
     stages = [
         replace(st, memory_bytes=stage_bytes(profile, st.first_layer, st.last_layer + 1, schedule, r, d, microbatches))
         for st, r, d in zip(stages, reps, map(int, downstream), strict=True)
     ]
-    return Plan(tuple(stages), best, float(dp), single, schedule, microbatches, memory)
+    return Plan(
+        tuple(stages), best, float(dp), single, schedule, microbatches, memory,
+        cost_model=cost_model, layers=layer_order, note=cuts.why_not_graph,
+    )  # fmt: skip
 
 
 def step_microbatches(schedule: str, replicas: list[int], at_least: int) -> int:

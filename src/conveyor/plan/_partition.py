@@ -1,9 +1,10 @@
 """The planner's dynamic program: best pipelines over layer ranges and unit counts, level by level.
 
-See :mod:`conveyor.plan._optimizer` for the cost model. Memory enters through the warm-up of each stage, which
-depends on the workers after it (:mod:`conveyor.plan._memory`). The recursion therefore runs from the back: a
-pipeline over ``[i, j)`` on ``m`` units is one stage, or a first stage ``[i, s)`` on ``m'`` units followed
-by a best pipeline over ``[s, j)`` on ``m - m'`` units, all of which are downstream of the first stage.
+See :mod:`conveyor.plan._optimizer` for the recursion and :mod:`conveyor.plan._cost_model` for its terms.
+Memory enters through the warm-up of each stage, which depends on the workers after it
+(:mod:`conveyor.plan._memory`). The recursion therefore runs from the back: a pipeline over ``[i, j)`` on
+``m`` units is one stage, or a first stage ``[i, s)`` on ``m'`` units followed by a best pipeline over
+``[s, j)`` on ``m - m'`` units, all of which are downstream of the first stage.
 
 An inner level's pipelines are copied ``m'`` times by a stage of the level above, and workers of later
 outer stages follow them. Per copy, that is ``extra = (m - m') * unit / m'`` more downstream workers,
@@ -14,15 +15,17 @@ than two levels the inner levels assume the whole cluster is downstream.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from conveyor.plan._cuts import Cuts
 from conveyor.plan._memory import layer_stash_bytes, worker_bytes
 from conveyor.plan._profiles import Profile
 from conveyor.plan._topology import Topology
 
-__all__ = ["MemoryModel", "Partition", "extras_grid", "solve", "stages"]
+__all__ = ["MemoryModel", "Partition", "StageCost", "extras_grid", "solve", "stages"]
 
 _TIE = 1e-9  # relative difference under which two pipelines' times count as equal
 
@@ -30,16 +33,16 @@ _TIE = 1e-9  # relative difference under which two pipelines' times count as equ
 class MemoryModel:
     """Which stages fit in a worker's memory under a schedule."""
 
-    def __init__(self, profile: Profile, limit: float, schedule: str, microbatches: int) -> None:
+    def __init__(self, profile: Profile, cuts: Cuts, limit: float, schedule: str, microbatches: int) -> None:
         self.limit, self.schedule, self.microbatches = limit, schedule, microbatches
-        optimizer = [lay.optimizer_bytes for lay in profile.layers]
-        self.weights = np.array(profile._param_prefix, dtype=np.float64)
-        self.optimizer = np.concatenate([[0.0], np.cumsum(optimizer, dtype=np.float64)])
-        self.stash = np.concatenate([[0.0], np.cumsum(layer_stash_bytes(profile), dtype=np.float64)])
+        self.weights = cuts.prefix([lay.param_bytes for lay in profile.layers])
+        self.optimizer = cuts.prefix([lay.optimizer_bytes for lay in profile.layers])
+        self.stash = cuts.prefix(layer_stash_bytes(profile))
 
     def fits(self, first: int, stops: np.ndarray, replicas: np.ndarray, downstream: np.ndarray) -> np.ndarray:
-        """``[e, len(stops), len(replicas)]``: does a stage over ``[first, stop)`` fit? ``downstream``
-        broadcasts to that shape."""
+        """``[e, len(stops), len(replicas)]``: does a stage between boundaries ``first`` and ``stop`` fit?
+        ``downstream`` broadcasts to that shape (the answer is meaningless where ``first`` is not inside ``stop``,
+        a stage the search never takes)."""
         w = (self.weights[stops] - self.weights[first])[None, :, None]
         o = (self.optimizer[stops] - self.optimizer[first])[None, :, None]
         a = (self.stash[stops] - self.stash[first])[None, :, None]
@@ -76,7 +79,6 @@ def extras_grid(topology: Topology, memory: MemoryModel | None) -> tuple[np.ndar
 
 def solve(
     stage_s: np.ndarray,
-    cut_s: np.ndarray,
     count: int,
     top: bool,
     memory: MemoryModel | None,
@@ -86,8 +88,8 @@ def solve(
     """Best pipelines over ``[i, j)`` on ``m`` units of one level.
 
     Args:
-        stage_s: ``[e_below, i, j, m]`` time per minibatch of one stage (inf where not allowed).
-        cut_s: time of the activation and gradient crossing the cut before each layer at this level.
+        stage_s: ``[e_below, i, j, m]`` time per minibatch of one stage, its links included (inf where not
+            allowed).
         count: units at this level.
         top: only pipelines that end at the last layer are needed.
         memory: the memory model, at the innermost level only.
@@ -117,7 +119,7 @@ def solve(
                 else:
                     first = stage_s[pick[m, 1:m][None, :], i, splits[:, None], reps[None, : m - 1]][None]
                 rest = best[:, splits, j, m - 1 : 0 : -1]
-                candidates = np.maximum(np.maximum(first, rest), cut_s[splits][None, :, None])
+                candidates = np.maximum(first, rest)
                 if memory is not None:
                     candidates[~memory.fits(i, splits, reps[: m - 1], (m + extras)[:, None, None])] = np.inf
                 flat_candidates = candidates.reshape(out, -1)
@@ -136,26 +138,29 @@ def solve(
     return Partition(stage_s, best, choice, pick if pick is not None else np.zeros((1, 1), dtype=np.int64))
 
 
+StageCost = Callable[[int, float, int, int, int], np.ndarray]
+"""``(level, a unit's seconds per minibatch, first layer, stop, units) -> the stage's seconds per minibatch``."""
+
+
 def stages(
-    levels: list[Partition], weights: np.ndarray, topology: Topology, k: int, i: int, j: int, m: int, e: int
+    levels: list[Partition], cost: StageCost, topology: Topology, k: int, i: int, j: int, m: int, e: int
 ) -> list[tuple[int, int, int, float]]:
     """``(first layer, last layer, replicas, seconds per minibatch)`` of the best pipeline over ``[i, j)``
     on ``m`` units of level ``k`` (for ``e`` of its own), flattened to single workers."""
     s, first = (int(v) for v in levels[k].choice[e, i, j, m])
     if s < 0:
-        return _one_stage(levels, weights, topology, k, i, j, m, e if k == 0 else 0)
+        return _one_stage(levels, cost, topology, k, i, j, m, e if k == 0 else 0)
     below = e if k == 0 else int(levels[k].pick[m, first])
-    head = _one_stage(levels, weights, topology, k, i, s, first, below)
-    return head + stages(levels, weights, topology, k, s, j, m - first, e)
+    head = _one_stage(levels, cost, topology, k, i, s, first, below)
+    return head + stages(levels, cost, topology, k, s, j, m - first, e)
 
 
 def _one_stage(
-    levels: list[Partition], weights: np.ndarray, topology: Topology, k: int, i: int, j: int, m: int, e: int
+    levels: list[Partition], cost: StageCost, topology: Topology, k: int, i: int, j: int, m: int, e: int
 ) -> list[tuple[int, int, int, float]]:
     """One stage of level ``k`` over ``[i, j)`` on ``m`` units: ``m`` copies of the level below's best
     pipeline for ``e``, each of its stages all-reducing with its copies across this level's links."""
     if k == 0:
         return [(i, j - 1, m, float(levels[0].stage_s[0, i, j, m]))]
-    bandwidth = topology.levels[k].bandwidth
-    below = stages(levels, weights, topology, k - 1, i, j, topology.levels[k - 1].count, e)
-    return [(a, b, r * m, max(t, 2 * (m - 1) * weights[a, b + 1] / bandwidth) / m) for a, b, r, t in below]
+    below = stages(levels, cost, topology, k - 1, i, j, topology.levels[k - 1].count, e)
+    return [(a, b, r * m, float(cost(k, t, a, b + 1, m))) for a, b, r, t in below]

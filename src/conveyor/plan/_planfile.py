@@ -72,7 +72,7 @@ def plan_file(
 
     batch = profile.batch_size or 1
     balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
-    names = [lay.name for lay in profile.layers]
+    names = [lay.name for lay in plan.in_order(profile).layers]
     layout = layout_file(plan.schedule, plan.microbatches, balance, [st.replicas for st in plan.stages], names)
     for entry, st in zip(layout["stages"], plan.stages, strict=True):
         entry.update(seconds_per_minibatch=st.seconds_per_minibatch, memory_bytes=st.memory_bytes)
@@ -85,6 +85,8 @@ def plan_file(
         "microbatch_size": profile.batch_size,
         "recompute": plan.recompute,
         "memory_limit_bytes": plan.memory_limit,
+        "cost_model": plan.cost_model,
+        "note": plan.note,
         "predicted": {
             "samples_per_s": sim.samples_per_s,
             "speedup_vs_dp": speedup(plan.data_parallel_seconds, plan.workers),

@@ -7,9 +7,12 @@ candidate, with ``M = batch / b`` microbatches per optimizer step shared by the 
 
 - the layers are split into ``d`` contiguous stages, each on ``w`` replicas, minimising the slowest stage
   or link (a dynamic program over stages left and first layer), under the memory limit;
-- a stage's time per microbatch is ``max(f + b + r f, A / (M / w)) / w``: forward, backward and, with
-  recomputation (``r``), a second forward; its all-reduce ``A = 2 (w - 1) W / B`` once per step overlaps
-  the step's ``M / w`` microbatches;
+- a stage's time per microbatch is ``max((f + b + r f) / w + A / M, (C_i + C_j) / (w B'))``: forward,
+  backward and, with recomputation (``r``), a second forward, plus its ring all-reduce
+  ``A = 2 (w - 1) (L + W / (w B))`` once per step of ``M`` microbatches (summed: the runtime's ``REDUCE``
+  blocks); its links, overlapped with compute, carry the activations entering and leaving it, shared by
+  its ``w`` replicas (replica ``k`` of one stage talks to replica ``k`` of the next, at ``B'``), as in
+  :mod:`conveyor.plan._cost_model`;
 - a worker of a stage with ``k`` stages from it to the end holds two weight versions and a gradient,
   the optimizer state, and ``k`` microbatches in flight: their stashed activations, or with recomputation
   only their inputs plus one microbatch's activations while it recomputes.
@@ -32,6 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from conveyor.plan._cost_model import allreduce_s
 from conveyor.plan._memory import layer_stash_bytes, worker_bytes
 from conveyor.plan._optimizer import Plan, PlanError, PlannedStage
 from conveyor.plan._profiles import Profile
@@ -131,12 +135,14 @@ def _best_split(
     params = span([lay.param_bytes for lay in p.layers])
     compute = fwd * (2 if recompute else 1) + span([lay.backward_s for lay in p.layers])
     # A stage's replicas are neighbouring ranks; replica k of one stage talks to replica k of the next.
-    allreduce_bw = min(topology.bandwidth_between(s * w, s * w + w - 1) for s in range(d))
+    rings = [topology.level_between(s * w, s * w + w - 1) for s in range(d)]
+    ring_bw = min(topology.bandwidth_between(s * w, s * w + w - 1) for s in range(d))
     link_bw = min((topology.bandwidth_between(r, r + w) for r in range(w * (d - 1))), default=math.inf)
-    allreduce = 2 * (w - 1) * params / allreduce_bw / (microbatches / w)
-    stage = np.where(np.triu(np.ones((n + 1, n + 1), dtype=bool), 1), np.maximum(compute, allreduce) / w, np.inf)
-    inputs = np.array([0.0] + [p.cut_bytes(i - 1) for i in range(1, n + 1)])  # what a stage from layer i receives
-    link = 2 * inputs / link_bw
+    allreduce = allreduce_s(params, w, max(level.latency for level in rings), ring_bw)
+    inputs = np.array([0.0] + [p.cut_bytes(i - 1) for i in range(1, n)] + [0.0])  # what a stage from layer i gets
+    links = (inputs[:, None] + inputs[None, :]) / (w * link_bw)
+    upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)
+    stage = np.where(upper, np.maximum(compute / w + allreduce / microbatches, links), np.inf)
     optimizer = span([lay.optimizer_bytes for lay in p.layers])
     stash = span(layer_stash_bytes(p))
 
@@ -151,7 +157,7 @@ def _best_split(
     best = np.full((d + 1, n + 1), np.inf)
     end = np.full((d + 1, n + 1), n, dtype=np.int64)
     for k in range(1, d + 1):
-        total = np.maximum(stage, np.maximum(best[k - 1], link)[None, :]) if k > 1 else stage.copy()
+        total = np.maximum(stage, best[k - 1][None, :]) if k > 1 else stage.copy()
         if k == 1:
             total[:, :n] = np.inf
         if memory is not None:

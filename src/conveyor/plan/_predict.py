@@ -1,8 +1,9 @@
 """How fast a plan runs: its schedule's action lists simulated with the costs the runtime pays.
 
 Each forward and backward takes its layers' profiled time, each message its link's latency plus its
-bytes over the bandwidth (and its sender's and receiver's own time), each ``REDUCE`` a ring all-reduce of
-the stage's weights among its replicas (the runtime does not overlap it with compute), each ``STEP`` the
+bytes over the bandwidth (and its sender's and receiver's own time), each ``REDUCE`` one ring all-reduce of
+the stage's weights among all its replicas, as gloo and NCCL run it, at the slowest link the ring crosses
+(the runtime does not overlap it with compute), each ``STEP`` the
 layers' profiled optimizer step. On a machine with fewer cores than workers (:attr:`RuntimeCosts.cores`)
 the workers that want a core at the same moment share them (the simulator's processor sharing): four
 workers computing at once on two cores take twice as long, while one computing as the others wait on
@@ -30,12 +31,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from conveyor.plan._cost_model import allreduce_s
 from conveyor.plan._optimizer import Plan
 from conveyor.plan._profiles import Profile
 from conveyor.plan._topology import Topology
 from conveyor.schedule import kind, make_schedule, simulate, stage_workers
 
-__all__ = ["Prediction", "RuntimeCosts", "allreduce_s", "predict", "stage_times"]
+__all__ = ["Prediction", "RuntimeCosts", "predict", "stage_times"]
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,6 @@ class RuntimeCosts:
     cores: int | None = None
 
 
-def allreduce_s(nbytes: float, replicas: int, latency: float, bandwidth: float) -> float:
-    """A ring all-reduce of ``nbytes`` among ``replicas`` workers: ``2 (r - 1)`` steps, each a message of
-    ``nbytes / r`` (no time for one worker)."""
-    return 2 * (replicas - 1) * (latency + nbytes / replicas / bandwidth)
-
-
 def predict(
     plan: Plan,
     profile: Profile,
@@ -91,8 +87,8 @@ def predict(
 ) -> Prediction:
     """Simulate ``plan``'s schedule for ``minibatches`` minibatches (default: about eight per worker) as the
     runtime runs it (see the module docstring). For a schedule with an update per batch the count is rounded
-    up to whole batches of ``plan.microbatches``."""
-    runtime = runtime or RuntimeCosts()
+    up to whole batches of ``plan.microbatches``. ``profile`` is the one planned, in its own order."""
+    runtime, profile = runtime or RuntimeCosts(), plan.in_order(profile)
     reps = [st.replicas for st in plan.stages]
     unit = 1 if kind(plan.schedule).update == "round" else plan.microbatches
     batches = -(-(minibatches or 8 * plan.workers) // unit)
@@ -101,13 +97,18 @@ def predict(
         backward = [b + f for f, b in zip(forward, backward, strict=True)]
     act = runtime.action_s
     ranks = stage_workers(reps)
-    links = [topology.level_between(a[0], b[-1]) for a, b in itertools.pairwise(ranks)]
-    transfer = [profile.cut_bytes(st.last_layer) / lv.bandwidth for st, lv in zip(plan.stages, links, strict=False)]
+    pairs = [(a[0], b[-1]) for a, b in itertools.pairwise(ranks)]
+    links = [topology.level_between(*pair) for pair in pairs]
+    transfer = [
+        profile.cut_bytes(st.last_layer) / topology.bandwidth_between(*pair)
+        for st, pair in zip(plan.stages, pairs, strict=False)
+    ]
     reduce = []
     for st, workers in zip(plan.stages, ranks, strict=True):
         level = topology.level_between(workers[0], workers[-1])
         latency = level.latency if runtime.allreduce_latency is None else runtime.allreduce_latency
-        bandwidth = level.bandwidth if runtime.allreduce_bandwidth is None else runtime.allreduce_bandwidth
+        ring = topology.bandwidth_between(workers[0], workers[-1])
+        bandwidth = ring if runtime.allreduce_bandwidth is None else runtime.allreduce_bandwidth
         weights = profile.param_bytes(st.first_layer, st.last_layer + 1)
         reduce.append(act + allreduce_s(weights, st.replicas, latency, bandwidth))
     step = [act + sum(lay.step_s for lay in profile.layers[st.first_layer : st.last_layer + 1]) for st in plan.stages]

@@ -2,8 +2,14 @@
 
 Written innermost level first, ``COUNT:BYTES_PER_S`` per level, optionally ``/LATENCY`` (a time per
 message, ``s``, ``ms`` or ``us``): ``"4:12e9,4:1.25e9/50us"`` is 4 devices per server joined at 12 GB/s,
-and 4 such servers joined at 1.25 GB/s (10 Gbit/s) with 50 microseconds per message: 16 workers. A
-message of ``b`` bytes across a level takes ``latency + b / bandwidth``.
+and 4 such servers joined at 1.25 GB/s (10 Gbit/s) with 50 microseconds per message: 16 workers.
+
+What a bandwidth is: at the innermost level, each worker's own link to its server's switch; at an outer
+level, each group's uplink to that level's switch (a server's link to the rack), shared by the group's
+workers. Every link is full duplex, carrying its bandwidth each way at once. A message between two workers
+crosses each level up to the one that joins them, so it goes at the slowest of their bandwidths and takes
+``latency + b / bandwidth`` for ``b`` bytes, with the joining level's latency (the whole way, not a step).
+The emulated cluster (``conveyor train --network``) builds exactly this.
 
 Example:
     >>> t = Topology.parse("4:12e9,4:1.25e9/50us")
@@ -11,6 +17,8 @@ Example:
     (16, 1250000000.0, 5e-05)
     >>> t.level_between(0, 15).latency  # the first and the last worker meet at the outer level
     5e-05
+    >>> Topology.parse("2:1e8,2:1e9").bandwidth_between(0, 3)  # the slowest link on the way
+    100000000.0
 """
 
 from __future__ import annotations
@@ -59,8 +67,12 @@ class Topology:
         raise ValueError(f"workers {a} and {b} are not both below {self.workers}")
 
     def bandwidth_between(self, a: int, b: int) -> float:
-        """Bandwidth of the innermost level that joins workers ``a`` and ``b``."""
-        return self.level_between(a, b).bandwidth
+        """The rate of a message between workers ``a`` and ``b``: the slowest level it crosses."""
+        return self.slowest(self.levels.index(self.level_between(a, b)))
+
+    def slowest(self, k: int) -> float:
+        """The slowest bandwidth of levels ``0..k``: what a message across level ``k`` goes at."""
+        return min(level.bandwidth for level in self.levels[: k + 1])
 
     def __str__(self) -> str:
         return ",".join(
