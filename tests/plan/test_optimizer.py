@@ -1,4 +1,4 @@
-"""The partitioning optimizer returns the optimum of its cost model and the paper's VGG-16 plan."""
+"""The partitioning optimizer returns the optimum of its cost model (by brute force), within memory limits."""
 
 import itertools
 from dataclasses import dataclass
@@ -72,6 +72,7 @@ def test_optimum_of_the_cost_model(p: Profile, workers: int, bandwidth: float, s
         return
     plan = optimize(p, topology, straight=straight)
     assert plan.seconds_per_minibatch == pytest.approx(expected)
+    assert max(s.seconds_per_minibatch for s in plan.stages) == pytest.approx(plan.seconds_per_minibatch)
     assert plan.workers == workers
     assert plan.stages[0].first_layer == 0 and plan.stages[-1].last_layer == len(p) - 1
     assert all(a.last_layer + 1 == b.first_layer for a, b in itertools.pairwise(plan.stages))
@@ -110,6 +111,9 @@ def test_hierarchical_plans_fit(p: Profile, inner: int, outer: int, schedule: st
     except PlanError:
         return
     assert all(s.memory_bytes <= limit for s in plan.stages) and plan.workers == inner * outer
+    # The search adds an outer stage's whole all-reduce to its inner pipeline's slowest stage; each stage's own
+    # figure charges it only its own weights, so none exceeds the plan's.
+    assert max(s.seconds_per_minibatch for s in plan.stages) <= plan.seconds_per_minibatch * (1 + 1e-9)
 
 
 @settings(max_examples=60, deadline=None)
@@ -130,23 +134,6 @@ def test_fast_links_inside_slow_links_outside() -> None:
     # Each stage: 2 s of compute over 2 replicas joined at 1 TB/s, plus a ring all-reduce of 1 GB per update
     # of 2 minibatches, 2 steps of 0.5 GB: 1 + 2 * 0.5e9 / 1e12 / 2 s per minibatch.
     assert plan.seconds_per_minibatch == pytest.approx(1.0005, rel=1e-9)
-
-
-def test_vgg16_on_16_workers_at_10_gbps_is_15_1(pipedream_profiles: Path) -> None:
-    """PipeDream (SOSP'19) chose 15-1 for VGG-16 on 16 workers: conv layers replicated, FC layers alone.
-
-    Under the paper's cost model and this profile the single-replica stage also takes the last block of
-    three 512-channel convolutions (cutting after the 4th pooling sends 51 MB; all-reducing that block's
-    28 MB of weights over 15 replicas costs more): about 6% of the model's compute.
-    """
-    vgg = Profile.load(pipedream_profiles / "vgg16")
-    plan = optimize(vgg, Topology.parse("16:1.25e9"))
-    assert plan.config == "15-1"
-    first, second = plan.stages
-    assert all("Linear" not in layer.description for layer in vgg.layers[: first.last_layer + 1])
-    assert sum("Linear" in layer.description for layer in vgg.layers[second.first_layer :]) == 3
-    assert vgg.compute_s(0, first.last_layer + 1) > 0.9 * vgg.compute_s(0, len(vgg))
-    assert plan.speedup_vs_dp > 1
 
 
 def test_straight_pipeline_with_more_workers_than_layers_is_reported() -> None:

@@ -5,7 +5,10 @@ end (``wR``) sits on its server's bridge in a fabric namespace. Each group of a 
 the level above through a link ``uK.G`` (its end on the group's bridge) / ``dK.G`` (on the parent's). A
 link's two ends shape their outgoing traffic: a token bucket (``tbf``) at the level's rate and, for
 latency, ``netem`` delay, so a message between two workers crosses the links of every level up to the one
-that joins them and takes that level's latency and (the slowest) rate. Addresses exist only inside these
+that joins them and takes that level's latency and (the slowest) rate. A level's bandwidth is what a
+transfer carries (:mod:`conveyor.plan._topology`), so the bucket's rate is the line rate that carries it:
+each full TCP segment is 1448 bytes of data in a 1514-byte frame (Ethernet 14, IP 20, TCP with timestamps
+32 bytes; ``tc`` counts a segmentation-offloaded packet as its segments). Addresses exist only inside these
 namespaces, with no route out.
 """
 
@@ -20,6 +23,7 @@ from conveyor.plan import Topology
 __all__ = ["Link", "Network", "address", "links_of"]
 
 INTERFACE = "eth0"  # every worker's one interface, the one gloo is told to use
+LINE_PER_DATA = 1514 / 1448  # frame bytes per byte of TCP data in a full segment at an MTU of 1500
 
 
 def address(rank: int) -> str:
@@ -79,7 +83,7 @@ def _bridge(level: int, group: int) -> str:
 
 
 def _shape(device: str, bandwidth: float, delay_s: float) -> list[str]:
-    rate = f"{bandwidth * 8:.0f}bit"
+    rate = f"{bandwidth * LINE_PER_DATA * 8:.0f}bit"
     burst = max(64 * 1024, int(bandwidth / 1000))  # a millisecond of traffic, at least a GSO segment
     limit = min(max(4 * burst, int(bandwidth * 0.05)), 1 << 28)  # 50 ms of queue before drops, at most 256 MiB
     lines = [f"qdisc add dev {device} root handle 1: tbf rate {rate} burst {burst} limit {limit}"]

@@ -24,9 +24,10 @@ once per batch):
 - the stage: ``max(A / m + R(W, m) / U, (C_i + C_j) / (m B_k))``.
 
 With several levels the search charges each level's ring among its units (a hierarchical reduction's
-bytes); the runtime runs one ring over all of a stage's replicas, which is what :func:`allreduce_s` and the
-simulator (:func:`~conveyor.plan.predict`) charge, so there the plan's steady state and the prediction differ
-by that.
+bytes) for the outer stage's whole weights, added to its inner pipeline's slowest stage (an upper bound:
+each stage's own figure in the plan charges it only its own weights). The runtime runs one ring over all of
+a stage's replicas, which is what :func:`allreduce_s` and the simulator (:func:`~conveyor.plan.predict`)
+charge, so there the plan's steady state and the prediction differ by that.
 
 ``"pipedream"`` is the PipeDream optimizer's own (``optimizer/optimizer_graph_hierarchical.py`` of
 msr-fiddle/pipedream), to reproduce the paper's plans: compute and a ``4 (m - 1) W / (m B_k)`` all-reduce

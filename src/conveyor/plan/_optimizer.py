@@ -168,10 +168,16 @@ def optimize(
     cut = cuts.crossing(profile)  # cut[s]: bytes crossing boundary s (none at the first and the last)
     per_update = None if update == "round" else microbatches
 
-    def stage_cost(k: int, inner: np.ndarray | float, i: Index, j: Index, units: Index) -> np.ndarray:
-        """``T_k``: layers ``[i, j)`` on ``units`` units of level ``k``, each taking ``inner`` per minibatch."""
-        first = np.asarray(i) == 0
-        return stage_seconds(cost_model, topology, k, inner, weights[i, j], cut[i], cut[j], units, per_update, first)
+    def stage_cost(
+        k: int, inner: np.ndarray | float, i: Index, j: Index, units: Index, within: tuple[int, int] | None = None
+    ) -> np.ndarray:
+        """``T_k``: layers ``[i, j)`` on ``units`` units of level ``k``, each taking ``inner`` per minibatch. For a
+        stage of the level below inside this level's stage ``within``, only that stage's ends cross this
+        level's links."""
+        start, stop = within or (i, j)
+        into, out = np.where(np.asarray(i) == start, cut[i], 0.0), np.where(np.asarray(j) == stop, cut[j], 0.0)
+        first = np.asarray(start) == 0
+        return stage_seconds(cost_model, topology, k, inner, weights[i, j], into, out, units, per_update, first)
 
     mem = None if memory is None else MemoryModel(profile, cuts, memory, schedule, microbatches)
     extras, pick = extras_grid(topology, mem)

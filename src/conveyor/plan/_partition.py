@@ -138,8 +138,9 @@ def solve(
     return Partition(stage_s, best, choice, pick if pick is not None else np.zeros((1, 1), dtype=np.int64))
 
 
-StageCost = Callable[[int, float, int, int, int], np.ndarray]
-"""``(level, a unit's seconds per minibatch, first layer, stop, units) -> the stage's seconds per minibatch``."""
+StageCost = Callable[[int, float, int, int, int, tuple[int, int]], np.ndarray]
+"""``(level, a unit's seconds per minibatch, first boundary, last boundary, units, the boundaries of the level's
+stage it lies in) -> the stage's seconds per minibatch``."""
 
 
 def stages(
@@ -163,4 +164,5 @@ def _one_stage(
     if k == 0:
         return [(i, j - 1, m, float(levels[0].stage_s[0, i, j, m]))]
     below = stages(levels, cost, topology, k - 1, i, j, topology.levels[k - 1].count, e)
-    return [(a, b, r * m, float(cost(k, t, a, b + 1, m))) for a, b, r, t in below]
+    # Only the ends of this level's stage cross its links; the cuts between the stages below stay inside.
+    return [(a, b, r * m, float(cost(k, t, a, b + 1, m, (i, j)))) for a, b, r, t in below]

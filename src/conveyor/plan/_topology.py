@@ -6,7 +6,9 @@ and 4 such servers joined at 1.25 GB/s (10 Gbit/s) with 50 microseconds per mess
 
 What a bandwidth is: at the innermost level, each worker's own link to its server's switch; at an outer
 level, each group's uplink to that level's switch (a server's link to the rack), shared by the group's
-workers. Every link is full duplex, carrying its bandwidth each way at once. A message between two workers
+workers. Every link is full duplex, carrying its bandwidth each way at once. The bandwidth counts the data
+a transfer delivers (goodput), not the line rate: a 10 Gbit/s Ethernet link carries about 1.17e9 bytes/s of
+TCP data (1448 of every 1514 bytes on the wire, and less with its preamble and gaps). A message between two workers
 crosses each level up to the one that joins them, so it goes at the slowest of their bandwidths and takes
 ``latency + b / bandwidth`` for ``b`` bytes, with the joining level's latency (the whole way, not a step).
 The emulated cluster (``conveyor train --network``) builds exactly this.
