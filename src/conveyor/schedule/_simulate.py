@@ -3,9 +3,10 @@
 Each worker runs its actions in order. A forward or backward takes its stage's time; a send costs its
 sender ``send_s`` (packing the message, handing it to the transport) and does not wait for delivery; a
 receive waits for the message and then costs ``recv_s``; messages between two workers are delivered in
-the order they were sent, as the executor's point-to-point channels deliver them. Each stage boundary is
-one link, as in the planner's cost model: it carries one message at a time, activations and gradients
-alike, each keeping it ``transfer`` seconds, then ``latency`` more in flight. A ``REDUCE`` waits for every
+the order they were sent, as the executor's point-to-point channels deliver them. Each worker has one
+full-duplex link, as in the planner's cost model: a message keeps its sender's link busy outwards and its
+receiver's inwards for the boundary's ``transfer`` seconds (each carries one message at a time each way,
+activations and gradients alike), then spends ``latency`` more in flight. A ``REDUCE`` waits for every
 replica of its stage to reach it (their all-reduce) and then takes the stage's reduce time; a ``STEP``
 takes the optimizer step's time. With ``cores``, the workers that want a core at the same moment share
 them equally.
@@ -105,7 +106,8 @@ class _Run:
         self.workers = [_Worker() for _ in range(schedule.workers)]
         self.pending_backward = [{a.microbatch for a in acts if a.op is Op.BACKWARD} for acts in schedule.actions]
         self.channels: dict[tuple[int, int, bool], deque[tuple[int | None, float]]] = {}
-        self.link_free = [0.0] * len(hop)  # when each boundary's link finishes its last message
+        self.out_free = [0.0] * schedule.workers  # when each worker's link finishes sending its last message
+        self.in_free = [0.0] * schedule.workers  # ... and receiving its last one
         self.arrived: dict[tuple[int, int], list[int]] = {}  # (stage, reduce index) -> workers there
         self.timeline: list[tuple[int, Action, float, float]] = []
         self.now = 0.0
@@ -189,9 +191,10 @@ class _Run:
             return
         if a.op.is_send:
             boundary = min(self.stage[i], self.stage[a.to])
-            self.link_free[boundary] = max(self.link_free[boundary], self.now) + self.hop[boundary]
+            sent = max(self.now, self.out_free[i], self.in_free[a.to]) + self.hop[boundary]
+            self.out_free[i] = self.in_free[a.to] = sent
             channel = self.channels.setdefault((i, a.to, a.op is Op.SEND_GRAD), deque())
-            channel.append((a.microbatch, self.link_free[boundary] + self.delay[boundary]))
+            channel.append((a.microbatch, sent + self.delay[boundary]))
         elif not a.op.is_recv:
             self.timeline.append((i, a, w.started, self.now))
             w.busy += self.now - w.started
@@ -223,8 +226,9 @@ def simulate(
         schedule: the action lists to run.
         forward_s: forward time of one microbatch, per stage (or one number for every stage).
         backward_s: backward time of one microbatch, per stage (or one number).
-        transfer_s: time a message keeps the link after stage ``s`` busy (its bytes over the bandwidth), per
-            boundary (``stages - 1`` values, or one number); activations and gradients take the same time.
+        transfer_s: time a message across the boundary after stage ``s`` keeps its sender's and its receiver's
+            links busy (its bytes over the bandwidth), per boundary (``stages - 1`` values, or one number);
+            activations and gradients take the same time.
         step_s: time of one optimizer step, per stage (or one number).
         reduce_s: time of one ``REDUCE`` once every replica has arrived (the all-reduce), per stage (or one
             number); it waits on the network, using no core.
