@@ -2,8 +2,8 @@
 
 What a topology's bandwidth is (:mod:`conveyor.plan._topology`): at the innermost level, each worker's own
 link to its server's switch; at an outer level ``k``, each group's uplink to level ``k``'s switch, shared by
-the group's workers. Links are full duplex: ``B`` bytes per second each way at once. The emulated cluster
-(:mod:`conveyor.emulate`) builds exactly this.
+the group's workers. Links are full duplex: ``B`` bytes per second of data each way at once (what a
+transfer delivers, not the line rate). The emulated cluster (:mod:`conveyor.emulate`) builds exactly this.
 
 Two models, chosen with ``cost_model``:
 
