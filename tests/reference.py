@@ -12,6 +12,12 @@ samples leaves the weights as they are (but still makes a version). The equation
   ``r_s`` minibatches. Unreplicated: ``W(t+1)`` uses the gradient at ``W(t - (p - 1 - s))``.
 - pipedream-vs: the input stage's version ``u`` of that formula, on every stage ``floor(u * r_0 / r_s)``.
 - 2bw: ``version = max(0, k // m - 1)`` and one update per batch: ``W(t+1) = W(t) - lr * grad f(W(t-1))``.
+
+With ``correct=True`` (the stale-gradient correction) an asynchronous stage ``s`` with staleness ``d_s``
+(updates between the version a gradient is computed on and the update applying it: ``w_s - 1`` for
+pipedream, 1 for 2bw, the most of ``k // r_s - version(s, k)`` for pipedream-vs) runs version ``v`` on the
+prediction ``W(v) + d_s (W(v) - W(v-1))`` (``W(0)`` for ``v = 0``), and pipedream's optimizers get the
+learning rate times ``r_s / m``.
 """
 
 import math
@@ -49,6 +55,7 @@ def train(
     loss_fn: Callable[[Any, Any], torch.Tensor],
     max_grad_norm: float | None = None,
     autocast: torch.dtype | None = None,
+    correct: bool = False,
 ) -> None:
     """Train ``stages`` in place on ``batches`` with ``schedule``'s semantics.
 
@@ -62,12 +69,23 @@ def train(
         return k // replicas[s] if schedule.startswith("pipedream") else k // m
 
     opts = [optimizer(st.parameters()) if list(st.parameters()) else None for st in stages]
+    stale = [_staleness(schedule, replicas, s) if correct else 0 for s in range(len(stages))]
+    for s, opt in enumerate(opts):
+        for group in opt.param_groups if opt is not None and correct and schedule.startswith("pipedream") else []:
+            group["lr"] *= replicas[s] / m
+
+    def weights_of(s: int, v: int) -> dict[str, torch.Tensor]:
+        w = history[s][v]
+        if stale[s] and v > 0:
+            return {n: t + stale[s] * (t - history[s][v - 1][n]) for n, t in w.items()}
+        return w
+
     history = [[_snapshot(st)] for st in stages]
     pending: list[list[tuple[int, dict[str, torch.Tensor]]]] = [[] for _ in stages]
     micro = [(x, y) for xb, yb in batches for x, y in zip(xb.tensor_split(m), yb.tensor_split(m), strict=True)]
     for k, (x, y) in enumerate(micro):
         weights = [
-            {n: t.clone().requires_grad_() for n, t in history[s][version(s, k)].items()} for s in range(len(stages))
+            {n: t.clone().requires_grad_() for n, t in weights_of(s, version(s, k)).items()} for s in range(len(stages))
         ]
         if len(x):
             with torch.autocast("cpu", autocast or torch.bfloat16, enabled=autocast is not None):
@@ -96,6 +114,18 @@ def train(
                 opts[s].zero_grad(set_to_none=True)
             pending[s] = []
             history[s].append(_snapshot(stages[s]))
+
+
+def _staleness(schedule: str, replicas: Sequence[int], s: int) -> int:
+    def warmup(s: int) -> int:
+        return math.ceil(sum(replicas[s:]) / replicas[s])
+
+    if schedule == "pipedream":
+        return warmup(s) - 1
+    if schedule == "pipedream-vs":
+        version = _versions(schedule, replicas, 1)
+        return max(k // replicas[s] - version(s, k) for k in range(1000, 1000 + replicas[0] * replicas[s]))
+    return 1 if schedule == "2bw" else 0
 
 
 def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:

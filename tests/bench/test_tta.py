@@ -3,26 +3,46 @@
 from pathlib import Path
 
 import pytest
+from emulation import needs_root
 
 from conveyor.bench.tta import TTAConfig, run
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(400)
 
 
 def test_time_to_accuracy_report(tmp_path: Path) -> None:
-    cfg = TTAConfig(workers=2, target=0.8, epochs=8, strategies=("dp", "pipedream", "2bw"))
+    cfg = TTAConfig(workers=2, target=0.8, epochs=8, strategies=("dp", "ddp", "pipedream", "2bw"))
     report = run(cfg, plot=str(tmp_path / "tta.png"))
     assert (tmp_path / "tta.png").read_bytes()[:4] == b"\x89PNG"
-    results = {r["strategy"]: r for r in report["results"]}
-    assert results.keys() == {"dp", "pipedream", "2bw"}
-    assert results["dp"]["layout"]["replicas"] == [2] and results["pipedream"]["layout"]["replicas"] == [1, 1]
+    results = report["results"]
+    assert list(results) == ["dp", "ddp", "pipedream", "2bw"]
+    assert results["dp"]["layout"] == [2] and results["ddp"]["layout"] == [2]
     for name, r in results.items():
         history = r["history"]
         assert r["seconds_to_target"] is not None, name  # the asynchronous schedules get there too
         reached = history[r["epochs_to_target"] - 1]
         assert reached["accuracy"] >= 0.8 and reached["seconds"] == r["seconds_to_target"]
         assert all(h["accuracy"] < 0.8 for h in history[: r["epochs_to_target"] - 1])
-        assert len(r["peak_rss_bytes_per_worker"]) == 2 and r["samples_per_s"] > 0
+        assert r["samples_per_s"] > 0 and r["peak_rss_mb"] > 0
+        assert r["measured_speedup"] == pytest.approx(results["dp"]["seconds_to_target"] / r["seconds_to_target"])
+        assert r["bytes_between_servers_per_sample"] is None and r["comm_fraction"] is None  # no network here
+    assert results["dp"]["predicted_speedup"] == 1.0 and results["ddp"]["predicted_speedup"] is None
+    assert report["goals"]["speedup_vs_dp"] == results["pipedream"]["measured_speedup"]
+
+
+@needs_root
+def test_on_an_emulated_network_the_links_are_counted(tmp_path: Path) -> None:
+    """Two servers of one worker: data parallelism all-reduces across the slow link, PipeDream sends activations."""
+    cfg = TTAConfig(workers=2, target=0.8, epochs=6, strategies=("dp", "ddp", "pipedream"), network="1:1.25e9,2:1.25e8",
+                    local_epochs=1)  # fmt: skip
+    results = run(cfg)["results"]
+    for name, r in results.items():
+        assert r["bytes_between_servers_per_sample"] > 0, name
+        assert r["local_samples_per_s"] > 0 and r["comm_fraction"] < 1, name
+    # The mlp's all-reduce moves its weights (26k floats, about 104 KB) both ways per batch of 64, at least
+    # 2 x 104 KB / 64 = 3.3 KB per sample; PipeDream sends a 128-float activation and its gradient per sample.
+    assert results["dp"]["bytes_between_servers_per_sample"] > 3000
+    assert results["ddp"]["bytes_between_servers_per_sample"] > 3000
 
 
 def test_unknown_strategy() -> None:

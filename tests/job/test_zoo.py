@@ -16,7 +16,7 @@ def test_builtin_and_user_factories() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("resnet9000", "unknown model .resnet9000.: use one of gpt, mlp, resnet, vgg"),
+        ("resnet9000", "unknown model .resnet9000.: use one of gpt, mlp, resnet, vgg, vgg16"),
         ("no_such_module:f", "cannot load the model factory"),
         ("models:missing", "cannot load the model factory"),
         ("models:not_a_model", r"must return \(model, example_batch\)"),
@@ -82,3 +82,16 @@ def test_batchnorm_statistics_in_a_pipeline_are_those_of_the_microbatches() -> N
     assert got.keys() == expected.keys() and got
     for k, v in expected.items():
         torch.testing.assert_close(got[k], v, msg=k)
+
+
+def test_vgg16_is_shaped_like_vgg16() -> None:
+    from conveyor.job._data import load
+    from conveyor.job._zoo import build
+
+    model = build("vgg16", load("digit-images"))
+    convs = [m for m in model if isinstance(m, torch.nn.Conv2d)]
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    assert len(convs) == 13 and len(linears) == 3  # VGG-16: 13 convolutions, 3 fully connected layers
+    weights = sum(p.numel() for p in model.parameters())
+    assert 0.88 < sum(p.numel() for m in linears for p in m.parameters()) / weights < 0.92
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)  # digits, scaled up to 32x32 inside

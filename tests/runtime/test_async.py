@@ -39,14 +39,18 @@ def _data(sizes: tuple[int, ...] | None = None) -> list[tuple[torch.Tensor, torc
 
 
 def _run(
-    replicas: tuple[int, ...], cases: list[Case], m: int = MICROBATCHES, sizes: tuple[int, ...] | None = None
+    replicas: tuple[int, ...],
+    cases: list[Case],
+    m: int = MICROBATCHES,
+    sizes: tuple[int, ...] | None = None,
+    correct: bool = False,
 ) -> dict[Case, dict[str, Any]]:
     out = {}
     for case in cases:
         schedule, opt, clip, autocast = case
         pipe = Pipeline(
             mlp(), BALANCE[len(replicas)], m, F.cross_entropy, OPTIMIZERS[opt], schedule, replicas,
-            max_grad_norm=clip, autocast=autocast, debug=True,
+            max_grad_norm=clip, autocast=autocast, correct_staleness=correct, debug=True,
         )  # fmt: skip
         losses = pipe.train(_data(sizes))
         out[case] = {
@@ -59,12 +63,18 @@ def _run(
 
 
 def _reference(
-    replicas: tuple[int, ...], case: Case, m: int = MICROBATCHES, sizes: tuple[int, ...] | None = None
+    replicas: tuple[int, ...],
+    case: Case,
+    m: int = MICROBATCHES,
+    sizes: tuple[int, ...] | None = None,
+    correct: bool = False,
 ) -> dict[str, torch.Tensor]:
     schedule, opt, clip, autocast = case
     model = mlp()
     stages = [build_stage(model, r) for r in stage_ranges(BALANCE[len(replicas)], len(as_blocks(model)))]
-    reference.train(stages, _data(sizes), m, schedule, replicas, OPTIMIZERS[opt], F.cross_entropy, clip, autocast)
+    reference.train(
+        stages, _data(sizes), m, schedule, replicas, OPTIMIZERS[opt], F.cross_entropy, clip, autocast, correct
+    )
     return {k: v for st in stages for k, v in st.named_parameters()}
 
 
@@ -74,10 +84,11 @@ def _check(
     rtol: float = 1e-5,
     m: int = MICROBATCHES,
     sizes: tuple[int, ...] | None = None,
+    correct: bool = False,
 ) -> dict[Case, dict[str, Any]]:
-    per_rank = launch(_run, replicas, cases, m, sizes, nprocs=sum(replicas), timeout_s=200)
+    per_rank = launch(_run, replicas, cases, m, sizes, correct, nprocs=sum(replicas), timeout_s=200)
     for case in cases:
-        ref = _reference(replicas, case, m, sizes)
+        ref = _reference(replicas, case, m, sizes, correct)
         seen = set()
         for rank, result in per_rank.items():
             got = result[case]["params"]
@@ -121,13 +132,25 @@ def test_counts_that_divide_nothing_match_the_update_equations(replicas: tuple[i
     _check(replicas, [(s, "sgd", None, None) for s in ("flush", "gpipe", *ASYNC)], m=4, sizes=UNEVEN)
 
 
+@pytest.mark.parametrize("replicas", [(1, 1, 1), (2, 1), (1, 2)])
+def test_stale_gradient_correction_matches_its_equations(replicas: tuple[int, ...]) -> None:
+    """Weight prediction over each stage's staleness, and PipeDream's learning rate per sample, as written in
+    the reference; with uneven batches where the layout has replicas."""
+    sizes = None if replicas == (1, 1, 1) else UNEVEN
+    m = MICROBATCHES if sizes is None else 4
+    _check(replicas, [(s, opt, None, None) for s in ASYNC for opt in OPTIMIZERS], m=m, sizes=sizes, correct=True)
+
+
 def test_the_reference_semantics_differ() -> None:
-    """The equations give different weights per schedule, so matching one of them is a real check."""
+    """The equations give different weights per schedule, and with and without the correction, so matching
+    one of them is a real check."""
     case = ("flush", "sgd", None, None)
     base = _reference((1, 1, 1), case)
     for schedule in ASYNC:
         other = _reference((1, 1, 1), (schedule, "sgd", None, None))
         assert max(float((other[k] - base[k]).detach().abs().max()) for k in base) > 1e-3, schedule
+        corrected = _reference((1, 1, 1), (schedule, "sgd", None, None), correct=True)
+        assert max(float((other[k] - corrected[k]).detach().abs().max()) for k in base) > 1e-3, schedule
 
 
 class _InPlaceVersions(WeightVersions):

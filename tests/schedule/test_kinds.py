@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.schedule import KINDS, PLANNER_SCHEDULES, kind, make_schedule, simulate, twobw_min_microbatches, warmup
+from conveyor.schedule import (
+    KINDS,
+    PLANNER_SCHEDULES,
+    Op,
+    kind,
+    make_schedule,
+    simulate,
+    twobw_min_microbatches,
+    warmup,
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -72,3 +81,31 @@ def test_the_planner_plans_vertical_sync_as_pipedream() -> None:
 def test_unknown_schedule_names_the_choices() -> None:
     with pytest.raises(ValueError, match="choose one of 2bw, flush, gpipe, pipedream, pipedream-vs"):
         kind("zigzag")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["pipedream", "pipedream-vs", "2bw", "flush"]),
+    st.lists(st.integers(1, 3), min_size=1, max_size=4),
+    st.integers(1, 6),
+)
+def test_staleness_is_what_the_action_lists_do(name: str, replicas: list[int], microbatches: int) -> None:
+    """Per stage, the most updates between the version a forward used and the step that applies its gradient
+    (``W(t+1)`` from the gradient at ``W(t - d)``), over the stage's workers, is the record's staleness."""
+    record = kind(name)
+    if name == "2bw":
+        microbatches = max(microbatches, twobw_min_microbatches(replicas))
+    schedule = make_schedule(name, len(replicas), microbatches, 3 * sum(replicas) + 3, replicas)
+    most = [0] * len(replicas)
+    for w, actions in enumerate(schedule.actions):
+        steps, used, pending, stale = 0, {}, [], [0]
+        for a in actions:
+            if a.op is Op.FORWARD:
+                used[a.mb] = steps if a.version is None else a.version
+            elif a.op is Op.BACKWARD:
+                pending.append(used[a.mb])
+            elif a.op is Op.STEP:
+                stale += [steps - v for v in pending]
+                pending, steps = [], steps + 1
+        most[schedule.worker_stage[w]] = max(most[schedule.worker_stage[w]], *stale)
+    assert most == [record.staleness(s, replicas) for s in range(len(replicas))]

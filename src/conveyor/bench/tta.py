@@ -1,29 +1,38 @@
 """``conveyor bench tta``: time to accuracy (DAWNBench's metric) of each strategy on the same workers.
 
-Data parallelism (one stage on every worker), GPipe, PipeDream-Flush, PipeDream and PipeDream-2BW (a
-straight pipeline of one stage per worker) train the same model from the same initial weights on the
-same data to the same target test accuracy. Per strategy: wall-clock seconds and epochs to the target
-(evaluation included, as a user waits for it), the final accuracy, training samples/s and each worker's
-peak resident memory; and a plot of accuracy against time, one line per strategy.
+Data parallelism ("dp": one stage on every worker), torch's ``DistributedDataParallel`` ("ddp", the
+baseline users run today), and GPipe, PipeDream-Flush, PipeDream and PipeDream-2BW, each on the layout
+the planner picks for it on the (emulated) cluster, train the same model from the same initial weights
+on the same data to the same target test accuracy, with the same options (the asynchronous schedules
+with their stale-gradient correction).
 
-PipeDream makes an update per microbatch, so it gets the learning rate divided by the microbatch count
-(the linear scaling rule: the same rate per sample as the others' one update per batch). With the full
-rate, a 4-stage PipeDream on the digits MLP (SGD, momentum 0.9) does not learn: its updates are up to three
-steps stale and four times as frequent.
+Per strategy: wall-clock seconds and epochs to the target (evaluation included, as a user waits for it),
+the final accuracy, training samples/s, the bytes sent between servers per training sample (the emulated
+servers' uplink counters, while training), each worker's peak resident memory, and:
+
+- ``comm_fraction``: the share of the training time the network costs, ``1 - r_net / r_local`` where
+  ``r_local`` is the samples/s of the same layout on plain local processes (same cores, no shaped links);
+- ``predicted_speedup``: the planner's predicted time to accuracy of dp over this strategy's (time per
+  epoch times the schedule's epochs factor, :mod:`conveyor.plan._epochs`), beside ``measured_speedup``
+  (dp's seconds to target over this strategy's).
+
+A plot shows accuracy against time, one line per strategy.
 """
 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from conveyor.bench.ddp import train_ddp
 from conveyor.job import TrainConfig, plot_accuracy, train
 
 __all__ = ["STRATEGIES", "TTAConfig", "run"]
 
-STRATEGIES = ("dp", "gpipe", "flush", "pipedream", "2bw")
+STRATEGIES = ("dp", "ddp", "gpipe", "flush", "pipedream", "2bw")
+GOALS = {"speedup": 3.0, "accuracy_points": 1.0, "bytes_saved": 0.9, "prediction_error": 0.2}
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,7 @@ class TTAConfig:
     strategies: tuple[str, ...] = STRATEGIES
     network: str | None = None  # run on this emulated network (conveyor.emulate)
     devices: str | None = None  # emulated devices: CPU cores per worker
-    faults: str | None = None
+    local_epochs: int = 2  # epochs of each layout on plain local processes, for comm_fraction (0: skip)
 
     def __post_init__(self) -> None:
         unknown = set(self.strategies) - set(STRATEGIES)
@@ -54,40 +63,89 @@ class TTAConfig:
 def _config(cfg: TTAConfig, strategy: str, run_dir: Path) -> TrainConfig:
     layout: dict[str, Any] = (
         {"stages": 1, "replicas": str(cfg.workers), "schedule": "flush"}
-        if strategy == "dp"
-        else {"stages": cfg.workers, "schedule": strategy}
+        if strategy in ("dp", "ddp")
+        else {"workers": cfg.workers, "schedule": strategy}  # the planner's layout for this schedule
     )
     return TrainConfig(
         model=cfg.model, dataset=cfg.dataset, epochs=cfg.epochs, target_accuracy=cfg.target, batch_size=cfg.batch_size,
-        microbatches=cfg.microbatches, lr=cfg.lr / (cfg.microbatches if strategy == "pipedream" else 1),
-        run_dir=str(run_dir / strategy), network=cfg.network, devices=cfg.devices, faults=cfg.faults, **layout,
+        microbatches=cfg.microbatches, lr=cfg.lr, run_dir=str(run_dir / strategy), network=cfg.network,
+        devices=cfg.devices, **layout,
     )  # fmt: skip
+
+
+def _run_one(cfg: TTAConfig, strategy: str, tmp: Path) -> dict[str, Any]:
+    """Train one strategy to the target, then (for comm_fraction) its layout on plain local processes."""
+    train_cfg = _config(cfg, strategy, tmp)
+    summary = train_ddp(train_cfg, cfg.workers, tmp / strategy) if strategy == "ddp" else train(train_cfg)
+    local_rate = None
+    if cfg.local_epochs and cfg.network:
+        local = replace(train_cfg, network=None, epochs=cfg.local_epochs, target_accuracy=None,
+                        run_dir=str(tmp / f"{strategy}-local"))  # fmt: skip
+        if strategy != "ddp":  # the very layout the network run used
+            local = replace(local, workers=None, stages=None, replicas=None, plan=str(tmp / strategy / "plan.json"))
+        local_rate = (train_ddp(local, cfg.workers) if strategy == "ddp" else train(local))["samples_per_s"]
+    pairs = zip(summary["epoch_seconds"], summary["accuracy"], strict=True)
+    history = [{"seconds": s, "accuracy": a} for s, a in pairs]
+    reached = next((i for i, h in enumerate(history) if h["accuracy"] >= cfg.target), None)
+    between = summary["bytes_between_servers"]
+    predicted = summary["layout"].get("plan_file", {}).get("predicted", {})
+    return {
+        "layout": summary["layout"].get("replicas"),
+        "schedule": summary["layout"].get("schedule"),
+        "seconds_to_target": None if reached is None else history[reached]["seconds"],
+        "epochs_to_target": None if reached is None else reached + 1,
+        "final_accuracy": history[-1]["accuracy"],
+        "samples_per_s": summary["samples_per_s"],
+        "local_samples_per_s": local_rate,
+        "comm_fraction": None if local_rate is None else 1 - summary["samples_per_s"] / local_rate,
+        "bytes_between_servers_per_sample": None if between is None else between / summary["samples"],
+        # in units of data parallelism's epochs: this layout's time per epoch times its epochs factor
+        "predicted_seconds_to_accuracy": predicted["epoch_seconds"] * predicted["epochs_factor"] if predicted else None,
+        "peak_rss_mb": max(summary["peak_rss_bytes"]) / 2**20,
+        "history": history,
+    }
+
+
+def _speedups(results: dict[str, dict[str, Any]]) -> None:
+    """Add each strategy's predicted and measured speedup over dp (and measured over ddp)."""
+    for base in ("dp", "ddp"):
+        ref = results.get(base, {}).get("seconds_to_target")
+        for r in results.values():
+            mine = r["seconds_to_target"]
+            key = "measured_speedup" if base == "dp" else "measured_speedup_vs_ddp"
+            r[key] = ref / mine if ref and mine else None
+    dp_pred = results.get("dp", {}).get("predicted_seconds_to_accuracy")
+    for r in results.values():
+        mine = r["predicted_seconds_to_accuracy"]
+        r["predicted_speedup"] = dp_pred / mine if dp_pred and mine else None
+
+
+def _goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """PipeDream against data parallelism (and DDP), as the benchmark's goals state them."""
+    pd, dp = results.get("pipedream"), results.get("dp")
+    if pd is None or dp is None:
+        return {}
+    goals: dict[str, Any] = {"targets": GOALS}
+    goals["speedup_vs_dp"] = pd["measured_speedup"]
+    goals["speedup_vs_ddp"] = pd.get("measured_speedup_vs_ddp")
+    goals["accuracy_points_below_dp"] = 100 * (dp["final_accuracy"] - pd["final_accuracy"])
+    if pd["bytes_between_servers_per_sample"] is not None and dp["bytes_between_servers_per_sample"]:
+        goals["bytes_saved"] = 1 - pd["bytes_between_servers_per_sample"] / dp["bytes_between_servers_per_sample"]
+    if pd["predicted_speedup"] and pd["measured_speedup"]:
+        goals["prediction_error"] = pd["predicted_speedup"] / pd["measured_speedup"] - 1
+    return goals
 
 
 def run(cfg: TTAConfig, plot: str | None = None) -> dict[str, Any]:
     """Train every strategy to the target; return the JSON-ready report (and write the plot)."""
-    results, curves = [], {}
+    results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="conveyor-tta-") as tmp:
         for strategy in cfg.strategies:
-            summary = train(_config(cfg, strategy, Path(tmp)))
-            pairs = zip(summary["epoch_seconds"], summary["accuracy"], strict=True)
-            history = [{"seconds": s, "accuracy": a} for s, a in pairs]
-            curves[strategy] = history
-            reached = next((h for h in history if h["accuracy"] >= cfg.target), None)
-            results.append(
-                {
-                    "strategy": strategy,
-                    "layout": summary["layout"],
-                    "seconds_to_target": None if reached is None else reached["seconds"],
-                    "epochs_to_target": None if reached is None else history.index(reached) + 1,
-                    "final_accuracy": summary["accuracy"][-1],
-                    "samples_per_s": summary["samples_per_s"],
-                    "peak_rss_bytes_per_worker": summary["peak_rss_bytes"],
-                    "history": history,
-                }
-            )
+            results[strategy] = _run_one(cfg, strategy, Path(tmp))
+    _speedups(results)
     if plot:
         Path(plot).parent.mkdir(parents=True, exist_ok=True)
-        title = f"{cfg.model} on {cfg.workers} workers: time to {cfg.target:g} test accuracy"
-        plot_accuracy(curves, plot, title=title, target=cfg.target)
-    return {"config": asdict(cfg), "results": results}
+        where = f"{cfg.workers} workers" + (f" ({cfg.network})" if cfg.network else "")
+        title = f"{cfg.model} on {where}: time to {cfg.target:g}"
+        plot_accuracy({s: r["history"] for s, r in results.items()}, plot, title=title, target=cfg.target)
+    return {"config": asdict(cfg), "results": results, "goals": _goals(results)}

@@ -39,9 +39,18 @@ def add_parser(sub: Any) -> None:
     tta.add_argument("--batch-size", type=positive, default=64)
     tta.add_argument("--microbatches", type=positive, default=4)
     tta.add_argument("--lr", type=float, default=0.05)
+    tta.add_argument("--strategies", type=names, default=None, help="e.g. dp,ddp,pipedream (default: all)")
+    tta.add_argument("--local-epochs", type=int, default=2, help="epochs on local processes for comm_fraction")
     tta.add_argument("--json", type=Path, default=None, help="write the report here")
-    add_emulation(tta)
+    add_emulation(tta, faults=False)
     tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
+    conv = which.add_parser("convergence", help="epochs to target per zoo model, schedule and correction, over seeds")
+    conv.add_argument("--models", type=names, default=("mlp", "vgg", "resnet", "gpt", "vgg16"), help="e.g. mlp,vgg")
+    conv.add_argument("--strategies", type=names, default=None, help="e.g. dp,2bw,2bw/plain (default: all)")
+    conv.add_argument("--seeds", type=positive, default=3)
+    conv.add_argument("--workers", type=positive, default=4)
+    conv.add_argument("--json", type=Path, default=None, help="write the report (and its epoch factors) here")
+    conv.add_argument("--plot", type=Path, default=None, help="write median epochs per strategy here (PNG)")
     pred = which.add_parser("predictions", help="conveyor train's predicted against measured throughput, zoo models")
     pred.add_argument("--models", type=names, default=("mlp", "vgg", "resnet", "gpt"), help="e.g. mlp,vgg")
     pred.add_argument("--workers", type=positive, default=4)
@@ -70,7 +79,28 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     """Run the benchmark ``args.bench`` names."""
     {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "predictions": _predictions,
-     "planner": _planner, "emulate": _emulate, "costs": _costs}[args.bench](args)  # fmt: skip
+     "planner": _planner, "emulate": _emulate, "costs": _costs,
+     "convergence": _convergence}[args.bench](args)  # fmt: skip
+
+
+def _convergence(args: argparse.Namespace) -> None:
+    from conveyor.bench.convergence import STRATEGIES, ConvergenceConfig, run
+
+    cfg = ConvergenceConfig(tuple(args.models), tuple(args.strategies or STRATEGIES), args.seeds, args.workers)
+    report = run(cfg, plot=str(args.plot) if args.plot else None, progress=lambda what: console.print(f"[dim]{what}"))
+    table = Table("model", "strategy", "epochs per seed", "median", "x dp", "goal", title="epochs to target")
+    for model, per in report["results"].items():
+        cap = report["targets"][model][1]
+        for strategy, r in per.items():
+            seeds = " ".join("-" if x["epochs_to_target"] is None else str(x["epochs_to_target"]) for x in r["runs"])
+            median = f"{r['median_epochs']:g}" if r["reached"] else f"> {cap}"
+            goal = {None: "", True: "met", False: "missed"}[r["goal_met"]]
+            table.add_row(model, strategy, seeds, median, f"{r['factor']:.2f}", goal)
+    console.print(table)
+    if args.plot:
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, report)
 
 
 def _schedules(args: argparse.Namespace) -> None:
@@ -130,19 +160,26 @@ def _planner(args: argparse.Namespace) -> None:
 
 
 def _tta(args: argparse.Namespace) -> None:
-    from conveyor.bench.tta import TTAConfig, run
+    from conveyor.bench.tta import STRATEGIES, TTAConfig, run
 
-    report = run(config(TTAConfig, args), plot=str(args.plot) if args.plot else None)
-    table = Table("strategy", "seconds to target", "epochs", "final accuracy", "samples/s", "peak RSS MB per worker",
-                  title=f"time to {report['config']['target']:g} test accuracy")  # fmt: skip
-    for r in report["results"]:
-        reached = r["seconds_to_target"] is not None
+    cfg = config(TTAConfig, argparse.Namespace(**{**vars(args), "strategies": args.strategies or STRATEGIES}))
+    report = run(cfg, plot=str(args.plot) if args.plot else None)
+
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    table = Table("strategy", "layout", "s to target", "epochs", "final acc", "samples/s", "comm", "B/sample between",
+                  "speedup (predicted)", "peak MB", title=f"time to {cfg.target:g} test accuracy")  # fmt: skip
+    for name, r in report["results"].items():
         table.add_row(
-            r["strategy"], f"{r['seconds_to_target']:.1f}" if reached else "not reached",
-            str(r["epochs_to_target"]) if reached else "-", f"{r['final_accuracy']:.3f}", f"{r['samples_per_s']:.0f}",
-            " ".join(f"{b / 2**20:.0f}" for b in r["peak_rss_bytes_per_worker"]),
+            name, "-".join(map(str, r["layout"] or [])), num(r["seconds_to_target"], ".1f"),
+            num(r["epochs_to_target"], "d"), f"{r['final_accuracy']:.3f}", f"{r['samples_per_s']:.0f}",
+            num(r["comm_fraction"], ".0%"), num(r["bytes_between_servers_per_sample"], ".0f"),
+            f"{num(r['measured_speedup'], '.2f')} ({num(r['predicted_speedup'], '.2f')})", f"{r['peak_rss_mb']:.0f}",
         )  # fmt: skip
     console.print(table)
+    if goals := report["goals"]:
+        console.print("PipeDream: " + ", ".join(f"{k} {v:.3g}" for k, v in goals.items() if isinstance(v, float)))
     if args.plot:
         console.print(f"wrote {args.plot}")
     if args.json:

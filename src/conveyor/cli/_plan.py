@@ -128,7 +128,8 @@ def plan(args: argparse.Namespace) -> None:
         f"{times(pred['speedup_vs_dp'])} data parallelism, {times(pred['speedup_vs_single'])} one worker; "
         f"steady state ({plan.cost_model} cost model) {pred['steady_state']['seconds_per_minibatch'] * 1e3:.4f} ms "
         "per minibatch; "
-        f"NOAM {report['noam']}"
+        f"NOAM {report['noam']}; {pred['epochs_factor']:.2f}x the epochs of data parallelism to the same accuracy "
+        f"({pred['epochs_factor_source']})"
     )
     if plan.note:
         console.print(f"note: {plan.note}")

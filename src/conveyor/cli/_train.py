@@ -31,6 +31,16 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     train.add_argument("--lr", type=float, default=0.05)
     train.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    train.add_argument(
+        "--no-stale-correction", dest="stale_correction", action="store_false",
+        help="run pipedream, pipedream-vs and 2bw by their plain update rules, without weight prediction and "
+        "without scaling PipeDream's per-minibatch learning rate",
+    )  # fmt: skip
+    train.add_argument(
+        "--epoch-factors", default=None,
+        help="a conveyor bench convergence --json report: the epochs each schedule needs, to rank them by time to "
+        "accuracy (default: the table shipped with Conveyor)",
+    )  # fmt: skip
     train.add_argument("--epochs", type=positive, default=10)
     train.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches it")
     train.add_argument("--run-dir", default=None, help="the run folder (default runs/MODEL-TIME)")
@@ -47,10 +57,12 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> None:
     from conveyor.emulate import Emulation
     from conveyor.job import TrainConfig, closing_notes, explicit_workers, fixed_layout, model_and_data, train
+    from conveyor.plan import EpochFactors
     from conveyor.runtime import load_checkpoint
 
     if args.resume:
         load_checkpoint(args.resume)  # fail here, with one line, rather than in every worker
+    EpochFactors.load(args.epoch_factors)  # and so does a bad table of epochs
     cfg = config(TrainConfig, args)
     model, data = model_and_data(cfg)  # an unknown model or dataset fails here, before any worker starts
     fixed_layout(cfg, len(model), cfg.workers or explicit_workers(cfg) or 0)  # so does a layout that cannot work

@@ -16,7 +16,7 @@ from conveyor.emulate._devices import Device, parse_devices
 from conveyor.emulate._faults import Fault, parse_faults
 from conveyor.emulate._janitor import start_janitor
 from conveyor.emulate._netns import enter_namespace
-from conveyor.emulate._network import INTERFACE, Network
+from conveyor.emulate._network import FABRIC_ENV, INTERFACE, Network
 from conveyor.emulate._privileges import require_cgroups, require_netem, require_network
 from conveyor.plan import Topology, TopologyError
 
@@ -84,6 +84,7 @@ class WorkerSetup:
     """Run first in every worker (picklable): enter its namespace and cgroups, use the emulated interface."""
 
     namespaces: tuple[str, ...] = ()
+    fabric: str = ""  # the fabric namespace, whose link counters a worker may read
     job: str = ""
     cores: tuple[float, ...] = ()
     folder: str = ""  # where each worker says it has started (started-R) and finds a revocation notice (revoke-R)
@@ -94,6 +95,7 @@ class WorkerSetup:
         if self.namespaces:
             enter_namespace(self.namespaces[rank])
             os.environ["GLOO_SOCKET_IFNAME"] = INTERFACE
+            os.environ[FABRIC_ENV] = self.fabric
         if self.cores and self.cores[rank] != float("inf"):
             import torch  # only a worker needs it
 
@@ -157,6 +159,7 @@ class Cluster:
     def worker_setup(self) -> WorkerSetup:
         return WorkerSetup(
             namespaces=tuple(ns.path for ns in self.network.workers) if self.network else (),
+            fabric=self.network.fabric.path if self.network else "",
             job=self.job,
             cores=tuple(self.base_cores(r) for r in range(self.workers)),
             folder=str(self.log_dir),

@@ -15,14 +15,18 @@ namespaces, with no route out.
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
 from dataclasses import dataclass
 
-from conveyor.emulate._netns import Namespace
+from conveyor.emulate._netns import Namespace, enter_namespace
 from conveyor.plan import Topology
 
-__all__ = ["Link", "Network", "address", "links_of"]
+__all__ = ["FABRIC_ENV", "Link", "Network", "address", "between_groups", "links_of", "sent_bytes"]
 
 INTERFACE = "eth0"  # every worker's one interface, the one gloo is told to use
+FABRIC_ENV = "CONVEYOR_FABRIC"  # a worker's way to its cluster's fabric namespace, for the link counters
 LINE_PER_DATA = 1514 / 1448  # frame bytes per byte of TCP data in a full segment at an MTU of 1500
 
 
@@ -75,6 +79,33 @@ def links_of(topology: Topology) -> list[Link]:
         delay = (levels[k].latency - levels[k - 1].latency) / 2
         links += [Link(k, g, f"u{k}.{g}", f"d{k}.{g}", levels[k].bandwidth, delay) for g in range(groups)]
     return links
+
+
+def sent_bytes(fabric: str | None = None) -> dict[str, int] | None:
+    """Bytes each link end of the emulated network has sent so far (frames, headers included), by device:
+    ``w{r}`` to worker ``r``, ``u{k}.{g}`` up out of group ``g`` of level ``k - 1``, ``d{k}.{g}`` down into
+    it. ``fabric`` is the fabric namespace's path (default: that of the cluster this worker runs in);
+    ``None`` off an emulated network."""
+    path = fabric or os.environ.get(FABRIC_ENV)
+    if not path:
+        return None
+    done = subprocess.run(["ip", "-s", "-j", "link", "show"], capture_output=True, text=True, check=True,
+                          preexec_fn=lambda: enter_namespace(path))  # fmt: skip
+    return {
+        dev["ifname"]: int(dev["stats64"]["tx"]["bytes"])
+        for dev in json.loads(done.stdout)
+        if dev["ifname"][0] in "wud"  # not the bridges or lo
+    }
+
+
+def between_groups(sent: dict[str, int], level: int = 1) -> int:
+    """The bytes that left the groups of level ``level - 1`` (level 1: between servers), from :func:`sent_bytes`.
+
+    Example:
+        >>> between_groups({"w0": 5, "u1.0": 7, "d1.0": 3, "u1.1": 2})
+        9
+    """
+    return sum(n for dev, n in sent.items() if dev.startswith(f"u{level}."))
 
 
 def _bridge(level: int, group: int) -> str:

@@ -1,17 +1,27 @@
 """The training job behind ``conveyor train``: model zoo, bundled data, measured costs, layout choice, run folder."""
 
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
+from conveyor.job._loader import EpochBatches
 from conveyor.job._report import plot_accuracy
-from conveyor.job._train import TrainConfig, closing_notes, explicit_workers, model_and_data, train
+from conveyor.job._train import (
+    TrainConfig,
+    closing_notes,
+    explicit_workers,
+    loss_and_optimizer,
+    model_and_data,
+    train,
+)
 from conveyor.job._zoo import resolve
 
 __all__ = [
+    "EpochBatches",
     "Layout",
     "TrainConfig",
     "choose_layout",
     "closing_notes",
     "explicit_workers",
     "fixed_layout",
+    "loss_and_optimizer",
     "model_and_data",
     "plot_accuracy",
     "resolve",

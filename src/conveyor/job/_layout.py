@@ -1,8 +1,10 @@
 """How a training job lays its model out on the workers: from the planner, a plan file, or fixed options.
 
 With ``schedule="auto"`` and no fixed layout, :func:`choose_layout` plans the model for the job's workers
-with every schedule the planner knows and keeps the one the simulator predicts fastest (the flush schedule
-first among equals: it has no stale weights). Planning and prediction use what the job measured at
+with every schedule the planner knows and keeps the one with the shortest predicted time to accuracy: the
+simulator's time per epoch times the epochs the schedule needs over data parallelism's, measured by
+``conveyor bench convergence`` (:mod:`conveyor.plan._epochs`; the flush schedule first among equals: it has
+no stale weights). Planning and prediction use what the job measured at
 start-up (:mod:`conveyor.job._costs`): the profile with the cores as busy as in the run, the link between
 workers, the runtime's cost per action. Every layout, fixed or planned, gets a prediction of its training
 throughput over one epoch (one run of its schedule, fill and drain included), which the run sets against
@@ -15,7 +17,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conveyor.job._costs import Costs
-from conveyor.plan import Plan, PlannedStage, layout_file, optimize, plan_file, predict, read_plan_file
+from conveyor.plan import (
+    EpochFactors,
+    Plan,
+    PlannedStage,
+    layout_file,
+    optimize,
+    plan_file,
+    predict,
+    read_plan_file,
+)
 from conveyor.runtime import even_balance
 from conveyor.schedule import kind, parse_replicas
 
@@ -43,12 +54,14 @@ class Layout:
 
     def describe(self) -> str:
         config = "-".join(map(str, self.replicas))
-        predicted = self.predicted_samples_per_s
+        predicted = self.plan_file.get("predicted", {})
         return (
             f"{self.how}: {self.schedule} schedule, {len(self.balance)} stage(s) of {self.balance} blocks, "
             f"replicas {config} ({sum(self.replicas)} workers), {self.microbatches} microbatches per batch"
-            + ("" if predicted is None else f"; predicted {predicted:.0f} training samples/s")
-        )
+            + ("" if not predicted else f"; predicted {predicted['samples_per_s']:.0f} training samples/s "
+               f"({predicted['epoch_seconds']:.2f} s per epoch) x {predicted['epochs_factor']:.2f} the epochs of "
+               "data parallelism")
+        )  # fmt: skip
 
 
 def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
@@ -83,6 +96,7 @@ def choose_layout(
     :func:`fixed_layout` gave one, else the planner's), its plan file with the prediction for an epoch (one
     run of ``batches`` batches, ``samples`` samples) and the figures it rests on."""
     topology, prof, runtime = costs.topology, costs.profile, costs.runtime
+    epochs = EpochFactors.load(cfg.epoch_factors)
     if layout is not None:
         ranges, first = [], 0
         for blocks, r in zip(layout.balance, layout.replicas, strict=True):
@@ -91,21 +105,27 @@ def choose_layout(
         plan = Plan(tuple(ranges), 0.0, 0.0, 0.0, layout.schedule, layout.microbatches, recompute=layout.recompute)
         file = layout_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
         seconds = predict(plan, prof, topology, batches * plan.microbatches, runtime).seconds
+        file["predicted"] = {"epochs_factor": epochs.factor(prof.model, layout.schedule, cfg.stale_correction),
+                             "epochs_factor_source": epochs.source}  # fmt: skip
     else:
         # A schedule the planner has no memory model for is planned as its record says (no memory limit here).
         candidates = _PREFERENCE if cfg.schedule == "auto" else [kind(cfg.schedule).plan_as or cfg.schedule]
         best: tuple[Plan, dict[str, Any]] | None = None
+
+        def time_to_accuracy(file: dict[str, Any]) -> float:  # in units of data parallelism's epochs
+            return file["predicted"]["simulated_seconds"] * file["predicted"]["epochs_factor"]
+
         for name in candidates:
             plan = optimize(prof, topology, schedule=name, microbatches=cfg.microbatches)
-            file = plan_file(plan, prof, topology, batches * plan.microbatches, runtime)
-            if best is None or file["predicted"]["samples_per_s"] > best[1]["predicted"]["samples_per_s"] * 1.001:
+            file = plan_file(plan, prof, topology, batches * plan.microbatches, runtime, epochs, cfg.stale_correction)
+            if best is None or time_to_accuracy(file) * 1.001 < time_to_accuracy(best[1]):
                 best = (plan, file)
         assert best is not None
         plan, file = best
         schedule = cfg.schedule if cfg.schedule != "auto" else plan.schedule
         if schedule != plan.schedule:  # pipedream-vs is planned as pipedream, but runs and is predicted as itself
             plan = replace(plan, schedule=schedule)
-            file = plan_file(plan, prof, topology, batches * plan.microbatches, runtime)
+            file = plan_file(plan, prof, topology, batches * plan.microbatches, runtime, epochs, cfg.stale_correction)
         seconds = file["predicted"]["simulated_seconds"]
         balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
         replicas = [st.replicas for st in plan.stages]

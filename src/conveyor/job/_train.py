@@ -27,7 +27,7 @@ from torch import nn
 
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
-from conveyor.emulate import Emulation, launch_emulated
+from conveyor.emulate import Emulation, between_groups, launch_emulated, sent_bytes
 from conveyor.job._costs import measure_costs
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._loader import EpochBatches
@@ -63,6 +63,8 @@ class TrainConfig:
     optimizer: str = "sgd"
     lr: float = 0.05
     momentum: float = 0.9
+    stale_correction: bool = True  # weight prediction and PipeDream's per-sample rate (asynchronous schedules)
+    epoch_factors: str | None = None  # a conveyor bench convergence report to rank schedules by (default: shipped)
     epochs: int = 10
     target_accuracy: float | None = None
     run_dir: str | None = None  # default runs/MODEL-TIME
@@ -101,10 +103,13 @@ def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
     return zoo.build(cfg.model, data, cfg.width, cfg.depth), data
 
 
-def _loss(sequence: bool) -> Any:
-    if sequence:  # logits (B, T, V) against next tokens (B, T)
-        return lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())
-    return F.cross_entropy
+def loss_and_optimizer(cfg: TrainConfig, sequence: bool) -> tuple[Callable[[Any, Any], Any], OptimizerFactory]:
+    """The loss (cross-entropy; per position for a sequence's logits (B, T, V)) and the optimizer ``cfg`` asks for."""
+    opt_args = {"lr": cfg.lr, "momentum": cfg.momentum} if cfg.optimizer == "sgd" else {"lr": cfg.lr}
+    make_optimizer = partial(OPTIMIZERS[cfg.optimizer], **opt_args)
+    if sequence:
+        return (lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())), make_optimizer
+    return F.cross_entropy, make_optimizer
 
 
 @dataclass
@@ -116,6 +121,7 @@ class _Epoch:
     samples_per_s: float  # training samples per second of training time
     loss: float
     accuracy: float
+    bytes_between_servers: int | None  # sent up out of the emulated servers while training (None off one)
 
 
 def _measure_and_plan(
@@ -154,15 +160,13 @@ def _measure_and_plan(
 def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     model, data = model_and_data(cfg)  # the same initial weights on every worker
     folder = Path(run_dir)
-    optimizer = OPTIMIZERS[cfg.optimizer]
-    opt_args = {"lr": cfg.lr, "momentum": cfg.momentum} if cfg.optimizer == "sgd" else {"lr": cfg.lr}
-    loss_fn, make_optimizer = _loss(data.sequence), partial(optimizer, **opt_args)
+    loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
     steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
     layout = _measure_and_plan(cfg, model, data, loss_fn, make_optimizer, folder, steps)
     torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     pipe = Pipeline(
         model, layout.balance, layout.microbatches, loss_fn, make_optimizer, layout.schedule, layout.replicas,
-        recompute=layout.recompute,
+        recompute=layout.recompute, correct_staleness=cfg.stale_correction,
     )  # fmt: skip
     if cfg.resume:
         pipe.load(cfg.resume)
@@ -175,7 +179,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
         )  # fmt: skip
     updates = pipe.kind.updates(steps, layout.microbatches, pipe.replicas[pipe.stage])  # this worker's, per epoch
     history: list[_Epoch] = []
-    start, train_seconds = time.perf_counter(), 0.0
+    start, train_seconds, between = time.perf_counter(), 0.0, 0
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
         disable=not pipe.is_output,
@@ -184,9 +188,11 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
         for epoch in range(cfg.epochs):
             if batches is not None:
                 batches.order.epoch = epoch
-            began = time.perf_counter()
+            began, sent = time.perf_counter(), sent_bytes() if pipe.is_output else None
             losses = pipe.train(batches, lambda _: bar.advance(task))
             train_seconds += time.perf_counter() - began
+            if sent is not None:
+                between += between_groups(sent_bytes() or sent) - between_groups(sent)
             logits = pipe.evaluate(data.test_x if pipe.worker == 0 else None)
             accuracy = torch.zeros(1)
             if pipe.is_output:
@@ -194,7 +200,8 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
                 accuracy[0] = (logits.argmax(-1) == data.test_y).float().mean()
                 samples = (epoch + 1) * len(data.train_x)
                 history.append(_Epoch(epoch + 1, time.perf_counter() - start, train_seconds, samples,
-                                      samples / train_seconds, sum(losses) / len(losses), float(accuracy)))  # fmt: skip
+                                      samples / train_seconds, sum(losses) / len(losses), float(accuracy),
+                                      None if sent is None else between))  # fmt: skip
                 with (folder / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps(asdict(history[-1])) + "\n")
                 bar.update(task, status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {float(accuracy):.3f} "
@@ -235,6 +242,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "epoch_seconds": [h["seconds"] for h in history],  # wall clock at the end of each epoch's evaluation
         "train_seconds": history[-1]["train_seconds"],
         "samples_per_s": history[-1]["samples_per_s"],  # training samples per second of training
+        "bytes_between_servers": history[-1]["bytes_between_servers"],  # while training, on an emulated network
+        "samples": history[-1]["samples"],
         "peak_rss_bytes": [per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
         "layout": out["layout"],
         "run_dir": str(run_dir),

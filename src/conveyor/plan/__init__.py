@@ -1,6 +1,7 @@
 """Planning: profiles, cluster topologies, per-worker memory, PipeDream's and 2BW's planners, plan files (no torch)."""
 
 from conveyor.plan._cost_model import COST_MODELS, allreduce_s
+from conveyor.plan._epochs import EpochFactors
 from conveyor.plan._memory import in_flight, stage_bytes, weight_versions, worker_bytes
 from conveyor.plan._optimizer import Plan, PlanError, PlannedStage, optimize, step_microbatches
 from conveyor.plan._planfile import PlanFileError, PlanSpec, layout_file, plan_file, read_plan_file
@@ -12,6 +13,7 @@ from conveyor.plan._topology import Level, Topology, TopologyError
 __all__ = [
     "COST_MODELS",
     "Candidate",
+    "EpochFactors",
     "Layer",
     "Level",
     "Plan",

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.plan._epochs import EpochFactors
 from conveyor.plan._optimizer import Plan, PlannedStage, step_microbatches
 from conveyor.plan._predict import RuntimeCosts, predict
 from conveyor.plan._profiles import Profile
@@ -52,14 +53,20 @@ def plan_file(
     topology: Topology,
     minibatches: int | None = None,
     runtime: RuntimeCosts | None = None,
+    epochs: EpochFactors | None = None,
+    stale_correction: bool = True,
 ) -> dict[str, Any]:
     """The plan as the JSON the runtime runs: stages, ranks, memory, schedule and predictions.
 
     ``predicted.samples_per_s`` and the speedups are the simulator's (:func:`predict`, for the same schedule
     on one stage with every worker, and on one worker); ``steady_state`` holds the planner's own figures.
-    Sample counts use the profile's batch size (1 when the profile does not record one).
+    ``predicted.epochs_factor`` is the epochs the schedule needs over data parallelism's for the profile's
+    model (from ``epochs``, default the shipped table: :mod:`conveyor.plan._epochs`), with or without the
+    stale-gradient correction. Sample counts use the profile's batch size (1 when the profile does not record
+    one).
     """
     sim = predict(plan, profile, topology, minibatches, runtime)
+    epochs = epochs or EpochFactors.load()
 
     def speedup(seconds: float, workers: int) -> float | None:
         """Over one stage on ``workers`` workers with the same schedule; None if that does not fit."""
@@ -93,6 +100,8 @@ def plan_file(
             "speedup_vs_single": speedup(plan.single_worker_seconds, 1),
             "simulated_minibatches": sim.minibatches,
             "simulated_seconds": sim.seconds,
+            "epochs_factor": epochs.factor(profile.model, plan.schedule, stale_correction),
+            "epochs_factor_source": epochs.source,
             "efficiency": sim.efficiency,
             "runtime_costs": asdict(runtime or RuntimeCosts()),
             "steady_state": {

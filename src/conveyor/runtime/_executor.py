@@ -122,6 +122,7 @@ class Executor:
         stashing: bool = False,
         will_use: Callable[[int], bool] | None = None,
         on_step: Callable[[], None] | None = None,
+        predict: int = 0,
     ) -> RunOutput:
         """Run this worker's ``actions``.
 
@@ -132,9 +133,10 @@ class Executor:
             stashing: keep a weight version per update for the backwards of microbatches in flight.
             will_use: whether a forward still to come pins this weight version (2BW, vertical sync).
             on_step: called after each optimizer step.
+            predict: extrapolate each weight version over this many steps (the stage's staleness; 0: none).
         """
         if training:
-            self.weights.start(stashing, will_use)
+            self.weights.start(stashing, will_use, predict)
         run = _Run(self, actions, feed, training, on_step)
         for action in run.stream:
             start = time.perf_counter()
@@ -212,6 +214,8 @@ class Executor:
         k = action.mb
         state = run.flight[k]
         self.weights.check(k, self.stage)
+        if self.updater.overlaps and run.lookahead.next_of(Op.BACKWARD, Op.REDUCE_GRAD) is Op.REDUCE_GRAD:
+            self.updater.arm(run.samples + state.samples)  # the update's last backward: all-reduce as it goes
         if state.samples and self.last:
             assert state.loss is not None
             torch.autograd.backward(state.loss)
@@ -245,6 +249,7 @@ class Executor:
     def _step(self, run: _Run, action: Action) -> None:
         # No wait for outstanding sends here: they read packed copies, not parameters, and waiting would
         # stall this stage until a busy receiver posts its receive.
+        self.weights.before_step()
         self.updater.step()
         self.weights.publish()
         if run.on_step is not None:
@@ -290,6 +295,10 @@ class _Lookahead:
                 self._ended = True
             else:
                 self.buffer.append(a)
+
+    def next_of(self, *ops: Op) -> Op | None:
+        """Which of ``ops`` comes first among the actions read ahead (``None``: none of them)."""
+        return next((a.op for a in self.buffer if a.op in ops), None)
 
     def __iter__(self) -> Iterator[Action]:
         while True:

@@ -32,7 +32,7 @@ from conveyor.runtime._launch import default_device
 from conveyor.runtime._microbatch import batch_size, split
 from conveyor.runtime._stage import Blocks, as_blocks, build_stage, stage_ranges
 from conveyor.runtime._transport import P2P
-from conveyor.runtime._update import Updater
+from conveyor.runtime._update import BUCKET_BYTES, Updater
 from conveyor.runtime._versions import WeightVersions
 from conveyor.schedule import (
     Schedule,
@@ -98,6 +98,15 @@ class Pipeline:
         recompute: stash only each microbatch's stage input and re-run its forward in the backward
             (activation recomputation; random state such as dropout's is replayed). BatchNorm's running
             statistics see the batch twice.
+        correct_staleness: for the asynchronous schedules, correct for stale gradients: each stage
+            publishes its weights extrapolated over its staleness (weight prediction,
+            :mod:`conveyor.runtime._versions`) and, where every minibatch is an update (PipeDream), its
+            optimizer's learning rate is scaled by the fraction of a batch an update covers
+            (:meth:`~conveyor.schedule.Kind.lr_scale`), so that ``lr`` is the rate of one batch for every
+            schedule. ``False`` runs the schedules' plain update rules.
+        bucket_bytes: replicas all-reduce their gradients in buckets of about this size, each started as soon
+            as the last backward of an update has made its gradients (as ``DistributedDataParallel``'s
+            ``bucket_cap_mb``).
         debug: check at every backward that the microbatch's weights are the ones its forward used.
 
     Raises:
@@ -119,6 +128,8 @@ class Pipeline:
         max_grad_norm: float | None = None,
         autocast: torch.dtype | None = None,
         recompute: bool = False,
+        correct_staleness: bool = True,
+        bucket_bytes: int = BUCKET_BYTES,
         debug: bool = False,
     ) -> None:
         if not dist.is_initialized():
@@ -151,12 +162,16 @@ class Pipeline:
         self.module = build_stage(model, ranges[self.stage]).to(self.device)
         params = list(self.module.parameters())
         self.optimizer = optimizer(params) if optimizer is not None and params else None
+        self._predict = self.kind.staleness(self.stage, self.replicas) if correct_staleness else 0
+        if correct_staleness and self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] *= self.kind.lr_scale(self.stage, self.replicas, microbatches)
         self._stage_workers = stage_workers(self.replicas)
         # Every worker creates every group, in the same order, as torch.distributed requires.
         groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]
         self._replica_group = groups[self.stage]
         updater = Updater(self.module, self.optimizer, self._replica_group, max_grad_norm, self.kind.synchronous,
-                          self.replicas[self.stage], self.device)  # fmt: skip
+                          self.replicas[self.stage], self.device, bucket_bytes)  # fmt: skip
         self._stashing = self.kind.stashes(self.replicas, self.stage)
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
         self._id, self._runs = next(_PIPELINES), 0
@@ -255,7 +270,7 @@ class Pipeline:
 
         self.module.train()
         will_use = self._pinned_versions(length)
-        out = self.executor.run(actions, source, True, self._stashing, will_use, stepped)
+        out = self.executor.run(actions, source, True, self._stashing, will_use, stepped, self._predict)
         if self.worker == 0 and source is not None and source.fill(length.total):
             raise ValueError(f"the batches on worker 0 yielded more than their len() of {length.total}")
         self.steps += length.total

@@ -8,20 +8,37 @@ of the stage:
     g = (sum over replicas r, microbatches k of r: n_k grad l_k) / (sum over replicas r, microbatches k of r: n_k)
 
 where ``l_k`` is the loss of microbatch ``k`` averaged over its ``n_k`` samples. The sums over replicas
-are one all-reduce (the sample count rides along), so replicas may have run different numbers of
-microbatches, or none. For ``gpipe`` and ``flush`` this equals gradient accumulation over the batch,
-however its samples were split. ``STEP`` then clips ``g`` (to a norm over the whole model for synchronous
-schedules, whose stages step together; over the stage for asynchronous ones) and steps the optimizer.
-An update without a sample on any replica leaves the weights as they are.
+are all-reduces (the sample count rides along with the last), so replicas may have run different numbers
+of microbatches, or none. For ``gpipe`` and ``flush`` this equals gradient accumulation over the batch,
+however its samples were split.
+
+**Overlap with the backward**, as ``DistributedDataParallel`` does: the parameters are cut into buckets of
+about ``bucket_bytes`` in reverse order (the last layers' gradients are ready first; the first bucket, as
+DDP's, of about 1 MB, so that the all-reduce starts early), and during the last
+backward before a ``REDUCE`` (the executor :meth:`~Updater.arm` s it) a bucket's all-reduce starts as soon
+as the gradients of all its parameters are final, while the backward goes on through the earlier layers.
+Buckets start in the same order on every replica (a bucket waits for the ones before it); ``REDUCE``
+starts those still waiting (all of them on a replica without a backward in the update, or on a stage that
+keeps its gradients on stashed weight versions) and waits for all.
+
+``STEP`` then clips ``g`` (to a norm over the whole model for synchronous schedules, whose stages step
+together; over the stage for asynchronous ones) and steps the optimizer. An update without a sample on
+any replica leaves the weights as they are.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 __all__ = ["Updater"]
+
+
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+FIRST_BUCKET_BYTES = 2**20  # DDP's first bucket: small, so that the all-reduce starts early in the backward
 
 
 class Updater:
@@ -35,6 +52,7 @@ class Updater:
         clip_whole_model: clip to the whole model's norm (every worker steps at once) instead of the stage's.
         replicas: the stage's replica count (to count each stage once in the whole model's norm).
         device: where the stage runs (the sample count and norm are reduced there, as NCCL needs).
+        bucket_bytes: the size of the gradient buckets all-reduced as the backward goes.
     """
 
     def __init__(
@@ -46,11 +64,54 @@ class Updater:
         clip_whole_model: bool,
         replicas: int,
         device: torch.device,
+        bucket_bytes: int = BUCKET_BYTES,
     ) -> None:
         self.module, self.optimizer, self.group, self.device = module, optimizer, group, device
         self.max_grad_norm, self.clip_whole_model, self.replicas = max_grad_norm, clip_whole_model, replicas
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.samples = 0  # of the update being reduced; 0 after a reduce that found none
+        self.dtype = torch.float64 if any(p.dtype == torch.float64 for p in self.params) else torch.float32
+        first = min(bucket_bytes, FIRST_BUCKET_BYTES)
+        self.buckets = _buckets(self.params, bucket_bytes, first) if group is not None else []
+        self._bucket_of = {id(self.params[i]): b for b, bucket in enumerate(self.buckets) for i in bucket}
+        self._armed: int | None = None  # the samples of the update whose last backward is running
+        self._ready = [0] * len(self.buckets)
+        self._started: list[tuple[torch.Tensor, dist.Work]] = []
+        self.started_in_backward = 0  # buckets whose all-reduce a backward started, since construction
+        if group is not None:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether gradients are all-reduced (so that a backward can start it)."""
+        return self.group is not None
+
+    def arm(self, samples: int) -> None:
+        """The next backward is the last of the update, which covers ``samples`` samples on this replica:
+        start each bucket's all-reduce as soon as its gradients are final."""
+        self._armed = samples
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if self._armed is None:
+            return
+        self._ready[self._bucket_of[id(param)]] += 1
+        while len(self._started) < len(self.buckets) and self._ready[len(self._started)] == len(
+            self.buckets[len(self._started)]
+        ):
+            self._start(self._armed)
+            self.started_in_backward += 1
+
+    def _start(self, samples: int) -> None:
+        """Start the next bucket's all-reduce (the last bucket carries the sample count)."""
+        b = len(self._started)
+        grads = [self.params[i].grad for i in self.buckets[b]]
+        parts = [(g if g is not None else torch.zeros_like(self.params[i])).reshape(-1).to(self.dtype)
+                 for i, g in zip(self.buckets[b], grads, strict=True)]  # fmt: skip
+        if b == len(self.buckets) - 1:
+            parts.append(torch.tensor([float(samples)], dtype=self.dtype, device=self.device))
+        flat = torch.cat(parts)
+        self._started.append((flat, dist.all_reduce(flat, group=self.group, async_op=True)))
 
     def reduce(self, samples: int) -> None:
         """Sum the gradients and the sample count over the replicas and divide: the update's mean gradient."""
@@ -60,16 +121,18 @@ class Updater:
                 if p.grad is not None and samples:
                     p.grad.div_(samples)
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
-        count = torch.tensor([float(samples)], dtype=dtype, device=self.device)
-        flat = torch.cat([*(g.reshape(-1).to(dtype) for g in grads), count])
-        dist.all_reduce(flat, group=self.group)
-        self.samples = int(flat[-1].item())
-        if self.samples:
-            flat[:-1].div_(self.samples)
-            for p, g in zip(self.params, flat[:-1].split([p.numel() for p in self.params]), strict=True):
-                p.grad = g.view_as(p).to(p.dtype)
+        assert self._armed in (None, samples), f"armed for {self._armed} samples, reducing {samples}"
+        while len(self._started) < len(self.buckets):
+            self._start(samples)
+        for _, work in self._started:
+            work.wait()
+        self.samples = int(self._started[-1][0][-1].item())
+        for (flat, _), bucket in zip(self._started, self.buckets, strict=True):
+            if self.samples:
+                grads = flat[: sum(self.params[i].numel() for i in bucket)].div_(self.samples)
+                for i, g in zip(bucket, grads.split([self.params[i].numel() for i in bucket]), strict=True):
+                    self.params[i].grad = g.view_as(self.params[i]).to(self.params[i].dtype)
+        self._armed, self._ready, self._started = None, [0] * len(self.buckets), []
 
     def step(self) -> None:
         """Clip, step and clear the gradients (only clear them when the update had no sample). Without an
@@ -96,3 +159,25 @@ class Updater:
         coef = torch.clamp(self.max_grad_norm / (sq.sqrt() + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype))
+
+
+def _buckets(
+    params: Sequence[torch.Tensor], bucket_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES
+) -> list[list[int]]:
+    """Parameter indices in buckets of about ``bucket_bytes`` (the first of about ``first_bytes``), last
+    parameters first (as a backward makes their gradients); a parameter larger than a bucket has one of its own.
+
+    Example:
+        >>> _buckets([torch.zeros(4), torch.zeros(4), torch.zeros(8)], bucket_bytes=32, first_bytes=16)
+        [[2], [1, 0]]
+    """
+    buckets: list[list[int]] = [[]]
+    size = 0
+    for i in reversed(range(len(params))):
+        nbytes = params[i].numel() * params[i].element_size()
+        if buckets[-1] and size + nbytes > (first_bytes if len(buckets) == 1 else bucket_bytes):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += nbytes
+    return buckets  # no parameters: one empty bucket, for the sample count

@@ -11,6 +11,19 @@ master copy); a version is a clone of them made after each step.
 A schedule that never updates weights under an in-flight microbatch (GPipe, PipeDream-Flush) needs no
 stash: the module runs directly and nothing is copied.
 
+**Weight prediction** (the stale-gradient correction, as in SpecTrain and PipeMare). A stage whose
+gradients are ``d`` updates stale (:meth:`~conveyor.schedule.Kind.staleness`) can publish, instead of the
+weights ``W(v)`` its step made, a guess at the weights the gradient will be applied to, extrapolating the
+step just made:
+
+    What(v) = W(v) + d (W(v) - W(v-1))        (What(0) = W(0), the weights a run starts from)
+
+The forward and the backward of a microbatch both run on ``What(v)`` (so weight stashing still holds), and
+the gradient they give is applied to the master weights: ``W(t+1) = step(W(t), grad f(What(t-d)))``. With
+SGD and momentum ``beta`` (no dampening), ``W(v) - W(v-1) = -lr u(v)`` for the momentum buffer ``u``, so
+``What(v) = W(v) - d lr u(v)``: SpecTrain's prediction from the smoothed gradient. The step keeps a copy of
+the master weights only until the version is made.
+
 Example:
     >>> stage = WeightVersions(torch.nn.Linear(2, 2))
     >>> stage.start(stashing=True)
@@ -65,8 +78,10 @@ class WeightVersions:
         self._snapshots: dict[int, list[torch.Tensor]] = {}
         self._will_use: Callable[[int], bool] = _never
         self.last_forward = -1  # the latest microbatch a version was held for
+        self.predict = 0  # the staleness d a version is extrapolated over (0: no prediction)
+        self._before_step: list[torch.Tensor] | None = None
 
-    def start(self, stashing: bool, will_use: Callable[[int], bool] | None = None) -> None:
+    def start(self, stashing: bool, will_use: Callable[[int], bool] | None = None, predict: int = 0) -> None:
         """Prepare for a run: version 0 is the module's current weights.
 
         Args:
@@ -74,9 +89,12 @@ class WeightVersions:
                 as is: a flush schedule).
             will_use: whether a forward not yet run will ask for this version (``None``: forwards always
                 use the newest).
+            predict: publish each new version extrapolated over this many steps (see the module's
+                docstring); 0 publishes the weights as they are. Only with ``stashing``.
         """
         self._uses, self._need, self._newest, self._snapshots = {}, Counter(), 0, {}
         self.stashing, self.last_forward = stashing, -1
+        self.predict, self._before_step = (predict if stashing else 0), None
         self._will_use = will_use or _never
         self._versions = {0: self._clone()} if stashing else {}
 
@@ -148,13 +166,25 @@ class WeightVersions:
             return
         self._move_grads(self._versions.pop(version))
 
+    def before_step(self) -> None:
+        """The optimizer is about to step: with prediction, keep the master weights ``W(v-1)`` until
+        :meth:`publish`."""
+        if self.predict:
+            self._before_step = [p.detach().clone() for p in self.module.parameters()]
+
     def publish(self) -> None:
-        """The optimizer stepped the master parameters: make them the newest version."""
+        """The optimizer stepped the master parameters: make them (or, with prediction, their extrapolation)
+        the newest version."""
         old = self._newest
         self._newest += 1
         if not self.stashing:
             return
         self._versions[self._newest] = self._clone()
+        if self._before_step is not None:
+            with torch.no_grad():
+                for t, before in zip(self._versions[self._newest].values(), self._before_step, strict=True):
+                    t.add_(t - before, alpha=self.predict)  # What = W + d (W - W_before)
+            self._before_step = None
         self._free_if_unused(old)  # one kept for a coming forward goes when that forward's backward is done
         self.peak = max(self.peak, len(self._versions))
 

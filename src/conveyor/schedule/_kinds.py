@@ -96,6 +96,34 @@ class Kind:
             return entered * r0 // replicas[stage]
         return None
 
+    def staleness(self, stage: int, replicas: Sequence[int]) -> int:
+        """The most updates of ``stage`` between the weight version a gradient is computed on and the update
+        it is applied in: ``W(t+1)`` uses the gradient at ``W(t - d)``.
+
+        PipeDream: ``d = ceil(sum(r[s:]) / r_s) - 1`` (``p - 1 - s`` unreplicated). 2BW: 1. Vertical sync:
+        the most of ``k // r_s - version(k)`` over the microbatches ``k`` of a steady period (``p - 1``
+        unreplicated). Synchronous: 0.
+
+        Example:
+            >>> [KINDS["pipedream"].staleness(s, [1, 1, 1]) for s in range(3)], KINDS["2bw"].staleness(0, [1, 1])
+            ([2, 1, 0], 1)
+        """
+        if self.synchronous:
+            return 0
+        if self.weights == "previous":
+            return 1
+        if self.weights == "entry":  # k // r_s - version(k) repeats every r_0 r_s microbatches after the fill
+            r0, rs = replicas[0], replicas[stage]
+            start = r0 * int(warmup(r0, sum(replicas)))
+            return max(k // rs - (self.version(stage, k, replicas, 1) or 0) for k in range(start, start + r0 * rs))
+        return int(warmup(replicas[stage], sum(replicas[stage:]))) - 1
+
+    def lr_scale(self, stage: int, replicas: Sequence[int], microbatches: int) -> float:
+        """The fraction of a batch one update of ``stage`` covers: ``r_s / m`` for an update per round of
+        minibatches (PipeDream), 1 for an update per batch. The stale-gradient correction multiplies the
+        learning rate by it, so that every schedule applies the same rate per sample."""
+        return replicas[stage] / microbatches if self.update == "round" else 1.0
+
     def stashes(self, replicas: Sequence[int], stage: int) -> bool:
         """Whether a worker of ``stage`` keeps more than one weight version, so its forwards must run on
         copies that an optimizer step leaves alone."""

@@ -1,0 +1,39 @@
+"""conveyor bench convergence: epochs to target per strategy and seed, medians, factors and the plot."""
+
+from pathlib import Path
+
+import pytest
+
+from conveyor.bench.convergence import ConvergenceConfig, epochs_to, run, summarise
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_report_of_real_runs(tmp_path: Path) -> None:
+    cfg = ConvergenceConfig(models=("mlp",), strategies=("dp", "2bw", "2bw/plain"), seeds=2, workers=2)
+    report = run(cfg, plot=str(tmp_path / "c.png"))
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    target, cap = report["targets"]["mlp"]
+    per = report["results"]["mlp"]
+    for r in per.values():
+        assert len(r["runs"]) == 2
+        for run_ in r["runs"]:  # epochs to target agrees with the run's own accuracy curve
+            assert run_["epochs_to_target"] == epochs_to(run_["accuracy"], target)
+            assert len(run_["accuracy"]) <= cap
+        assert r["median_epochs"] == summarise([x["epochs_to_target"] for x in r["runs"]], cap)
+        assert r["factor"] == r["median_epochs"] / per["dp"]["median_epochs"]
+    assert per["2bw"]["goal_met"] == (per["2bw"]["factor"] <= report["goal"]) and per["dp"]["goal_met"] is None
+    assert report["epoch_factors"] == {"mlp": {s: per[s]["factor"] for s in ("dp", "2bw", "2bw/plain")}}
+    assert per["dp"]["reached"]  # data parallelism gets there within the cap
+
+
+def test_summaries() -> None:
+    assert summarise([3, None, 5], cap=10) == 5.0
+    assert summarise([None, None, 4], cap=10) == 11.0  # most seeds missed: the median is past the cap
+
+
+def test_bad_configs() -> None:
+    with pytest.raises(ValueError, match="unknown models"):
+        ConvergenceConfig(models=("alexnet",))
+    with pytest.raises(ValueError, match="must include dp"):
+        ConvergenceConfig(strategies=("2bw",))

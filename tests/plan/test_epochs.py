@@ -1,0 +1,40 @@
+"""The table of epochs per schedule: read from a convergence report, looked up with cautious fallbacks."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conveyor.plan import EpochFactors
+from conveyor.schedule import KINDS
+
+
+def test_the_shipped_table_covers_every_schedule_on_every_zoo_model() -> None:
+    factors = EpochFactors.load()
+    assert "conveyor bench convergence" in factors.source
+    for model in ("mlp", "vgg", "resnet", "gpt", "vgg16"):
+        assert factors.table[model]["dp"] == 1.0
+        for name in KINDS:
+            assert factors.factor(model, name) > 0, (model, name)
+            if not KINDS[name].synchronous:
+                assert f"{name}/plain" in factors.table[model], (model, name)
+
+
+def test_lookups_and_fallbacks(tmp_path: Path) -> None:
+    report = {"source": "a test", "epoch_factors": {"a": {"dp": 1.0, "2bw": 1.5, "2bw/plain": 3.0},
+                                                    "b": {"dp": 1.0, "2bw": 1.1, "2bw/plain": 2.0}}}  # fmt: skip
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    factors = EpochFactors.load(tmp_path / "r.json")
+    assert factors.source == "a test"
+    assert factors.factor("b", "2bw") == 1.1 and factors.factor("b", "2bw", corrected=False) == 2.0
+    assert factors.factor("c", "2bw") == 1.5  # an unmeasured model: the largest measured
+    assert factors.factor("c", "2bw", corrected=False) == 3.0
+    assert factors.factor("a", "flush") == 1.0  # nothing measured for it: a synchronous update is dp's
+
+
+def test_a_file_that_is_not_a_report_says_so(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="conveyor bench convergence --json"):
+        EpochFactors.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="cannot read epoch factors"):
+        EpochFactors.load(tmp_path / "missing.json")

@@ -1,0 +1,50 @@
+"""Replicas all-reduce their gradients in buckets that start during the backward, and still take the update
+of gradient accumulation over the batch."""
+
+from functools import partial
+from typing import Any
+
+import pytest
+import reference
+import torch
+import torch.nn.functional as F
+from models import batches, mlp
+
+from conveyor.runtime import Pipeline, launch
+
+pytestmark = pytest.mark.timeout(180)
+
+SGD = partial(torch.optim.SGD, lr=0.05, momentum=0.9)
+SIZES = (12, 12, 7, 2)  # the last batch leaves replicas without a sample
+
+
+def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x[:n], y[:n]) for (x, y), n in zip(batches(n=len(SIZES), size=12), SIZES, strict=True)]
+
+
+def _run(replicas: int, bucket_bytes: int) -> dict[str, Any]:
+    pipe = Pipeline(mlp(), [5], 4, F.cross_entropy, SGD, "flush", [replicas], bucket_bytes=bucket_bytes)
+    pipe.train(_data())
+    updater = pipe.executor.updater
+    return {
+        "params": {k: v.detach().clone() for k, v in pipe.module.named_parameters()},
+        "buckets": len(updater.buckets),
+        "started_in_backward": updater.started_in_backward,
+        "updates": pipe.updates,
+    }
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_bucketed_overlapped_allreduce_equals_gradient_accumulation(replicas: int) -> None:
+    per_rank = launch(_run, replicas, 256, nprocs=replicas, timeout_s=150)  # 256 bytes: a bucket per parameter
+    model = mlp()
+    reference.train([model], _data(), 4, "flush", [replicas], SGD, F.cross_entropy)
+    for rank, out in per_rank.items():
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(out["params"][name], p.detach(), rtol=1e-5, atol=1e-6, msg=f"{rank} {name}")
+        assert out["buckets"] == len(list(model.parameters()))
+        # Every bucket started during the update's last backward where that backward had samples: microbatch k
+        # of 4 runs on replica k % r, and a batch of n < 4 samples leaves microbatches n.. empty.
+        last = max(k for k in range(4) if k % replicas == rank)
+        assert out["started_in_backward"] == out["buckets"] * sum(1 for n in SIZES if last < n), rank
+        assert out["updates"] == len(SIZES)
