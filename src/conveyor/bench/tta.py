@@ -51,6 +51,7 @@ class TTAConfig:
     network: str | None = None  # run on this emulated network (conveyor.emulate)
     devices: str | None = None  # emulated devices: CPU cores per worker
     local_epochs: int = 2  # epochs of each layout on plain local processes, for comm_fraction (0: skip)
+    seed: int = 0  # the initial weights and the data order
 
     def __post_init__(self) -> None:
         unknown = set(self.strategies) - set(STRATEGIES)
@@ -69,7 +70,7 @@ def _config(cfg: TTAConfig, strategy: str, run_dir: Path) -> TrainConfig:
     return TrainConfig(
         model=cfg.model, dataset=cfg.dataset, epochs=cfg.epochs, target_accuracy=cfg.target, batch_size=cfg.batch_size,
         microbatches=cfg.microbatches, lr=cfg.lr, run_dir=str(run_dir / strategy), network=cfg.network,
-        devices=cfg.devices, **layout,
+        devices=cfg.devices, seed=cfg.seed, **layout,
     )  # fmt: skip
 
 

@@ -41,6 +41,7 @@ def add_parser(sub: Any) -> None:
     tta.add_argument("--lr", type=float, default=0.05)
     tta.add_argument("--strategies", type=names, default=None, help="e.g. dp,ddp,pipedream (default: all)")
     tta.add_argument("--local-epochs", type=int, default=2, help="epochs on local processes for comm_fraction")
+    tta.add_argument("--seed", type=int, default=0, help="the initial weights and the data order")
     tta.add_argument("--json", type=Path, default=None, help="write the report here")
     add_emulation(tta, faults=False)
     tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
