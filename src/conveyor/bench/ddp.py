@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from conveyor.emulate import Emulation, between_groups, launch_emulated, sent_bytes
+from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
 from conveyor.job import EpochBatches, TrainConfig, loss_and_optimizer, model_and_data
 
 __all__ = ["train_ddp"]
@@ -33,10 +33,11 @@ def _worker(cfg: TrainConfig) -> dict[str, Any]:
     optimizer = make_optimizer(ddp.parameters())
     batches = EpochBatches(data.train_x, data.train_y, cfg.batch_size, cfg.seed)
     history: list[dict[str, Any]] = []
-    start, train_seconds, between = time.perf_counter(), 0.0, 0
+    start, train_seconds, traffic = time.perf_counter(), 0.0, ServerTraffic(rank == 0)
     for epoch in range(cfg.epochs):
         batches.order.epoch = epoch
-        began, sent = time.perf_counter(), sent_bytes() if rank == 0 else None
+        began = time.perf_counter()
+        traffic.start()
         ddp.train()
         for x, y in batches:
             loss = loss_fn(ddp(x.tensor_split(world)[rank]), y.tensor_split(world)[rank])
@@ -44,8 +45,7 @@ def _worker(cfg: TrainConfig) -> dict[str, Any]:
             loss.backward()
             optimizer.step()
         train_seconds += time.perf_counter() - began
-        if sent is not None:
-            between += between_groups(sent_bytes() or sent) - between_groups(sent)
+        traffic.stop()
         accuracy = torch.zeros(1)
         if rank == 0:
             model.eval()
@@ -55,7 +55,7 @@ def _worker(cfg: TrainConfig) -> dict[str, Any]:
         samples = (epoch + 1) * len(data.train_x)
         history.append({"seconds": time.perf_counter() - start, "train_seconds": train_seconds, "samples": samples,
                         "samples_per_s": samples / train_seconds, "accuracy": float(accuracy),
-                        "bytes_between_servers": None if sent is None else between})  # fmt: skip
+                        "bytes_between_servers": traffic.total})  # fmt: skip
         if cfg.target_accuracy is not None and float(accuracy) >= cfg.target_accuracy:
             break
     return {"history": history, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}

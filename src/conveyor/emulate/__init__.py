@@ -24,7 +24,15 @@ if TYPE_CHECKING:
     from conveyor.emulate._driver import FaultDriver
     from conveyor.emulate._faults import Fault, parse_faults
     from conveyor.emulate._launch import WorkerRevoked, launch_emulated
-    from conveyor.emulate._network import Link, Network, address, between_groups, links_of, sent_bytes
+    from conveyor.emulate._network import (
+        Link,
+        Network,
+        ServerTraffic,
+        address,
+        between_groups,
+        links_of,
+        sent_bytes,
+    )
     from conveyor.emulate._privileges import EmulationError
 
 # Imported on first use: the janitor process and fault planning need none of torch.
@@ -36,12 +44,13 @@ _HOME = {
     "_driver": ("FaultDriver",),
     "_faults": ("Fault", "parse_faults"),
     "_launch": ("WorkerRevoked", "launch_emulated"),
-    "_network": ("Link", "Network", "address", "between_groups", "links_of", "sent_bytes"),
+    "_network": ("Link", "Network", "ServerTraffic", "address", "between_groups", "links_of", "sent_bytes"),
     "_privileges": ("EmulationError",),
 }
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
     "CgroupError", "Cluster", "Device", "Emulation", "EmulationError", "Fault", "FaultDriver", "Link", "Network",
+    "ServerTraffic",
     "WorkerCgroup", "WorkerRevoked", "WorkerSetup", "address", "between_groups", "check_cluster", "cpu_loop_seconds",
     "launch_emulated", "link_pairs", "links_of", "parse_devices", "parse_faults", "remove_stale_jobs", "sent_bytes",
 ]  # fmt: skip

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from conveyor.emulate._netns import Namespace, enter_namespace
 from conveyor.plan import Topology
 
-__all__ = ["FABRIC_ENV", "Link", "Network", "address", "between_groups", "links_of", "sent_bytes"]
+__all__ = ["FABRIC_ENV", "Link", "Network", "ServerTraffic", "address", "between_groups", "links_of", "sent_bytes"]
 
 INTERFACE = "eth0"  # every worker's one interface, the one gloo is told to use
 FABRIC_ENV = "CONVEYOR_FABRIC"  # a worker's way to its cluster's fabric namespace, for the link counters
@@ -106,6 +106,31 @@ def between_groups(sent: dict[str, int], level: int = 1) -> int:
         9
     """
     return sum(n for dev, n in sent.items() if dev.startswith(f"u{level}."))
+
+
+class ServerTraffic:
+    """The bytes sent between the emulated servers over the spans between :meth:`start` and :meth:`stop`.
+
+    ``total`` stays ``None`` off an emulated network, or with ``counting`` false (a worker that does not
+    report); a worker's spans count every worker's traffic, as the links carry it.
+    """
+
+    def __init__(self, counting: bool = True) -> None:
+        self.total: int | None = 0 if counting and os.environ.get(FABRIC_ENV) else None
+        self._at = 0
+
+    def _now(self) -> int:
+        sent = sent_bytes()
+        assert sent is not None
+        return between_groups(sent)
+
+    def start(self) -> None:
+        if self.total is not None:
+            self._at = self._now()
+
+    def stop(self) -> None:
+        if self.total is not None:
+            self.total += self._now() - self._at
 
 
 def _bridge(level: int, group: int) -> str:

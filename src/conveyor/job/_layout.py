@@ -48,10 +48,6 @@ class Layout:
     how: str = ""
     plan_file: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    @property
-    def predicted_samples_per_s(self) -> float | None:
-        return self.plan_file.get("predicted", {}).get("samples_per_s")
-
     def describe(self) -> str:
         config = "-".join(map(str, self.replicas))
         predicted = self.plan_file.get("predicted", {})

@@ -27,7 +27,7 @@ from torch import nn
 
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
-from conveyor.emulate import Emulation, between_groups, launch_emulated, sent_bytes
+from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
 from conveyor.job._costs import measure_costs
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._loader import EpochBatches
@@ -179,7 +179,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
         )  # fmt: skip
     updates = pipe.kind.updates(steps, layout.microbatches, pipe.replicas[pipe.stage])  # this worker's, per epoch
     history: list[_Epoch] = []
-    start, train_seconds, between = time.perf_counter(), 0.0, 0
+    start, train_seconds, traffic = time.perf_counter(), 0.0, ServerTraffic(pipe.is_output)
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
         disable=not pipe.is_output,
@@ -188,11 +188,11 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
         for epoch in range(cfg.epochs):
             if batches is not None:
                 batches.order.epoch = epoch
-            began, sent = time.perf_counter(), sent_bytes() if pipe.is_output else None
+            began = time.perf_counter()
+            traffic.start()
             losses = pipe.train(batches, lambda _: bar.advance(task))
             train_seconds += time.perf_counter() - began
-            if sent is not None:
-                between += between_groups(sent_bytes() or sent) - between_groups(sent)
+            traffic.stop()
             logits = pipe.evaluate(data.test_x if pipe.worker == 0 else None)
             accuracy = torch.zeros(1)
             if pipe.is_output:
@@ -201,7 +201,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
                 samples = (epoch + 1) * len(data.train_x)
                 history.append(_Epoch(epoch + 1, time.perf_counter() - start, train_seconds, samples,
                                       samples / train_seconds, sum(losses) / len(losses), float(accuracy),
-                                      None if sent is None else between))  # fmt: skip
+                                      traffic.total))  # fmt: skip
                 with (folder / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps(asdict(history[-1])) + "\n")
                 bar.update(task, status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {float(accuracy):.3f} "
