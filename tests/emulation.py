@@ -54,28 +54,28 @@ def longest_send(nbytes: int, seconds: float) -> float:
             return longest
 
 
-def loop_seconds(iterations: int, repeats: int = 3) -> float:
-    """This worker's median time for a fixed CPU loop, measured alone (the others wait): the median, as one
-    loop can meet a burst of the host's own work."""
+def loop_seconds(iterations: int, repeats: int = 3) -> tuple[float, float]:
+    """This worker's median wall-clock and CPU seconds for a fixed CPU loop, measured alone (the others wait):
+    the median, as one loop can meet a burst of the host's own work."""
     import statistics
 
-    from conveyor.emulate import cpu_loop_seconds
+    from conveyor.emulate import cpu_loop
 
-    seconds = 0.0
+    times = [(0.0, 0.0)]
     for worker in range(dist.get_world_size()):
         dist.barrier()
         if worker == dist.get_rank():
-            seconds = statistics.median(cpu_loop_seconds(iterations) for _ in range(repeats))
-    return seconds
+            times = [cpu_loop(iterations) for _ in range(repeats)]
+    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
 
 
-def loop_times(iterations: int, seconds: float) -> list[float]:
-    """Time a fixed CPU loop again and again for ``seconds``; every time it took."""
-    from conveyor.emulate import cpu_loop_seconds
+def loop_times(iterations: int, seconds: float) -> list[tuple[float, float]]:
+    """Run a fixed CPU loop again and again for ``seconds``; the wall-clock and CPU seconds of each."""
+    from conveyor.emulate import cpu_loop
 
     end, times = time.monotonic() + seconds, []
     while time.monotonic() < end:
-        times.append(cpu_loop_seconds(iterations))
+        times.append(cpu_loop(iterations))
     return times
 
 

@@ -102,6 +102,8 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         (["train", "--devices", "1,fast"], "cannot read device 'fast' of --devices '1,fast'"),
         (["train", "--faults", "pause:worker=9,at=1,for=1"], "worker=9 is out of range: this job's workers are 0..3"),
         (["emulate", "check"], "conveyor emulate check needs --network, --devices or both"),
+        (["train", "--stragglers", "flexrr", "--slack", "0"], "--stragglers flexrr needs --slack of at least 1, got 0"),
+        (["bench", "stragglers", "--patterns", "slow-worker"], "the patterns must include none"),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(

@@ -29,5 +29,6 @@ def test_check_measures_every_link_and_device_against_its_spec(tmp_path: Path) -
         else:
             assert 1.25e7 * 2 < link["measured_bytes_per_s"] <= 1.25e8 * 1.02
     assert [row["spec_cores"] for row in report["devices"]] == [1, 1, 0.5, 0.5]
-    for row in report["devices"]:
-        assert row["measured_cores"] == pytest.approx(row["spec_cores"], rel=0.2), row
+    for row in report["devices"]:  # the quota is exact; speed also counts each stop's cost and the host's noise
+        assert row["measured_share"] == pytest.approx(row["spec_cores"], rel=0.1), row
+        assert row["measured_cores"] == pytest.approx(row["spec_cores"], rel=0.35), row

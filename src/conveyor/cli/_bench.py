@@ -45,6 +45,23 @@ def add_parser(sub: Any) -> None:
     tta.add_argument("--json", type=Path, default=None, help="write the report here")
     add_emulation(tta, faults=False)
     tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
+
+    stragglers = which.add_parser("stragglers", help="FlexRR's modes under injected stragglers, against the ideal")
+    stragglers.add_argument("--model", default="resnet")
+    stragglers.add_argument("--workers", type=positive, default=4)
+    stragglers.add_argument("--cores", type=float, default=0.45, help="each worker's device, in CPU cores")
+    stragglers.add_argument("--network", default="2:1.25e9,2:1.25e8", help="the emulated topology")
+    stragglers.add_argument("--epochs", type=positive, default=6)
+    stragglers.add_argument("--batch-size", type=positive, default=128)
+    stragglers.add_argument("--chunks", type=positive, default=4, help="chunks each replica owns per batch")
+    stragglers.add_argument("--slack", type=positive, default=1)
+    stragglers.add_argument("--period", type=float, default=2.0, help="seconds between the patterns' events")
+    stragglers.add_argument("--seed", type=int, default=0, help="the patterns', the weights' and the data's seed")
+    stragglers.add_argument("--patterns", type=names, default=None, help="e.g. slow-worker,none (default: all)")
+    stragglers.add_argument("--modes", type=names, default=None, help="e.g. off,flexrr (default: all)")
+    stragglers.add_argument("--keep", type=Path, default=None, help="keep every run's folder here")
+    stragglers.add_argument("--json", type=Path, default=None, help="write the report here")
+    stragglers.add_argument("--plot", type=Path, default=None, help="write the ratios to the ideal here (PNG)")
     conv = which.add_parser("convergence", help="epochs to target per zoo model, schedule and correction, over seeds")
     conv.add_argument("--models", type=names, default=("mlp", "vgg", "resnet", "gpt", "vgg16"), help="e.g. mlp,vgg")
     conv.add_argument("--strategies", type=names, default=None, help="e.g. dp,2bw,2bw/plain (default: all)")
@@ -79,8 +96,8 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Run the benchmark ``args.bench`` names."""
-    {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "predictions": _predictions,
-     "planner": _planner, "emulate": _emulate, "costs": _costs,
+    {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "stragglers": _stragglers,
+     "predictions": _predictions, "planner": _planner, "emulate": _emulate, "costs": _costs,
      "convergence": _convergence}[args.bench](args)  # fmt: skip
 
 
@@ -181,6 +198,33 @@ def _tta(args: argparse.Namespace) -> None:
     console.print(table)
     if goals := report["goals"]:
         console.print("PipeDream: " + ", ".join(f"{k} {v:.3g}" for k, v in goals.items() if isinstance(v, float)))
+    if args.plot:
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, report)
+
+
+def _stragglers(args: argparse.Namespace) -> None:
+    from conveyor.bench.stragglers import PATTERNS, StragglersConfig, run
+    from conveyor.stragglers import MODES
+
+    given = {"patterns": args.patterns or tuple(PATTERNS), "modes": args.modes or MODES}
+    cfg = config(StragglersConfig, argparse.Namespace(**{**vars(args), **given}))
+    report = run(cfg, str(args.plot) if args.plot else None, str(args.keep) if args.keep else None)
+    table = Table("pattern", "mode", "seconds", "ideal s", "ratio", "final acc", "samples moved", "wait s",
+                  title=f"{cfg.model}: {cfg.epochs} epochs on {cfg.workers} data-parallel workers")  # fmt: skip
+    for r in report["results"]:
+        wait = "-" if r["wait_s"] is None else f"{r['wait_s']:.1f}"
+        table.add_row(
+            r["pattern"], r["mode"], f"{r['seconds']:.1f}", f"{r['ideal_seconds']:.1f}", f"{r['ratio_to_ideal']:.2f}",
+            f"{r['final_accuracy']:.3f}", str(r["samples_moved"]), wait,
+        )  # fmt: skip
+    console.print(table)
+    goals, targets = report["goals"], report["goals"]["targets"]
+    console.print(
+        f"flexrr within {targets['flexrr_ratio_to_ideal']}x of ideal on every pattern: {goals['flexrr_met']}; "
+        f"off at least {targets['off_ratio_to_ideal_at_least']}x: {goals['off_met']}"
+    )
     if args.plot:
         console.print(f"wrote {args.plot}")
     if args.json:

@@ -40,11 +40,12 @@ def run(args: argparse.Namespace) -> None:
                 f"{link['measured_latency_s'] * 1e6:.0f} us",
             )  # fmt: skip
         console.print(links)
-    devices = Table("worker", "device", "spec cores", "measured cores (alone)", "measured cores (all busy)")
+    devices = Table("worker", "device", "spec cores", "measured cores (alone)", "share of a core (alone)",
+                    "measured cores (all busy)")  # fmt: skip
     for row in report["devices"]:
         spec = "unlimited" if row["spec_cores"] is None else f"{row['spec_cores']:g}"
         devices.add_row(str(row["worker"]), row["device"], spec, f"{row['measured_cores']:.3f}",
-                        f"{row['measured_cores_all_busy']:.3f}")  # fmt: skip
+                        f"{row['measured_share']:.3f}", f"{row['measured_cores_all_busy']:.3f}")  # fmt: skip
     console.print(devices)
     if args.json:
         write_json(args.json, report)

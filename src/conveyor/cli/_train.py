@@ -50,6 +50,13 @@ def add_parser(sub: Any) -> None:
     train.add_argument(
         "--loader-workers", type=int, default=None, help="DataLoader processes per reading worker (default 2 with CUDA)"
     )
+    train.add_argument(
+        "--stragglers", choices=["flexrr", "slack", "reassign", "off"], default="off",
+        help="data-parallel layouts: take slow replicas' work (reassign), let replicas run --slack steps ahead "
+        "(slack), both (flexrr), or neither (off)",
+    )  # fmt: skip
+    train.add_argument("--slack", type=int, default=1, help="steps a replica may run ahead of the slowest")
+    train.add_argument("--chunks", type=positive, default=4, help="chunks each replica owns per batch (reassignment)")
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
     add_emulation(train)
 

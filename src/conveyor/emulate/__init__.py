@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conveyor.emulate._cgroups import CgroupError, WorkerCgroup, remove_stale_jobs
-    from conveyor.emulate._check import check_cluster, cpu_loop_seconds, link_pairs
+    from conveyor.emulate._check import check_cluster, cpu_loop, cpu_loop_seconds, link_pairs
     from conveyor.emulate._cluster import Cluster, Emulation, WorkerSetup
     from conveyor.emulate._devices import Device, parse_devices
     from conveyor.emulate._driver import FaultDriver
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # Imported on first use: the janitor process and fault planning need none of torch.
 _HOME = {
     "_cgroups": ("CgroupError", "WorkerCgroup", "remove_stale_jobs"),
-    "_check": ("check_cluster", "cpu_loop_seconds", "link_pairs"),
+    "_check": ("check_cluster", "cpu_loop", "cpu_loop_seconds", "link_pairs"),
     "_cluster": ("Cluster", "Emulation", "WorkerSetup"),
     "_devices": ("Device", "parse_devices"),
     "_driver": ("FaultDriver",),
@@ -50,9 +50,9 @@ _HOME = {
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
     "CgroupError", "Cluster", "Device", "Emulation", "EmulationError", "Fault", "FaultDriver", "Link", "Network",
-    "ServerTraffic",
-    "WorkerCgroup", "WorkerRevoked", "WorkerSetup", "address", "between_groups", "check_cluster", "cpu_loop_seconds",
-    "launch_emulated", "link_pairs", "links_of", "parse_devices", "parse_faults", "remove_stale_jobs", "sent_bytes",
+    "ServerTraffic", "WorkerCgroup", "WorkerRevoked", "WorkerSetup", "address", "between_groups", "check_cluster",
+    "cpu_loop", "cpu_loop_seconds", "launch_emulated", "link_pairs", "links_of", "parse_devices", "parse_faults",
+    "remove_stale_jobs", "sent_bytes",
 ]  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from conveyor.emulate._cluster import Emulation
 from conveyor.emulate._launch import launch_emulated
 from conveyor.plan import Topology
 
-__all__ = ["check_cluster", "cpu_loop_seconds", "link_pairs"]
+__all__ = ["check_cluster", "cpu_loop", "cpu_loop_seconds", "link_pairs"]
 
 _PINGS = 30
 _LOOP_SIZE = 192  # a matmul a core does in about a millisecond
@@ -39,22 +39,31 @@ def link_pairs(topology: Topology) -> list[tuple[int, int]]:
     return pairs
 
 
-def cpu_loop_seconds(iterations: int) -> float:
-    """Wall-clock seconds of a fixed single-threaded CPU loop (the same work on every worker)."""
+def cpu_loop(iterations: int) -> tuple[float, float]:
+    """Wall-clock and CPU seconds of a fixed single-threaded CPU loop (the same work on every worker).
+
+    The CPU seconds are the time the process ran: neither a quota's stops, nor other processes' turns, nor
+    time a hypervisor took (steal) count, so they measure the work itself.
+    """
     a, threads = torch.ones(_LOOP_SIZE, _LOOP_SIZE), torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for _ in range(iterations):
             torch.mm(a, a)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu_start
     finally:
         torch.set_num_threads(threads)
 
 
+def cpu_loop_seconds(iterations: int) -> float:
+    """Wall-clock seconds of :func:`cpu_loop`."""
+    return cpu_loop(iterations)[0]
+
+
 def _measure(pairs: list[tuple[int, int]], sizes: list[int], iterations: int) -> dict[str, Any]:
     rank = dist.get_rank()
-    out: dict[str, Any] = {"links": [], "alone_s": 0.0, "all_busy_s": 0.0}
+    out: dict[str, Any] = {"links": [], "alone_s": 0.0, "alone_cpu_s": 0.0, "all_busy_s": 0.0}
     small = torch.zeros(1)
     for a, b in pairs:  # a first message between two workers opens their connection: not part of the timing
         dist.barrier()
@@ -91,7 +100,7 @@ def _measure(pairs: list[tuple[int, int]], sizes: list[int], iterations: int) ->
     for worker in range(dist.get_world_size()):  # one at a time: its own speed, nobody competing
         dist.barrier()
         if worker == rank:
-            out["alone_s"] = cpu_loop_seconds(iterations)
+            out["alone_s"], out["alone_cpu_s"] = cpu_loop(iterations)
     dist.barrier()
     out["all_busy_s"] = cpu_loop_seconds(iterations)  # all at once: what the machine's cores allow
     return out
@@ -101,7 +110,12 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
     """Measure the links and devices of ``emulation`` for ``workers`` workers; return the JSON report.
 
     Each link's transfer is sized to take ``seconds_per_link`` at its specified rate (1 MiB to 256 MiB);
-    each worker's speed is its time for a fixed loop against this process's time for it on a whole core.
+    each worker's speed is the CPU time this process needs for a fixed loop (the work, in seconds of a whole
+    core) over the worker's wall-clock time for it. The work is measured in CPU time, not wall-clock time,
+    because on a virtual machine the hypervisor takes turns (steal) that slow a whole-core loop's wall clock
+    but not a quota-limited one's (a quota counts only the time a process ran). A worker's share is its CPU
+    time over its wall-clock time for the loop: the quota itself, exact whatever the host does, where the
+    speed also counts the work each stop costs (cold caches) and the host's noise.
     """
     topology = emulation.topology(workers)
     devices = emulation.device_list(workers)
@@ -110,7 +124,7 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
     sizes = [int(min(max(bw * seconds_per_link, 1 << 20), 1 << 28)) // 4 * 4 for bw, _ in specs.values()]
     cpu_loop_seconds(50)  # warm-up
     iterations = max(1, round(0.5 / (cpu_loop_seconds(200) / 200)))  # half a second on a whole core
-    reference = statistics.median(cpu_loop_seconds(iterations) for _ in range(3))
+    reference = min(cpu_loop(iterations)[1] for _ in range(3))
     per_rank = launch_emulated(_measure, pairs, sizes, iterations, nprocs=workers, emulation=emulation, timeout_s=600)
     measured = sorted(
         (m for r in per_rank for m in per_rank[r]["links"]), key=lambda m: pairs.index((m["from"], m["to"]))
@@ -125,6 +139,7 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
         {"worker": r, "device": devices[r].name if devices else "unlimited",
          "spec_cores": devices[r].cores if devices else None,
          "measured_cores": reference / per_rank[r]["alone_s"],
+         "measured_share": per_rank[r]["alone_cpu_s"] / per_rank[r]["alone_s"],
          "measured_cores_all_busy": reference / per_rank[r]["all_busy_s"]}
         for r in range(workers)
     ]  # fmt: skip
@@ -132,7 +147,7 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
         "network": emulation.network,
         "devices_spec": emulation.devices,
         "machine_cores": len(os.sched_getaffinity(0)),
-        "reference_loop_s": reference,
+        "reference_loop_cpu_s": reference,
         "links": links,
         "devices": device_rows,
     }

@@ -78,7 +78,7 @@ class FaultDriver:
                 entry = action()
             except (OSError, CgroupError) as exc:  # the worker may be gone already (revoked, or the job failed)
                 entry = {"event": "failed", "error": str(exc)}
-            entry = {"t": round(time.monotonic() - self._start, 4), **entry}
+            entry = {"t": round(time.monotonic() - self._start, 4), "wall": round(time.time(), 4), **entry}
             with self.log_path.open("a") as log:
                 log.write(json.dumps(entry) + "\n")
 

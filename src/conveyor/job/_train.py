@@ -35,6 +35,7 @@ from conveyor.job._report import plot_accuracy
 from conveyor.plan import read_plan_file
 from conveyor.runtime import OptimizerFactory, Pipeline
 from conveyor.schedule import parse_replicas
+from conveyor.stragglers import FlexibleDataParallel, mode_settings
 
 __all__ = ["TrainConfig", "closing_notes", "explicit_workers", "model_and_data", "train"]
 
@@ -75,6 +76,9 @@ class TrainConfig:
     network: str | None = None  # an emulated network's topology (conveyor.emulate)
     devices: str | None = None  # emulated devices: CPU cores per worker
     faults: str | None = None  # faults to apply on the emulated cluster
+    stragglers: str = "off"  # data-parallel layouts: flexrr, slack, reassign or off (conveyor.stragglers)
+    slack: int = 1  # steps a replica may run ahead of the slowest (--stragglers flexrr or slack)
+    chunks: int = 4  # chunks each replica owns per batch: the reassignment granularity
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches) < 1:
@@ -89,6 +93,9 @@ class TrainConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
         if self.plan and (self.stages or self.replicas):
             raise ValueError("give either --plan or --stages/--replicas, not both")
+        if self.chunks < 1:
+            raise ValueError(f"--chunks must be at least 1, got {self.chunks}")
+        mode_settings(self.stragglers, self.slack)
 
 
 def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
@@ -164,10 +171,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
     layout = _measure_and_plan(cfg, model, data, loss_fn, make_optimizer, folder, steps)
     torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
-    pipe = Pipeline(
-        model, layout.balance, layout.microbatches, loss_fn, make_optimizer, layout.schedule, layout.replicas,
-        recompute=layout.recompute, correct_staleness=cfg.stale_correction,
-    )  # fmt: skip
+    pipe = _trainer(cfg, model, layout, loss_fn, make_optimizer)
     if cfg.resume:
         pipe.load(cfg.resume)
     cuda = pipe.device.type == "cuda"
@@ -177,9 +181,12 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             data.train_x if pipe.is_first else None, data.train_y if pipe.is_last else None, cfg.batch_size, cfg.seed,
             (2 if cuda else 0) if cfg.loader_workers is None else cfg.loader_workers, pin_memory=cuda,
         )  # fmt: skip
-    updates = pipe.kind.updates(steps, layout.microbatches, pipe.replicas[pipe.stage])  # this worker's, per epoch
+    updates = steps  # this worker's updates per epoch
+    if isinstance(pipe, Pipeline):
+        updates = pipe.kind.updates(steps, layout.microbatches, pipe.replicas[pipe.stage])
     history: list[_Epoch] = []
-    start, train_seconds, traffic = time.perf_counter(), 0.0, ServerTraffic(pipe.is_output)
+    start, started_at = time.perf_counter(), time.time()
+    train_seconds, traffic = 0.0, ServerTraffic(pipe.is_output)
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
         disable=not pipe.is_output,
@@ -193,6 +200,9 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             losses = pipe.train(batches, lambda _: bar.advance(task))
             train_seconds += time.perf_counter() - began
             traffic.stop()
+            if isinstance(pipe, FlexibleDataParallel) and (records := pipe.gather_records()) is not None:
+                with (folder / "stragglers.jsonl").open("a") as f:
+                    f.writelines(json.dumps({"epoch": epoch + 1, **r}) + "\n" for r in records)
             logits = pipe.evaluate(data.test_x if pipe.worker == 0 else None)
             accuracy = torch.zeros(1)
             if pipe.is_output:
@@ -211,7 +221,25 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
                 break
     pipe.save(cfg.checkpoint or str(folder / "checkpoint.pt"))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    return {"history": [asdict(h) for h in history], "peak_rss_bytes": peak, "layout": asdict(layout)}
+    return {"history": [asdict(h) for h in history], "peak_rss_bytes": peak, "layout": asdict(layout),
+            "started_at": started_at}  # fmt: skip
+
+
+def _trainer(
+    cfg: TrainConfig, model: nn.Sequential, layout: Layout, loss_fn: Callable[[Any, Any], torch.Tensor],
+    make_optimizer: OptimizerFactory,
+) -> Pipeline | FlexibleDataParallel:  # fmt: skip
+    """A pipeline for ``layout``, or for a data-parallel one with ``--stragglers`` on, flexible data parallelism."""
+    slack, reassign = mode_settings(cfg.stragglers, cfg.slack)
+    if cfg.stragglers != "off" and len(layout.balance) == 1 and layout.replicas[0] > 1:
+        return FlexibleDataParallel(model, loss_fn, make_optimizer, cfg.chunks, slack, reassign)
+    if cfg.stragglers != "off" and dist.get_rank() == 0:
+        Console().print(f"--stragglers {cfg.stragglers} applies to data-parallel layouts; this one is "
+                        f"{'-'.join(map(str, layout.replicas))}: it runs as planned, synchronously")  # fmt: skip
+    return Pipeline(
+        model, layout.balance, layout.microbatches, loss_fn, make_optimizer, layout.schedule, layout.replicas,
+        recompute=layout.recompute, correct_staleness=cfg.stale_correction,
+    )  # fmt: skip
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -244,6 +272,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "samples_per_s": history[-1]["samples_per_s"],  # training samples per second of training
         "bytes_between_servers": history[-1]["bytes_between_servers"],  # while training, on an emulated network
         "samples": history[-1]["samples"],
+        "started_at": out["started_at"],  # time.time() when training began (fault logs' "wall" is on this clock)
         "peak_rss_bytes": [per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
         "layout": out["layout"],
         "run_dir": str(run_dir),

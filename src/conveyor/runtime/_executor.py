@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
+from conveyor.runtime._microbatch import to_device
 from conveyor.runtime._transport import P2P, PendingRecv, differentiable_leaves
 from conveyor.runtime._update import Updater
 from conveyor.runtime._versions import WeightVersions
@@ -165,7 +166,7 @@ class Executor:
             assert run.feed is not None, "the first stage (and the last, training) needs a feed"
             inputs, target, samples = run.feed.microbatch(k)
             if self.first:
-                state.inputs, state.samples = _to(inputs, self.device), samples
+                state.inputs, state.samples = to_device(inputs, self.device), samples
             elif samples != state.samples:
                 raise ValueError(
                     f"microbatch {k} has {state.samples} samples of inputs but {samples} targets: give every worker "
@@ -187,7 +188,7 @@ class Executor:
             else:
                 state.outputs = self.module(state.inputs)
             if self.last and run.training:
-                loss = self.loss_fn(state.outputs, _to(target, self.device))
+                loss = self.loss_fn(state.outputs, to_device(target, self.device))
                 run.output.losses[k] = (float(loss.detach()), state.samples)
                 state.loss = loss * state.samples  # a sum over the samples; REDUCE divides by the update's
         if self.last and not run.training:
@@ -353,7 +354,3 @@ class _Prefetcher:
         posted, pending = self.posted.pop(key)
         assert posted == action, f"receive {action} found {posted} posted: the schedule's receives are out of order"
         return pending
-
-
-def _to(tree: Any, device: torch.device) -> Any:
-    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device, non_blocking=True), tree)

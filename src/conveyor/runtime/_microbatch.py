@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-__all__ = ["batch_size", "split"]
+__all__ = ["batch_size", "split", "to_device"]
 
 
 def batch_size(batch: Any) -> int:
@@ -52,3 +52,8 @@ def split(batch: Any, microbatches: int) -> list[Any]:
         pytree.tree_unflatten([leaf if c is None else c[i] for leaf, c in zip(leaves, chunks, strict=True)], spec)
         for i in range(microbatches)
     ]
+
+
+def to_device(tree: Any, device: torch.device) -> Any:
+    """Move every tensor of ``tree`` to ``device`` (without waiting, where the copy allows it)."""
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device, non_blocking=True), tree)

@@ -1,0 +1,89 @@
+"""Rapid reassignment: a step's chunks as claimable work, each claimed exactly once through the c10d store.
+
+A step's batch is cut into ``replicas x chunks`` chunks; replica ``w`` owns the contiguous share
+``w * chunks ... (w + 1) * chunks - 1``. The owner works through its share from the head; a replica with no
+own work left takes chunks from the *tail* of the peer with the most unclaimed ones, one at a time, so
+owner and helpers meet in the middle and the slow replica keeps only what it can finish.
+
+One store key per share and step, ``share/w``, counts both ends in one integer, ``head + tail * 2**20``,
+and every claim is one atomic ``add`` to it (``add`` never waits, unlike ``get``): the owner adds 1, a
+helper ``2**20``. The value ``add`` returns says what the claim got: the owner's claim is chunk
+``head - 1`` and a helper's chunk ``chunks - tail``, each valid only while ``head + tail <= chunks``. The
+store orders the adds, and each valid one takes the next chunk from its end of what is left, so no chunk
+runs twice and none is skipped however the claims race. The same counter is the owner's progress report:
+a helper reads every peer's (``add`` of 0) and takes from the one with the most left. A replica is done with
+a step once its own share and every peer's counter show nothing left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch.distributed as dist
+
+__all__ = ["Claim", "StepClaims"]
+
+
+Claim = tuple[int, bool]  # (chunk index in the batch, whether it was taken from a peer's share)
+_TAIL = 2**20  # a helper's unit in a share's counter (the owner's is 1), so a share has fewer chunks
+
+
+class StepClaims:
+    """The claims of one replica in one step.
+
+    Args:
+        store: the job's c10d store.
+        prefix: keys of this step (unique per pipeline, run and step).
+        replica, replicas: this replica and how many share the step.
+        chunks: chunks each replica owns.
+        reassign: take chunks from slow peers; ``False`` runs exactly the own share (a fixed split).
+
+    Example (single process, a dict-backed store):
+        >>> store = dist.HashStore()
+        >>> [c for c in StepClaims(store, "s0", 0, 2, 2)]      # replica 0's share, then all of replica 1's
+        [(0, False), (1, False), (3, True), (2, True)]
+        >>> [c for c in StepClaims(store, "s0", 1, 2, 2)]      # nothing left for replica 1
+        []
+    """
+
+    def __init__(
+        self, store: dist.Store, prefix: str, replica: int, replicas: int, chunks: int, reassign: bool = True
+    ) -> None:
+        if not 0 < chunks < _TAIL:
+            raise ValueError(f"a replica's share has 1 to {_TAIL - 1} chunks, got {chunks}")
+        self.store, self.prefix, self.replica = store, prefix, replica
+        self.replicas, self.chunks, self.reassign = replicas, chunks, reassign
+
+    def __iter__(self) -> Iterator[Claim]:
+        """The chunks this replica runs, in order, each claimed just before it is run."""
+        while (j := self._own()) is not None:
+            yield j, False
+        while self.reassign and (j := self._help()) is not None:
+            yield j, True
+
+    def _add(self, owner: int, amount: int) -> tuple[int, int]:
+        """Add ``amount`` to ``owner``'s counter; its head and tail counts after the add."""
+        value = int(self.store.add(f"{self.prefix}/share/{owner}", amount))
+        return value % _TAIL, value // _TAIL
+
+    def _own(self) -> int | None:
+        """The next chunk of the own share, or ``None`` once it is exhausted (to the end, or met a helper)."""
+        head, tail = self._add(self.replica, 1)
+        return self.replica * self.chunks + head - 1 if head + tail <= self.chunks else None
+
+    def left(self, owner: int) -> int:
+        """Chunks of ``owner``'s share nobody has claimed yet, by its counter (never waits)."""
+        head, tail = self._add(owner, 0)
+        return self.chunks - head - tail
+
+    def _help(self) -> int | None:
+        """A chunk from the tail of the peer with the most left, or ``None`` once no peer has any."""
+        while True:
+            peers = [p for p in range(self.replicas) if p != self.replica]
+            left = {p: self.left(p) for p in peers}
+            if not left or max(left.values()) <= 0:
+                return None
+            victim = max(peers, key=lambda p: (left[p], -p))
+            head, tail = self._add(victim, _TAIL)
+            if head + tail <= self.chunks:
+                return victim * self.chunks + self.chunks - tail

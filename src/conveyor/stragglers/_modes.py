@@ -1,0 +1,21 @@
+"""The straggler modes of ``conveyor train --stragglers``: which of slack and reassignment each turns on."""
+
+from __future__ import annotations
+
+__all__ = ["MODES", "mode_settings"]
+
+MODES = ("flexrr", "slack", "reassign", "off")  # FlexRR is both (Harlap et al., SoCC 2016)
+
+
+def mode_settings(mode: str, slack: int) -> tuple[int, bool]:
+    """The slack and whether to reassign work, for ``mode`` with slack ``slack`` where it applies.
+
+    Example:
+        >>> [mode_settings(m, 2) for m in MODES]
+        [(2, True), (2, False), (0, True), (0, False)]
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown straggler mode {mode!r}: use one of {', '.join(MODES)}")
+    if slack < 1 and mode in ("flexrr", "slack"):
+        raise ValueError(f"--stragglers {mode} needs --slack of at least 1, got {slack}")
+    return (slack if mode in ("flexrr", "slack") else 0), mode in ("flexrr", "reassign")
