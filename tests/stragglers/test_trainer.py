@@ -16,39 +16,43 @@ pytestmark = pytest.mark.timeout(180)
 
 SGD = partial(torch.optim.SGD, lr=0.05, momentum=0.9)
 SIZES = (24, 24, 17, 24, 5, 24)  # a short batch leaves chunks empty
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _data() -> Batches:
     return [(x[:n], y[:n]) for (x, y), n in zip(batches(n=len(SIZES), size=24), SIZES, strict=True)]
 
 
-def reference(data: list[tuple[torch.Tensor, torch.Tensor]], slack: int, predict: bool) -> dict[str, torch.Tensor]:
+def reference(runs: list[Batches], slack: int, predict: bool) -> dict[str, torch.Tensor]:
     """The module docstring's equations in one process: W(t+1) = opt(W(t), g(t - s)), g(t) the batch's mean
-    gradient at W~(t) = W(t) + s (W(t) - W(t-1)), the last s gradients applied after the last batch."""
+    gradient at W~(t) = W(t) + s (W(t) - W(t-1)) from a run's first update on, the last s gradients of a run
+    applied after its last batch."""
     model = mlp()
     params = list(model.parameters())
-    opt, pending, previous = SGD(params), list[list[torch.Tensor]](), None
+    opt = SGD(params)
 
-    def apply(grads: list[torch.Tensor]) -> None:
-        nonlocal previous
-        previous = [p.detach().clone() for p in params]
+    def apply(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        before = [p.detach().clone() for p in params]
         for p, g in zip(params, grads, strict=True):
             p.grad = g
         opt.step()
+        return before
 
-    for x, y in data:
-        master = [p.detach().clone() for p in params]
-        with torch.no_grad():
-            for p, prev in zip(params, (previous or []) if predict and slack else [], strict=False):
-                p.add_(slack * (p - prev))
-        pending.append(list(torch.autograd.grad(F.cross_entropy(model(x), y), params)))
-        with torch.no_grad():
-            for p, w in zip(params, master, strict=True):
-                p.copy_(w)
-        if len(pending) > slack:
-            apply(pending.pop(0))
-    for grads in pending:
-        apply(grads)
+    for data in runs:
+        pending, previous = list[list[torch.Tensor]](), None
+        for x, y in data:
+            master = [p.detach().clone() for p in params]
+            with torch.no_grad():
+                for p, prev in zip(params, (previous or []) if predict and slack else [], strict=False):
+                    p.add_(slack * (p - prev))
+            pending.append(list(torch.autograd.grad(F.cross_entropy(model(x), y), params)))
+            with torch.no_grad():
+                for p, w in zip(params, master, strict=True):
+                    p.copy_(w)
+            if len(pending) > slack:
+                previous = apply(pending.pop(0))
+        for grads in pending:
+            apply(grads)
     return {k: v.detach() for k, v in model.named_parameters()}
 
 
@@ -63,6 +67,7 @@ def _train(slack: int, reassign: bool, predict: bool, straggler: int | None) -> 
 
     ddp = FlexibleDataParallel(mlp(), loss, SGD, chunks=3, slack=slack, reassign=reassign, predict=predict)
     losses = ddp.train(_data())
+    ddp.train(_data()[:4])  # a second run (epoch) goes on from the first's weights and optimizer
     records = ddp.gather_records()
     return {"params": {k: v.detach().clone() for k, v in ddp.module.named_parameters()}, "losses": losses,
             "records": records}  # fmt: skip
@@ -74,18 +79,18 @@ def _train(slack: int, reassign: bool, predict: bool, straggler: int | None) -> 
 )
 def test_updates_equal_the_reference(slack: int, reassign: bool, predict: bool, straggler: int | None) -> None:
     per_rank = launch(_train, slack, reassign, predict, straggler, nprocs=3, timeout_s=150)
-    expected = reference(_data(), slack, predict)
+    expected = reference([_data(), _data()[:4]], slack, predict)
     for rank, out in per_rank.items():  # every replica holds the same weights, those of the equations
         for name, p in expected.items():
             torch.testing.assert_close(out["params"][name], p, rtol=1e-5, atol=1e-6, msg=f"replica {rank} {name}")
     records = per_rank[0]["records"]
-    assert len(records) == 3 * len(SIZES)
-    for step, n in enumerate(SIZES):  # every sample ran exactly once
+    assert len(records) == 3 * (len(SIZES) + 4)
+    for step, n in enumerate(SIZES + SIZES[:4]):  # every sample ran exactly once
         assert sum(r["samples"] for r in records if r["step"] == step) == n
     taken = sum(r["taken"] for r in records)
     assert (taken > 0) == reassign  # the fast replicas took the straggler's chunks only where allowed
     if straggler is not None and reassign:
-        assert sum(r["samples"] for r in records if r["replica"] == straggler) < sum(SIZES) / 3
+        assert sum(r["samples"] for r in records if r["replica"] == straggler) < sum(SIZES + SIZES[:4]) / 3
     losses = per_rank[0]["losses"]
     assert losses is not None and len(losses) == len(SIZES) and per_rank[1]["losses"] is None
 

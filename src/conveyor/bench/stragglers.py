@@ -68,6 +68,8 @@ class StragglersConfig:
 def mean_capacity(events: list[dict[str, Any]], cores: float, workers: int, start: float, end: float) -> float:
     """The workers' summed cores averaged over ``[start, end]`` (wall-clock), from a ``faults.jsonl`` log.
 
+    Faults that overlap on one worker each count their loss (the built-in patterns never overlap).
+
     Example:
         >>> slow = {"kind": "slow", "workers": [1], "at": 1.0, "cores": 0.25}
         >>> events = [{"event": "begin", "wall": 10.0, **slow}, {"event": "end", "wall": 12.0, **slow}]

@@ -232,7 +232,7 @@ def _trainer(
     """A pipeline for ``layout``, or for a data-parallel one with ``--stragglers`` on, flexible data parallelism."""
     slack, reassign = mode_settings(cfg.stragglers, cfg.slack)
     if cfg.stragglers != "off" and len(layout.balance) == 1 and layout.replicas[0] > 1:
-        return FlexibleDataParallel(model, loss_fn, make_optimizer, cfg.chunks, slack, reassign)
+        return FlexibleDataParallel(model, loss_fn, make_optimizer, cfg.chunks, slack, reassign, cfg.stale_correction)
     if cfg.stragglers != "off" and dist.get_rank() == 0:
         Console().print(f"--stragglers {cfg.stragglers} applies to data-parallel layouts; this one is "
                         f"{'-'.join(map(str, layout.replicas))}: it runs as planned, synchronously")  # fmt: skip
@@ -252,7 +252,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """
     run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    for log in ("metrics.jsonl", "stragglers.jsonl"):  # a run folder used again starts its logs afresh
+        (run_dir / log).unlink(missing_ok=True)
     if cfg.checkpoint:
         Path(cfg.checkpoint).parent.mkdir(parents=True, exist_ok=True)
     nprocs = cfg.workers or (explicit_workers(cfg) or 4)

@@ -49,8 +49,8 @@ class StepClaims:
     def __init__(
         self, store: dist.Store, prefix: str, replica: int, replicas: int, chunks: int, reassign: bool = True
     ) -> None:
-        if not 0 < chunks < _TAIL:
-            raise ValueError(f"a replica's share has 1 to {_TAIL - 1} chunks, got {chunks}")
+        if not 0 < chunks < _TAIL - 1:  # the owner's last, refused claim must not carry into the tail count
+            raise ValueError(f"a replica's share has 1 to {_TAIL - 2} chunks, got {chunks}")
         self.store, self.prefix, self.replica = store, prefix, replica
         self.replicas, self.chunks, self.reassign = replicas, chunks, reassign
 

@@ -8,7 +8,9 @@ batch's mean gradient whatever the split:
 
     g(t) = (sum over replicas r, chunks c claimed by r: n_c grad l_c(W~(t))) / (sum of n_c) = grad L_t(W~(t))
 
-where ``l_c`` is chunk ``c``'s mean loss over its ``n_c`` samples and ``L_t`` the batch's mean loss.
+where ``l_c`` is chunk ``c``'s mean loss over its ``n_c`` samples and ``L_t`` the batch's mean loss (for a
+model whose samples do not interact: BatchNorm's batch statistics depend on the chunks, as on microbatches,
+and each replica keeps its own running statistics; replica 0's evaluate and are saved).
 
 **Slack** ``s`` (bounded staleness): the all-reduce of step ``t`` is started without waiting, and step ``t``
 applies the averaged gradient of step ``t - s``:
@@ -18,12 +20,16 @@ applies the averaged gradient of step ``t - s``:
 so a replica waits only for the all-reduce ``s`` steps old, i.e. it runs at most ``s`` steps ahead of the
 slowest replica, and a short pause of one replica (which can hand over nothing while frozen) is absorbed.
 At the end of a run the last ``s`` gradients are applied in order, so a run makes one update per batch.
-Every replica applies the same updates in the same order, so all hold the same weights. ``s = 0`` is
+Every replica applies the same updates in the same order, so all hold the same parameters. ``s = 0`` is
 synchronous data parallelism. The gradients are ``s`` updates old when applied, so, as for the asynchronous
 pipelines, they are taken at the weights predicted ``s`` updates ahead (weight prediction; SpecTrain's
 form with SGD momentum):
 
     W~(t) = W(t) + s (W(t) - W(t - 1))    (W~(t) = W(t) when ``predict`` is off or t = 0)
+
+where ``W(t - 1)`` is the weights one step earlier in the same run: until a run's first update (its first
+``s`` steps, whose gradients are applied with fewer than ``s`` updates between) there is nothing to
+extrapolate.
 
 Each step, each replica records the samples it ran, those it took from peers, its compute time and
 the time it waited for the all-reduce (:attr:`FlexibleDataParallel.records`).
@@ -31,6 +37,7 @@ the time it waited for the all-reduce (:attr:`FlexibleDataParallel.records`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import deque
@@ -50,6 +57,7 @@ from conveyor.stragglers._claims import StepClaims
 __all__ = ["FlexibleDataParallel", "StepRecord"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
+_INSTANCES = itertools.count()  # every replica builds its trainers in the same order, so their keys agree
 
 
 @dataclass
@@ -117,7 +125,7 @@ class FlexibleDataParallel:
         self.steps = 0  # batches trained on
         self.records: list[StepRecord] = []
         self._previous: list[torch.Tensor] | None = None  # W(t - 1), for the prediction
-        self._runs = 0
+        self._id, self._runs = next(_INSTANCES), 0
         dist.barrier()  # every replica is built before any claims work, or an early one would take it all
 
     is_first = is_last = True  # every replica reads every batch's inputs and targets
@@ -139,6 +147,7 @@ class FlexibleDataParallel:
             raise ValueError(f"every replica reads the batches: pass them on worker {self.worker}")
         self.module.train()
         self._runs += 1
+        self._previous = None  # W(t - 1) = W(t) until this run's first update: its first gradients are fresh
         pending: deque[_Pending] = deque()
         losses: list[float] = []
         for inputs, targets in batches:
@@ -150,8 +159,8 @@ class FlexibleDataParallel:
             self.steps += 1
             if on_step is not None:
                 on_step(self.steps)
-        while pending:  # the last s gradients, in order
-            self.records[-len(pending)].wait_s += self._apply(pending.popleft(), losses)
+        while pending:  # the last s gradients, in order (their waits end the run's last step)
+            self.records[-1].wait_s += self._apply(pending.popleft(), losses)
         return losses if self.is_output else None
 
     def _compute(self, inputs: Any, targets: Any, record: StepRecord) -> _Pending:
@@ -159,7 +168,7 @@ class FlexibleDataParallel:
         start = time.perf_counter()
         parts = self.replicas * self.chunks
         x_parts, y_parts = split(inputs, parts), split(targets, parts)
-        claims = StepClaims(self.store, f"conveyor/flexible/run{self._runs}/step{self.steps}", self.worker,
+        claims = StepClaims(self.store, f"conveyor/flexible{self._id}/run{self._runs}/step{self.steps}", self.worker,
                             self.replicas, self.chunks, self.reassign)  # fmt: skip
         master = self._predicted() if self.predict else None
         loss_sum = torch.zeros((), device=self.device)
@@ -244,6 +253,7 @@ class FlexibleDataParallel:
         shapes = {k: v.shape for k, v in self.module.state_dict().items()}
         checkpoint.check_compatible(payload["model"], shapes, str(path))
         self.module.load_state_dict(payload["model"])
+        self._previous = None
         if payload.get("optimizer"):
             checkpoint.set_optimizer_state(self.optimizer, self.module, payload["optimizer"])
         self.steps = int(payload.get("steps", 0))
