@@ -108,10 +108,7 @@ def _run_one(cfg: StragglersConfig, pattern: str, mode: str, run_dir: Path) -> d
     summary = train(_train_config(cfg, pattern, mode, run_dir))
     start = summary["started_at"]
     end = start + summary["seconds"]
-    log = run_dir / "faults.jsonl"
-    events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    records = run_dir / "stragglers.jsonl"
-    steps = [json.loads(line) for line in records.read_text().splitlines()] if records.exists() else []
+    events, steps = _read_jsonl(run_dir / "faults.jsonl"), _read_jsonl(run_dir / "stragglers.jsonl")
     return {
         "model": cfg.model,
         "pattern": pattern,
@@ -122,6 +119,11 @@ def _run_one(cfg: StragglersConfig, pattern: str, mode: str, run_dir: Path) -> d
         "wait_s": sum(s["wait_s"] for s in steps) / cfg.workers if steps else None,  # per replica
         "mean_capacity_cores": mean_capacity(events, cfg.cores, cfg.workers, start, end),
     }
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A run folder's JSON-lines log (empty if the run wrote none: no faults, or no flexible replicas)."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _ideal(results: list[dict[str, Any]], cfg: StragglersConfig) -> None:

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["Updater"]
+__all__ = ["Updater", "pack_grads", "reduce_dtype", "set_mean_grads"]
 
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
@@ -70,7 +70,7 @@ class Updater:
         self.max_grad_norm, self.clip_whole_model, self.replicas = max_grad_norm, clip_whole_model, replicas
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.samples = 0  # of the update being reduced; 0 after a reduce that found none
-        self.dtype = torch.float64 if any(p.dtype == torch.float64 for p in self.params) else torch.float32
+        self.dtype = reduce_dtype(self.params)
         first = min(bucket_bytes, FIRST_BUCKET_BYTES)
         self.buckets = _buckets(self.params, bucket_bytes, first) if group is not None else []
         self._bucket_of = {id(self.params[i]): b for b, bucket in enumerate(self.buckets) for i in bucket}
@@ -105,12 +105,8 @@ class Updater:
     def _start(self, samples: int) -> None:
         """Start the next bucket's all-reduce (the last bucket carries the sample count)."""
         b = len(self._started)
-        grads = [self.params[i].grad for i in self.buckets[b]]
-        parts = [(g if g is not None else torch.zeros_like(self.params[i])).reshape(-1).to(self.dtype)
-                 for i, g in zip(self.buckets[b], grads, strict=True)]  # fmt: skip
-        if b == len(self.buckets) - 1:
-            parts.append(torch.tensor([float(samples)], dtype=self.dtype, device=self.device))
-        flat = torch.cat(parts)
+        extra = [float(samples)] if b == len(self.buckets) - 1 else []
+        flat = pack_grads([self.params[i] for i in self.buckets[b]], self.dtype, self.device, extra)
         self._started.append((flat, dist.all_reduce(flat, group=self.group, async_op=True)))
 
     def reduce(self, samples: int) -> None:
@@ -129,9 +125,7 @@ class Updater:
         self.samples = int(self._started[-1][0][-1].item())
         for (flat, _), bucket in zip(self._started, self.buckets, strict=True):
             if self.samples:
-                grads = flat[: sum(self.params[i].numel() for i in bucket)].div_(self.samples)
-                for i, g in zip(bucket, grads.split([self.params[i].numel() for i in bucket]), strict=True):
-                    self.params[i].grad = g.view_as(self.params[i]).to(self.params[i].dtype)
+                set_mean_grads([self.params[i] for i in bucket], flat, self.samples)
         self._armed, self._ready, self._started = None, [0] * len(self.buckets), []
 
     def step(self) -> None:
@@ -159,6 +153,35 @@ class Updater:
         coef = torch.clamp(self.max_grad_norm / (sq.sqrt() + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype))
+
+
+def reduce_dtype(params: Sequence[torch.Tensor]) -> torch.dtype:
+    """The dtype gradients are summed in: float64 if any parameter is, else float32."""
+    return torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+
+
+def pack_grads(
+    params: Sequence[torch.Tensor], dtype: torch.dtype, device: torch.device, extra: Sequence[float] = ()
+) -> torch.Tensor:
+    """One flat tensor of the parameters' gradients (zeros where a parameter has none), then ``extra``
+    (counts that ride along in the same all-reduce)."""
+    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(dtype) for p in params]
+    return torch.cat([*parts, torch.tensor(list(extra), dtype=dtype, device=device)])
+
+
+def set_mean_grads(params: Sequence[torch.Tensor], flat: torch.Tensor, samples: float) -> None:
+    """Set each parameter's gradient to its part of ``flat`` (as :func:`pack_grads` laid it out) over ``samples``.
+
+    Example:
+        >>> w = torch.zeros(2, requires_grad=True)
+        >>> w.grad = torch.tensor([2.0, 4.0])
+        >>> flat = pack_grads([w], torch.float32, torch.device("cpu"), [2.0])
+        >>> set_mean_grads([w], flat, flat[-1].item()); w.grad
+        tensor([1., 2.])
+    """
+    grads = flat[: sum(p.numel() for p in params)] / samples
+    for p, g in zip(params, grads.split([p.numel() for p in params]), strict=True):
+        p.grad = g.view_as(p).to(p.dtype)
 
 
 def _buckets(

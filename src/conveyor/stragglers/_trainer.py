@@ -52,6 +52,7 @@ from torch import nn
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.runtime import OptimizerFactory, default_device
 from conveyor.runtime._microbatch import batch_size, split, to_device
+from conveyor.runtime._update import pack_grads, reduce_dtype, set_mean_grads
 from conveyor.stragglers._claims import StepClaims
 
 __all__ = ["FlexibleDataParallel", "StepRecord"]
@@ -75,7 +76,7 @@ class StepRecord:
 
 @dataclass
 class _Pending:
-    buffer: torch.Tensor  # the gradient sums, then the loss sum and the sample count
+    buffer: torch.Tensor  # the gradient sums, then the loss sum and the sample count (pack_grads)
     work: Any  # the all-reduce in flight
 
 
@@ -118,6 +119,7 @@ class FlexibleDataParallel:
         self.module = model.to(self.device)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = optimizer(self.params)
+        self._dtype = reduce_dtype(self.params)
         self.loss_fn, self.chunks, self.slack, self.reassign = loss_fn, chunks, slack, reassign
         self.predict = predict and slack > 0
         self.worker, self.replicas = dist.get_rank(), dist.get_world_size()
@@ -171,7 +173,7 @@ class FlexibleDataParallel:
         claims = StepClaims(self.store, f"conveyor/flexible{self._id}/run{self._runs}/step{self.steps}", self.worker,
                             self.replicas, self.chunks, self.reassign)  # fmt: skip
         master = self._predicted() if self.predict else None
-        loss_sum = torch.zeros((), device=self.device)
+        loss_sum = 0.0
         for p in self.params:
             p.grad = None
         for j, taken in claims:
@@ -181,17 +183,14 @@ class FlexibleDataParallel:
             out = self.module(to_device(x_parts[j], self.device))
             loss = self.loss_fn(out, to_device(y_parts[j], self.device))
             (loss * n).backward()  # a sum over the chunk's samples
-            loss_sum += loss.detach() * n
+            loss_sum += float(loss.detach()) * n
             record.samples, record.chunks = record.samples + n, record.chunks + 1
             record.taken += n if taken else 0
         if master is not None:
             with torch.no_grad():
                 for p, w in zip(self.params, master, strict=True):
                     p.copy_(w)
-        grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=self.device)
-                 for p in self.params]  # fmt: skip
-        totals = torch.stack([loss_sum, torch.tensor(float(record.samples), device=self.device)])
-        buffer = torch.cat([*grads, totals])
+        buffer = pack_grads(self.params, self._dtype, self.device, [loss_sum, float(record.samples)])
         record.compute_s = time.perf_counter() - start
         return _Pending(buffer, dist.all_reduce(buffer, async_op=True))
 
@@ -212,10 +211,7 @@ class FlexibleDataParallel:
         loss_sum, samples = pending.buffer[-2:].tolist()
         losses.append(loss_sum / max(samples, 1.0))
         if samples:
-            offset = 0
-            for p in self.params:
-                p.grad = (pending.buffer[offset : offset + p.numel()] / samples).view_as(p)
-                offset += p.numel()
+            set_mean_grads(self.params, pending.buffer, samples)
             if self.predict:
                 self._previous = [p.detach().clone() for p in self.params]
             self.optimizer.step()
@@ -253,7 +249,6 @@ class FlexibleDataParallel:
         shapes = {k: v.shape for k, v in self.module.state_dict().items()}
         checkpoint.check_compatible(payload["model"], shapes, str(path))
         self.module.load_state_dict(payload["model"])
-        self._previous = None
         if payload.get("optimizer"):
             checkpoint.set_optimizer_state(self.optimizer, self.module, payload["optimizer"])
         self.steps = int(payload.get("steps", 0))
