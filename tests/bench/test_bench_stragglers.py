@@ -1,11 +1,13 @@
-"""``conveyor bench stragglers``: capacity from a fault log, and a small run end to end (root only)."""
+"""``conveyor bench stragglers``: capacity from a fault log, its cases, and a small run end to end (root only)."""
 
 import json
 
 import pytest
 from emulation import needs_root
 
+import conveyor.bench.stragglers as stragglers
 from conveyor.bench.stragglers import StragglersConfig, mean_capacity, run
+from conveyor.runtime import WorkerError
 
 
 def _fault(kind: str, workers: list[int], begin: float, end: float | None, **extra: float) -> list[dict]:
@@ -27,19 +29,63 @@ def test_capacity_counts_each_fault_over_the_window_only() -> None:
     assert mean_capacity([], cores, workers, start, end) == 2.0
 
 
+def test_a_failed_run_is_reported_and_the_others_still_run(monkeypatch, tmp_path) -> None:
+    def fake_run(cfg, case, pattern, mode, folder):  # no processes: the report's arithmetic alone
+        if (case.layout, pattern, mode) == ("4", "slow-worker", "off"):
+            raise WorkerError(1, "RuntimeError", "timed out", "Traceback ...")
+        seconds = {"none": 10.0, "slow-worker": 15.0}[pattern] * (1.2 if mode == "off" else 1.0)
+        capacity = {"none": 1.8, "slow-worker": 1.5}[pattern]
+        return {"model": case.model, "layout": case.layout, "pattern": pattern, "mode": mode, "seconds": seconds,
+                "final_accuracy": 0.9, "samples_moved": 0, "wait_s": None, "mean_capacity_cores": capacity,
+                "workers": case.workers}  # fmt: skip
+
+    monkeypatch.setattr(stragglers, "_run_one", fake_run)
+    cfg = StragglersConfig(cases=("mlp:4",), patterns=("slow-worker", "none"), modes=("flexrr", "off"))
+    report = stragglers.run(cfg, keep=str(tmp_path))
+    error = "worker 1 failed with RuntimeError: timed out"
+    failed = {"model": "mlp", "layout": "4", "pattern": "slow-worker", "mode": "off", "error": error}
+    assert report["failed"] == [failed]
+    slow = report["results"][0]
+    assert slow["ideal_seconds"] == pytest.approx(10.0 * 1.8 / 1.5) and slow["ratio_to_ideal"] == pytest.approx(1.25)
+    assert report["goals"]["off_met"] is False and report["goals"]["off_ratio_to_ideal"] == {}
+
+
+@pytest.mark.parametrize(
+    ("cases", "match"),
+    [
+        (("resnet",), "not model:replicas"),
+        (("resnet:4:x",), "not model:replicas"),
+        (("vgg:1-2",), "replicate the first stage alone"),
+        (("vgg:x",), "not a list of counts"),
+    ],
+)
+def test_bad_cases_say_what_is_wrong(cases: tuple[str, ...], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        StragglersConfig(cases=cases)
+
+
 @needs_root
 @pytest.mark.timeout(300)
 def test_a_small_run_reports_every_pattern_and_mode(tmp_path) -> None:
-    cfg = StragglersConfig(model="mlp", epochs=1, batch_size=64, period=1.0, patterns=("slow-worker", "none"),
-                           modes=("flexrr",))  # fmt: skip
+    cfg = StragglersConfig(cases=("mlp:4", "mlp:2-1:32"), epochs=1, batch_size=64, period=1.0,
+                           patterns=("slow-worker", "none"), modes=("flexrr",))  # fmt: skip
     report = run(cfg, str(tmp_path / "ratios.png"), keep=str(tmp_path / "runs"))
-    assert [(r["pattern"], r["mode"]) for r in report["results"]] == [("slow-worker", "flexrr"), ("none", "flexrr")]
-    slow, calm = report["results"]
+    runs = [(r["layout"], r["pattern"], r["mode"]) for r in report["results"]]
+    assert runs == [(layout, p, "flexrr") for layout in ("4", "2-1") for p in ("slow-worker", "none")]
+    slow, calm, slow_pipe, calm_pipe = report["results"]
     assert calm["mean_capacity_cores"] == pytest.approx(4 * 0.45)
     assert slow["mean_capacity_cores"] == pytest.approx(4 * 0.45 - 0.45 * (1 - 0.333), rel=0.05)  # one always slow
     assert calm["ratio_to_ideal"] == pytest.approx(1.0)  # the fastest no-jitter run is its own ideal
     assert slow["samples_moved"] > 0  # the fast replicas took the slow one's work
-    steps = [json.loads(line) for line in (tmp_path / "runs/slow-worker-flexrr/stragglers.jsonl").open()]
+    steps = [json.loads(line) for line in (tmp_path / "runs/mlp-4-slow-worker-flexrr/stragglers.jsonl").open()]
     assert {s["replica"] for s in steps} == {0, 1, 2, 3} and sum(s["samples"] for s in steps) == 1437  # one epoch
+    # The pipeline: only its replicas are slowed (one of the two at any time), and they share the work.
+    assert slow_pipe["mean_capacity_cores"] == pytest.approx(3 * 0.45 - 0.45 * (1 - 0.333), rel=0.05)
+    assert calm_pipe["ratio_to_ideal"] == pytest.approx(1.0) and slow_pipe["samples_moved"] > 0
+    faults = [json.loads(line) for line in (tmp_path / "runs/mlp-2-1-slow-worker-flexrr/faults.jsonl").open()]
+    assert {w for f in faults if f.get("kind") == "slow" for w in f["workers"]} <= {0, 1}
+    steps = [json.loads(line) for line in (tmp_path / "runs/mlp-2-1-slow-worker-flexrr/stragglers.jsonl").open()]
+    assert sum(s["samples"] for s in steps if s["stage"] == 1) == 1437
     assert (tmp_path / "ratios.png").stat().st_size > 0
     assert set(report["goals"]) >= {"flexrr_met", "off_met", "worst_accuracy_points_below_no_jitter"}
+    assert report["failed"] == []

@@ -126,6 +126,13 @@ def test_rotating_slow_keeps_exactly_one_worker_slow() -> None:
     assert {f.workers[0] for f in faults} == {0, 1, 2, 3}
 
 
+def test_patterns_among_the_first_workers_spare_the_rest() -> None:
+    slow = parse_faults("rotating-slow:factor=0.5,period=1,seed=2,among=2", workers=3, horizon_s=50)
+    pauses = parse_faults("power-law:alpha=1.5,scale=0.1,period=1,seed=2,among=2", workers=3, horizon_s=50)
+    assert {f.workers[0] for f in slow} == {0, 1} and {f.workers[0] for f in pauses} == {0, 1}
+    assert len(pauses) == 2 * 50  # each of the two pauses once a period
+
+
 def test_rotating_slow_with_one_worker_and_until() -> None:
     faults = parse_faults("rotating-slow:factor=0.5,period=10,until=30", workers=1)
     assert [(f.at, f.workers) for f in faults] == [(0.0, (0,)), (10.0, (0,)), (20.0, (0,))]
@@ -157,8 +164,10 @@ def test_power_law_pauses_have_a_power_law_tail() -> None:
     alpha, scale = 1.5, 0.01
     faults = parse_faults(f"power-law:alpha={alpha},scale={scale},period=100,seed=7", workers=10, horizon_s=40_000)
     assert len(faults) == 4000 and all(f.kind == "pause" and f.duration <= 100 for f in faults)
-    # Every period, every worker pauses once from the period's start.
-    assert {f.workers for f in faults if f.at == 300} == {(w,) for w in range(10)}
+    # Every period, every worker pauses once, at a random moment, ending within the period.
+    in_period = [f for f in faults if 300 <= f.at < 400]
+    assert sorted(f.workers for f in in_period) == [(w,) for w in range(10)]
+    assert all(f.at + f.duration <= 400 + 1e-9 for f in in_period) and len({f.at for f in in_period}) == 10
     durations = np.array([f.duration for f in faults])
     assert durations.min() >= scale
     k = 400
@@ -316,6 +325,7 @@ def test_gcp_count_trace_keeps_the_live_count(name: str, peak: int) -> None:
         ("trace:", r"missing the trace file's path"),
         ("rotating-slow:factor=1.5,period=1", r"factor=1.5 must be below 1"),
         ("rotating-slow:factor=0.5", r"missing period="),
+        ("rotating-slow:factor=0.5,period=1,among=9", r"among=9 must be 1 to this job's 8 workers"),
         ("disrupted:server=1,for=3", r"give at=T for one disruption or seed=S"),
         ("disrupted:server=1,at=3,seed=1,for=2", r"give at=T for one disruption or seed=S"),
         ("disrupted:server=1,at=3", r"missing for="),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from models import batches, mlp
 
 from conveyor.runtime import WorkerError, launch
-from conveyor.stragglers import FlexibleDataParallel, StepClaims
+from conveyor.stragglers import FlexiblePipeline, StepClaims
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,7 +64,7 @@ def _killed_mid_claim() -> None:
             os._exit(3)  # dies holding a claimed chunk
         return F.cross_entropy(out, y)
 
-    ddp = FlexibleDataParallel(mlp(), loss, partial(torch.optim.SGD, lr=0.1), chunks=2, slack=1)
+    ddp = FlexiblePipeline(mlp(), loss, partial(torch.optim.SGD, lr=0.1), chunks=2, slack=1)
     ddp.train(batches(n=4, size=12))
 
 

@@ -1,4 +1,5 @@
-"""Flexible data parallelism takes the update of its equations whatever the split, with and without a straggler."""
+"""Flexible data parallelism and pipelines take the update of their equations whatever the split, with and
+without a straggler."""
 
 import time
 from functools import partial
@@ -9,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from models import batches, mlp
 
-from conveyor.runtime import launch
-from conveyor.stragglers import FlexibleDataParallel
+from conveyor.runtime import WorkerError, launch, load_checkpoint
+from conveyor.stragglers import FlexiblePipeline
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,10 +24,10 @@ def _data() -> Batches:
     return [(x[:n], y[:n]) for (x, y), n in zip(batches(n=len(SIZES), size=24), SIZES, strict=True)]
 
 
-def reference(runs: list[Batches], slack: int, predict: bool) -> dict[str, torch.Tensor]:
+def reference(runs: list[Batches], slack: int, predict: bool) -> tuple[dict[str, torch.Tensor], list[float]]:
     """The module docstring's equations in one process: W(t+1) = opt(W(t), g(t - s)), g(t) the batch's mean
     gradient at W~(t) = W(t) + s (W(t) - W(t-1)) from a run's first update on, the last s gradients of a run
-    applied after its last batch."""
+    applied after its last batch. Returns the final weights and the first run's batch losses (at W~(t))."""
     model = mlp()
     params = list(model.parameters())
     opt = SGD(params)
@@ -38,6 +39,7 @@ def reference(runs: list[Batches], slack: int, predict: bool) -> dict[str, torch
         opt.step()
         return before
 
+    losses: list[float] = []
     for data in runs:
         pending, previous = list[list[torch.Tensor]](), None
         for x, y in data:
@@ -45,7 +47,9 @@ def reference(runs: list[Batches], slack: int, predict: bool) -> dict[str, torch
             with torch.no_grad():
                 for p, prev in zip(params, (previous or []) if predict and slack else [], strict=False):
                     p.add_(slack * (p - prev))
-            pending.append(list(torch.autograd.grad(F.cross_entropy(model(x), y), params)))
+            loss = F.cross_entropy(model(x), y)
+            losses.append(float(loss.detach()))
+            pending.append(list(torch.autograd.grad(loss, params)))
             with torch.no_grad():
                 for p, w in zip(params, master, strict=True):
                     p.copy_(w)
@@ -53,52 +57,87 @@ def reference(runs: list[Batches], slack: int, predict: bool) -> dict[str, torch
                 previous = apply(pending.pop(0))
         for grads in pending:
             apply(grads)
-    return {k: v.detach() for k, v in model.named_parameters()}
+    return {k: v.detach() for k, v in model.named_parameters()}, losses[: len(runs[0])]
 
 
-def _train(slack: int, reassign: bool, predict: bool, straggler: int | None) -> dict[str, Any]:
+LAYOUTS = {"dp": (None, [3]), "2-1": ([3, 2], [2, 1]), "2-1-1": ([2, 2, 1], [2, 1, 1])}  # mlp has 5 blocks
+
+
+def _train(layout: str, slack: int, reassign: bool, predict: bool, straggler: int | None, path: str) -> dict[str, Any]:
     torch.set_num_threads(1)
-    loss = F.cross_entropy
-    if straggler is not None and torch.distributed.get_rank() == straggler:
-
-        def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # a slow replica: 30 ms per chunk
-            time.sleep(0.03)
-            return F.cross_entropy(out, y)
-
-    ddp = FlexibleDataParallel(mlp(), loss, SGD, chunks=3, slack=slack, reassign=reassign, predict=predict)
-    losses = ddp.train(_data())
-    ddp.train(_data()[:4])  # a second run (epoch) goes on from the first's weights and optimizer
-    records = ddp.gather_records()
-    return {"params": {k: v.detach().clone() for k, v in ddp.module.named_parameters()}, "losses": losses,
-            "records": records}  # fmt: skip
+    model = mlp()
+    if straggler is not None and torch.distributed.get_rank() == straggler:  # a slow replica: 30 ms per chunk
+        model[0].register_forward_pre_hook(lambda *_: time.sleep(0.03))
+    balance, replicas = LAYOUTS[layout]
+    pipe = FlexiblePipeline(model, F.cross_entropy, SGD, balance, replicas, chunks=3, slack=slack, reassign=reassign,
+                            predict=predict)  # fmt: skip
+    feed = _data() if pipe.is_first or pipe.is_last else None
+    losses = pipe.train(feed)
+    pipe.train(feed[:4] if feed else None)  # a second run (epoch) goes on from the first's weights and optimizer
+    records = pipe.gather_records()
+    pipe.save(path)  # one file of the whole model, whatever the split
+    return {"params": {k: v.detach().clone() for k, v in pipe.module.named_parameters()}, "losses": losses,
+            "records": records, "output": pipe.is_output}  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("slack", "reassign", "predict", "straggler"),
-    [(0, False, True, None), (0, True, True, 1), (1, True, True, 2), (2, False, True, 0), (2, True, False, 1)],
+    ("layout", "slack", "reassign", "predict", "straggler"),
+    [
+        ("dp", 0, False, True, None),
+        ("dp", 0, True, True, 1),
+        ("dp", 1, True, True, 2),
+        ("dp", 2, False, True, 0),
+        ("dp", 2, True, False, 1),
+        ("2-1", 0, True, True, 1),
+        ("2-1", 1, True, True, 0),
+        ("2-1-1", 2, True, True, 1),
+        ("2-1-1", 0, False, True, None),
+    ],
 )
-def test_updates_equal_the_reference(slack: int, reassign: bool, predict: bool, straggler: int | None) -> None:
-    per_rank = launch(_train, slack, reassign, predict, straggler, nprocs=3, timeout_s=150)
-    expected = reference([_data(), _data()[:4]], slack, predict)
-    for rank, out in per_rank.items():  # every replica holds the same weights, those of the equations
-        for name, p in expected.items():
-            torch.testing.assert_close(out["params"][name], p, rtol=1e-5, atol=1e-6, msg=f"replica {rank} {name}")
-    records = per_rank[0]["records"]
-    assert len(records) == 3 * (len(SIZES) + 4)
-    for step, n in enumerate(SIZES + SIZES[:4]):  # every sample ran exactly once
-        assert sum(r["samples"] for r in records if r["step"] == step) == n
+def test_updates_equal_the_reference(
+    layout: str, slack: int, reassign: bool, predict: bool, straggler: int | None, tmp_path
+) -> None:
+    replicas, path = LAYOUTS[layout][1], str(tmp_path / "model.pt")
+    per_rank = launch(_train, layout, slack, reassign, predict, straggler, path, nprocs=sum(replicas), timeout_s=150)
+    expected, expected_losses = reference([_data(), _data()[:4]], slack, predict)
+    saved = load_checkpoint(path)["model"]
+    assert saved.keys() == mlp().state_dict().keys()
+    for name, p in expected.items():
+        torch.testing.assert_close(saved[name], p, rtol=1e-5, atol=1e-6, msg=f"checkpoint {name}")
+    for rank, out in per_rank.items():  # every worker holds its stage's weights of the equations
+        assert out["params"], f"worker {rank} holds no parameters"
+        for name, p in out["params"].items():
+            torch.testing.assert_close(p, expected[name], rtol=1e-5, atol=1e-6, msg=f"worker {rank} {name}")
+    output = next(out for out in per_rank.values() if out["output"])
+    records, steps = output["records"], SIZES + SIZES[:4]
+    assert len(records) == sum(replicas) * len(steps)
+    for stage in range(len(replicas)):
+        for step, n in enumerate(steps):  # every sample ran exactly once on each stage
+            assert sum(r["samples"] for r in records if r["step"] == step and r["stage"] == stage) == n
     taken = sum(r["taken"] for r in records)
     assert (taken > 0) == reassign  # the fast replicas took the straggler's chunks only where allowed
     if straggler is not None and reassign:
-        assert sum(r["samples"] for r in records if r["replica"] == straggler) < sum(SIZES + SIZES[:4]) / 3
-    losses = per_rank[0]["losses"]
-    assert losses is not None and len(losses) == len(SIZES) and per_rank[1]["losses"] is None
+        slow = sum(r["samples"] for r in records if r["stage"] == 0 and r["replica"] == straggler)
+        assert slow < sum(steps) / replicas[0]
+    losses = output["losses"]
+    assert losses is not None and len(losses) == len(SIZES)
+    assert all(out["losses"] is None for out in per_rank.values() if not out["output"])
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected_losses), rtol=1e-5, atol=1e-6)
+
+
+def test_only_the_first_stage_may_be_replicated() -> None:
+    with pytest.raises(WorkerError, match="only the first stage may be replicated here, got 1-2"):
+        launch(_only_first, nprocs=3, timeout_s=60)
+
+
+def _only_first() -> None:
+    FlexiblePipeline(mlp(), F.cross_entropy, SGD, [3, 2], [1, 2])
 
 
 def _slack_lets_replicas_run_ahead(slack: int) -> float:
     """The fastest replica's time to its last step's compute, with replica 2 pausing 0.3 s at step 2."""
     torch.set_num_threads(1)
-    ddp = FlexibleDataParallel(mlp(), F.cross_entropy, SGD, chunks=1, slack=slack, reassign=False)
+    ddp = FlexiblePipeline(mlp(), F.cross_entropy, SGD, chunks=1, slack=slack, reassign=False)
     start, reached = time.perf_counter(), 0.0
 
     def on_step(step: int) -> None:

@@ -47,15 +47,15 @@ def add_parser(sub: Any) -> None:
     tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
 
     stragglers = which.add_parser("stragglers", help="FlexRR's modes under injected stragglers, against the ideal")
-    stragglers.add_argument("--model", default="resnet")
-    stragglers.add_argument("--workers", type=positive, default=4)
+    stragglers.add_argument("--cases", type=names, default=("resnet:4", "vgg:2-1:64"),
+                            help="model:replicas per stage[:batch size], e.g. resnet:4,vgg:2-1:64")  # fmt: skip
     stragglers.add_argument("--cores", type=float, default=0.45, help="each worker's device, in CPU cores")
     stragglers.add_argument("--network", default="2:1.25e9,2:1.25e8", help="the emulated topology")
-    stragglers.add_argument("--epochs", type=positive, default=6)
-    stragglers.add_argument("--batch-size", type=positive, default=128)
-    stragglers.add_argument("--chunks", type=positive, default=4, help="chunks each replica owns per batch")
-    stragglers.add_argument("--slack", type=positive, default=1)
-    stragglers.add_argument("--period", type=float, default=2.0, help="seconds between the patterns' events")
+    stragglers.add_argument("--epochs", type=positive, default=20)
+    stragglers.add_argument("--batch-size", type=positive, default=256, help="where a case gives none")
+    stragglers.add_argument("--chunks", type=positive, default=2, help="chunks each replica owns per batch")
+    stragglers.add_argument("--slack", type=positive, default=2)
+    stragglers.add_argument("--period", type=float, default=1.0, help="seconds between the patterns' events")
     stragglers.add_argument("--seed", type=int, default=0, help="the patterns', the weights' and the data's seed")
     stragglers.add_argument("--patterns", type=names, default=None, help="e.g. slow-worker,none (default: all)")
     stragglers.add_argument("--modes", type=names, default=None, help="e.g. off,flexrr (default: all)")
@@ -211,18 +211,20 @@ def _stragglers(args: argparse.Namespace) -> None:
     given = {"patterns": args.patterns or tuple(PATTERNS), "modes": args.modes or MODES}
     cfg = config(StragglersConfig, argparse.Namespace(**{**vars(args), **given}))
     report = run(cfg, str(args.plot) if args.plot else None, str(args.keep) if args.keep else None)
-    table = Table("pattern", "mode", "seconds", "ideal s", "ratio", "final acc", "samples moved", "wait s",
-                  title=f"{cfg.model}: {cfg.epochs} epochs on {cfg.workers} data-parallel workers")  # fmt: skip
+    table = Table("case", "pattern", "mode", "seconds", "ideal s", "ratio", "final acc", "samples moved", "wait s",
+                  title=f"{cfg.epochs} epochs, each worker {cfg.cores:g} cores")  # fmt: skip
     for r in report["results"]:
         wait = "-" if r["wait_s"] is None else f"{r['wait_s']:.1f}"
         table.add_row(
-            r["pattern"], r["mode"], f"{r['seconds']:.1f}", f"{r['ideal_seconds']:.1f}", f"{r['ratio_to_ideal']:.2f}",
-            f"{r['final_accuracy']:.3f}", str(r["samples_moved"]), wait,
+            f"{r['model']}:{r['layout']}", r["pattern"], r["mode"], f"{r['seconds']:.1f}", f"{r['ideal_seconds']:.1f}",
+            f"{r['ratio_to_ideal']:.2f}", f"{r['final_accuracy']:.3f}", str(r["samples_moved"]), wait,
         )  # fmt: skip
     console.print(table)
+    for f in report["failed"]:
+        console.print(f"[red]failed[/red] {f['model']}:{f['layout']} {f['pattern']} {f['mode']}: {f['error']}")
     goals, targets = report["goals"], report["goals"]["targets"]
     console.print(
-        f"flexrr within {targets['flexrr_ratio_to_ideal']}x of ideal on every pattern: {goals['flexrr_met']}; "
+        f"flexrr within {targets['flexrr_ratio_to_ideal']}x of ideal on every case and pattern: {goals['flexrr_met']}; "
         f"off at least {targets['off_ratio_to_ideal_at_least']}x: {goals['off_met']}"
     )
     if args.plot:

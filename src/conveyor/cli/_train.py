@@ -52,11 +52,11 @@ def add_parser(sub: Any) -> None:
     )
     train.add_argument(
         "--stragglers", choices=["flexrr", "slack", "reassign", "off"], default="off",
-        help="data-parallel layouts: take slow replicas' work (reassign), let replicas run --slack steps ahead "
-        "(slack), both (flexrr), or neither (off)",
+        help="layouts whose first stage alone is replicated (data parallelism, 2-1): take slow replicas' work "
+        "(reassign), let replicas run --slack steps ahead (slack), both (flexrr), or neither (off)",
     )  # fmt: skip
     train.add_argument("--slack", type=int, default=1, help="steps a replica may run ahead of the slowest")
-    train.add_argument("--chunks", type=positive, default=4, help="chunks each replica owns per batch (reassignment)")
+    train.add_argument("--chunks", type=positive, default=2, help="chunks each replica owns per batch (reassignment)")
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
     add_emulation(train)
 

@@ -33,9 +33,9 @@ _KEYS: dict[str, tuple[str, str]] = {
     "revoke": ("at worker server grace", "revoke:server=1,at=10,grace=30"),
     "add": ("at worker server", "add:worker=3,at=60"),
     "link-down": ("at for server", "link-down:server=0,at=5,for=2"),
-    "rotating-slow": ("factor period seed cores at until", "rotating-slow:factor=0.5,period=10,seed=1"),
-    "disrupted": ("server worker at for seed period until", "disrupted:server=1,at=5,for=20"),
-    "power-law": ("alpha scale period seed at until", "power-law:alpha=1.5,scale=0.1,period=10,seed=1"),
+    "rotating-slow": ("factor period seed cores among at until", "rotating-slow:factor=0.5,period=10,seed=1"),
+    "disrupted": ("server worker at for seed period among until", "disrupted:server=1,at=5,for=20"),
+    "power-law": ("alpha scale period seed among at until", "power-law:alpha=1.5,scale=0.1,period=10,seed=1"),
     "random-revoke": ("rate grace seed server at until", "random-revoke:rate=0.01,grace=30,seed=1"),
     "trace": (
         "time-scale offset machines grace",
@@ -252,6 +252,13 @@ class _Item:
             return (self.whole("worker", below=self.n),)
         return self.ranks(self.whole("server", below=self.servers))
 
+    def pool(self) -> int:
+        """How many workers a pattern draws from: the first ``among=K`` (default all of them)."""
+        k = self.whole("among", self.n)
+        if not 1 <= k <= self.n:
+            raise self.fail(f"among={k} must be 1 to this job's {self.n} workers")
+        return k
+
     def span(self) -> tuple[float, float]:
         """Where a pattern generates events: from ``at`` (default 0) to ``until`` (default the horizon)."""
         return self.num("at", 0.0), self.num("until", self.horizon)
@@ -275,20 +282,21 @@ class _Item:
         """FlexRR's slow-worker pattern: each period one worker, never the previous one, runs at ``factor`` speed.
 
         ``cores=`` is the worker's normal CPU cores (default 1), so the slowed one keeps ``factor * cores``.
-        Each event lasts exactly one period: at any time exactly one worker is slow.
+        Each event lasts exactly one period: at any time exactly one worker is slow. ``among=K`` draws from the
+        first ``K`` workers only (a pipeline's replicated first stage).
         """
         self.parse(rest)
         factor, period = self.num("factor", positive=True), self.num("period", positive=True)
         if factor >= 1:
             raise self.fail(f"factor={factor} must be below 1 (the slowed worker's fraction of its speed)")
-        cores, (t, until) = self.num("cores", 1.0, positive=True), self.span()
+        cores, (t, until), n = self.num("cores", 1.0, positive=True), self.span(), self.pool()
         rng, out, prev = np.random.default_rng(self.whole("seed", 0)), list[Fault](), -1
         while t < until:
-            if prev < 0 or self.n == 1:
-                prev = int(rng.integers(self.n))
+            if prev < 0 or n == 1:
+                prev = int(rng.integers(n))
             else:
                 # Draw among the other n-1 workers, skipping over the previous one: each other equally likely.
-                w = int(rng.integers(self.n - 1))
+                w = int(rng.integers(n - 1))
                 prev = w + 1 if w >= prev else w
             out.append(self.make(t, "slow", (prev,), duration=period, cores=factor * cores))
             t += period
@@ -298,7 +306,8 @@ class _Item:
         """FlexRR's disrupted-machine pattern: a competing CPU load beside every worker of a server for ``for`` s.
 
         ``at=``: one disruption of ``server=`` (or ``worker=``). ``seed=`` and ``period=`` instead: one per period
-        at a random moment within it (so none overlap), on a random server unless ``server=``/``worker=`` is given.
+        at a random moment within it (so none overlap), on a random server unless ``server=``/``worker=`` is given
+        (``among=K``: a server of the first ``K`` workers).
         """
         self.parse(rest)
         duration = self.num("for", positive=True)
@@ -311,7 +320,7 @@ class _Item:
         rng, out = np.random.default_rng(self.whole("seed")), list[Fault]()
         while t < until:
             start = t + rng.uniform(0.0, max(period - duration, 0.0))
-            ranks = fixed or self.ranks(int(rng.integers(self.servers)))
+            ranks = fixed or self.ranks(int(rng.integers(-(-self.pool() // self.per_server))))
             out += [self.make(start, "load", ranks, duration=duration)] if start < until else []
             t += period
         return out
@@ -319,10 +328,11 @@ class _Item:
     def power_law(self, rest: str) -> list[Fault]:
         """FlexRR's power-law pattern, as pauses with power-law (Pareto) durations.
 
-        Every period each worker pauses, independently, from the period's start for ``scale * (L + 1)`` seconds,
-        ``L`` a Lomax(``alpha``) draw, i.e. a Pareto duration with minimum ``scale`` and tail
-        ``P(D > x) = (scale / x) ** alpha``; capped at the period so a worker's pauses never overlap. (The
-        paper's own definition of this pattern could not be retrieved; this is the stated fallback.)
+        Every period each worker pauses, independently, for ``scale * (L + 1)`` seconds, ``L`` a Lomax(``alpha``)
+        draw, i.e. a Pareto duration with minimum ``scale`` and tail ``P(D > x) = (scale / x) ** alpha``, capped
+        at the period, from a uniformly random moment of the period such that the pause ends within it (so a
+        worker's pauses never overlap, and the workers' are not aligned). (The paper's own definition of this
+        pattern could not be retrieved; this is the stated fallback.) ``among=K``: only the first ``K`` workers.
         """
         self.parse(rest)
         alpha, scale = self.num("alpha", positive=True), self.num("scale", positive=True)
@@ -331,8 +341,10 @@ class _Item:
             raise self.fail(f"scale={scale} must be below period={period} (pauses are capped at the period)")
         rng, out = np.random.default_rng(self.whole("seed", 0)), list[Fault]()
         while t < until:
-            for w, draw in enumerate(rng.pareto(alpha, self.n)):
-                out.append(self.make(t, "pause", (w,), duration=min(scale * (float(draw) + 1.0), period)))
+            for w, draw in enumerate(rng.pareto(alpha, self.pool())):
+                duration = min(scale * (float(draw) + 1.0), period)
+                start = t + float(rng.uniform(0.0, period - duration))
+                out.append(self.make(start, "pause", (w,), duration=duration))
             t += period
         return out
 

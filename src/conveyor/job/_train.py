@@ -35,7 +35,7 @@ from conveyor.job._report import plot_accuracy
 from conveyor.plan import read_plan_file
 from conveyor.runtime import OptimizerFactory, Pipeline
 from conveyor.schedule import parse_replicas
-from conveyor.stragglers import FlexibleDataParallel, mode_settings
+from conveyor.stragglers import FlexiblePipeline, mode_settings
 
 __all__ = ["TrainConfig", "closing_notes", "explicit_workers", "model_and_data", "train"]
 
@@ -78,7 +78,7 @@ class TrainConfig:
     faults: str | None = None  # faults to apply on the emulated cluster
     stragglers: str = "off"  # data-parallel layouts: flexrr, slack, reassign or off (conveyor.stragglers)
     slack: int = 1  # steps a replica may run ahead of the slowest (--stragglers flexrr or slack)
-    chunks: int = 4  # chunks each replica owns per batch: the reassignment granularity
+    chunks: int = 2  # chunks each replica owns per batch: the reassignment granularity (bench stragglers)
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches) < 1:
@@ -200,7 +200,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             losses = pipe.train(batches, lambda _: bar.advance(task))
             train_seconds += time.perf_counter() - began
             traffic.stop()
-            if isinstance(pipe, FlexibleDataParallel) and (records := pipe.gather_records()) is not None:
+            if isinstance(pipe, FlexiblePipeline) and (records := pipe.gather_records()) is not None:
                 with (folder / "stragglers.jsonl").open("a") as f:
                     f.writelines(json.dumps({"epoch": epoch + 1, **r}) + "\n" for r in records)
             logits = pipe.evaluate(data.test_x if pipe.worker == 0 else None)
@@ -228,14 +228,18 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
 def _trainer(
     cfg: TrainConfig, model: nn.Sequential, layout: Layout, loss_fn: Callable[[Any, Any], torch.Tensor],
     make_optimizer: OptimizerFactory,
-) -> Pipeline | FlexibleDataParallel:  # fmt: skip
-    """A pipeline for ``layout``, or for a data-parallel one with ``--stragglers`` on, flexible data parallelism."""
+) -> Pipeline | FlexiblePipeline:  # fmt: skip
+    """A pipeline for ``layout``; with ``--stragglers`` on and the first stage replicated (data parallelism
+    is one stage), a flexible one whose replicas share each batch's chunks."""
     slack, reassign = mode_settings(cfg.stragglers, cfg.slack)
-    if cfg.stragglers != "off" and len(layout.balance) == 1 and layout.replicas[0] > 1:
-        return FlexibleDataParallel(model, loss_fn, make_optimizer, cfg.chunks, slack, reassign, cfg.stale_correction)
+    flexible = layout.replicas[0] > 1 and max(layout.replicas[1:], default=1) == 1
+    if cfg.stragglers != "off" and flexible:
+        return FlexiblePipeline(model, loss_fn, make_optimizer, layout.balance, layout.replicas, cfg.chunks, slack,
+                                reassign, cfg.stale_correction)  # fmt: skip
     if cfg.stragglers != "off" and dist.get_rank() == 0:
-        Console().print(f"--stragglers {cfg.stragglers} applies to data-parallel layouts; this one is "
-                        f"{'-'.join(map(str, layout.replicas))}: it runs as planned, synchronously")  # fmt: skip
+        layout_text = "-".join(map(str, layout.replicas))
+        Console().print(f"--stragglers {cfg.stragglers} applies to layouts whose first stage alone is replicated; "
+                        f"this one is {layout_text}: it runs as planned, synchronously")  # fmt: skip
     return Pipeline(
         model, layout.balance, layout.microbatches, loss_fn, make_optimizer, layout.schedule, layout.replicas,
         recompute=layout.recompute, correct_staleness=cfg.stale_correction,

@@ -18,14 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 __all__ = [
     "CheckpointError",
     "check_compatible",
     "load",
+    "load_stage",
     "named_optimizer_state",
     "save",
+    "save_stages",
     "set_optimizer_state",
 ]
 
@@ -133,3 +136,50 @@ def set_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module, nam
     groups = [{**g, **hyper, "params": g["params"]} for g in sd["param_groups"]]
     state = {i: named["state"][n] for i, n in enumerate(names) if n in named["state"]}
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def save_stages(
+    path: str | os.PathLike[str], module: nn.Module, optimizer: torch.optim.Optimizer | None, writes: bool, steps: int
+) -> None:
+    """Write one checkpoint of a model split over workers (every worker calls it; worker 0 writes).
+
+    Each worker passes its stage's ``module`` and ``optimizer``; ``writes`` is true on exactly one worker of
+    each stage (its first replica), whose part goes into the file. Returns once the file is complete.
+    """
+    state = None
+    if writes:
+        cpu = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+        state = (cpu, None if optimizer is None else named_optimizer_state(optimizer, module))
+    worker0 = dist.get_rank() == 0
+    parts: list[Any] = [None] * dist.get_world_size() if worker0 else []
+    dist.gather_object(state, parts if worker0 else None, dst=0)
+    if worker0:
+        states = [p for p in parts if p is not None]
+        model = {k: v for weights, _ in states for k, v in weights.items()}
+        opts = [o for _, o in states if o is not None]
+        optim = {
+            "state": {k: v for o in opts for k, v in o["state"].items()},
+            "param_groups": opts[0]["param_groups"] if opts else [],
+        }
+        save(path, model, optimizer=optim, steps=steps)
+    dist.barrier()  # the file is complete for everyone once this returns
+
+
+def load_stage(
+    path: str | os.PathLike[str],
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_shapes: Mapping[str, torch.Size],
+) -> int:
+    """Load a stage's part of a checkpoint of the whole model (any split, or a plain model) into ``module``
+    and ``optimizer``; return the checkpoint's step count.
+
+    Raises:
+        CheckpointError: the file is unreadable, or its model is not the one ``model_shapes`` describes.
+    """
+    payload = load(path)
+    check_compatible(payload["model"], model_shapes, str(path))
+    module.load_state_dict({k: payload["model"][k] for k in module.state_dict()})
+    if optimizer is not None and payload.get("optimizer"):
+        set_optimizer_state(optimizer, module, payload["optimizer"])
+    return int(payload.get("steps", 0))

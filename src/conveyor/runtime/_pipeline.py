@@ -30,7 +30,7 @@ from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
 from conveyor.runtime._launch import default_device
 from conveyor.runtime._microbatch import batch_size, split
-from conveyor.runtime._stage import Blocks, as_blocks, build_stage, stage_ranges
+from conveyor.runtime._stage import Blocks, StagePosition, as_blocks, build_stage, stage_ranges
 from conveyor.runtime._transport import P2P
 from conveyor.runtime._update import BUCKET_BYTES, Updater
 from conveyor.runtime._versions import WeightVersions
@@ -63,7 +63,7 @@ def _store() -> dist.Store:
     return dist.distributed_c10d._get_default_store()
 
 
-class Pipeline:
+class Pipeline(StagePosition):
     """A model split into stages over the workers of the default process group.
 
     Every worker constructs the same full model and the same ``Pipeline``; each keeps only its stage.
@@ -188,16 +188,6 @@ class Pipeline:
     @property
     def schedule_name(self) -> str:
         return self.kind.name
-
-    @property
-    def is_first(self) -> bool:
-        """Whether this worker runs the first stage (and so reads the inputs)."""
-        return self.stage == 0
-
-    @property
-    def is_last(self) -> bool:
-        """Whether this worker runs the last stage (and so reads the targets)."""
-        return self.stage == self.num_stages - 1
 
     @property
     def is_output(self) -> bool:
@@ -347,23 +337,7 @@ class Pipeline:
         have then seen the same batches, and replicas of a stage hold equal weights.
         """
         first_replica = self.worker == self._workers_of(self.stage)[0]
-        state = None
-        if first_replica:
-            cpu = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
-            opt = None if self.optimizer is None else checkpoint.named_optimizer_state(self.optimizer, self.module)
-            state = (cpu, opt)
-        parts: list[Any] = [None] * len(self.worker_stage) if self.worker == 0 else []
-        dist.gather_object(state, parts if self.worker == 0 else None, dst=0)
-        if self.worker == 0:
-            states = [p for p in parts if p is not None]
-            model = {k: v for weights, _ in states for k, v in weights.items()}
-            opts = [o for _, o in states if o is not None]
-            optim = {
-                "state": {k: v for o in opts for k, v in o["state"].items()},
-                "param_groups": opts[0]["param_groups"] if opts else [],
-            }
-            checkpoint.save(path, model, optimizer=optim, steps=self.steps)
-        dist.barrier()  # the file is complete for everyone once save returns
+        checkpoint.save_stages(path, self.module, self.optimizer, first_replica, self.steps)
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint saved by any pipeline (any stage count) of this model, or from a plain model.
@@ -371,13 +345,7 @@ class Pipeline:
         Raises:
             CheckpointError: the file is unreadable or belongs to another model.
         """
-        payload = checkpoint.load(path)
-        checkpoint.check_compatible(payload["model"], self._model_shapes, str(path))
-        mine = self.module.state_dict().keys()
-        self.module.load_state_dict({k: payload["model"][k] for k in mine})
-        if self.optimizer is not None and payload.get("optimizer"):
-            checkpoint.set_optimizer_state(self.optimizer, self.module, payload["optimizer"])
-        self.steps = int(payload.get("steps", 0))
+        self.steps = checkpoint.load_stage(path, self.module, self.optimizer, self._model_shapes)
 
 
 class _Parts:

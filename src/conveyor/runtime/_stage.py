@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-__all__ = ["Blocks", "as_blocks", "build_stage", "even_balance", "stage_ranges"]
+__all__ = ["Blocks", "StagePosition", "as_blocks", "build_stage", "even_balance", "stage_ranges"]
 
 Blocks = nn.Sequential | Sequence[nn.Module]
 
@@ -87,3 +87,20 @@ def build_stage(model: Blocks, block_range: tuple[int, int]) -> nn.Sequential:
     """The blocks ``[start, stop)`` of ``model`` as an ``nn.Sequential`` under their original names."""
     start, stop = block_range
     return nn.Sequential(OrderedDict(as_blocks(model)[start:stop]))
+
+
+class StagePosition:
+    """Where a worker's stage sits in its pipeline: ``stage`` of ``num_stages`` (set by the subclass)."""
+
+    stage: int
+    num_stages: int
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this worker runs the first stage (and so reads the inputs)."""
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this worker runs the last stage (and so reads the targets)."""
+        return self.stage == self.num_stages - 1

@@ -1,7 +1,15 @@
-"""Stragglers (FlexRR): data parallelism with rapid reassignment of work and bounded staleness (slack)."""
+"""Stragglers (FlexRR): replicas that reassign work from slow peers and tolerate bounded staleness (slack)."""
 
 from conveyor.stragglers._claims import StepClaims
 from conveyor.stragglers._modes import MODES, mode_settings
-from conveyor.stragglers._trainer import FlexibleDataParallel, StepRecord
+from conveyor.stragglers._route import Router
+from conveyor.stragglers._trainer import FlexiblePipeline, StepRecord
 
-__all__ = ["MODES", "FlexibleDataParallel", "StepClaims", "StepRecord", "mode_settings"]
+__all__ = [
+    "MODES",
+    "FlexiblePipeline",
+    "Router",
+    "StepClaims",
+    "StepRecord",
+    "mode_settings",
+]

@@ -1,16 +1,20 @@
-"""Data parallelism that tolerates stragglers: rapid reassignment of chunks and bounded staleness (slack).
+"""Training that tolerates stragglers among replicas: rapid reassignment of chunks and bounded staleness.
 
-Every replica holds the whole model and reads every batch. A batch is cut into ``replicas x chunks``
-chunks, claimed through the c10d store (:mod:`conveyor.stragglers._claims`): each replica runs its own
-share, and with reassignment a replica out of work takes the unstarted tail of the slowest peer's. Each
-replica sums its chunks' per-sample gradients; one all-reduce of the sums and the sample count gives the
-batch's mean gradient whatever the split:
+Data parallelism, or a pipeline whose first stage is replicated (``2-1``, ``3-1-1``; data parallelism is
+one stage). The first stage's replicas read every batch. A batch is cut into ``replicas x chunks`` chunks,
+claimed through the c10d store (:mod:`conveyor.stragglers._claims`): each replica runs its own share, and
+with reassignment a replica out of work takes the unstarted tail of the slowest peer's. In a pipeline a
+replica sends each chunk's activations on as soon as it has them, announced through the store
+(:mod:`conveyor.stragglers._route`), so the next stage takes chunks in the order they come, from whichever
+replica ran them, and returns each gradient to that replica (at most ``stages - s`` chunks are in flight
+from stage ``s``). Every worker sums its chunks' per-sample gradients; an all-reduce among the replicas of
+the sums and the sample count gives the batch's mean gradient whatever the split:
 
     g(t) = (sum over replicas r, chunks c claimed by r: n_c grad l_c(W~(t))) / (sum of n_c) = grad L_t(W~(t))
 
 where ``l_c`` is chunk ``c``'s mean loss over its ``n_c`` samples and ``L_t`` the batch's mean loss (for a
-model whose samples do not interact: BatchNorm's batch statistics depend on the chunks, as on microbatches,
-and each replica keeps its own running statistics; replica 0's evaluate and are saved).
+model whose samples do not interact: BatchNorm's batch statistics depend on the chunks, as on
+microbatches; its running statistics are averaged over the replicas before an evaluation or a save).
 
 **Slack** ``s`` (bounded staleness): the all-reduce of step ``t`` is started without waiting, and step ``t``
 applies the averaged gradient of step ``t - s``:
@@ -31,8 +35,8 @@ where ``W(t - 1)`` is the weights one step earlier in the same run: until a run'
 ``s`` steps, whose gradients are applied with fewer than ``s`` updates between) there is nothing to
 extrapolate.
 
-Each step, each replica records the samples it ran, those it took from peers, its compute time and
-the time it waited for the all-reduce (:attr:`FlexibleDataParallel.records`).
+Each step, each worker records the samples it ran, those it took from peers, its compute time and
+the time it waited for the all-reduce (:attr:`FlexiblePipeline.records`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import itertools
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,62 +54,78 @@ import torch.distributed as dist
 from torch import nn
 
 import conveyor.runtime._checkpoint as checkpoint
-from conveyor.runtime import OptimizerFactory, default_device
+from conveyor.runtime import OptimizerFactory, WorldSizeError, as_blocks, default_device
 from conveyor.runtime._microbatch import batch_size, split, to_device
+from conveyor.runtime._stage import StagePosition, build_stage, stage_ranges
 from conveyor.runtime._update import pack_grads, reduce_dtype, set_mean_grads
+from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._claims import StepClaims
+from conveyor.stragglers._route import END, Arrival, Router
 
-__all__ = ["FlexibleDataParallel", "StepRecord"]
+__all__ = ["FlexiblePipeline", "StepRecord"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
-_INSTANCES = itertools.count()  # every replica builds its trainers in the same order, so their keys agree
+_INSTANCES = itertools.count()  # every worker builds its trainers in the same order, so their keys agree
 
 
 @dataclass
 class StepRecord:
-    """What one replica did in one step (a line of the run folder's ``stragglers.jsonl``)."""
+    """What one worker did in one step (a line of the run folder's ``stragglers.jsonl``)."""
 
     step: int  # batches trained on before this one, over all runs
-    replica: int
-    samples: int  # samples this replica ran
+    stage: int
+    replica: int  # within its stage
+    samples: int  # samples this worker ran
     chunks: int  # chunks it ran
     taken: int  # of its samples, those taken from a peer's share
-    compute_s: float  # forward and backward time
+    compute_s: float  # forward and backward time (with a later stage's, what it waited for in between)
     wait_s: float  # time blocked on the all-reduce the update needed (slack 0: this step's)
 
 
 @dataclass
 class _Pending:
     buffer: torch.Tensor  # the gradient sums, then the loss sum and the sample count (pack_grads)
-    work: Any  # the all-reduce in flight
+    work: Any  # the all-reduce in flight (None on an unreplicated stage)
 
 
-class FlexibleDataParallel:
-    """Train ``model`` data-parallel over the default process group, tolerating stragglers.
+class FlexiblePipeline(StagePosition):
+    """Train ``model`` over the default process group, its first stage's replicas tolerating stragglers.
 
     Args:
-        model: the whole model (every replica builds it identically).
+        model: the whole model (every worker builds it identically), an ``nn.Sequential`` or list of blocks.
         loss_fn: ``loss_fn(output, target) -> scalar``, the mean over a chunk's samples.
         optimizer: builds the optimizer from the parameters, e.g. ``partial(torch.optim.SGD, lr=0.1)``.
+        balance: blocks per stage (default: one stage, data parallelism).
+        replicas: workers per stage; only the first stage may have more than one (default: every worker
+            replicates one stage).
         chunks: chunks each replica owns per batch (the reassignment granularity).
         slack: ``s``, how many steps a replica may run ahead of the slowest (0: synchronous).
         reassign: let replicas take chunks from slow peers (``False``: a fixed split).
         predict: take gradients at the weights predicted ``slack`` updates ahead (see above).
         device: this worker's device; default ``cuda:LOCAL_RANK`` with CUDA, else CPU.
 
-    Example (on every worker of ``conveyor.launch(main, nprocs=4)``)::
+    Example (on every worker of ``conveyor.launch(main, nprocs=4)``: data parallelism)::
 
-        ddp = FlexibleDataParallel(model, F.cross_entropy, partial(torch.optim.SGD, lr=0.1), chunks=4, slack=1)
+        ddp = FlexiblePipeline(model, F.cross_entropy, partial(torch.optim.SGD, lr=0.1), chunks=2, slack=1)
         for epoch in range(10):
             losses = ddp.train(loader)       # every replica reads every batch, in the same order
+
+    Or of ``conveyor.launch(main, nprocs=3)``, workers 0 and 1 replicating stage 0::
+
+        pipe = FlexiblePipeline(model, F.cross_entropy, partial(torch.optim.SGD, lr=0.1), balance=[4, 2],
+                                replicas=[2, 1], chunks=2, slack=1)
+        for epoch in range(10):
+            losses = pipe.train(loader)      # stage 0's replicas read the inputs, the last stage the targets
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Sequential | Sequence[nn.Module],
         loss_fn: LossFn,
         optimizer: OptimizerFactory,
-        chunks: int = 4,
+        balance: Sequence[int] | None = None,
+        replicas: Sequence[int] | None = None,
+        chunks: int = 2,
         slack: int = 0,
         reassign: bool = True,
         predict: bool = True,
@@ -115,45 +135,70 @@ class FlexibleDataParallel:
             raise RuntimeError("torch.distributed is not initialised: run under conveyor.launch or torchrun")
         if chunks < 1 or slack < 0:
             raise ValueError(f"chunks must be at least 1 and slack at least 0, got chunks={chunks}, slack={slack}")
+        blocks = as_blocks(model)
+        ranges = stage_ranges(balance if balance is not None else [len(blocks)], len(blocks))
+        world = dist.get_world_size()
+        counts = check_replicas(len(ranges), replicas if replicas is not None or len(ranges) > 1 else [world])
+        layout = "-".join(map(str, counts))
+        if max(counts[1:], default=1) > 1:
+            raise ValueError(f"only the first stage may be replicated here, got {layout}: put the replicas on "
+                             "stage 0 (e.g. 2-1), or run the layout with --stragglers off")  # fmt: skip
+        if sum(counts) != world:
+            raise WorldSizeError(f"replicas {layout} need {sum(counts)} workers but {world} were started: start "
+                                 f"{sum(counts)} or change the replicas")  # fmt: skip
+        self.worker = dist.get_rank()
+        self.stage = 0 if self.worker < counts[0] else self.worker - counts[0] + 1
+        self.num_stages, self.replicas = len(ranges), counts[0]
         self.device = torch.device(device) if device is not None else default_device()
-        self.module = model.to(self.device)
+        self._model_shapes = {f"{n}.{k}": v.shape for n, b in blocks for k, v in b.state_dict().items()}
+        self.module = build_stage(model, ranges[self.stage]).to(self.device)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = optimizer(self.params)
+        self.optimizer = optimizer(self.params) if self.params else None
         self._dtype = reduce_dtype(self.params)
         self.loss_fn, self.chunks, self.slack, self.reassign = loss_fn, chunks, slack, reassign
         self.predict = predict and slack > 0
-        self.worker, self.replicas = dist.get_rank(), dist.get_world_size()
         self.store = dist.distributed_c10d._get_default_store()
+        self.router = Router(self.store, self.device)
+        self._first_stage = stage_workers(counts)[0]
+        # Every worker creates every group, as torch.distributed requires; data parallelism uses the world's.
+        group = dist.new_group(self._first_stage) if self.num_stages > 1 and self.replicas > 1 else None
+        self._group = group if self.stage == 0 and self.replicas > 1 else None
+        self._next = self.replicas + self.stage  # the rank of the next stage's worker
+        self._output = 0 if self.num_stages == 1 else world - 1  # the last stage's first worker
+        self._first_arrival: Arrival | None = None  # a stage between: the step's first, read to see it exists
         self.steps = 0  # batches trained on
         self.records: list[StepRecord] = []
         self._previous: list[torch.Tensor] | None = None  # W(t - 1), for the prediction
-        self._id, self._runs = next(_INSTANCES), 0
-        dist.barrier()  # every replica is built before any claims work, or an early one would take it all
-
-    is_first = is_last = True  # every replica reads every batch's inputs and targets
+        self._id, self._runs, self._evals = next(_INSTANCES), 0, 0
+        dist.barrier()  # every worker is built before any claims work, or an early one would take it all
 
     @property
     def is_output(self) -> bool:
-        """Whether this worker reports the losses and evaluates: replica 0."""
-        return self.worker == 0
+        """Whether this worker reports the losses and the evaluation's output (the last stage's first)."""
+        return self.worker == self._output
+
+    @property
+    def _replica(self) -> int:
+        return self.worker if self.stage == 0 else 0
 
     def train(
         self, batches: Iterable[tuple[Any, Any]] | None, on_step: Callable[[int], None] | None = None
     ) -> list[float] | None:
-        """Train on every batch of ``batches`` (the same batches in the same order on every replica).
+        """Train on every batch of ``batches`` (the same batches in the same order on every worker that reads
+        them: the first stage's and the last's; a stage between passes ``None``).
 
         Returns:
-            Each batch's mean loss on replica 0, ``None`` elsewhere.
+            Each batch's mean loss on the output worker (:attr:`is_output`), ``None`` elsewhere.
         """
-        if batches is None:
-            raise ValueError(f"every replica reads the batches: pass them on worker {self.worker}")
+        if batches is None and (self.is_first or self.is_last):
+            raise ValueError(f"worker {self.worker} runs stage {self.stage}, which reads the batches: pass them")
         self.module.train()
         self._runs += 1
         self._previous = None  # W(t - 1) = W(t) until this run's first update: its first gradients are fresh
         pending: deque[_Pending] = deque()
         losses: list[float] = []
-        for inputs, targets in batches:
-            record = StepRecord(self.steps, self.worker, 0, 0, 0, 0.0, 0.0)
+        for inputs, targets in batches if batches is not None else self._announced_steps():
+            record = StepRecord(self.steps, self.stage, self._replica, 0, 0, 0, 0.0, 0.0)
             pending.append(self._compute(inputs, targets, record))
             if len(pending) > self.slack:
                 record.wait_s = self._apply(pending.popleft(), losses)
@@ -161,38 +206,92 @@ class FlexibleDataParallel:
             self.steps += 1
             if on_step is not None:
                 on_step(self.steps)
+        if self.worker == 0 and self.num_stages > 2:  # the stages between read no batches: tell them it ended
+            self.router.end(self._queue(self.steps, 1))
         while pending:  # the last s gradients, in order (their waits end the run's last step)
             self.records[-1].wait_s += self._apply(pending.popleft(), losses)
+        self.router.wait_sends()
         return losses if self.is_output else None
 
+    def _queue(self, step: int, to_stage: int, run: int | None = None) -> str:
+        return f"conveyor/flexible{self._id}/run{run or self._runs}/step{step}/to{to_stage}"
+
+    def _announced_steps(self) -> Iterator[tuple[None, None]]:
+        """A stage between the first and the last: a step per batch, until the first stage says the run ended."""
+        while True:
+            first = self.router.receive(self._queue(self.steps, self.stage), 1)
+            if first.chunk == END:
+                if self.stage + 1 < self.num_stages - 1:
+                    self.router.end(self._queue(self.steps, self.stage + 1))
+                return
+            self._first_arrival = first
+            yield None, None
+
+    def _chunks(self, inputs: Any, record: StepRecord) -> Iterator[tuple[Arrival, int]]:
+        """This worker's chunks of the step, each with its sample count: claimed on the first stage,
+        received on the others."""
+        if self.stage == 0:
+            parts = split(inputs, self.replicas * self.chunks)
+            count = sum(1 for x in parts if batch_size(x))
+            prefix = f"conveyor/flexible{self._id}/run{self._runs}/step{self.steps}"
+            for j, taken in StepClaims(self.store, prefix, self.worker, self.replicas, self.chunks, self.reassign):
+                n = batch_size(parts[j])
+                if n:
+                    record.taken += n if taken else 0
+                    yield Arrival(j, count, self.worker, to_device(parts[j], self.device)), n
+            return
+        first, self._first_arrival = self._first_arrival, None
+        arrival = first or self.router.receive(self._queue(self.steps, self.stage), 1)
+        yield arrival, batch_size(arrival.inputs)
+        for place in range(2, arrival.count + 1):
+            arrival = self.router.receive(self._queue(self.steps, self.stage), place)
+            yield arrival, batch_size(arrival.inputs)
+
     def _compute(self, inputs: Any, targets: Any, record: StepRecord) -> _Pending:
-        """Claim and run this replica's chunks of one batch; start the all-reduce of their sums."""
+        """Run this worker's chunks of one batch; start the all-reduce of their gradient sums."""
         start = time.perf_counter()
-        parts = self.replicas * self.chunks
-        x_parts, y_parts = split(inputs, parts), split(targets, parts)
-        claims = StepClaims(self.store, f"conveyor/flexible{self._id}/run{self._runs}/step{self.steps}", self.worker,
-                            self.replicas, self.chunks, self.reassign)  # fmt: skip
         master = self._predicted() if self.predict else None
+        y_parts = split(targets, self.replicas * self.chunks) if self.is_last else None
+        in_flight: deque[tuple[Any, Arrival]] = deque()  # forwards sent on whose gradients are not back
         loss_sum = 0.0
         for p in self.params:
             p.grad = None
-        for j, taken in claims:
-            n = batch_size(x_parts[j])
-            if not n:
-                continue
-            out = self.module(to_device(x_parts[j], self.device))
-            loss = self.loss_fn(out, to_device(y_parts[j], self.device))
-            (loss * n).backward()  # a sum over the chunk's samples
-            loss_sum += float(loss.detach()) * n
+        for arrival, n in self._chunks(inputs, record):
+            out = self.module(arrival.inputs)
             record.samples, record.chunks = record.samples + n, record.chunks + 1
-            record.taken += n if taken else 0
+            if self.is_last:
+                assert y_parts is not None
+                loss = self.loss_fn(out, to_device(y_parts[arrival.chunk], self.device))
+                (loss * n).backward()  # a sum over the chunk's samples
+                loss_sum += float(loss.detach()) * n
+                if self.stage > 0:
+                    self.router.send_grads(arrival)
+                continue
+            self.router.send(self._queue(self.steps, self.stage + 1), out, arrival.chunk, arrival.count, self._next)
+            in_flight.append((out, arrival))
+            if len(in_flight) >= self.num_stages - self.stage:
+                self._backward(*in_flight.popleft())
+        while in_flight:
+            self._backward(*in_flight.popleft())
         if master is not None:
             with torch.no_grad():
                 for p, w in zip(self.params, master, strict=True):
                     p.copy_(w)
+        # A later stage runs every chunk; the first stage's replicas sum their counts in the all-reduce.
         buffer = pack_grads(self.params, self._dtype, self.device, [loss_sum, float(record.samples)])
         record.compute_s = time.perf_counter() - start
-        return _Pending(buffer, dist.all_reduce(buffer, async_op=True))
+        work = dist.all_reduce(buffer, group=self._group, async_op=True) if self._reduces else None
+        return _Pending(buffer, work)
+
+    @property
+    def _reduces(self) -> bool:
+        return self.stage == 0 and self.replicas > 1
+
+    def _backward(self, out: Any, arrival: Arrival) -> None:
+        """Back-propagate the gradient the next stage returns for ``out``; pass the inputs' on to their sender."""
+        self.router.backward(out, self._next)
+        if self.stage > 0:
+            self.router.send_grads(arrival)
 
     def _predicted(self) -> list[torch.Tensor]:
         """Set the parameters to W~(t) = W(t) + s (W(t) - W(t - 1)); return W(t) to put back."""
@@ -206,11 +305,12 @@ class FlexibleDataParallel:
     def _apply(self, pending: _Pending, losses: list[float]) -> float:
         """Wait for an all-reduce; step the optimizer with its mean gradient; return the seconds waited."""
         start = time.perf_counter()
-        pending.work.wait()
+        if pending.work is not None:
+            pending.work.wait()
         waited = time.perf_counter() - start
         loss_sum, samples = pending.buffer[-2:].tolist()
         losses.append(loss_sum / max(samples, 1.0))
-        if samples:
+        if samples and self.optimizer is not None:
             set_mean_grads(self.params, pending.buffer, samples)
             if self.predict:
                 self._previous = [p.detach().clone() for p in self.params]
@@ -218,37 +318,55 @@ class FlexibleDataParallel:
         return waited
 
     @torch.no_grad()
+    def _average_buffers(self) -> None:
+        """Average the replicas' floating buffers (BatchNorm's running statistics: each saw other chunks)."""
+        buffers = [b for b in self.module.buffers() if b.is_floating_point()]
+        if self._reduces and buffers:
+            flat = torch.cat([b.flatten() for b in buffers])
+            dist.all_reduce(flat, group=self._group)
+            flat /= self.replicas
+            offset = 0
+            for b in buffers:
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+
+    @torch.no_grad()
     def evaluate(self, inputs: Any = None) -> Any:
-        """Replica 0's model output for ``inputs`` (every worker calls it; only worker 0 needs ``inputs``)."""
-        if not self.is_output:
-            return None
+        """The model's output for ``inputs`` through replica 0 of the first stage (every worker calls it; only
+        worker 0 needs ``inputs``); returned on the output worker, ``None`` elsewhere."""
+        self._average_buffers()
         self.module.eval()
-        return self.module(to_device(inputs, self.device))
+        self._evals += 1
+        queue = f"conveyor/flexible{self._id}/eval{self._evals}/to"
+        if self.stage == 0 and self.worker != 0:
+            return None
+        if self.stage == 0:
+            if inputs is None:
+                raise ValueError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
+            out = self.module(to_device(inputs, self.device))
+        else:
+            out = self.module(self.router.receive(f"{queue}{self.stage}", 1, training=False).inputs)
+        if not self.is_last:
+            self.router.send(f"{queue}{self.stage + 1}", out, 0, 1, self._next)
+            self.router.wait_sends()
+        return out if self.is_output else None
 
     def gather_records(self) -> list[dict[str, Any]] | None:
-        """Every replica's records since the last call, on replica 0 (``None`` elsewhere); every worker calls it."""
+        """Every worker's records since the last call, on the output worker (``None`` elsewhere); every worker
+        calls it."""
         mine, self.records = [asdict(r) for r in self.records], []
-        parts: list[Any] = [None] * self.replicas if self.is_output else []
-        dist.gather_object(mine, parts if self.is_output else None, dst=0)
+        parts: list[Any] = [None] * dist.get_world_size() if self.is_output else []
+        dist.gather_object(mine, parts if self.is_output else None, dst=self._output)
         if not self.is_output:
             return None
-        return sorted((r for part in parts for r in part), key=lambda r: (r["step"], r["replica"]))
+        return sorted((r for part in parts for r in part), key=lambda r: (r["step"], r["stage"], r["replica"]))
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the model and optimizer to ``path`` (replica 0 writes; every worker must call it)."""
-        if self.is_output:
-            state = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
-            optim = checkpoint.named_optimizer_state(self.optimizer, self.module)
-            checkpoint.save(path, state, optimizer=optim, steps=self.steps)
-        dist.barrier()
+        """Write the whole model and optimizer to ``path`` (worker 0 writes; every worker must call it)."""
+        self._average_buffers()
+        checkpoint.save_stages(path, self.module, self.optimizer, self._replica == 0, self.steps)
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint of this model (saved by this class, a :class:`~conveyor.runtime.Pipeline` or a
-        plain model)."""
-        payload = checkpoint.load(path)
-        shapes = {k: v.shape for k, v in self.module.state_dict().items()}
-        checkpoint.check_compatible(payload["model"], shapes, str(path))
-        self.module.load_state_dict(payload["model"])
-        if payload.get("optimizer"):
-            checkpoint.set_optimizer_state(self.optimizer, self.module, payload["optimizer"])
-        self.steps = int(payload.get("steps", 0))
+        plain model), whatever its split."""
+        self.steps = checkpoint.load_stage(path, self.module, self.optimizer, self._model_shapes)
