@@ -3,6 +3,7 @@ killed mid-claim fails the job instead of hanging it."""
 
 import os
 import threading
+import time
 from functools import partial
 
 import pytest
@@ -62,9 +63,10 @@ def _killed_mid_claim() -> None:
     def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if dist.get_rank() == 1:
             os._exit(3)  # dies holding a claimed chunk
+        time.sleep(0.05)  # the others are slower, so replica 1 claims its own head chunk before they could
         return F.cross_entropy(out, y)
 
-    ddp = FlexiblePipeline(mlp(), loss, partial(torch.optim.SGD, lr=0.1), chunks=2, slack=1)
+    ddp = FlexiblePipeline(mlp(), loss, partial(torch.optim.SGD, lr=0.1), chunks=2, slack=0)
     ddp.train(batches(n=4, size=12))
 
 
