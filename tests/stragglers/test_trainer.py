@@ -86,12 +86,10 @@ def _train(layout: str, slack: int, reassign: bool, predict: bool, straggler: in
         ("dp", 0, False, True, None),
         ("dp", 0, True, True, 1),
         ("dp", 1, True, True, 2),
-        ("dp", 2, False, True, 0),
         ("dp", 2, True, False, 1),
         ("2-1", 0, True, True, 1),
         ("2-1", 1, True, True, 0),
         ("2-1-1", 2, True, True, 1),
-        ("2-1-1", 0, False, True, None),
     ],
 )
 def test_updates_equal_the_reference(
