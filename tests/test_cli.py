@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import conveyor.runtime._checkpoint as checkpoint
-from conveyor.cli import main
+from conveyor.cli import _parser, main
+from conveyor.stragglers import MODES
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -135,6 +136,13 @@ def test_unknown_schedule_is_rejected_by_the_parser(capsys: pytest.CaptureFixtur
         main(["train", "--schedule", "zigzag"])
     assert info.value.code == 2
     assert "invalid choice: 'zigzag'" in capsys.readouterr().err
+
+
+def test_the_straggler_modes_written_out_for_the_parser_are_the_packages() -> None:
+    parser = _parser()
+    train = next(a for a in parser._subparsers._group_actions if a.dest).choices["train"]  # type: ignore[union-attr]
+    stragglers = next(a for a in train._actions if a.dest == "stragglers")
+    assert tuple(stragglers.choices) == MODES
 
 
 def test_bench_schedules_writes_its_report(tmp_path: Path) -> None:

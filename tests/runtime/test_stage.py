@@ -5,7 +5,7 @@ from collections import OrderedDict
 import pytest
 from torch import nn
 
-from conveyor.runtime._stage import as_blocks, build_stage, stage_ranges
+from conveyor.runtime._stage import as_blocks, block_shapes, build_stage, stage_ranges
 
 
 def test_sequential_keeps_its_names_and_lists_are_numbered() -> None:
@@ -43,3 +43,10 @@ def test_non_module_block_is_rejected() -> None:
 def test_bad_balance_names_the_fix(balance: list[int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         stage_ranges(balance, 3)
+
+
+def test_block_shapes_are_the_whole_models_state_under_its_names() -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.BatchNorm1d(3))
+    shapes = block_shapes(as_blocks(model))
+    assert shapes == {k: v.shape for k, v in model.state_dict().items()}
+    assert shapes["2.running_mean"] == (3,)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.bench._checks import require_known
 from conveyor.job import TrainConfig, train
 from conveyor.schedule import KINDS
 
@@ -44,10 +45,8 @@ class ConvergenceConfig:
     workers: int = 4
 
     def __post_init__(self) -> None:
-        if unknown := set(self.models) - set(TARGETS):
-            raise ValueError(f"unknown models {sorted(unknown)}: choose from {', '.join(TARGETS)}")
-        if unknown := set(self.strategies) - set(STRATEGIES):
-            raise ValueError(f"unknown strategies {sorted(unknown)}: choose from {', '.join(STRATEGIES)}")
+        require_known("models", self.models, TARGETS)
+        require_known("strategies", self.strategies, STRATEGIES)
         if "dp" not in self.strategies:
             raise ValueError("the strategies must include dp: every other one is measured against it")
         if self.seeds < 1 or self.workers < 2:

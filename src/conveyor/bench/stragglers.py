@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.bench._checks import require_known
 from conveyor.job import TrainConfig, train
 from conveyor.plan import Topology
 from conveyor.runtime import WorkerError
 from conveyor.schedule import parse_replicas
-from conveyor.stragglers import MODES
+from conveyor.stragglers import MODES, flexible_layout
 
 __all__ = ["PATTERNS", "Case", "StragglersConfig", "mean_capacity", "run"]
 
@@ -65,7 +66,7 @@ class Case:
         if not model or not layout or len(rest) > 1 or (rest and not rest[0].isdigit()):
             raise ValueError(f"case {text!r} is not model:replicas[:batch size], e.g. resnet:4 or vgg:2-1:64")
         replicas = tuple(parse_replicas(layout))
-        if replicas[0] < 2 or max(replicas[1:], default=1) > 1:
+        if not flexible_layout(replicas):
             raise ValueError(f"case {text!r}: replicate the first stage alone (e.g. 4 or 2-1): its work moves")
         return cls(model, layout, replicas, int(rest[0]) if rest else batch_size)
 
@@ -96,10 +97,8 @@ class StragglersConfig:
     def __post_init__(self) -> None:
         for case in self.cases:
             Case.parse(case, self.batch_size)
-        if unknown := set(self.patterns) - set(PATTERNS):
-            raise ValueError(f"unknown patterns {sorted(unknown)}: choose from {', '.join(PATTERNS)}")
-        if unknown := set(self.modes) - set(MODES):
-            raise ValueError(f"unknown modes {sorted(unknown)}: choose from {', '.join(MODES)}")
+        require_known("patterns", self.patterns, PATTERNS)
+        require_known("modes", self.modes, MODES)
         if "none" not in self.patterns:
             raise ValueError("the patterns must include none: the ideal is scaled from the no-jitter time")
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from conveyor.bench._checks import require_known
 from conveyor.bench.ddp import train_ddp
 from conveyor.job import TrainConfig, plot_accuracy, train
 
@@ -54,9 +55,7 @@ class TTAConfig:
     seed: int = 0  # the initial weights and the data order
 
     def __post_init__(self) -> None:
-        unknown = set(self.strategies) - set(STRATEGIES)
-        if unknown:
-            raise ValueError(f"unknown strategies {sorted(unknown)}: choose from {', '.join(STRATEGIES)}")
+        require_known("strategies", self.strategies, STRATEGIES)
         if not 0 < self.target <= 1:
             raise ValueError(f"the target accuracy must be in (0, 1], got {self.target}")
 

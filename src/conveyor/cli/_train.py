@@ -50,7 +50,7 @@ def add_parser(sub: Any) -> None:
     train.add_argument(
         "--loader-workers", type=int, default=None, help="DataLoader processes per reading worker (default 2 with CUDA)"
     )
-    train.add_argument(
+    train.add_argument(  # conveyor.stragglers.MODES written out: importing it would load torch at start-up
         "--stragglers", choices=["flexrr", "slack", "reassign", "off"], default="off",
         help="layouts whose first stage alone is replicated (data parallelism, 2-1): take slow replicas' work "
         "(reassign), let replicas run --slack steps ahead (slack), both (flexrr), or neither (off)",

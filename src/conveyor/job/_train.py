@@ -35,7 +35,7 @@ from conveyor.job._report import plot_accuracy
 from conveyor.plan import read_plan_file
 from conveyor.runtime import OptimizerFactory, Pipeline
 from conveyor.schedule import parse_replicas
-from conveyor.stragglers import FlexiblePipeline, mode_settings
+from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
 
 __all__ = ["TrainConfig", "closing_notes", "explicit_workers", "model_and_data", "train"]
 
@@ -76,7 +76,7 @@ class TrainConfig:
     network: str | None = None  # an emulated network's topology (conveyor.emulate)
     devices: str | None = None  # emulated devices: CPU cores per worker
     faults: str | None = None  # faults to apply on the emulated cluster
-    stragglers: str = "off"  # data-parallel layouts: flexrr, slack, reassign or off (conveyor.stragglers)
+    stragglers: str = "off"  # flexrr, slack, reassign or off, where only the first stage is replicated
     slack: int = 1  # steps a replica may run ahead of the slowest (--stragglers flexrr or slack)
     chunks: int = 2  # chunks each replica owns per batch: the reassignment granularity (bench stragglers)
 
@@ -232,8 +232,7 @@ def _trainer(
     """A pipeline for ``layout``; with ``--stragglers`` on and the first stage replicated (data parallelism
     is one stage), a flexible one whose replicas share each batch's chunks."""
     slack, reassign = mode_settings(cfg.stragglers, cfg.slack)
-    flexible = layout.replicas[0] > 1 and max(layout.replicas[1:], default=1) == 1
-    if cfg.stragglers != "off" and flexible:
+    if cfg.stragglers != "off" and flexible_layout(layout.replicas):
         return FlexiblePipeline(model, loss_fn, make_optimizer, layout.balance, layout.replicas, cfg.chunks, slack,
                                 reassign, cfg.stale_correction)  # fmt: skip
     if cfg.stragglers != "off" and dist.get_rank() == 0:

@@ -30,7 +30,7 @@ from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
 from conveyor.runtime._launch import default_device
 from conveyor.runtime._microbatch import batch_size, split
-from conveyor.runtime._stage import Blocks, StagePosition, as_blocks, build_stage, stage_ranges
+from conveyor.runtime._stage import Blocks, StagePosition, as_blocks, block_shapes, build_stage, stage_ranges
 from conveyor.runtime._transport import P2P
 from conveyor.runtime._update import BUCKET_BYTES, Updater
 from conveyor.runtime._versions import WeightVersions
@@ -158,7 +158,7 @@ class Pipeline(StagePosition):
         self.num_stages = len(ranges)
         self.device = torch.device(device) if device is not None else default_device()
         # The whole model's names and shapes, to check that a checkpoint belongs to this model.
-        self._model_shapes = {f"{name}.{k}": v.shape for name, block in blocks for k, v in block.state_dict().items()}
+        self._model_shapes = block_shapes(blocks)
         self.module = build_stage(model, ranges[self.stage]).to(self.device)
         params = list(self.module.parameters())
         self.optimizer = optimizer(params) if optimizer is not None and params else None

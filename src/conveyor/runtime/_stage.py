@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
-__all__ = ["Blocks", "StagePosition", "as_blocks", "build_stage", "even_balance", "stage_ranges"]
+__all__ = ["Blocks", "StagePosition", "as_blocks", "block_shapes", "build_stage", "even_balance", "stage_ranges"]
 
 Blocks = nn.Sequential | Sequence[nn.Module]
 
@@ -81,6 +82,12 @@ def even_balance(blocks: int, stages: int) -> list[int]:
     if not 1 <= stages <= blocks:
         raise ValueError(f"cannot cut {blocks} blocks into {stages} stages: use 1 to {blocks} stages")
     return [blocks // stages + (1 if s < blocks % stages else 0) for s in range(stages)]
+
+
+def block_shapes(blocks: list[tuple[str, nn.Module]]) -> dict[str, torch.Size]:
+    """The whole model's state names and shapes, as :func:`build_stage` names them in every stage (what a
+    checkpoint of the model must hold)."""
+    return {f"{name}.{k}": v.shape for name, block in blocks for k, v in block.state_dict().items()}
 
 
 def build_stage(model: Blocks, block_range: tuple[int, int]) -> nn.Sequential:

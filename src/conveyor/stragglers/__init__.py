@@ -1,7 +1,7 @@
 """Stragglers (FlexRR): replicas that reassign work from slow peers and tolerate bounded staleness (slack)."""
 
 from conveyor.stragglers._claims import StepClaims
-from conveyor.stragglers._modes import MODES, mode_settings
+from conveyor.stragglers._modes import MODES, flexible_layout, mode_settings
 from conveyor.stragglers._route import Router
 from conveyor.stragglers._trainer import FlexiblePipeline, StepRecord
 
@@ -11,5 +11,6 @@ __all__ = [
     "Router",
     "StepClaims",
     "StepRecord",
+    "flexible_layout",
     "mode_settings",
 ]

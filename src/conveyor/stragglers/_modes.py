@@ -1,8 +1,11 @@
-"""The straggler modes of ``conveyor train --stragglers``: which of slack and reassignment each turns on."""
+"""The straggler modes of ``conveyor train --stragglers``: which of slack and reassignment each turns on, and
+the layouts they apply to."""
 
 from __future__ import annotations
 
-__all__ = ["MODES", "mode_settings"]
+from collections.abc import Sequence
+
+__all__ = ["MODES", "flexible_layout", "mode_settings"]
 
 MODES = ("flexrr", "slack", "reassign", "off")  # FlexRR is both (Harlap et al., SoCC 2016)
 
@@ -19,3 +22,14 @@ def mode_settings(mode: str, slack: int) -> tuple[int, bool]:
     if slack < 1 and mode in ("flexrr", "slack"):
         raise ValueError(f"--stragglers {mode} needs --slack of at least 1, got {slack}")
     return (slack if mode in ("flexrr", "slack") else 0), mode in ("flexrr", "reassign")
+
+
+def flexible_layout(replicas: Sequence[int]) -> bool:
+    """Whether a layout's replicas can share work: its first stage alone is replicated (data parallelism is one
+    stage).
+
+    Example:
+        >>> [flexible_layout(r) for r in ([4], [2, 1], [2, 1, 1], [1, 2], [1])]
+        [True, True, True, False, False]
+    """
+    return replicas[0] > 1 and max(replicas[1:], default=1) == 1

@@ -56,7 +56,7 @@ from torch import nn
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.runtime import OptimizerFactory, WorldSizeError, as_blocks, default_device
 from conveyor.runtime._microbatch import batch_size, split, to_device
-from conveyor.runtime._stage import StagePosition, build_stage, stage_ranges
+from conveyor.runtime._stage import StagePosition, block_shapes, build_stage, stage_ranges
 from conveyor.runtime._update import pack_grads, reduce_dtype, set_mean_grads
 from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._claims import StepClaims
@@ -150,7 +150,7 @@ class FlexiblePipeline(StagePosition):
         self.stage = 0 if self.worker < counts[0] else self.worker - counts[0] + 1
         self.num_stages, self.replicas = len(ranges), counts[0]
         self.device = torch.device(device) if device is not None else default_device()
-        self._model_shapes = {f"{n}.{k}": v.shape for n, b in blocks for k, v in b.state_dict().items()}
+        self._model_shapes = block_shapes(blocks)
         self.module = build_stage(model, ranges[self.stage]).to(self.device)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = optimizer(self.params) if self.params else None
@@ -159,9 +159,8 @@ class FlexiblePipeline(StagePosition):
         self.predict = predict and slack > 0
         self.store = dist.distributed_c10d._get_default_store()
         self.router = Router(self.store, self.device)
-        self._first_stage = stage_workers(counts)[0]
         # Every worker creates every group, as torch.distributed requires; data parallelism uses the world's.
-        group = dist.new_group(self._first_stage) if self.num_stages > 1 and self.replicas > 1 else None
+        group = dist.new_group(stage_workers(counts)[0]) if self.num_stages > 1 and self.replicas > 1 else None
         self._group = group if self.stage == 0 and self.replicas > 1 else None
         self._next = self.replicas + self.stage  # the rank of the next stage's worker
         self._output = 0 if self.num_stages == 1 else world - 1  # the last stage's first worker
@@ -207,22 +206,26 @@ class FlexiblePipeline(StagePosition):
             if on_step is not None:
                 on_step(self.steps)
         if self.worker == 0 and self.num_stages > 2:  # the stages between read no batches: tell them it ended
-            self.router.end(self._queue(self.steps, 1))
+            self.router.end(self._queue(1))
         while pending:  # the last s gradients, in order (their waits end the run's last step)
             self.records[-1].wait_s += self._apply(pending.popleft(), losses)
         self.router.wait_sends()
         return losses if self.is_output else None
 
-    def _queue(self, step: int, to_stage: int, run: int | None = None) -> str:
-        return f"conveyor/flexible{self._id}/run{run or self._runs}/step{step}/to{to_stage}"
+    def _step_key(self) -> str:
+        """The store keys of this trainer's current run and step (its claims, its queues)."""
+        return f"conveyor/flexible{self._id}/run{self._runs}/step{self.steps}"
+
+    def _queue(self, to_stage: int) -> str:
+        return f"{self._step_key()}/to{to_stage}"
 
     def _announced_steps(self) -> Iterator[tuple[None, None]]:
         """A stage between the first and the last: a step per batch, until the first stage says the run ended."""
         while True:
-            first = self.router.receive(self._queue(self.steps, self.stage), 1)
+            first = self.router.receive(self._queue(self.stage), 1)
             if first.chunk == END:
                 if self.stage + 1 < self.num_stages - 1:
-                    self.router.end(self._queue(self.steps, self.stage + 1))
+                    self.router.end(self._queue(self.stage + 1))
                 return
             self._first_arrival = first
             yield None, None
@@ -233,18 +236,18 @@ class FlexiblePipeline(StagePosition):
         if self.stage == 0:
             parts = split(inputs, self.replicas * self.chunks)
             count = sum(1 for x in parts if batch_size(x))
-            prefix = f"conveyor/flexible{self._id}/run{self._runs}/step{self.steps}"
-            for j, taken in StepClaims(self.store, prefix, self.worker, self.replicas, self.chunks, self.reassign):
+            claims = StepClaims(self.store, self._step_key(), self.worker, self.replicas, self.chunks, self.reassign)
+            for j, taken in claims:
                 n = batch_size(parts[j])
                 if n:
                     record.taken += n if taken else 0
                     yield Arrival(j, count, self.worker, to_device(parts[j], self.device)), n
             return
         first, self._first_arrival = self._first_arrival, None
-        arrival = first or self.router.receive(self._queue(self.steps, self.stage), 1)
+        arrival = first or self.router.receive(self._queue(self.stage), 1)
         yield arrival, batch_size(arrival.inputs)
         for place in range(2, arrival.count + 1):
-            arrival = self.router.receive(self._queue(self.steps, self.stage), place)
+            arrival = self.router.receive(self._queue(self.stage), place)
             yield arrival, batch_size(arrival.inputs)
 
     def _compute(self, inputs: Any, targets: Any, record: StepRecord) -> _Pending:
@@ -267,7 +270,7 @@ class FlexiblePipeline(StagePosition):
                 if self.stage > 0:
                     self.router.send_grads(arrival)
                 continue
-            self.router.send(self._queue(self.steps, self.stage + 1), out, arrival.chunk, arrival.count, self._next)
+            self.router.send(self._queue(self.stage + 1), out, arrival.chunk, arrival.count, self._next)
             in_flight.append((out, arrival))
             if len(in_flight) >= self.num_stages - self.stage:
                 self._backward(*in_flight.popleft())
