@@ -92,13 +92,25 @@ def add_parser(sub: Any) -> None:
     costs.add_argument("--json", type=Path, default=None, help="write the report here")
     planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
     planner.add_argument("--json", type=Path, default=None, help="write the report here")
+    spot = which.add_parser("spot", help="on-demand, checkpoint-restart, elastic and BidBrain over spot traces")
+    spot.add_argument("--trace", action="append", type=names, default=None,
+                      help="a trace file, repeatable or comma-separated (default: the four of ../shared)")  # fmt: skip
+    spot.add_argument("--billing", choices=("per-second", "hourly-2016"), default="per-second")
+    spot.add_argument("--work", type=float, default=5e6, help="samples to train")
+    spot.add_argument("--fleet", type=positive, default=8, help="machines of the fixed-fleet policies")
+    spot.add_argument("--reliable", type=positive, default=1, help="on-demand machines of the reliable tier")
+    spot.add_argument("--machines", type=positive, default=16, help="at most this many machines per market")
+    spot.add_argument("--policies", type=names, default=None, help="e.g. on-demand,bidbrain (default: all)")
+    spot.add_argument("--elastic", type=Path, default=None, help="measured costs: a conveyor bench elastic report")
+    spot.add_argument("--json", type=Path, default=None, help="write the report here")
+    spot.add_argument("--plot", type=Path, default=None, help="write machines held over time here (PNG)")
 
 
 def run(args: argparse.Namespace) -> None:
     """Run the benchmark ``args.bench`` names."""
     {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "stragglers": _stragglers,
      "predictions": _predictions, "planner": _planner, "emulate": _emulate, "costs": _costs,
-     "convergence": _convergence}[args.bench](args)  # fmt: skip
+     "convergence": _convergence, "spot": _spot}[args.bench](args)  # fmt: skip
 
 
 def _convergence(args: argparse.Namespace) -> None:
@@ -115,6 +127,37 @@ def _convergence(args: argparse.Namespace) -> None:
             goal = {None: "", True: "met", False: "missed"}[r["goal_met"]]
             table.add_row(model, strategy, seeds, median, f"{r['factor']:.2f}", goal)
     console.print(table)
+    if args.plot:
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, report)
+
+
+def _spot(args: argparse.Namespace) -> None:
+    from conveyor.bench.spot import MEASURED, SpotConfig, costs_from_elastic, run
+    from conveyor.elastic import POLICIES
+
+    measured = {**MEASURED, **(costs_from_elastic(args.elastic) if args.elastic else {})}
+    given: dict[str, Any] = {"policies": args.policies or POLICIES, "measured": measured}
+    if args.trace:
+        given["traces"] = tuple(t for group in args.trace for t in group)
+    cfg = config(SpotConfig, argparse.Namespace(**{**vars(args), **given}))
+    report = run(cfg, str(args.plot) if args.plot else None)
+    table = Table("policy", "cost $", "hours", "$ per 1M samples", "revocations", "additions", "samples lost",
+                  title=f"{cfg.work:.3g} samples, {cfg.billing} billing")  # fmt: skip
+    for r in report["results"]:
+        hours = f"{r['seconds'] / 3600:.2f}" + ("" if r["finished"] else " (unfinished)")
+        table.add_row(r["policy"], f"{r['cost']:.2f}", hours, f"{r['cost_per_work']:.3f}", str(r["revocations"]),
+                      str(r["additions"]), f"{r['work_lost']:.3g}")  # fmt: skip
+    console.print(table)
+    goals = report["goals"]
+    if "vs_on_demand" in goals:
+        console.print(f"bidbrain / on-demand cost per work {goals['vs_on_demand']:.2f} (goal <= 0.4): "
+                      f"{goals['vs_on_demand_met']}")  # fmt: skip
+    if "vs_checkpoint_restart" in goals:
+        console.print(f"bidbrain / checkpoint-restart cost per work {goals['vs_checkpoint_restart']:.2f} (<= 0.7): "
+                      f"{goals['vs_checkpoint_restart_met']}; time {goals['time_vs_checkpoint_restart']:.2f}x "
+                      f"(goal <= 1): {goals['time_met']}")  # fmt: skip
     if args.plot:
         console.print(f"wrote {args.plot}")
     if args.json:

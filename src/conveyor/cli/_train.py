@@ -57,6 +57,30 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     train.add_argument("--slack", type=int, default=1, help="steps a replica may run ahead of the slowest")
     train.add_argument("--chunks", type=positive, default=2, help="chunks each replica owns per batch (reassignment)")
+    elastic = train.add_argument_group("elastic training on revocable workers (conveyor.elastic)")
+    elastic.add_argument(
+        "--reliable",
+        type=positive,
+        default=None,
+        help="the first K workers are reliable, the rest transient: keep training through revocations",
+    )
+    elastic.add_argument(
+        "--join", default=None, metavar="HOST:PORT", help="join the elastic job whose worker 0 is here"
+    )
+    elastic.add_argument("--lost-s", type=float, default=2.0, help="a worker silent this long is lost")
+    elastic.add_argument("--backup-every", type=positive, default=4, help="steps between backups to the reliable tier")
+    elastic.add_argument(
+        "--sync-max",
+        type=float,
+        default=2.0,
+        help="transient:reliable ratio up to which reliable workers own the state (AgileML stage 1)",
+    )
+    elastic.add_argument(
+        "--backup-only-min",
+        type=float,
+        default=8.0,
+        help="ratio from which reliable workers only keep backups (AgileML stage 3)",
+    )
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
     add_emulation(train)
 
@@ -67,6 +91,12 @@ def run(args: argparse.Namespace) -> None:
     from conveyor.plan import EpochFactors
     from conveyor.runtime import load_checkpoint
 
+    if args.join:
+        from conveyor.job import join_elastic
+
+        console.print(f"joining the elastic job at {args.join}")
+        join_elastic(args.join, args.run_dir)
+        return
     if args.resume:
         load_checkpoint(args.resume)  # fail here, with one line, rather than in every worker
     EpochFactors.load(args.epoch_factors)  # and so does a bad table of epochs
@@ -79,7 +109,16 @@ def run(args: argparse.Namespace) -> None:
             f"training {cfg.model} on {data.name}: {len(data.train_x)} training samples, batch {cfg.batch_size}"
         )
     result = train(cfg)
-    if result:
+    if result and "generations" in result:
+        table = Table("generation", "why", "stage", "workers", "resumed at step", "steps redone", "seconds")
+        for g in result["generations"]:
+            table.add_row(str(g["gen"]), g["reason"], str(g["stage"]), str(len(g["compute"])),
+                          str(g["resume_step"] + 1), str(g["steps_redone"]), f"{g['recover_s']:.2f}")  # fmt: skip
+        console.print(table)
+        accuracy = result["accuracy"][-1] if result["accuracy"] else float("nan")
+        console.print(f"{result['epochs']} epochs, test accuracy {accuracy:.3f}, {result['seconds']:.1f} s; "
+                      f"run folder {result['run_dir']}")  # fmt: skip
+    elif result:
         table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s", "run folder")
         table.add_row(
             str(result["epochs"]), f"{result['accuracy'][-1]:.3f}", f"{result['loss'][-1]:.3f}",

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from conveyor.emulate._cgroups import CgroupError
 from conveyor.emulate._cluster import Cluster
@@ -28,11 +29,16 @@ class FaultDriver:
 
     Times are seconds after every worker has started (its set-up done, before its work). ``revoked`` maps
     each revoked rank to its notice and kill times, so a failed job can say that a worker was revoked rather
-    than that it crashed.
+    than that it crashed. ``on_add(rank)``, when given, starts a worker in an added machine's slot and says
+    what it did (an elastic job); without it an addition is only logged. With ``clock``, times count from
+    when that file appears (an elastic job's training start) rather than from the workers' start.
     """
 
-    def __init__(self, cluster: Cluster, faults: list[Fault]) -> None:
-        self.cluster = cluster
+    def __init__(
+        self, cluster: Cluster, faults: list[Fault], on_add: Callable[[int], str] | None = None,
+        clock: Path | None = None,
+    ) -> None:  # fmt: skip
+        self.cluster, self.on_add, self.clock = cluster, on_add, clock
         self.log_path = cluster.log_dir / "faults.jsonl"
         self.revoked: dict[int, tuple[float, float]] = {}
         self._queue: list[tuple[float, int, Callable[[], dict[str, object]]]] = []
@@ -65,6 +71,7 @@ class FaultDriver:
 
     def _run(self) -> None:
         started = [self.cluster.log_dir / f"started-{r}" for r in range(self.cluster.workers)]
+        started += [self.clock] if self.clock is not None else []
         while not all(path.exists() for path in started):
             if self._stop.wait(0.02):
                 return
@@ -104,8 +111,12 @@ class FaultDriver:
                 self._at(now + fault.grace, partial(self._kill, rank))
         elif fault.kind == "link-down":
             self._set_link(fault, up=False)
-        elif fault.kind == "add":  # a new machine is available; using it is elastic training's job
-            return {"event": "begin", **fault.to_dict(), "note": "logged only: the job's worker count is fixed"}
+        elif fault.kind == "add":  # a new machine is available: an elastic job starts a worker on it
+            note = "logged only: the job's worker count is fixed" if self.on_add is None else ""
+            for rank in fault.workers:
+                if self.on_add is not None:
+                    note = self.on_add(rank)
+            return {"event": "begin", **fault.to_dict(), "note": note}
         return {"event": "begin", **fault.to_dict()}
 
     def _end(self, fault: Fault) -> dict[str, object]:

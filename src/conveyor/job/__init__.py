@@ -1,5 +1,6 @@
 """The training job behind ``conveyor train``: model zoo, bundled data, measured costs, layout choice, run folder."""
 
+from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import plot_accuracy
@@ -21,9 +22,11 @@ __all__ = [
     "closing_notes",
     "explicit_workers",
     "fixed_layout",
+    "join_elastic",
     "loss_and_optimizer",
     "model_and_data",
     "plot_accuracy",
     "resolve",
     "train",
+    "train_elastic",
 ]

@@ -79,6 +79,12 @@ class TrainConfig:
     stragglers: str = "off"  # flexrr, slack, reassign or off, where only the first stage is replicated
     slack: int = 1  # steps a replica may run ahead of the slowest (--stragglers flexrr or slack)
     chunks: int = 2  # chunks each replica owns per batch: the reassignment granularity (bench stragglers)
+    reliable: int | None = None  # elastic training: the first K workers are reliable, the rest transient
+    join: str | None = None  # HOST:PORT of an elastic job to join (conveyor.job.join_elastic)
+    lost_s: float = 2.0  # elastic: a worker whose heartbeat is still this long is lost
+    backup_every: int = 4  # elastic: steps between an owner's backups to the reliable tier
+    sync_max: float = 2.0  # elastic: transient:reliable ratio up to which the reliable tier owns the state
+    backup_only_min: float = 8.0  # elastic: the ratio from which reliable workers only keep backups
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches) < 1:
@@ -96,6 +102,12 @@ class TrainConfig:
         if self.chunks < 1:
             raise ValueError(f"--chunks must be at least 1, got {self.chunks}")
         mode_settings(self.stragglers, self.slack)
+        if self.reliable is not None and (self.stragglers != "off" or self.stages or self.replicas or self.plan):
+            raise ValueError(
+                "--reliable runs elastic data parallelism: drop --stragglers, --stages, --replicas, --plan"
+            )
+        if self.lost_s <= 0 or self.backup_every < 1:
+            raise ValueError("--lost-s must be > 0 and --backup-every at least 1")
 
 
 def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
@@ -253,6 +265,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     worker), ``prediction`` (the predicted training samples/s, its error against the measured one, and the
     figures measured at start-up it rests on), the layout run and ``run_dir``.
     """
+    if cfg.reliable is not None:
+        from conveyor.job._elastic import train_elastic
+
+        return train_elastic(cfg)
     run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     for log in ("metrics.jsonl", "stragglers.jsonl"):  # a run folder used again starts its logs afresh
@@ -305,6 +321,8 @@ def explicit_workers(cfg: TrainConfig) -> int | None:
 def closing_notes(summary: dict[str, Any]) -> list[str]:
     """What a user should know after a run: how the prediction fared, and whether one worker would have been
     faster."""
+    if "prediction" not in summary:  # an elastic run: it predicts nothing
+        return []
     prediction = summary["prediction"]
     measured, predicted = summary["samples_per_s"], prediction["samples_per_s"]
     single = prediction["measured_at_start"]["single_worker_samples_per_s"]

@@ -1,0 +1,70 @@
+"""Elastic training on revocable machines (Proteus): tiers, AgileML's stages, revocations, additions, BidBrain.
+
+A job's first workers are reliable, the rest transient; the trainer (:class:`ElasticTrainer`) keeps going when
+transient workers are revoked, with or without notice, and takes in new ones, without restarting anyone
+or reading a checkpoint file. The market simulator (:func:`simulate`) replays spot-availability traces
+with prices to compare acquisition policies, BidBrain's among them.
+
+Example:
+    >>> from conveyor.elastic import agile_stage
+    >>> agile_stage(transient=5, reliable=1)
+    2
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conveyor.elastic._bidbrain import POLICIES, Costs, Outcome, Throughput, simulate, throughput_from_plan
+    from conveyor.elastic._launch import launch_elastic, store_address
+    from conveyor.elastic._market import BILLINGS, PRICES, Billing, Market, MarketPrice, read_markets
+    from conveyor.elastic._membership import Coordinator, Generation, JobFailed, MembershipChanged, connect
+    from conveyor.elastic._tiers import Roles, agile_stage, roles, shard_bounds
+    from conveyor.elastic._trainer import ElasticJob, ElasticOptions, ElasticTrainer
+
+# Imported on first use: the market simulator and the CLI need none of torch.
+_HOME = {
+    "_bidbrain": ("POLICIES", "Costs", "Outcome", "Throughput", "simulate", "throughput_from_plan"),
+    "_launch": ("launch_elastic", "store_address"),
+    "_market": ("BILLINGS", "PRICES", "Billing", "Market", "MarketPrice", "read_markets"),
+    "_membership": ("Coordinator", "Generation", "JobFailed", "MembershipChanged", "connect"),
+    "_tiers": ("Roles", "agile_stage", "roles", "shard_bounds"),
+    "_trainer": ("ElasticJob", "ElasticOptions", "ElasticTrainer"),
+}
+_WHERE = {name: module for module, names in _HOME.items() for name in names}
+__all__ = [
+    "BILLINGS",
+    "POLICIES",
+    "PRICES",
+    "Billing",
+    "Coordinator",
+    "Costs",
+    "ElasticJob",
+    "ElasticOptions",
+    "ElasticTrainer",
+    "Generation",
+    "JobFailed",
+    "Market",
+    "MarketPrice",
+    "MembershipChanged",
+    "Outcome",
+    "Roles",
+    "Throughput",
+    "agile_stage",
+    "connect",
+    "launch_elastic",
+    "read_markets",
+    "roles",
+    "shard_bounds",
+    "simulate",
+    "store_address",
+    "throughput_from_plan",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'conveyor.elastic' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"conveyor.elastic.{_WHERE[name]}"), name)

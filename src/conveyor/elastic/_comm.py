@@ -1,0 +1,174 @@
+"""Communication that notices a membership change: process groups per generation, and waits that poll the store.
+
+Gloo cannot take a process group back from a lost peer: the lost worker's ring neighbours see their
+connections close, the others wait until the group's timeout. So every generation gets fresh groups
+(``ProcessGroupGloo`` over a prefix of the job's store, no default group), and nothing here blocks on a
+collective or on building a group without looking at the store every ``POLL_S``: a newer generation
+(:mod:`conveyor.elastic._membership`) raises :class:`~conveyor.elastic._membership.MembershipChanged`, and
+the abandoned group is left to time out on its own.
+
+While a worker is *stepping*, a newer generation that is only planned (notices and joins) does not stop it:
+the computing workers agree on the step boundary to switch at (the first to see the generation between two
+steps proposes its last completed step, ``boundary/G``), finish the steps up to it, and drop only a step
+begun past it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from conveyor.elastic._membership import Generation, JobFailed, MembershipChanged, connect
+
+__all__ = ["POLL_S", "Waiting", "Watch"]
+
+POLL_S = 0.05  # how often a waiting worker looks at the store
+_NAP_S = 0.005  # the longest a waiting worker sleeps between looks at its work
+
+
+class Waiting:
+    """A thread blocked on a gloo ``Work`` (a gloo send or receive never reports itself completed, and a
+    timed-out wait fails it for good). If a peer is lost the thread is left behind, to end at the group's own
+    timeout."""
+
+    def __init__(self, work: Any) -> None:
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._block, args=(work,), name="conveyor-wait", daemon=True)
+        self._thread.start()
+
+    def _block(self, work: Any) -> None:
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            self.error = exc
+
+    def ready(self, wait_s: float = 0.0) -> bool:
+        """Whether the work has ended (well or not), after waiting up to ``wait_s`` for it."""
+        self._thread.join(wait_s)
+        return not self._thread.is_alive()
+
+
+class Watch:
+    """One worker's view of the job's generations, and its waits.
+
+    Args:
+        store: the job's store (a client of its own).
+        host, port: where it is (new groups get their own clients).
+        worker: this worker's id.
+        timeout_s: how long a collective may take before gloo gives up on it (a lost peer is noticed sooner,
+            through the store).
+        lost_s: the coordinator's heartbeat limit (a failed collective waits for its verdict a while longer).
+    """
+
+    def __init__(self, store: dist.Store, host: str, port: int, worker: int, timeout_s: float, lost_s: float) -> None:
+        self.store, self.host, self.port, self.worker = store, host, port, worker
+        self.timeout_s, self.lost_s = timeout_s, lost_s
+        self.gen: Generation | None = None
+        self.done = -1  # the last step this worker completed
+        self._planned: dict[int, bool] = {}
+        self._builder: dist.TCPStore | None = None
+
+    def newest(self) -> int:
+        try:
+            if self.store.check(["fatal"]):
+                raise JobFailed(self.store.get("fatal").decode())
+            return self.store.add("gen", 0)
+        except (RuntimeError, OSError) as exc:
+            if isinstance(exc, JobFailed):
+                raise
+            raise JobFailed(
+                f"the job's store on reliable worker 0 is unreachable ({exc}): the reliable tier was lost"
+            ) from None
+
+    def record(self, g: int) -> Generation:
+        return Generation.from_json(self.store.get(f"gen/{g}"))
+
+    def check(self, stepping: bool) -> None:
+        """Raise ``MembershipChanged`` when this worker must drop what it is doing (see the module docstring)."""
+        g = self.newest()
+        assert self.gen is not None
+        if g == self.gen.gen:
+            return
+        if not stepping or not all(self._is_planned(h) for h in range(self.gen.gen + 1, g + 1)):
+            raise MembershipChanged
+        key = f"boundary/{self.gen.gen}"
+        if self.store.check([key]) and int(self.store.get(key)) <= self.done:
+            raise MembershipChanged
+
+    def at_boundary(self) -> None:
+        """Between two steps: switch now if a planned generation is pending and its boundary is reached
+        (proposing this step as the boundary when nobody has)."""
+        g = self.newest()
+        assert self.gen is not None
+        if g == self.gen.gen:
+            return
+        if not all(self._is_planned(h) for h in range(self.gen.gen + 1, g + 1)):
+            raise MembershipChanged
+        agreed = int(self.store.compare_set(f"boundary/{self.gen.gen}", "", str(self.done)))
+        if agreed <= self.done:
+            raise MembershipChanged
+
+    def _is_planned(self, g: int) -> bool:
+        if g not in self._planned:
+            self._planned[g] = self.record(g).planned
+        return self._planned[g]
+
+    def wait(self, work: Any, stepping: bool = False) -> None:
+        """Wait for ``work`` (a gloo ``Work`` or a :class:`Waiting`), looking at the store meanwhile; a failed
+        collective waits for the coordinator to say who was lost (then ``MembershipChanged``)."""
+        waiting = work if isinstance(work, Waiting) else Waiting(work)
+        nap, checked = 1e-4, time.monotonic()
+        while not waiting.ready(nap):
+            nap = min(2 * nap, _NAP_S)
+            if time.monotonic() - checked > POLL_S:
+                self.check(stepping)
+                checked = time.monotonic()
+        if waiting.error is not None:  # it failed: a peer is gone
+            self._await_verdict(waiting.error)
+
+    def _await_verdict(self, error: BaseException) -> None:
+        deadline = time.monotonic() + 3 * self.lost_s + 5
+        while time.monotonic() < deadline:
+            self.check(stepping=False)
+            time.sleep(POLL_S)
+        raise RuntimeError(f"a collective failed and the coordinator declared no worker lost: {error}")
+
+    def poll_until(self, ready: Any, stepping: bool = False) -> None:
+        """Sleep until ``ready()`` is true, looking at the store meanwhile."""
+        while not ready():
+            self.check(stepping)
+            time.sleep(POLL_S)
+
+    def group(self, name: str, workers: tuple[int, ...]) -> dist.ProcessGroupGloo:
+        """A gloo group of ``workers`` (this worker among them) for this generation, built in a thread so that a
+        peer lost meanwhile cannot hang it."""
+        assert self.gen is not None
+        box: dict[str, Any] = {}
+        if self._builder is None:  # a client of its own: building blocks it, and the polls must go on
+            self._builder = connect(self.host, self.port, False)
+        prefix = dist.PrefixStore(f"pg/{self.gen.gen}/{name}/", self._builder)
+
+        def build() -> None:
+            try:
+                box["pg"] = dist.ProcessGroupGloo(prefix, workers.index(self.worker), len(workers),
+                                                  timedelta(seconds=self.timeout_s))  # fmt: skip
+            except Exception as exc:
+                box["error"] = exc
+
+        thread = threading.Thread(target=build, name=f"conveyor-group-{name}", daemon=True)
+        thread.start()
+        try:
+            while thread.is_alive():
+                thread.join(POLL_S)
+                self.check(stepping=False)
+        except BaseException:
+            self._builder = None  # the abandoned build may still hold its client
+            raise
+        if "error" in box:
+            self.check(stepping=False)
+            raise box["error"]
+        return box["pg"]

@@ -1,0 +1,232 @@
+"""Membership through the c10d store: heartbeats, notices, joins, and generations the coordinator decides.
+
+The store lives on the first reliable worker (id 0), which also runs the :class:`Coordinator`, a thread
+that watches every worker's heartbeat (a counter each worker's :class:`Heartbeat` thread adds to every
+``beat_s``), the revocation notices (``leave/ID``) and the join requests, and on any change writes the next
+**generation**: who is a member, who is leaving (it hands its state over, then exits), each worker's role
+(:mod:`conveyor.elastic._tiers`), and whether the change is *planned* (notices and joins only: the members
+switch at an agreed step boundary, nothing is redone) or a *failure* (a heartbeat stopped: everybody drops
+the step in flight at once). A worker is declared lost when its heartbeat has not moved for ``lost_s``.
+
+Store keys: ``gen`` (the latest generation number), ``gen/G`` (its record, JSON), ``boundary/G`` (a planned
+generation's step, proposed by the first computing worker to see it), ``hb/ID``, ``leave/ID``, ``left/ID``,
+``joins`` and ``join/N`` (join requests), ``next_id``, ``fatal`` (why the job must stop).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, Roles, roles
+
+__all__ = ["NOTICE", "Coordinator", "Generation", "Heartbeat", "JobFailed", "MembershipChanged", "connect", "latest",
+           "listen_for_notice"]  # fmt: skip
+
+# Set when this process got a revocation notice (SIGTERM, as a spot machine does); its heartbeat posts it.
+NOTICE = threading.Event()
+
+
+def listen_for_notice() -> None:
+    """Treat SIGTERM as a revocation notice: post it (``leave/ID``) and work on until the SIGKILL."""
+
+    def noticed(signum: int, frame: object) -> None:
+        NOTICE.set()
+        print("revocation notice (SIGTERM): handing over at the next step boundary", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGTERM, noticed)
+
+
+class MembershipChanged(Exception):
+    """A newer generation replaced this worker's: drop what is in flight and recover."""
+
+
+class JobFailed(RuntimeError):
+    """The job cannot go on (the reliable tier was lost, or the coordinator said so)."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One membership of the job, as the coordinator wrote it to ``gen/G``."""
+
+    gen: int
+    members: tuple[int, ...]  # who trains in it, sorted
+    leaving: tuple[int, ...]  # who hands its state over and exits (revoked with notice)
+    reliable: tuple[int, ...]
+    roles: Roles
+    planned: bool  # only notices and joins: switch at a step boundary, nothing in flight is dropped
+    reason: str  # what changed, for the run folder's log
+
+    @property
+    def participants(self) -> tuple[int, ...]:
+        """Everybody in the hand-over: the members and the leavers."""
+        return tuple(sorted(self.members + self.leaving))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Generation:
+        d = json.loads(text)
+        r = d["roles"]
+        return cls(d["gen"], tuple(d["members"]), tuple(d["leaving"]), tuple(d["reliable"]),
+                   Roles(r["stage"], tuple(r["compute"]), tuple(r["owners"])), d["planned"], d["reason"])  # fmt: skip
+
+
+def connect(host: str, port: int, is_leader: bool, timeout_s: float = 60.0) -> dist.TCPStore:
+    """A client of the job's store (the leader, id 0, hosts it: give ``port=0`` for any free port)."""
+    # The server without libuv: the libuv one stopped accepting after about 24 clients in one process (torch 2.13).
+    return dist.TCPStore(host, port, None, is_leader, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+                         use_libuv=False)  # fmt: skip
+
+
+def latest(store: dist.Store) -> Generation:
+    """The newest generation, or :class:`JobFailed` when the coordinator has given up."""
+    if store.check(["fatal"]):
+        raise JobFailed(store.get("fatal").decode())
+    g = store.add("gen", 0)
+    return Generation.from_json(store.get(f"gen/{g}"))
+
+
+class Heartbeat:
+    """Adds 1 to ``hb/ID`` every ``beat_s`` seconds from a thread of its own (own store client), until closed,
+    and posts this process's revocation notice (:data:`NOTICE`) once it has one."""
+
+    def __init__(self, host: str, port: int, worker: int, beat_s: float) -> None:
+        self._store = connect(host, port, is_leader=False)
+        self._worker, self._beat_s = worker, beat_s
+        self._stop = threading.Event()
+        self._store.add(f"hb/{worker}", 1)
+        self._thread = threading.Thread(target=self._run, name="conveyor-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._beat_s):
+            try:
+                if NOTICE.is_set():
+                    self._store.set(f"leave/{self._worker}", "1")
+                self._store.add(f"hb/{self._worker}", 1)
+            except Exception:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+@dataclass
+class _Watch:
+    count: int
+    moved_at: float
+
+
+class Coordinator:
+    """The leader's thread that turns heartbeats, notices and joins into generations.
+
+    Args:
+        host, port: the store (this process hosts it).
+        initial: the workers started with the job (ids ``0 .. n-1``); ``reliable`` are the first ``K``.
+        lost_s: a heartbeat still this long means the worker is lost.
+        start_s: how long a worker may take to send its first heartbeat.
+        sync_max, backup_only_min: AgileML's stage thresholds (:func:`conveyor.elastic._tiers.agile_stage`).
+        log: where each decision is logged (``elastic.jsonl``), when it is wanted.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        initial: int,
+        reliable: int,
+        lost_s: float = 2.0,
+        start_s: float = 120.0,
+        sync_max: float = SYNC_MAX,
+        backup_only_min: float = BACKUP_ONLY_MIN,
+        log: Path | None = None,
+    ) -> None:
+        self.store = connect(host, port, is_leader=False)
+        self.log = log
+        self.reliable = tuple(range(reliable))
+        self.lost_s, self.start_s, self.sync_max, self.backup_only_min = lost_s, start_s, sync_max, backup_only_min
+        now = time.monotonic()
+        self._watch = {w: _Watch(-1, now) for w in range(initial)}
+        self._leaving: set[int] = set()
+        self._joins_seen = 0
+        self.store.add("next_id", initial)  # a joiner's id is add("next_id", 1) - 1
+        self.generation = self._write(tuple(range(initial)), (), planned=True, reason="start")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="conveyor-coordinator", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _write(self, members: tuple[int, ...], leaving: tuple[int, ...], planned: bool, reason: str) -> Generation:
+        lost_reliable = [w for w in self.reliable if w not in members]
+        if lost_reliable:
+            message = (f"reliable worker {lost_reliable[0]} was lost: the reliable tier holds the job's store and "
+                       "backups and must outlive it; revoke only transient workers")  # fmt: skip
+            self.store.set("fatal", message)
+            raise JobFailed(message)
+        g = self.store.add("gen_counter", 1) - 1
+        who = roles(members, self.reliable, None, self.sync_max, self.backup_only_min)
+        gen = Generation(g, members, leaving, self.reliable, who, planned, reason)
+        self.store.set(f"gen/{g}", gen.to_json())
+        self.store.add("gen", 1 if g else 0)
+        if self.log is not None:
+            with self.log.open("a") as f:
+                f.write(json.dumps({"wall": round(time.time(), 4), "event": "decided", "gen": g, "reason": reason,
+                                    "planned": planned}) + "\n")  # fmt: skip
+        return gen
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                self._tick()
+            except JobFailed:
+                return
+            except Exception:
+                return
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        current = self.generation
+        lost, left = [], []
+        for w, watch in list(self._watch.items()):
+            count = self.store.add(f"hb/{w}", 0)
+            if w in self._leaving and self.store.check([f"left/{w}"]):
+                left.append(w)  # handed its state over and exited: not a loss
+            elif count != watch.count:
+                watch.count, watch.moved_at = count, now
+            elif now - watch.moved_at > (self.lost_s if watch.count >= 0 else self.start_s):
+                lost.append(w)  # (a worker not yet beating is still starting: it gets start_s)
+        for w in lost + left:
+            del self._watch[w]
+        self._leaving -= set(left)
+        noticed = [w for w in self._watch if w not in self._leaving and self.store.check([f"leave/{w}"])]
+        self._leaving |= set(noticed)
+        joined = []
+        while self._joins_seen < self.store.add("joins", 0):
+            w = int(self.store.get(f"join/{self._joins_seen}"))
+            self._joins_seen += 1
+            self._watch[w] = _Watch(-1, now)
+            joined.append(w)
+        lost_participants = [w for w in lost if w in current.participants]
+        if not (lost_participants or noticed or joined):
+            return
+        alive = set(self._watch)
+        members = tuple(sorted(alive - self._leaving))
+        leaving = tuple(sorted(alive & self._leaving))
+        parts = [f"lost {lost_participants}" if lost_participants else "", f"notice {noticed}" if noticed else "",
+                 f"joined {joined}" if joined else ""]  # fmt: skip
+        self.generation = self._write(
+            members, leaving, planned=not lost_participants, reason=", ".join(p for p in parts if p)
+        )

@@ -1,0 +1,437 @@
+"""Elastic data-parallel training on reliable and transient workers that keeps going through revocations.
+
+Every computing worker of generation ``G`` (:mod:`conveyor.elastic._membership`) runs its part of step
+``t``'s batch (the same global batch whatever the membership: batch ``t`` of the seeded epoch order, cut
+evenly among the computing workers), and one all-reduce sums the gradients, the float buffers and the sample
+count. Each shard's owner (:mod:`conveyor.elastic._tiers`) applies the mean gradient to its shard and
+broadcasts the shard's new weights:
+
+    g(t) = sum_w n_w grad l_w(W(t)) / sum_w n_w,    W(t + 1)[a:b] = opt_shard(W(t)[a:b], g(t)[a:b])
+
+which, for an elementwise optimizer, is the single-process update ``W(t + 1) = opt(W(t), g(t))``. A step is
+*committed* once every owner has completed it; an owner keeps its shard of the step before, so any owner can
+give its shard at the committed step ``c = min over owners of their last step``.
+
+On a new generation every participant (members and leavers) meets in a fresh group and reports its last
+step; worker 0 (reliable, the store's host) assembles the whole state at ``c`` from the owners (a leaver with
+notice is one of them, so nothing is lost) or, when an owner was lost without notice, from its backup at
+step ``b`` (stage 2 and 3 lose the ``<= 2 * backup_every`` steps since), broadcasts it to everybody, and the
+new owners take their shards. Training resumes at step ``c + 1`` (or ``b + 1``): the steps redone are at most
+the one in flight (or those since the backup), and the weights equal a run that saw the committed steps,
+because a step's batch does not depend on who runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import conveyor.runtime._checkpoint as checkpoint
+from conveyor.elastic._comm import Waiting, Watch
+from conveyor.elastic._membership import (
+    Generation,
+    Heartbeat,
+    JobFailed,
+    MembershipChanged,
+    connect,
+    listen_for_notice,
+)
+from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, full_message_numel, place_shard, state_layout
+from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, shard_bounds
+
+__all__ = ["ElasticJob", "ElasticOptions", "ElasticTrainer"]
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ElasticOptions:
+    """How an elastic job tolerates revocations; each is a ``conveyor train`` option of the same name."""
+
+    reliable: int = 1  # the first K workers are reliable; worker 0 hosts the store and coordinates
+    lost_s: float = 2.0  # a worker whose heartbeat is still this long is lost
+    beat_s: float = 0.2  # heartbeat period
+    backup_every: int = 4  # steps between an owner's backups to the reliable tier (stages 2 and 3)
+    sync_max: float = SYNC_MAX  # transient:reliable ratio up to which the reliable tier owns the state
+    backup_only_min: float = BACKUP_ONLY_MIN  # ratio from which the reliable tier only keeps backups
+    timeout_s: float = 120.0  # a collective's own limit (a lost peer is noticed through heartbeats sooner)
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    """The data and the schedule of an elastic run."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor | None = None
+    test_y: torch.Tensor | None = None
+    batch_size: int = 64
+    epochs: int = 1
+    seed: int = 0
+    target_accuracy: float | None = None
+
+
+class _Left(Exception):
+    pass
+
+
+class ElasticTrainer:
+    """One worker of an elastic job (see the module docstring).
+
+    Args:
+        model: the whole model, built identically on every worker (a joiner's weights come from its peers).
+        loss_fn: ``loss_fn(output, target)``, the mean over the samples.
+        make_optimizer: builds an elementwise optimizer from parameters.
+        worker: this worker's id (``None``: a joiner, which gets the next free id).
+        host, port: the store (worker 0 hosts it; its port 0 picks a free one, see :attr:`port`).
+        options: the tolerances and AgileML's thresholds.
+        workers: how many workers the job starts with (worker 0 only).
+        log_dir: where ``elastic.jsonl`` and ``metrics.jsonl`` go (worker 0 and the evaluating worker write).
+
+    Example (on every worker; see :func:`conveyor.elastic.launch_elastic`)::
+
+        trainer = ElasticTrainer(model, F.cross_entropy, partial(torch.optim.SGD, lr=0.1), worker, host, port)
+        result = trainer.fit(ElasticJob(x, y, epochs=5))
+    """
+
+    def __init__(
+        self, model: nn.Module, loss_fn: LossFn, make_optimizer: Callable[..., torch.optim.Optimizer],
+        worker: int | None, host: str, port: int, options: ElasticOptions = ElasticOptions(),
+        workers: int = 0, log_dir: Path | None = None,
+    ) -> None:  # fmt: skip
+        self.model, self.loss_fn, self.make_optimizer, self.options = model, loss_fn, make_optimizer, options
+        self.flat = FlatModel(model)
+        self.keys, self.scalar_keys = state_layout(make_optimizer)
+        self.log_dir = log_dir
+        self.leader = worker == 0
+        self.store = connect(host, port, is_leader=False)  # worker 0's launcher hosts it (the reliable tier)
+        self.host, self.port = host, port
+        self.joiner = worker is None
+        if worker is None:
+            self.store.wait(["gen/0"])  # the coordinator has counted the first workers' ids
+            worker = self.store.add("next_id", 1) - 1
+        self.worker = worker
+        self.heartbeat = Heartbeat(host, self.port, worker, options.beat_s)
+        self.coordinator = None
+        if self.leader:
+            from conveyor.elastic._membership import Coordinator
+
+            self.store.set("t0", repr(time.time()))
+            self.coordinator = Coordinator(host, self.port, workers, options.reliable, options.lost_s,
+                                           options.timeout_s, options.sync_max, options.backup_only_min,
+                                           None if log_dir is None else log_dir / "elastic.jsonl")  # fmt: skip
+        listen_for_notice()  # (the launcher listens from the start already)
+        self.watch = Watch(self.store, host, self.port, worker, options.timeout_s, options.lost_s)
+        self.shard: ShardOptimizer | None = None
+        self.prev: tuple[int, torch.Tensor] | None = None  # an owner's shard message one step back
+        self.owner_gen = -1  # the generation whose shard this worker owns
+        self.state_gen = -1  # worker 0: the generation whose owners hold the live state
+        numel = full_message_numel(self.flat.numel, len(self.keys), len(self.scalar_keys), self.flat.buffer_numel)
+        self.backup = torch.zeros(numel, dtype=self.flat.dtype)  # worker 0: the whole state at backup_step
+        self.backup_step = -1
+        if self.leader:
+            self.backup[: self.flat.numel] = self.flat.weights()
+            self.backup[numel - self.flat.buffer_numel :] = self.flat.buffer_vector()
+        self.train_group: Any = None  # this generation's groups (gloo's typing stubs lack their methods)
+        self.all_group: Any = None
+        self.pending_send: Waiting | None = None  # an owner's backup on its way to worker 0
+        self.incoming: list[tuple[int, list[tuple[tuple[int, int], torch.Tensor, Waiting]]]] = []  # worker 0's
+        self.first_step_at: float | None = None
+        self.losses: list[float] = []
+        self.retired: list[Any] = []  # every group this worker built (see _recover)
+        self.events: list[dict[str, Any]] = []
+
+    @property
+    def done(self) -> int:
+        return self.watch.done
+
+    def log(self, entry: dict[str, Any], file: str = "elastic.jsonl") -> None:
+        if self.log_dir is not None:
+            with (self.log_dir / file).open("a") as f:
+                f.write(json.dumps({"wall": round(time.time(), 4), **entry}) + "\n")
+
+    # ---------------------------------------------------------------- the run
+    def fit(self, job: ElasticJob, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Train until ``job``'s epochs are done (or its target accuracy is reached), whoever comes and goes."""
+        self.job, self.on_step = job, on_step
+        self.steps_per_epoch = -(-len(job.train_x) // job.batch_size)
+        self._orders: dict[int, torch.Tensor] = {}
+        self.stop_at = self.job.epochs * self.steps_per_epoch  # sooner once the target accuracy is reached
+        if self.joiner:  # ask the coordinator to take this worker in at the next step boundary
+            n = self.store.add("joins", 1) - 1
+            self.store.set(f"join/{n}", str(self.worker))
+        try:
+            while True:
+                try:
+                    self._recover(self._newest_with_me())
+                    self._run_generation()
+                    break
+                except MembershipChanged:
+                    continue
+        except _Left:
+            return {"worker": self.worker, "left_at": self.done, "events": self.events}
+        except dist.DistNetworkError as exc:  # the store went away with worker 0
+            raise JobFailed(f"the job's store on reliable worker 0 is unreachable ({exc}): the reliable tier was "
+                            "lost, and it must outlive the job") from None  # fmt: skip
+        finally:
+            self.heartbeat.close()
+        if self.coordinator is not None:
+            self._wait_for_members()
+            self.coordinator.close()
+        else:
+            self.store.set(f"exited/{self.worker}", "1")
+        return {"worker": self.worker, "steps": self.done + 1, "losses": self.losses, "events": self.events,
+                "weights": self.flat.weights() if self.worker in self.watch.gen.roles.compute else None}  # type: ignore[union-attr]  # fmt: skip
+
+    def _newest_with_me(self) -> Generation:
+        while True:
+            gen = self.watch.record(self.watch.newest())
+            if self.worker in gen.participants:
+                return gen
+            if self.watch.gen is not None:  # declared lost (paused past the heartbeat limit?): the job went on
+                print(f"worker {self.worker} was declared lost and left out of the job: it exits", flush=True)
+                raise _Left
+            time.sleep(0.05)
+
+    def _stop_step(self) -> int:
+        total = min(self.job.epochs * self.steps_per_epoch, self.stop_at)
+        return min(total, int(self.store.get("stop_step"))) if self.store.check(["stop_step"]) else total
+
+    def _run_generation(self) -> None:
+        gen = self.watch.gen
+        assert gen is not None
+        if self.worker in gen.roles.compute:
+            while self.done + 1 < self._stop_step():
+                self.watch.at_boundary()
+                self._step(self.done + 1)
+            if self.worker == gen.roles.compute[0]:
+                self._finish()
+        elif self.leader and gen.roles.stage == 3:
+            self._keep_backups()
+        self.watch.poll_until(lambda: self.store.check(["finished"]))
+
+    def _finish(self) -> None:
+        if self.log_dir is not None:
+            checkpoint.save(self.log_dir / "checkpoint.pt", self.model.state_dict(), steps=self.done + 1)
+        self.store.set("finished", str(self.done))
+
+    def _wait_for_members(self) -> None:
+        gen = self.watch.gen
+        assert gen is not None
+        others = [w for w in gen.members if w != self.worker]
+        deadline = time.monotonic() + 2 * self.options.lost_s + 5
+        while time.monotonic() < deadline and not all(self.store.check([f"exited/{w}"]) for w in others):
+            time.sleep(0.05)
+
+    # ---------------------------------------------------------------- a step
+    def _order(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._orders:
+            generator = torch.Generator().manual_seed(self.job.seed + epoch)
+            self._orders = {epoch: torch.randperm(len(self.job.train_x), generator=generator)}
+        return self._orders[epoch]
+
+    def _step(self, t: int) -> None:
+        gen = self.watch.gen
+        assert gen is not None
+        compute, owners = gen.roles.compute, gen.roles.owners
+        epoch, i = divmod(t, self.steps_per_epoch)
+        batch = self._order(epoch)[i * self.job.batch_size : (i + 1) * self.job.batch_size]
+        a, b = shard_bounds(len(batch), len(compute))[compute.index(self.worker)]
+        mine = batch[a:b]
+        self.model.train()
+        for p in self.flat.params:
+            p.grad = None
+        loss_sum = torch.zeros(())
+        if len(mine):
+            loss_sum = self.loss_fn(self.model(self.job.train_x[mine]), self.job.train_y[mine]) * len(mine)
+            loss_sum.backward()
+        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.flat.params]
+        extra = torch.tensor([float(loss_sum.detach()), float(len(mine))], dtype=self.flat.dtype)
+        packed = torch.cat([*grads, self.flat.buffer_vector() * len(mine), extra]).to(self.flat.dtype)
+        self.watch.wait(self.train_group.allreduce([packed]), stepping=True)
+        samples = float(packed[-1])
+        P, nb = self.flat.numel, self.flat.buffer_numel
+        self.flat.set_buffers(packed[P : P + nb] / samples)
+        weights = self.flat.weights()
+        bounds = shard_bounds(P, len(owners))
+        if self.shard is not None:
+            self.prev = (t - 1, self.shard.message().clone())
+            weights[slice(*self.shard.bounds)] = self.shard.step(packed[slice(*self.shard.bounds)] / samples)
+        parts = [weights[lo:hi].contiguous() for lo, hi in bounds]
+        works = [self.train_group.broadcast(part, compute.index(o)) for part, o in zip(parts, owners, strict=True)]
+        for work in works:
+            self.watch.wait(work, stepping=True)
+        self.flat.set_weights(torch.cat(parts))
+        self.watch.done = t
+        self.losses.append(float(packed[-2]) / samples)
+        if self.first_step_at is None and self.worker == compute[0]:
+            self.first_step_at = time.time()
+            self.log({"event": "resumed", "gen": gen.gen, "step": t, "worker": self.worker})
+        if self.on_step is not None:
+            self.on_step(t)
+        self._backups(t)
+        if i == self.steps_per_epoch - 1:
+            self._end_epoch(epoch, t)
+
+    def _end_epoch(self, epoch: int, t: int) -> None:
+        gen = self.watch.gen
+        assert gen is not None
+        accuracy = torch.zeros(1, dtype=torch.float64)
+        evaluating = self.worker == gen.roles.compute[0] and self.job.test_x is not None
+        if evaluating:
+            self.model.eval()
+            with torch.no_grad():
+                logits = self.model(self.job.test_x)
+            accuracy[0] = float((logits.argmax(-1) == self.job.test_y).float().mean())
+        self.watch.wait(self.train_group.broadcast(accuracy, 0), stepping=True)
+        target = self.job.target_accuracy
+        if evaluating:
+            t0 = float(self.store.get("t0"))
+            per_epoch = self.losses[-self.steps_per_epoch :]
+            self.log({"epoch": epoch + 1, "seconds": round(time.time() - t0, 3), "step": t,
+                      "loss": sum(per_epoch) / max(1, len(per_epoch)), "accuracy": float(accuracy),
+                      "gen": gen.gen, "workers": len(gen.roles.compute)}, "metrics.jsonl")  # fmt: skip
+        if target is not None and float(accuracy) >= target:
+            self.stop_at = t + 1  # every computing worker saw the same accuracy, so all stop here
+            if evaluating:
+                self.store.set("stop_step", str(t + 1))  # and a worker that joins later learns it here
+
+    # ---------------------------------------------------------------- backups (stages 2 and 3)
+    def _backups(self, t: int) -> None:
+        """An owner sends its shard to worker 0 every ``backup_every`` steps, waiting only for its previous
+        backup; worker 0, when it computes, posts the receives at the same steps and installs complete ones."""
+        gen = self.watch.gen
+        assert gen is not None
+        if gen.roles.stage == 1 or t % self.options.backup_every:
+            return
+        if self.shard is not None:
+            if self.pending_send is not None:
+                self.watch.wait(self.pending_send, stepping=True)
+            self.send_buffer = self.shard.message().clone()
+            self.pending_send = Waiting(self.all_group.send([self.send_buffer], gen.members.index(0), t))
+        if self.leader:
+            self._post_backup(t)
+            self._install_backups(block=False)
+
+    def _post_backup(self, t: int) -> None:
+        gen = self.watch.gen
+        assert gen is not None
+        bounds = shard_bounds(self.flat.numel, len(gen.roles.owners))
+        posts = []
+        for o, (lo, hi) in zip(gen.roles.owners, bounds, strict=True):
+            size = (1 + len(self.keys)) * (hi - lo) + len(self.scalar_keys) + self.flat.buffer_numel
+            buffer = torch.zeros(size, dtype=self.flat.dtype)
+            posts.append(((lo, hi), buffer, Waiting(self.all_group.recv([buffer], gen.members.index(o), t))))
+        self.incoming.append((t, posts))
+
+    def _install_backups(self, block: bool) -> None:
+        while self.incoming:
+            t, posts = self.incoming[0]
+            if block:
+                for _, _, work in posts:
+                    self.watch.wait(work)
+            elif not all(work.ready() for _, _, work in posts):
+                return
+            if any(work.error is not None for _, _, work in posts):
+                return  # an owner was lost mid-backup: the generation is about to change
+            for bounds, buffer, _ in posts:
+                place_shard(self.backup, buffer, bounds, self.flat.numel, len(self.keys))
+            self.backup_step = t
+            self.incoming.pop(0)
+
+    def _keep_backups(self) -> None:
+        """Worker 0 in stage 3: receive the owners' backups, one backup step at a time, until the run ends."""
+        L = self.options.backup_every
+        t = (self.done // L + 1) * L
+        while not self.store.check(["finished"]) and t < self._stop_step():
+            self._post_backup(t)
+            self.watch.poll_until(lambda: self.store.check(["finished"]) or all(
+                w.ready() for _, _, w in self.incoming[0][1]))  # fmt: skip
+            if not all(w.ready() for _, _, w in self.incoming[0][1]):
+                return
+            self._install_backups(block=True)
+            t += L
+
+    # ---------------------------------------------------------------- recovery
+    def _recover(self, gen: Generation) -> None:
+        """Meet every participant of ``gen``, resume from the committed state, and build its groups."""
+        began = time.time()
+        self.watch.gen, self.first_step_at = gen, None
+        self.pending_send, self.incoming = None, []
+        parts = gen.participants
+        group: Any = self.watch.group("recover", parts)
+        self.retired.append(group)
+        mine = torch.tensor([self.done, self.owner_gen, self.state_gen, self.backup_step], dtype=torch.float64)
+        reports = [torch.zeros(4, dtype=torch.float64) for _ in parts]
+        self.watch.wait(group.allgather([reports], [mine]))
+        seen = {w: [int(x) for x in r] for w, r in zip(parts, reports, strict=True)}
+        state_gen, backup_step = seen[0][2], seen[0][3]
+        owners = self.watch.record(state_gen).roles.owners if state_gen >= 0 else ()
+        from_owners = bool(owners) and all(o in seen and seen[o][1] == state_gen for o in owners)
+        c = min(seen[o][0] for o in owners) if from_owners else backup_step
+        P, V = self.flat.numel, len(self.keys)
+        full = torch.zeros_like(self.backup)
+        if from_owners:
+            bounds = shard_bounds(P, len(owners))
+            for o, shard in zip(owners, bounds, strict=True):
+                if o == self.worker == 0:
+                    place_shard(full, self._shard_at(c), shard, P, V)
+                elif o == self.worker:
+                    self.watch.wait(group.send([self._shard_at(c)], parts.index(0), 0))
+                elif self.leader:
+                    size = (1 + V) * (shard[1] - shard[0]) + len(self.scalar_keys) + self.flat.buffer_numel
+                    message = torch.zeros(size, dtype=self.flat.dtype)
+                    self.watch.wait(group.recv([message], parts.index(o), 0))
+                    place_shard(full, message, shard, P, V)
+        elif self.leader:
+            full.copy_(self.backup)
+        if self.leader:
+            self.backup.copy_(full)
+            self.backup_step = c
+        self.watch.wait(group.broadcast(full, parts.index(0)))
+        redone = max(r[0] for r in seen.values()) - c
+        self.flat.set_weights(full[:P])
+        self.flat.set_buffers(full[full.numel() - self.flat.buffer_numel :])
+        self.watch.done, self.prev, self.shard = c, None, None
+        if self.worker in gen.roles.owners:
+            shard = shard_bounds(P, len(gen.roles.owners))[gen.roles.owners.index(self.worker)]
+            self.shard = ShardOptimizer(self.flat, self.make_optimizer, shard)
+            self.shard.load(cut_shard(full, shard, P, V))
+        self.owner_gen = gen.gen if self.shard is not None else -1
+        if self.leader:
+            if self.log_dir is not None:
+                (self.log_dir / "training-started").touch()  # an emulated cluster's fault clock starts here
+            self.state_gen = gen.gen
+            event = {"event": "generation", "gen": gen.gen, "reason": gen.reason, "planned": gen.planned,
+                     "members": list(gen.members), "leaving": list(gen.leaving), "stage": gen.roles.stage,
+                     "compute": list(gen.roles.compute), "owners": list(gen.roles.owners), "resume_step": c,
+                     "steps_redone": redone, "from": "owners" if from_owners else "backup",
+                     "recover_s": round(time.time() - began, 4)}  # fmt: skip
+            self.events.append(event)
+            self.log(event)
+        if self.worker in gen.leaving:
+            self.store.set(f"left/{self.worker}", "1")
+            raise _Left
+        # Old groups are kept, never destroyed: a gloo group's destructor waits for its abandoned work.
+        self.retired += [g for g in (self.train_group, self.all_group) if g is not None]
+        if self.worker in gen.roles.compute:
+            self.train_group = self.watch.group("train", gen.roles.compute)
+        if gen.roles.stage > 1:
+            self.all_group = self.watch.group("all", gen.members)
+
+    def _shard_at(self, c: int) -> torch.Tensor:
+        """This owner's shard message at step ``c`` (its last step, or the one before)."""
+        assert self.shard is not None
+        if self.done == c:
+            return self.shard.message()
+        if self.prev is not None and self.prev[0] == c:
+            return self.prev[1]
+        raise RuntimeError(f"worker {self.worker} holds its shard at steps {self.done} and before, not {c}")

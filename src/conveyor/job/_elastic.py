@@ -1,0 +1,110 @@
+"""``conveyor train --reliable K``: the main job as elastic data parallelism that survives revocations.
+
+The first ``K`` workers are reliable (worker 0 hosts the store and coordinates), the rest transient: an
+emulated revocation (``--faults revoke:...``, ``trace:...``) or a real SIGTERM/SIGKILL takes workers away,
+and the others go on (:mod:`conveyor.elastic`); an emulated addition, or ``conveyor train --join HOST:PORT``
+on any machine that reaches worker 0, adds one. The run folder gets ``metrics.jsonl`` (per epoch, from the
+worker that evaluates), ``elastic.jsonl`` (every generation: why, AgileML's stage, who owns what, the step
+it resumed from, the steps redone, the seconds it took; and when each resumed), ``checkpoint.pt``,
+``summary.json`` and ``accuracy.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, connect, launch_elastic
+from conveyor.emulate import Emulation
+from conveyor.job._report import plot_accuracy
+from conveyor.job._train import TrainConfig, loss_and_optimizer, model_and_data
+
+__all__ = ["join_elastic", "train_elastic"]
+
+
+def _options(cfg: TrainConfig) -> ElasticOptions:
+    assert cfg.reliable is not None
+    return ElasticOptions(reliable=cfg.reliable, lost_s=cfg.lost_s, backup_every=cfg.backup_every,
+                          sync_max=cfg.sync_max, backup_only_min=cfg.backup_only_min)  # fmt: skip
+
+
+def check_faults(cfg: TrainConfig, workers: int) -> None:
+    """Refuse, in one line, a fault plan that revokes a reliable worker."""
+    assert cfg.reliable is not None
+    if not 1 <= cfg.reliable <= workers:
+        raise ValueError(f"--reliable {cfg.reliable}: give 1 to {workers} (the job's workers)")
+    emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
+    for fault in emulation.fault_list(workers) if emulation.faults else []:
+        if fault.kind == "revoke" and min(fault.workers) < cfg.reliable:
+            raise ValueError(
+                f"--faults revokes worker {min(fault.workers)}, which is reliable (--reliable {cfg.reliable}): "
+                f"revoke transient workers ({cfg.reliable} to {workers - 1}) only"
+            )
+
+
+def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> dict[str, Any]:
+    model, data = model_and_data(cfg)
+    loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
+    trainer = ElasticTrainer(model, loss_fn, make_optimizer, worker, host, port, _options(cfg), workers, Path(run_dir))
+    if worker == 0:
+        trainer.store.set("config", json.dumps(asdict(cfg)))  # what a worker joining by hand needs
+        Console().print(f"elastic job: workers 0-{cfg.reliable - 1} reliable; add one from any machine with "  # type: ignore[operator]
+                        f"conveyor train --join {host}:{port}")  # fmt: skip
+    job = ElasticJob(data.train_x, data.train_y, data.test_x, data.test_y, cfg.batch_size, cfg.epochs, cfg.seed,
+                     cfg.target_accuracy)  # fmt: skip
+    steps = cfg.epochs * -(-len(data.train_x) // cfg.batch_size)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("step {task.completed:.0f}"),
+                  TimeElapsedColumn(), disable=worker != 0) as bar:  # fmt: skip
+        task = bar.add_task("training", total=steps)
+        result = trainer.fit(job, lambda t: bar.update(task, completed=t + 1))
+    result.pop("weights", None)
+    return result
+
+
+def train_elastic(cfg: TrainConfig) -> dict[str, Any]:
+    """Run ``cfg`` as an elastic job on local workers (or the emulated cluster); return the run's summary."""
+    run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for log in ("metrics.jsonl", "elastic.jsonl"):
+        (run_dir / log).unlink(missing_ok=True)
+    workers = cfg.workers or 4
+    check_faults(cfg, workers)
+    emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
+    launch_elastic(_worker, cfg, str(run_dir), workers, nprocs=workers, folder=run_dir, emulation=emulation)
+    history = _lines(run_dir / "metrics.jsonl")
+    events = _lines(run_dir / "elastic.jsonl")
+    summary = {
+        "epochs": len(history),
+        "accuracy": [h["accuracy"] for h in history],
+        "loss": [h["loss"] for h in history],
+        "seconds": history[-1]["seconds"] if history else 0.0,
+        "epoch_seconds": [h["seconds"] for h in history],
+        "generations": [e for e in events if e["event"] == "generation"],
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if history:
+        plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy (elastic)")
+    return summary
+
+
+def join_elastic(address: str, run_dir: str | None = None) -> dict[str, Any]:
+    """Join the elastic job whose store is at ``HOST:PORT`` from this process, with that job's configuration."""
+    host, _, port_text = address.rpartition(":")
+    if not host or not port_text.isdigit():
+        raise ValueError(f"--join {address!r}: give HOST:PORT, as the job's worker 0 printed it")
+    store = connect(host, int(port_text), is_leader=False, timeout_s=30)
+    cfg = TrainConfig(**{**json.loads(store.get("config")), "join": None})
+    folder = Path(run_dir or f"runs/join-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return _worker(None, host, int(port_text), cfg, str(folder), 0)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -1,0 +1,158 @@
+"""Elastic training through revocations and additions: the weights always equal a single-process run of the
+committed steps, nothing committed is lost, and losing the reliable tier is a clear error."""
+
+import multiprocessing
+import os
+import signal
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, launch_elastic
+from conveyor.elastic._launch import _worker
+from conveyor.runtime import WorkerError
+
+pytestmark = pytest.mark.timeout(120)
+
+BATCH, EPOCHS = 24, 2
+OPTIMIZER = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(240, 8, generator=torch.Generator().manual_seed(0))
+    return x, (x[:, 0] + x[:, 1] > 0).long()
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+def reference(steps: int) -> torch.Tensor:
+    """The module docstring's update, in one process: step t trains on batch t of the seeded epoch order."""
+    x, y = data()
+    net, per_epoch = model(), -(-len(x) // BATCH)
+    optimizer = OPTIMIZER(net.parameters())
+    for t in range(steps):
+        epoch, i = divmod(t, per_epoch)
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
+        idx = order[i * BATCH : (i + 1) * BATCH]
+        optimizer.zero_grad()
+        F.cross_entropy(net(x[idx]), y[idx]).backward()
+        optimizer.step()
+    return torch.nn.utils.parameters_to_vector(net.parameters()).detach()
+
+
+class Victim(ElasticTrainer):
+    """Kills itself mid-state-transfer (as an owner handing its shard over) in a generation after the first."""
+
+    def _shard_at(self, c: int) -> torch.Tensor:
+        if self.watch.gen is not None and self.watch.gen.gen >= 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super()._shard_at(c)
+
+
+def work(worker: int | None, host: str, port: int, folder: str, opts: ElasticOptions, workers: int,
+         kills: dict[int, tuple[int, int]], victim: int | None) -> dict[str, Any]:  # fmt: skip
+    x, y = data()
+    cls = Victim if worker == victim else ElasticTrainer
+    trainer = cls(model(), F.cross_entropy, OPTIMIZER, worker, host, port, opts, workers, Path(folder))
+
+    def on_step(t: int) -> None:
+        time.sleep(0.02)  # steps long enough for faults to land mid-run
+        if worker in kills and t == kills[worker][0]:
+            os.kill(os.getpid(), kills[worker][1])
+
+    return trainer.fit(ElasticJob(x, y, x, y, BATCH, EPOCHS), on_step)
+
+
+def late(delay_s: float, *args: Any) -> dict[str, Any]:
+    time.sleep(delay_s)
+    return work(*args)
+
+
+def run(tmp_path: Path, workers: int, opts: ElasticOptions, kills: dict[int, tuple[int, int]],
+        victim: int | None = None, join_after_s: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
+    args = (str(tmp_path), opts, workers, kills, victim)
+    joiner = None
+    if join_after_s:  # a worker started by hand (as conveyor train --join would), from outside the launcher
+        joined = (9, None, "127.0.0.1", tmp_path, partial(late, join_after_s), args, None, 1)
+        joiner = multiprocessing.get_context("spawn").Process(target=_worker, args=joined)
+        joiner.start()
+    try:
+        results = launch_elastic(work, *args, nprocs=workers, folder=tmp_path, timeout_s=100)
+    finally:
+        if joiner is not None:
+            joiner.join(30)
+            assert joiner.exitcode == 0
+    return list(results.values())
+
+
+def generations(tmp_path: Path) -> list[dict[str, Any]]:
+    import json
+
+    lines = [json.loads(line) for line in (tmp_path / "elastic.jsonl").read_text().splitlines()]
+    return [e for e in lines if e["event"] == "generation"]
+
+
+def check_weights(results: list[dict[str, Any]]) -> None:
+    steps = EPOCHS * -(-240 // BATCH)
+    want = reference(steps)
+    finished = [r for r in results if r.get("weights") is not None]
+    assert finished
+    for r in finished:
+        assert r["steps"] == steps
+        torch.testing.assert_close(r["weights"], want, atol=1e-5, rtol=0)
+
+
+def test_stage_1_loses_a_worker_mid_all_reduce_and_redoes_nothing_committed(tmp_path: Path) -> None:
+    results = run(tmp_path, 3, ElasticOptions(lost_s=1.0), {2: (7, signal.SIGKILL)})
+    check_weights(results)
+    gens = generations(tmp_path)
+    assert [g["stage"] for g in gens] == [1, 1] and gens[1]["reason"] == "lost [2]"
+    assert gens[1]["from"] == "owners" and gens[1]["resume_step"] >= 6 and gens[1]["steps_redone"] <= 1
+
+
+def test_stage_2_owner_lost_without_notice_resumes_from_the_backup(tmp_path: Path) -> None:
+    opts = ElasticOptions(lost_s=1.0, sync_max=0.5, backup_every=3)
+    results = run(tmp_path, 3, opts, {1: (10, signal.SIGKILL)})
+    check_weights(results)
+    lost = generations(tmp_path)[1]
+    assert generations(tmp_path)[0]["stage"] == 2 and lost["from"] == "backup"
+    assert 10 - 2 * 3 <= lost["resume_step"] <= 10 and lost["steps_redone"] <= 2 * 3  # the stated bound
+
+
+def test_notice_hands_the_shard_over_and_a_joiner_takes_one(tmp_path: Path) -> None:
+    opts = ElasticOptions(lost_s=1.0, sync_max=0.5, backup_every=3)
+    results = run(tmp_path, 3, opts, {2: (6, signal.SIGTERM)}, join_after_s=0.5)
+    check_weights(results)
+    gens = generations(tmp_path)
+    reasons = [g["reason"] for g in gens]
+    assert any("notice [2]" in r for r in reasons) and any("joined" in r for r in reasons)
+    for g in gens[1:]:
+        assert g["planned"] and g["from"] == "owners" and g["steps_redone"] == 0  # nothing lost, nothing redone
+    assert any(r.get("left_at") is not None and r["worker"] == 2 for r in results)
+
+
+def test_stage_3_owner_killed_mid_state_transfer(tmp_path: Path) -> None:
+    # 4 workers, 1 reliable: ratio 3 puts the job in stage 3 (the reliable worker only keeps backups). Worker
+    # 3 gets a notice at step 9; worker 2, an owner too, dies while handing its shard over for it.
+    opts = ElasticOptions(lost_s=1.0, sync_max=0.5, backup_only_min=2.5, backup_every=2)
+    results = run(tmp_path, 4, opts, {3: (9, signal.SIGTERM)}, victim=2)
+    check_weights(results)
+    gens = generations(tmp_path)
+    assert gens[0]["stage"] == 3 and gens[0]["compute"] == [1, 2, 3]
+    assert gens[-1]["members"] == [0, 1] and gens[-1]["from"] == "backup"
+
+
+def test_losing_the_reliable_worker_is_a_clear_error(tmp_path: Path) -> None:
+    began = time.monotonic()
+    with pytest.raises(WorkerError, match="reliable"):
+        run(tmp_path, 3, ElasticOptions(lost_s=1.0), {0: (5, signal.SIGKILL)})
+    assert time.monotonic() - began < 60
