@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.elastic._bidbrain import Costs, Offer, Throughput, hold_cost, paid_left, plan, simulate
+from conveyor.elastic._bidbrain import simulate
 from conveyor.elastic._market import Billing, Market, MarketPrice
+from conveyor.elastic._objective import Offer, hold_cost, paid_left, plan
+from conveyor.elastic._throughput import Costs, Throughput
 
 ONE = Throughput(batch=1, compute_s=1.0)  # one sample per machine-second, no all-reduce
 FREE = Costs(revocation_s=0.0, addition_s=0.0, restart_s=0.0, steps_redone=0.0, checkpoint_s=0.0)

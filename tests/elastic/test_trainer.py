@@ -61,7 +61,7 @@ class Victim(ElasticTrainer):
 def work(worker: int | None, host: str, port: int, folder: str, opts: ElasticOptions, workers: int,
          kills: dict[int, tuple[int, int]], victim: int | None) -> dict[str, Any]:  # fmt: skip
     x, y = data()
-    cls = Victim if worker == victim else ElasticTrainer
+    cls = Victim if victim is not None and worker == victim else ElasticTrainer
     trainer = cls(model(), F.cross_entropy, OPTIMIZER, worker, host, port, opts, workers, Path(folder))
 
     def on_step(t: int) -> None:
@@ -138,6 +138,17 @@ def test_notice_hands_the_shard_over_and_a_joiner_takes_one(tmp_path: Path) -> N
     for g in gens[1:]:
         assert g["planned"] and g["from"] == "owners" and g["steps_redone"] == 0  # nothing lost, nothing redone
     assert any(r.get("left_at") is not None and r["worker"] == 2 for r in results)
+
+
+def test_stage_3_notice_while_owners_send_backups(tmp_path: Path) -> None:
+    # Worker 0 switches to the planned generation at once (it computes nothing in stage 3) while the owners may
+    # be waiting for it to take their last backup: they must still agree on a boundary and hand over.
+    opts = ElasticOptions(lost_s=1.0, sync_max=0.5, backup_only_min=2.5, backup_every=1)
+    results = run(tmp_path, 4, opts, {3: (9, signal.SIGTERM)})
+    check_weights(results)
+    gens = generations(tmp_path)
+    assert gens[0]["stage"] == 3 and gens[1]["reason"] == "notice [3]"
+    assert gens[1]["planned"] and gens[1]["from"] == "owners" and gens[1]["steps_redone"] == 0
 
 
 def test_stage_3_owner_killed_mid_state_transfer(tmp_path: Path) -> None:

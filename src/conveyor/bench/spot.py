@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench._checks import require_known
-from conveyor.elastic._bidbrain import POLICIES, Costs, Outcome, simulate, throughput_from_plan
+from conveyor.elastic._bidbrain import POLICIES, Outcome, simulate
 from conveyor.elastic._market import BILLINGS, read_markets
+from conveyor.elastic._throughput import Costs, throughput_from_plan
 from conveyor.plan import read_graph_txt
 
 __all__ = ["GOALS", "MEASURED", "SHARED", "SpotConfig", "costs_from_elastic", "plot", "run"]
@@ -26,13 +27,17 @@ SHARED = Path(__file__).resolve().parents[4] / "shared"
 TRACES = ("p3-trace.csv", "g4dn-trace.csv", "a100x1-east1b.txt", "v100x1-east1c.txt")
 GOALS = {"vs_on_demand": 0.4, "vs_checkpoint_restart": 0.7}
 
-# placeholder until bench elastic is measured
+# Measured by `conveyor bench elastic --json elastic.json` (2026-11-23, this project's 2-core machine: vgg16,
+# 6 workers, 3 revoked at once): the means of its conveyor revoke events (0.85 s without notice, 6 steps redone;
+# 0.36 s with notice, none), of its add events (9.89 s, 10.99 s: a worker process starting) and of its torchrun
+# revoke events (13.81 s, 13.12 s). `--elastic FILE` reads another report. checkpoint_s is not measured: an
+# assumption (ResNet-50's weights and momentum, about 200 MB, written at about 100 MB/s).
 MEASURED = {
-    "revocation_s": 30.0,  # Conveyor elastic: the survivors' lost time per revocation
-    "addition_s": 20.0,  # Conveyor elastic: the pause when machines join
-    "steps_redone": 1.0,  # Conveyor elastic: steps recomputed after a revocation
-    "restart_s": 120.0,  # torchrun: restart all and reload the last checkpoint
-    "checkpoint_s": 30.0,  # checkpoint-restart: the pause to write a checkpoint
+    "revocation_s": 0.605,  # Conveyor elastic: from a revocation to the survivors' next step
+    "addition_s": 10.44,  # Conveyor elastic: from a machine's arrival to its first step in the job
+    "steps_redone": 3.0,  # Conveyor elastic: steps recomputed after a revocation
+    "restart_s": 13.465,  # torchrun: restart all and reload the last checkpoint, to the next step
+    "checkpoint_s": 2.0,  # checkpoint-restart: the pause to write a checkpoint (assumed, see above)
 }
 
 
@@ -70,7 +75,7 @@ def costs_from_elastic(path: str | Path) -> dict[str, float]:
         >>> import tempfile
         >>> ev = lambda kind, s, redo=0: {"kind": kind, "recovery_s": s, "steps_redone": redo}
         >>> report = {"conveyor": {"events": [ev("revoke", 4.0, 1), ev("revoke", 6.0, 3), ev("add", 2.0)]},
-        ...           "torchrun": {"events": [ev("revoke", 50.0)]}}
+        ...           "torchrun": {"events": [ev("revoke", 50.0), ev("add", 0.0)]}}
         >>> with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         ...     json.dump(report, f)
         >>> costs_from_elastic(f.name)
@@ -82,15 +87,15 @@ def costs_from_elastic(path: str | Path) -> dict[str, float]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a conveyor bench elastic report ({type(exc).__name__}: {exc})") from None
 
-    def mean(events: list[dict[str, Any]], kind: str | None, key: str) -> float | None:
-        values = [float(e[key]) for e in events if kind is None or e.get("kind") == kind]
+    def mean(events: list[dict[str, Any]], kind: str, key: str) -> float | None:
+        values = [float(e[key]) for e in events if e.get("kind") == kind and e.get(key) is not None]
         return sum(values) / len(values) if values else None
 
     found = {
         "revocation_s": mean(conveyor, "revoke", "recovery_s"),
         "steps_redone": mean(conveyor, "revoke", "steps_redone"),
         "addition_s": mean(conveyor, "add", "recovery_s"),
-        "restart_s": mean(torchrun, None, "recovery_s"),
+        "restart_s": mean(torchrun, "revoke", "recovery_s"),
     }
     return {k: v for k, v in found.items() if v is not None}
 

@@ -92,6 +92,28 @@ def add_parser(sub: Any) -> None:
     costs.add_argument("--json", type=Path, default=None, help="write the report here")
     planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
     planner.add_argument("--json", type=Path, default=None, help="write the report here")
+    elastic = which.add_parser("elastic", help="revocations and additions, against torchrun's checkpoint-restart")
+    elastic.add_argument("--model", default="vgg16")
+    elastic.add_argument("--workers", type=positive, default=6)
+    elastic.add_argument("--reliable", type=positive, default=1, help="reliable workers (the first ones)")
+    elastic.add_argument("--revoke", type=positive, default=3, help="transient workers revoked at once (the last)")
+    elastic.add_argument("--grace", type=float, default=5.0, help="seconds from a notice to the kill")
+    elastic.add_argument("--epochs", type=int, default=16, help="0: measure the stages only (--stage-workers)")
+    elastic.add_argument("--batch-size", type=positive, default=64)
+    elastic.add_argument("--lr", type=float, default=0.05)
+    elastic.add_argument("--seed", type=int, default=0)
+    elastic.add_argument("--checkpoint-every", type=positive, default=None, help="torchrun's (default: an epoch)")
+    elastic.add_argument("--max-restarts", type=positive, default=5, help="torchrun's")
+    elastic.add_argument(
+        "--stage-workers",
+        type=sizes,
+        default=(),
+        help="also measure each AgileML stage's "
+        "samples/s at these worker counts, e.g. 2,3,4,6 (with --epochs 0: only that)",
+    )
+    elastic.add_argument("--stage-epochs", type=positive, default=3, help="epochs per stage measurement")
+    elastic.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
+    elastic.add_argument("--json", type=Path, default=None, help="write the report here")
     spot = which.add_parser("spot", help="on-demand, checkpoint-restart, elastic and BidBrain over spot traces")
     spot.add_argument("--trace", action="append", type=names, default=None,
                       help="a trace file, repeatable or comma-separated (default: the four of ../shared)")  # fmt: skip
@@ -110,7 +132,7 @@ def run(args: argparse.Namespace) -> None:
     """Run the benchmark ``args.bench`` names."""
     {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "stragglers": _stragglers,
      "predictions": _predictions, "planner": _planner, "emulate": _emulate, "costs": _costs,
-     "convergence": _convergence, "spot": _spot}[args.bench](args)  # fmt: skip
+     "convergence": _convergence, "spot": _spot, "elastic": _elastic}[args.bench](args)  # fmt: skip
 
 
 def _convergence(args: argparse.Namespace) -> None:
@@ -129,6 +151,39 @@ def _convergence(args: argparse.Namespace) -> None:
     console.print(table)
     if args.plot:
         console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, report)
+
+
+def _elastic(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from conveyor.bench.elastic import ElasticBenchConfig, run
+
+    cfg = config(ElasticBenchConfig, args)
+    with tempfile.TemporaryDirectory(prefix="conveyor-bench-elastic-") as tmp:
+        report = run(cfg, args.keep or Path(tmp))
+    if report.get("stages"):
+        stages = Table("workers", "transient:reliable", "stage", "samples/s", title="AgileML's stages, forced")
+        for r in report["stages"]:
+            stages.add_row(str(r["workers"]), f"{r['transient_per_reliable']:g}", str(r["stage"]),
+                           f"{r['samples_per_s']:.0f}")  # fmt: skip
+        console.print(stages)
+    if "uninterrupted" not in report:
+        if args.json:
+            write_json(args.json, report)
+        return
+    table = Table("job", "event", "notice", "recovery s", "steps redone", title=f"{cfg.model}: {cfg.workers} workers, "
+                  f"{cfg.reliable} reliable; {cfg.revoke} revoked at once")  # fmt: skip
+    for job in ("conveyor", "torchrun"):
+        for e in report[job]["events"]:
+            recovery = "-" if e["recovery_s"] is None else f"{e['recovery_s']:.2f}"
+            table.add_row(job, e["kind"], str(e["notice"]), recovery, str(e["steps_redone"]))
+    console.print(table)
+    for job in ("uninterrupted", "conveyor", "torchrun"):
+        r = report[job]
+        console.print(f"{job}: final accuracy {r['final_accuracy']}, {r['seconds']:.1f} s")
+    console.print(f"goals: {report['goals']}")
     if args.json:
         write_json(args.json, report)
 

@@ -78,7 +78,7 @@ def add_parser(sub: Any) -> None:
     elastic.add_argument(
         "--backup-only-min",
         type=float,
-        default=8.0,
+        default=3.0,
         help="ratio from which reliable workers only keep backups (AgileML stage 3)",
     )
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")

@@ -7,7 +7,7 @@ with prices to compare acquisition policies, BidBrain's among them.
 
 Example:
     >>> from conveyor.elastic import agile_stage
-    >>> agile_stage(transient=5, reliable=1)
+    >>> agile_stage(transient=5, reliable=2)
     2
 """
 
@@ -17,16 +17,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from conveyor.elastic._bidbrain import POLICIES, Costs, Outcome, Throughput, simulate, throughput_from_plan
+    from conveyor.elastic._bidbrain import POLICIES, Outcome, simulate
     from conveyor.elastic._launch import launch_elastic, store_address
     from conveyor.elastic._market import BILLINGS, PRICES, Billing, Market, MarketPrice, read_markets
     from conveyor.elastic._membership import Coordinator, Generation, JobFailed, MembershipChanged, connect
+    from conveyor.elastic._objective import Offer, hold_cost, paid_left, plan
+    from conveyor.elastic._throughput import Costs, Throughput, throughput_from_plan
     from conveyor.elastic._tiers import Roles, agile_stage, roles, shard_bounds
     from conveyor.elastic._trainer import ElasticJob, ElasticOptions, ElasticTrainer
 
 # Imported on first use: the market simulator and the CLI need none of torch.
 _HOME = {
-    "_bidbrain": ("POLICIES", "Costs", "Outcome", "Throughput", "simulate", "throughput_from_plan"),
+    "_bidbrain": ("POLICIES", "Outcome", "simulate"),
+    "_objective": ("Offer", "hold_cost", "paid_left", "plan"),
+    "_throughput": ("Costs", "Throughput", "throughput_from_plan"),
     "_launch": ("launch_elastic", "store_address"),
     "_market": ("BILLINGS", "PRICES", "Billing", "Market", "MarketPrice", "read_markets"),
     "_membership": ("Coordinator", "Generation", "JobFailed", "MembershipChanged", "connect"),
@@ -49,12 +53,16 @@ __all__ = [
     "Market",
     "MarketPrice",
     "MembershipChanged",
+    "Offer",
     "Outcome",
     "Roles",
     "Throughput",
     "agile_stage",
     "connect",
+    "hold_cost",
     "launch_elastic",
+    "paid_left",
+    "plan",
     "read_markets",
     "roles",
     "shard_bounds",

@@ -117,20 +117,23 @@ class Watch:
             self._planned[g] = self.record(g).planned
         return self._planned[g]
 
-    def wait(self, work: Any, stepping: bool = False) -> None:
+    def wait(self, work: Any, stepping: bool = False, between_steps: bool = False) -> None:
         """Wait for ``work`` (a gloo ``Work`` or a :class:`Waiting`), looking at the store meanwhile; a failed
-        collective waits for the coordinator to say who was lost (then ``MembershipChanged``)."""
+        collective waits for the coordinator to say who was lost (then ``MembershipChanged``). A wait
+        ``between_steps`` (after this worker's last step) may also propose a planned generation's boundary: the
+        peer it waits for may have switched already."""
         waiting = work if isinstance(work, Waiting) else Waiting(work)
         nap, checked = 1e-4, time.monotonic()
         while not waiting.ready(nap):
             nap = min(2 * nap, _NAP_S)
             if time.monotonic() - checked > POLL_S:
-                self.check(stepping)
+                self.at_boundary() if between_steps else self.check(stepping)
                 checked = time.monotonic()
         if waiting.error is not None:  # it failed: a peer is gone
             self._await_verdict(waiting.error)
 
     def _await_verdict(self, error: BaseException) -> None:
+        self.store.add("suspects", 1)  # evidence for the coordinator: look at the heartbeats closely now
         deadline = time.monotonic() + 3 * self.lost_s + 5
         while time.monotonic() < deadline:
             self.check(stepping=False)

@@ -22,11 +22,12 @@ from typing import Any
 
 from conveyor.elastic._membership import connect, listen_for_notice
 from conveyor.emulate import Cluster, Emulation, FaultDriver, address
-from conveyor.runtime._launch import WorkerError, _Report, _set_parent_death_signal, _stop
+from conveyor.runtime._launch import WorkerError, _Report, _set_parent_death_signal, _stop, _wait_for_reports
 
 __all__ = ["launch_elastic", "store_address"]
 
 _WAIT_S = 0.1  # how often the launcher looks for additions while its workers run
+_FINISH_S = 10.0  # how long the others may take to exit once worker 0 has
 
 
 def store_address(folder: Path, timeout_s: float = 120.0) -> tuple[str, int]:
@@ -156,6 +157,7 @@ def _run(
             for proc in everyone:
                 if proc.exitcode is not None and proc.pid not in results:
                     results[proc.pid] = _outcome(proc, folder, slots[proc.pid], proc.pid in joiners and procs[0])
+        _wait_for_reports(everyone, _FINISH_S)  # worker 0 finished last: the others are on their way out
         for proc in everyone:
             if proc.pid not in results:
                 results[proc.pid] = _outcome(proc, folder, slots[proc.pid], proc.pid in joiners and procs[0])

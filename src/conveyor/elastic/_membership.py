@@ -6,11 +6,14 @@ that watches every worker's heartbeat (a counter each worker's :class:`Heartbeat
 **generation**: who is a member, who is leaving (it hands its state over, then exits), each worker's role
 (:mod:`conveyor.elastic._tiers`), and whether the change is *planned* (notices and joins only: the members
 switch at an agreed step boundary, nothing is redone) or a *failure* (a heartbeat stopped: everybody drops
-the step in flight at once). A worker is declared lost when its heartbeat has not moved for ``lost_s``.
+the step in flight at once). A worker is declared lost when its heartbeat has not moved for ``lost_s``, or
+for ``suspect_s`` (a few beats) once a peer reported a failed collective (``suspects``): a killed worker's
+connections close at once, so its ring neighbours' collectives fail at once and say so.
 
 Store keys: ``gen`` (the latest generation number), ``gen/G`` (its record, JSON), ``boundary/G`` (a planned
 generation's step, proposed by the first computing worker to see it), ``hb/ID``, ``leave/ID``, ``left/ID``,
-``joins`` and ``join/N`` (join requests), ``next_id``, ``fatal`` (why the job must stop).
+``joins`` and ``join/N`` (join requests), ``next_id``, ``suspects`` (failed collectives), ``fatal`` (why the
+job must stop).
 """
 
 from __future__ import annotations
@@ -134,6 +137,8 @@ class Coordinator:
         host, port: the store (this process hosts it).
         initial: the workers started with the job (ids ``0 .. n-1``); ``reliable`` are the first ``K``.
         lost_s: a heartbeat still this long means the worker is lost.
+        suspect_s: the same, for ``lost_s`` after a worker reported a failed collective (``suspects``): a
+            killed worker's connections close at once, so its peers' collectives fail and say so.
         start_s: how long a worker may take to send its first heartbeat.
         sync_max, backup_only_min: AgileML's stage thresholds (:func:`conveyor.elastic._tiers.agile_stage`).
         log: where each decision is logged (``elastic.jsonl``), when it is wanted.
@@ -146,6 +151,7 @@ class Coordinator:
         initial: int,
         reliable: int,
         lost_s: float = 2.0,
+        suspect_s: float = 0.6,
         start_s: float = 120.0,
         sync_max: float = SYNC_MAX,
         backup_only_min: float = BACKUP_ONLY_MIN,
@@ -154,11 +160,13 @@ class Coordinator:
         self.store = connect(host, port, is_leader=False)
         self.log = log
         self.reliable = tuple(range(reliable))
-        self.lost_s, self.start_s, self.sync_max, self.backup_only_min = lost_s, start_s, sync_max, backup_only_min
+        self.lost_s, self.suspect_s, self.start_s = lost_s, suspect_s, start_s
+        self.sync_max, self.backup_only_min = sync_max, backup_only_min
         now = time.monotonic()
         self._watch = {w: _Watch(-1, now) for w in range(initial)}
         self._leaving: set[int] = set()
         self._joins_seen = 0
+        self._suspects, self._suspected_at = 0, -float("inf")
         self.store.add("next_id", initial)  # a joiner's id is add("next_id", 1) - 1
         self.generation = self._write(tuple(range(initial)), (), planned=True, reason="start")
         self._stop = threading.Event()
@@ -199,6 +207,11 @@ class Coordinator:
     def _tick(self) -> None:
         now = time.monotonic()
         current = self.generation
+        suspects = self.store.add("suspects", 0)
+        if suspects != self._suspects:  # a collective failed somewhere: a peer's connection closed
+            self._suspects, self._suspected_at = suspects, now
+        # After such evidence a heartbeat still for a few beats is enough; otherwise it takes lost_s.
+        limit = min(self.lost_s, self.suspect_s) if now - self._suspected_at < self.lost_s else self.lost_s
         lost, left = [], []
         for w, watch in list(self._watch.items()):
             count = self.store.add(f"hb/{w}", 0)
@@ -206,7 +219,7 @@ class Coordinator:
                 left.append(w)  # handed its state over and exited: not a loss
             elif count != watch.count:
                 watch.count, watch.moved_at = count, now
-            elif now - watch.moved_at > (self.lost_s if watch.count >= 0 else self.start_s):
+            elif now - watch.moved_at > (limit if watch.count >= 0 else self.start_s):
                 lost.append(w)  # (a worker not yet beating is still starting: it gets start_s)
         for w in lost + left:
             del self._watch[w]

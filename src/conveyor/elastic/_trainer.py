@@ -23,7 +23,6 @@ because a step's batch does not depend on who runs it.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from torch import nn
 
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.elastic._comm import Waiting, Watch
+from conveyor.elastic._handover import Handover, Left
 from conveyor.elastic._membership import (
     Generation,
     Heartbeat,
@@ -44,7 +44,7 @@ from conveyor.elastic._membership import (
     connect,
     listen_for_notice,
 )
-from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, full_message_numel, place_shard, state_layout
+from conveyor.elastic._state import FlatModel, ShardOptimizer, full_message_numel, state_layout
 from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, shard_bounds
 
 __all__ = ["ElasticJob", "ElasticOptions", "ElasticTrainer"]
@@ -79,11 +79,7 @@ class ElasticJob:
     target_accuracy: float | None = None
 
 
-class _Left(Exception):
-    pass
-
-
-class ElasticTrainer:
+class ElasticTrainer(Handover):
     """One worker of an elastic job (see the module docstring).
 
     Args:
@@ -125,9 +121,11 @@ class ElasticTrainer:
             from conveyor.elastic._membership import Coordinator
 
             self.store.set("t0", repr(time.time()))
-            self.coordinator = Coordinator(host, self.port, workers, options.reliable, options.lost_s,
-                                           options.timeout_s, options.sync_max, options.backup_only_min,
-                                           None if log_dir is None else log_dir / "elastic.jsonl")  # fmt: skip
+            self.coordinator = Coordinator(
+                host, self.port, workers, options.reliable, lost_s=options.lost_s, start_s=options.timeout_s,
+                sync_max=options.sync_max, backup_only_min=options.backup_only_min,
+                log=None if log_dir is None else log_dir / "elastic.jsonl",
+            )  # fmt: skip
         listen_for_notice()  # (the launcher listens from the start already)
         self.watch = Watch(self.store, host, self.port, worker, options.timeout_s, options.lost_s)
         self.shard: ShardOptimizer | None = None
@@ -149,15 +147,6 @@ class ElasticTrainer:
         self.retired: list[Any] = []  # every group this worker built (see _recover)
         self.events: list[dict[str, Any]] = []
 
-    @property
-    def done(self) -> int:
-        return self.watch.done
-
-    def log(self, entry: dict[str, Any], file: str = "elastic.jsonl") -> None:
-        if self.log_dir is not None:
-            with (self.log_dir / file).open("a") as f:
-                f.write(json.dumps({"wall": round(time.time(), 4), **entry}) + "\n")
-
     # ---------------------------------------------------------------- the run
     def fit(self, job: ElasticJob, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Train until ``job``'s epochs are done (or its target accuracy is reached), whoever comes and goes."""
@@ -176,7 +165,7 @@ class ElasticTrainer:
                     break
                 except MembershipChanged:
                     continue
-        except _Left:
+        except Left:
             return {"worker": self.worker, "left_at": self.done, "events": self.events}
         except dist.DistNetworkError as exc:  # the store went away with worker 0
             raise JobFailed(f"the job's store on reliable worker 0 is unreachable ({exc}): the reliable tier was "
@@ -198,7 +187,7 @@ class ElasticTrainer:
                 return gen
             if self.watch.gen is not None:  # declared lost (paused past the heartbeat limit?): the job went on
                 print(f"worker {self.worker} was declared lost and left out of the job: it exits", flush=True)
-                raise _Left
+                raise Left
             time.sleep(0.05)
 
     def _stop_step(self) -> int:
@@ -303,135 +292,3 @@ class ElasticTrainer:
             self.stop_at = t + 1  # every computing worker saw the same accuracy, so all stop here
             if evaluating:
                 self.store.set("stop_step", str(t + 1))  # and a worker that joins later learns it here
-
-    # ---------------------------------------------------------------- backups (stages 2 and 3)
-    def _backups(self, t: int) -> None:
-        """An owner sends its shard to worker 0 every ``backup_every`` steps, waiting only for its previous
-        backup; worker 0, when it computes, posts the receives at the same steps and installs complete ones."""
-        gen = self.watch.gen
-        assert gen is not None
-        if gen.roles.stage == 1 or t % self.options.backup_every:
-            return
-        if self.shard is not None:
-            if self.pending_send is not None:
-                self.watch.wait(self.pending_send, stepping=True)
-            self.send_buffer = self.shard.message().clone()
-            self.pending_send = Waiting(self.all_group.send([self.send_buffer], gen.members.index(0), t))
-        if self.leader:
-            self._post_backup(t)
-            self._install_backups(block=False)
-
-    def _post_backup(self, t: int) -> None:
-        gen = self.watch.gen
-        assert gen is not None
-        bounds = shard_bounds(self.flat.numel, len(gen.roles.owners))
-        posts = []
-        for o, (lo, hi) in zip(gen.roles.owners, bounds, strict=True):
-            size = (1 + len(self.keys)) * (hi - lo) + len(self.scalar_keys) + self.flat.buffer_numel
-            buffer = torch.zeros(size, dtype=self.flat.dtype)
-            posts.append(((lo, hi), buffer, Waiting(self.all_group.recv([buffer], gen.members.index(o), t))))
-        self.incoming.append((t, posts))
-
-    def _install_backups(self, block: bool) -> None:
-        while self.incoming:
-            t, posts = self.incoming[0]
-            if block:
-                for _, _, work in posts:
-                    self.watch.wait(work)
-            elif not all(work.ready() for _, _, work in posts):
-                return
-            if any(work.error is not None for _, _, work in posts):
-                return  # an owner was lost mid-backup: the generation is about to change
-            for bounds, buffer, _ in posts:
-                place_shard(self.backup, buffer, bounds, self.flat.numel, len(self.keys))
-            self.backup_step = t
-            self.incoming.pop(0)
-
-    def _keep_backups(self) -> None:
-        """Worker 0 in stage 3: receive the owners' backups, one backup step at a time, until the run ends."""
-        L = self.options.backup_every
-        t = (self.done // L + 1) * L
-        while not self.store.check(["finished"]) and t < self._stop_step():
-            self._post_backup(t)
-            self.watch.poll_until(lambda: self.store.check(["finished"]) or all(
-                w.ready() for _, _, w in self.incoming[0][1]))  # fmt: skip
-            if not all(w.ready() for _, _, w in self.incoming[0][1]):
-                return
-            self._install_backups(block=True)
-            t += L
-
-    # ---------------------------------------------------------------- recovery
-    def _recover(self, gen: Generation) -> None:
-        """Meet every participant of ``gen``, resume from the committed state, and build its groups."""
-        began = time.time()
-        self.watch.gen, self.first_step_at = gen, None
-        self.pending_send, self.incoming = None, []
-        parts = gen.participants
-        group: Any = self.watch.group("recover", parts)
-        self.retired.append(group)
-        mine = torch.tensor([self.done, self.owner_gen, self.state_gen, self.backup_step], dtype=torch.float64)
-        reports = [torch.zeros(4, dtype=torch.float64) for _ in parts]
-        self.watch.wait(group.allgather([reports], [mine]))
-        seen = {w: [int(x) for x in r] for w, r in zip(parts, reports, strict=True)}
-        state_gen, backup_step = seen[0][2], seen[0][3]
-        owners = self.watch.record(state_gen).roles.owners if state_gen >= 0 else ()
-        from_owners = bool(owners) and all(o in seen and seen[o][1] == state_gen for o in owners)
-        c = min(seen[o][0] for o in owners) if from_owners else backup_step
-        P, V = self.flat.numel, len(self.keys)
-        full = torch.zeros_like(self.backup)
-        if from_owners:
-            bounds = shard_bounds(P, len(owners))
-            for o, shard in zip(owners, bounds, strict=True):
-                if o == self.worker == 0:
-                    place_shard(full, self._shard_at(c), shard, P, V)
-                elif o == self.worker:
-                    self.watch.wait(group.send([self._shard_at(c)], parts.index(0), 0))
-                elif self.leader:
-                    size = (1 + V) * (shard[1] - shard[0]) + len(self.scalar_keys) + self.flat.buffer_numel
-                    message = torch.zeros(size, dtype=self.flat.dtype)
-                    self.watch.wait(group.recv([message], parts.index(o), 0))
-                    place_shard(full, message, shard, P, V)
-        elif self.leader:
-            full.copy_(self.backup)
-        if self.leader:
-            self.backup.copy_(full)
-            self.backup_step = c
-        self.watch.wait(group.broadcast(full, parts.index(0)))
-        redone = max(r[0] for r in seen.values()) - c
-        self.flat.set_weights(full[:P])
-        self.flat.set_buffers(full[full.numel() - self.flat.buffer_numel :])
-        self.watch.done, self.prev, self.shard = c, None, None
-        if self.worker in gen.roles.owners:
-            shard = shard_bounds(P, len(gen.roles.owners))[gen.roles.owners.index(self.worker)]
-            self.shard = ShardOptimizer(self.flat, self.make_optimizer, shard)
-            self.shard.load(cut_shard(full, shard, P, V))
-        self.owner_gen = gen.gen if self.shard is not None else -1
-        if self.leader:
-            if self.log_dir is not None:
-                (self.log_dir / "training-started").touch()  # an emulated cluster's fault clock starts here
-            self.state_gen = gen.gen
-            event = {"event": "generation", "gen": gen.gen, "reason": gen.reason, "planned": gen.planned,
-                     "members": list(gen.members), "leaving": list(gen.leaving), "stage": gen.roles.stage,
-                     "compute": list(gen.roles.compute), "owners": list(gen.roles.owners), "resume_step": c,
-                     "steps_redone": redone, "from": "owners" if from_owners else "backup",
-                     "recover_s": round(time.time() - began, 4)}  # fmt: skip
-            self.events.append(event)
-            self.log(event)
-        if self.worker in gen.leaving:
-            self.store.set(f"left/{self.worker}", "1")
-            raise _Left
-        # Old groups are kept, never destroyed: a gloo group's destructor waits for its abandoned work.
-        self.retired += [g for g in (self.train_group, self.all_group) if g is not None]
-        if self.worker in gen.roles.compute:
-            self.train_group = self.watch.group("train", gen.roles.compute)
-        if gen.roles.stage > 1:
-            self.all_group = self.watch.group("all", gen.members)
-
-    def _shard_at(self, c: int) -> torch.Tensor:
-        """This owner's shard message at step ``c`` (its last step, or the one before)."""
-        assert self.shard is not None
-        if self.done == c:
-            return self.shard.message()
-        if self.prev is not None and self.prev[0] == c:
-            return self.prev[1]
-        raise RuntimeError(f"worker {self.worker} holds its shard at steps {self.done} and before, not {c}")

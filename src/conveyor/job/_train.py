@@ -84,7 +84,7 @@ class TrainConfig:
     lost_s: float = 2.0  # elastic: a worker whose heartbeat is still this long is lost
     backup_every: int = 4  # elastic: steps between an owner's backups to the reliable tier
     sync_max: float = 2.0  # elastic: transient:reliable ratio up to which the reliable tier owns the state
-    backup_only_min: float = 8.0  # elastic: the ratio from which reliable workers only keep backups
+    backup_only_min: float = 3.0  # elastic: the ratio from which reliable workers only keep backups
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches) < 1:

@@ -1,0 +1,207 @@
+"""How state moves between workers: an owner's backups to the reliable tier, and a generation's recovery.
+
+A mixin of :class:`conveyor.elastic.ElasticTrainer` (see its module for the equations and the bounds): the
+backups of stages 2 and 3, and the recovery every participant of a new generation runs, in which worker 0
+assembles the whole state at the committed step and broadcasts it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from conveyor.elastic._comm import Waiting, Watch
+from conveyor.elastic._membership import Generation
+from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, place_shard
+from conveyor.elastic._tiers import shard_bounds
+
+__all__ = ["Handover", "Left"]
+
+
+class Left(Exception):
+    pass
+
+
+class Handover:
+    """Backups and recovery; the attributes are the trainer's."""
+
+    worker: int
+    leader: bool
+    store: Any
+    watch: Watch
+    flat: FlatModel
+    keys: list[str]
+    scalar_keys: list[str]
+    make_optimizer: Callable[..., torch.optim.Optimizer]
+    options: Any
+    log_dir: Path | None
+    shard: ShardOptimizer | None
+    prev: tuple[int, torch.Tensor] | None
+    owner_gen: int
+    state_gen: int
+    backup: torch.Tensor
+    backup_step: int
+    train_group: Any
+    all_group: Any
+    pending_send: Waiting | None
+    incoming: list[tuple[int, list[tuple[tuple[int, int], torch.Tensor, Waiting]]]]
+    first_step_at: float | None
+    retired: list[Any]
+    events: list[dict[str, Any]]
+    on_step: Callable[[int], None] | None
+
+    @property
+    def done(self) -> int:
+        """The last step this worker completed."""
+        return self.watch.done
+
+    def log(self, entry: dict[str, Any], file: str = "elastic.jsonl") -> None:
+        """Append ``entry`` (stamped with the wall clock) to a log of the run folder, if there is one."""
+        if self.log_dir is not None:
+            with (self.log_dir / file).open("a") as f:
+                f.write(json.dumps({"wall": round(time.time(), 4), **entry}) + "\n")
+
+    def _stop_step(self) -> int:
+        raise NotImplementedError  # the trainer's
+
+    # ---------------------------------------------------------------- backups (stages 2 and 3)
+    def _backups(self, t: int) -> None:
+        """An owner sends its shard to worker 0 every ``backup_every`` steps, waiting only for its previous
+        backup; worker 0, when it computes, posts the receives at the same steps and installs complete ones."""
+        gen = self.watch.gen
+        assert gen is not None
+        if gen.roles.stage == 1 or t % self.options.backup_every:
+            return
+        if self.shard is not None:
+            if self.pending_send is not None:
+                self.watch.wait(self.pending_send, between_steps=True)  # worker 0 may be in a recovery
+            self.send_buffer = self.shard.message().clone()
+            self.pending_send = Waiting(self.all_group.send([self.send_buffer], gen.members.index(0), t))
+        if self.leader:
+            self._post_backup(t)
+            self._install_backups(block=False)
+
+    def _post_backup(self, t: int) -> None:
+        gen = self.watch.gen
+        assert gen is not None
+        bounds = shard_bounds(self.flat.numel, len(gen.roles.owners))
+        posts = []
+        for o, (lo, hi) in zip(gen.roles.owners, bounds, strict=True):
+            size = (1 + len(self.keys)) * (hi - lo) + len(self.scalar_keys) + self.flat.buffer_numel
+            buffer = torch.zeros(size, dtype=self.flat.dtype)
+            posts.append(((lo, hi), buffer, Waiting(self.all_group.recv([buffer], gen.members.index(o), t))))
+        self.incoming.append((t, posts))
+
+    def _install_backups(self, block: bool) -> None:
+        while self.incoming:
+            t, posts = self.incoming[0]
+            if block:
+                for _, _, work in posts:
+                    self.watch.wait(work)
+            elif not all(work.ready() for _, _, work in posts):
+                return
+            if any(work.error is not None for _, _, work in posts):
+                return  # an owner was lost mid-backup: the generation is about to change
+            for bounds, buffer, _ in posts:
+                place_shard(self.backup, buffer, bounds, self.flat.numel, len(self.keys))
+            self.backup_step = t
+            self.incoming.pop(0)
+
+    def _keep_backups(self) -> None:
+        """Worker 0 in stage 3: receive the owners' backups, one backup step at a time, until the run ends."""
+        L = self.options.backup_every
+        t = (self.done // L + 1) * L
+        while not self.store.check(["finished"]) and t < self._stop_step():
+            self._post_backup(t)
+            self.watch.poll_until(lambda: self.store.check(["finished"]) or all(
+                w.ready() for _, _, w in self.incoming[0][1]))  # fmt: skip
+            if not all(w.ready() for _, _, w in self.incoming[0][1]):
+                return
+            self._install_backups(block=True)
+            if self.on_step is not None:  # worker 0 computes nothing in stage 3: its progress is the backups'
+                self.on_step(t)
+            t += L
+
+    # ---------------------------------------------------------------- recovery
+    def _recover(self, gen: Generation) -> None:
+        """Meet every participant of ``gen``, resume from the committed state, and build its groups."""
+        began = time.time()
+        self.watch.gen, self.first_step_at = gen, None
+        self.pending_send, self.incoming = None, []
+        parts = gen.participants
+        group: Any = self.watch.group("recover", parts)
+        self.retired.append(group)
+        mine = torch.tensor([self.done, self.owner_gen, self.state_gen, self.backup_step], dtype=torch.float64)
+        reports = [torch.zeros(4, dtype=torch.float64) for _ in parts]
+        self.watch.wait(group.allgather([reports], [mine]))
+        seen = {w: [int(x) for x in r] for w, r in zip(parts, reports, strict=True)}
+        state_gen, backup_step = seen[0][2], seen[0][3]
+        owners = self.watch.record(state_gen).roles.owners if state_gen >= 0 else ()
+        from_owners = bool(owners) and all(o in seen and seen[o][1] == state_gen for o in owners)
+        c = min(seen[o][0] for o in owners) if from_owners else backup_step
+        # Committed: held by the reliable tier (every step it owns in stage 1; its backups otherwise).
+        reliable_owners = bool(owners) and all(o in gen.reliable for o in owners)
+        committed = min(seen[o][0] for o in owners) if reliable_owners and from_owners else backup_step
+        P, V = self.flat.numel, len(self.keys)
+        full = torch.zeros_like(self.backup)
+        if from_owners:
+            bounds = shard_bounds(P, len(owners))
+            for o, shard in zip(owners, bounds, strict=True):
+                if o == self.worker == 0:
+                    place_shard(full, self._shard_at(c), shard, P, V)
+                elif o == self.worker:
+                    self.watch.wait(group.send([self._shard_at(c)], parts.index(0), 0))
+                elif self.leader:
+                    size = (1 + V) * (shard[1] - shard[0]) + len(self.scalar_keys) + self.flat.buffer_numel
+                    message = torch.zeros(size, dtype=self.flat.dtype)
+                    self.watch.wait(group.recv([message], parts.index(o), 0))
+                    place_shard(full, message, shard, P, V)
+        elif self.leader:
+            full.copy_(self.backup)
+        if self.leader:
+            self.backup.copy_(full)
+            self.backup_step = c
+        self.watch.wait(group.broadcast(full, parts.index(0)))
+        redone = max(r[0] for r in seen.values()) - c
+        self.flat.set_weights(full[:P])
+        self.flat.set_buffers(full[full.numel() - self.flat.buffer_numel :])
+        self.watch.done, self.prev, self.shard = c, None, None
+        if self.worker in gen.roles.owners:
+            shard = shard_bounds(P, len(gen.roles.owners))[gen.roles.owners.index(self.worker)]
+            self.shard = ShardOptimizer(self.flat, self.make_optimizer, shard)
+            self.shard.load(cut_shard(full, shard, P, V))
+        self.owner_gen = gen.gen if self.shard is not None else -1
+        if self.leader:
+            if self.log_dir is not None:
+                (self.log_dir / "training-started").touch()  # an emulated cluster's fault clock starts here
+            self.state_gen = gen.gen
+            event = {"event": "generation", "gen": gen.gen, "reason": gen.reason, "planned": gen.planned,
+                     "members": list(gen.members), "leaving": list(gen.leaving), "stage": gen.roles.stage,
+                     "compute": list(gen.roles.compute), "owners": list(gen.roles.owners), "resume_step": c,
+                     "committed": committed, "steps_redone": redone, "from": "owners" if from_owners else "backup",
+                     "recover_s": round(time.time() - began, 4)}  # fmt: skip
+            self.events.append(event)
+            self.log(event)
+        if self.worker in gen.leaving:
+            self.store.set(f"left/{self.worker}", "1")
+            raise Left
+        # Old groups are kept, never destroyed: a gloo group's destructor waits for its abandoned work.
+        self.retired += [g for g in (self.train_group, self.all_group) if g is not None]
+        if self.worker in gen.roles.compute:
+            self.train_group = self.watch.group("train", gen.roles.compute)
+        if gen.roles.stage > 1:
+            self.all_group = self.watch.group("all", gen.members)
+
+    def _shard_at(self, c: int) -> torch.Tensor:
+        """This owner's shard message at step ``c`` (its last step, or the one before)."""
+        assert self.shard is not None
+        if self.done == c:
+            return self.shard.message()
+        if self.prev is not None and self.prev[0] == c:
+            return self.prev[1]
+        raise RuntimeError(f"worker {self.worker} holds its shard at steps {self.done} and before, not {c}")

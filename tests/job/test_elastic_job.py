@@ -1,0 +1,37 @@
+"""conveyor train --reliable: bad options fail in one line, and a run on the emulated cluster trains through a
+revocation and an addition and writes its run folder."""
+
+import json
+from pathlib import Path
+
+import pytest
+from emulation import needs_root
+
+from conveyor.job import TrainConfig, join_elastic, train
+from conveyor.job._elastic import check_faults
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_options_that_cannot_go_with_elastic_training_fail_in_one_line() -> None:
+    with pytest.raises(ValueError, match="drop --stragglers"):
+        TrainConfig(reliable=1, stragglers="flexrr")
+    with pytest.raises(ValueError, match="--reliable 5: give 1 to 4"):
+        check_faults(TrainConfig(reliable=5), 4)
+    with pytest.raises(ValueError, match="revokes worker 0, which is reliable"):
+        check_faults(TrainConfig(reliable=1, faults="revoke:worker=0,at=3"), 4)
+    check_faults(TrainConfig(reliable=1, faults="revoke:worker=3,at=3"), 4)  # a transient one is fine
+    with pytest.raises(ValueError, match="give HOST:PORT"):
+        join_elastic("nowhere")
+
+
+@needs_root
+def test_a_run_survives_a_revocation_and_takes_a_worker_in(tmp_path: Path) -> None:
+    faults = "revoke:worker=2,at=0.5;add:worker=2,at=1.5"
+    summary = train(TrainConfig(reliable=1, workers=3, epochs=60, run_dir=str(tmp_path), faults=faults))
+    assert summary["epochs"] == 60 and summary["accuracy"][-1] > 0.9
+    reasons = [g["reason"] for g in summary["generations"]]
+    assert reasons[0] == "start" and "lost [2]" in reasons and any("joined" in r for r in reasons)
+    for name in ("metrics.jsonl", "elastic.jsonl", "checkpoint.pt", "summary.json", "accuracy.png", "faults.jsonl"):
+        assert (tmp_path / name).exists(), name
+    assert json.loads((tmp_path / "summary.json").read_text())["generations"] == summary["generations"]
