@@ -91,6 +91,8 @@ class Watch:
         """Raise ``MembershipChanged`` when this worker must drop what it is doing (see the module docstring)."""
         g = self.newest()
         assert self.gen is not None
+        if not stepping and g == self.gen.gen and self.store.check(["finished"]):
+            raise MembershipChanged  # the run ended: nothing is coming to what this worker waits for
         if g == self.gen.gen:
             return
         if not stepping or not all(self._is_planned(h) for h in range(self.gen.gen + 1, g + 1)):
@@ -171,7 +173,6 @@ class Watch:
         except BaseException:
             self._builder = None  # the abandoned build may still hold its client
             raise
-        if "error" in box:
-            self.check(stepping=False)
-            raise box["error"]
+        if "error" in box:  # a peer failed while the group formed: the coordinator says who
+            self._await_verdict(box["error"])
         return box["pg"]

@@ -42,6 +42,8 @@ class Handover:
     log_dir: Path | None
     shard: ShardOptimizer | None
     prev: tuple[int, torch.Tensor] | None
+    shard_step: int
+    step_buffers: dict[int, torch.Tensor]
     owner_gen: int
     state_gen: int
     backup: torch.Tensor
@@ -132,6 +134,8 @@ class Handover:
         """Meet every participant of ``gen``, resume from the committed state, and build its groups."""
         began = time.time()
         self.watch.gen, self.first_step_at = gen, None
+        if self.leader:
+            self._install_backups(block=False)  # those already arrived: a fresher backup to fall back on
         self.pending_send, self.incoming = None, []
         parts = gen.participants
         group: Any = self.watch.group("recover", parts)
@@ -170,7 +174,8 @@ class Handover:
         redone = max(r[0] for r in seen.values()) - c
         self.flat.set_weights(full[:P])
         self.flat.set_buffers(full[full.numel() - self.flat.buffer_numel :])
-        self.watch.done, self.prev, self.shard = c, None, None
+        self.watch.done, self.prev, self.shard, self.shard_step = c, None, None, c
+        self.step_buffers = {c: full[full.numel() - self.flat.buffer_numel :].clone()}
         if self.worker in gen.roles.owners:
             shard = shard_bounds(P, len(gen.roles.owners))[gen.roles.owners.index(self.worker)]
             self.shard = ShardOptimizer(self.flat, self.make_optimizer, shard)
@@ -188,7 +193,7 @@ class Handover:
             self.events.append(event)
             self.log(event)
         if self.worker in gen.leaving:
-            self.store.set(f"left/{self.worker}", "1")
+            self.store.set(f"left/{self.worker}", str(gen.gen))
             raise Left
         # Old groups are kept, never destroyed: a gloo group's destructor waits for its abandoned work.
         self.retired += [g for g in (self.train_group, self.all_group) if g is not None]
@@ -198,10 +203,17 @@ class Handover:
             self.all_group = self.watch.group("all", gen.members)
 
     def _shard_at(self, c: int) -> torch.Tensor:
-        """This owner's shard message at step ``c`` (its last step, or the one before)."""
+        """This owner's shard message at step ``c``: its shard's last step (which may be one ahead of ``done``,
+        when the step's broadcasts did not complete), or the one before; with step ``c``'s buffers."""
         assert self.shard is not None
-        if self.done == c:
-            return self.shard.message()
-        if self.prev is not None and self.prev[0] == c:
-            return self.prev[1]
-        raise RuntimeError(f"worker {self.worker} holds its shard at steps {self.done} and before, not {c}")
+        if self.shard_step == c:
+            message = self.shard.message()
+        elif self.prev is not None and self.prev[0] == c:
+            message = self.prev[1]
+        else:
+            raise RuntimeError(f"worker {self.worker} holds its shard at step {self.shard_step} and the one before, "
+                               f"not {c}")  # fmt: skip
+        if self.flat.buffer_numel and c in self.step_buffers:  # the model's own may be mid-step
+            message = message.clone()
+            message[message.numel() - self.flat.buffer_numel :] = self.step_buffers[c]
+        return message

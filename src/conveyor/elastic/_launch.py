@@ -161,6 +161,9 @@ def _run(
         for proc in everyone:
             if proc.pid not in results:
                 results[proc.pid] = _outcome(proc, folder, slots[proc.pid], proc.pid in joiners and procs[0])
+        if procs[0].exitcode != 0:  # killed without a report (the others' errors would have been raised)
+            raise WorkerError(0, "WorkerDied", f"worker 0 (reliable, the job's store) exited with code "
+                              f"{procs[0].exitcode}: the reliable tier must outlive the job", "")  # fmt: skip
         return {pid: r.value for pid, r in results.items() if r is not None and r.ok}
     finally:
         if driver is not None:

@@ -18,6 +18,7 @@ job must stop).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -151,7 +152,7 @@ class Coordinator:
         initial: int,
         reliable: int,
         lost_s: float = 2.0,
-        suspect_s: float = 0.6,
+        beat_s: float = 0.2,
         start_s: float = 120.0,
         sync_max: float = SYNC_MAX,
         backup_only_min: float = BACKUP_ONLY_MIN,
@@ -160,13 +161,15 @@ class Coordinator:
         self.store = connect(host, port, is_leader=False)
         self.log = log
         self.reliable = tuple(range(reliable))
-        self.lost_s, self.suspect_s, self.start_s = lost_s, suspect_s, start_s
+        # After a failed collective, a few beats of silence are enough (never less than 0.6 s).
+        self.lost_s, self.suspect_s, self.start_s = lost_s, max(3 * beat_s, 0.6), start_s
         self.sync_max, self.backup_only_min = sync_max, backup_only_min
         now = time.monotonic()
         self._watch = {w: _Watch(-1, now) for w in range(initial)}
         self._leaving: set[int] = set()
         self._joins_seen = 0
         self._suspects, self._suspected_at = 0, -float("inf")
+        self._ticked = time.monotonic()
         self.store.add("next_id", initial)  # a joiner's id is add("next_id", 1) - 1
         self.generation = self._write(tuple(range(initial)), (), planned=True, reason="start")
         self._stop = threading.Event()
@@ -198,14 +201,22 @@ class Coordinator:
     def _run(self) -> None:
         while not self._stop.wait(0.05):
             try:
+                if self.store.check(["finished"]):  # the run is over: exits are no losses
+                    return
                 self._tick()
             except JobFailed:
                 return
-            except Exception:
+            except Exception as exc:  # without a coordinator nobody could recover: stop the job
+                with contextlib.suppress(Exception):  # (unless the store itself is gone with the job)
+                    self.store.set("fatal", f"the coordinator on worker 0 failed: {type(exc).__name__}: {exc}")
                 return
 
     def _tick(self) -> None:
         now = time.monotonic()
+        if now - self._ticked > self.lost_s / 2:  # this process stalled: heartbeats seen now prove nothing
+            for watch in self._watch.values():
+                watch.moved_at = now
+        self._ticked = now
         current = self.generation
         suspects = self.store.add("suspects", 0)
         if suspects != self._suspects:  # a collective failed somewhere: a peer's connection closed
@@ -214,6 +225,8 @@ class Coordinator:
         limit = min(self.lost_s, self.suspect_s) if now - self._suspected_at < self.lost_s else self.lost_s
         lost, left = [], []
         for w, watch in list(self._watch.items()):
+            if w == self.reliable[0]:  # this process: alive while it runs
+                continue
             count = self.store.add(f"hb/{w}", 0)
             if w in self._leaving and self.store.check([f"left/{w}"]):
                 left.append(w)  # handed its state over and exited: not a loss
@@ -224,22 +237,28 @@ class Coordinator:
         for w in lost + left:
             del self._watch[w]
         self._leaving -= set(left)
-        noticed = [w for w in self._watch if w not in self._leaving and self.store.check([f"leave/{w}"])]
+        # A leaver listed again in a generation newer than the one it handed over in would be waited for in vain.
+        relisted = [w for w in left if w in current.participants and int(self.store.get(f"left/{w}")) < current.gen]
+        noticed = [
+            w
+            for w in self._watch
+            if w not in self._leaving and w not in self.reliable and self.store.check([f"leave/{w}"])
+        ]  # fmt: skip (a reliable worker is not revoked)
         self._leaving |= set(noticed)
         joined = []
-        while self._joins_seen < self.store.add("joins", 0):
+        while self._joins_seen < self.store.add("joins", 0) and self.store.check([f"join/{self._joins_seen}"]):
             w = int(self.store.get(f"join/{self._joins_seen}"))
             self._joins_seen += 1
             self._watch[w] = _Watch(-1, now)
             joined.append(w)
         lost_participants = [w for w in lost if w in current.participants]
-        if not (lost_participants or noticed or joined):
+        if not (lost_participants or noticed or joined or relisted):
             return
         alive = set(self._watch)
         members = tuple(sorted(alive - self._leaving))
         leaving = tuple(sorted(alive & self._leaving))
         parts = [f"lost {lost_participants}" if lost_participants else "", f"notice {noticed}" if noticed else "",
-                 f"joined {joined}" if joined else ""]  # fmt: skip
+                 f"joined {joined}" if joined else "", f"left {relisted}" if relisted else ""]  # fmt: skip
         self.generation = self._write(
             members, leaving, planned=not lost_participants, reason=", ".join(p for p in parts if p)
         )

@@ -122,7 +122,8 @@ class ElasticTrainer(Handover):
 
             self.store.set("t0", repr(time.time()))
             self.coordinator = Coordinator(
-                host, self.port, workers, options.reliable, lost_s=options.lost_s, start_s=options.timeout_s,
+                host, self.port, workers, options.reliable, lost_s=options.lost_s, beat_s=options.beat_s,
+                start_s=options.timeout_s,
                 sync_max=options.sync_max, backup_only_min=options.backup_only_min,
                 log=None if log_dir is None else log_dir / "elastic.jsonl",
             )  # fmt: skip
@@ -130,6 +131,8 @@ class ElasticTrainer(Handover):
         self.watch = Watch(self.store, host, self.port, worker, options.timeout_s, options.lost_s)
         self.shard: ShardOptimizer | None = None
         self.prev: tuple[int, torch.Tensor] | None = None  # an owner's shard message one step back
+        self.shard_step = -1  # the step an owner's shard is at
+        self.step_buffers: dict[int, torch.Tensor] = {}  # the averaged buffers at the last two steps
         self.owner_gen = -1  # the generation whose shard this worker owns
         self.state_gen = -1  # worker 0: the generation whose owners hold the live state
         numel = full_message_numel(self.flat.numel, len(self.keys), len(self.scalar_keys), self.flat.buffer_numel)
@@ -153,10 +156,9 @@ class ElasticTrainer(Handover):
         self.job, self.on_step = job, on_step
         self.steps_per_epoch = -(-len(job.train_x) // job.batch_size)
         self._orders: dict[int, torch.Tensor] = {}
-        self.stop_at = self.job.epochs * self.steps_per_epoch  # sooner once the target accuracy is reached
         if self.joiner:  # ask the coordinator to take this worker in at the next step boundary
             n = self.store.add("joins", 1) - 1
-            self.store.set(f"join/{n}", str(self.worker))
+            self.store.set(f"join/{n}", str(self.worker))  # the coordinator reads it once it is there
         try:
             while True:
                 try:
@@ -164,6 +166,8 @@ class ElasticTrainer(Handover):
                     self._run_generation()
                     break
                 except MembershipChanged:
+                    if self.store.check(["finished"]):  # the run ended meanwhile: nothing left to recover for
+                        break
                     continue
         except Left:
             return {"worker": self.worker, "left_at": self.done, "events": self.events}
@@ -191,16 +195,20 @@ class ElasticTrainer(Handover):
             time.sleep(0.05)
 
     def _stop_step(self) -> int:
-        total = min(self.job.epochs * self.steps_per_epoch, self.stop_at)
+        total = self.job.epochs * self.steps_per_epoch
         return min(total, int(self.store.get("stop_step"))) if self.store.check(["stop_step"]) else total
 
     def _run_generation(self) -> None:
         gen = self.watch.gen
         assert gen is not None
         if self.worker in gen.roles.compute:
+            epoch, i = divmod(self.done, self.steps_per_epoch)
+            if self.done >= 0 and i == self.steps_per_epoch - 1 and not self.store.check([f"evaluated/{epoch}"]):
+                self._end_epoch(epoch, self.done)  # the change came between the epoch's last step and its evaluation
             while self.done + 1 < self._stop_step():
                 self.watch.at_boundary()
                 self._step(self.done + 1)
+            self.watch.at_boundary()  # a planned change pending at the end: make it, then finish together
             if self.worker == gen.roles.compute[0]:
                 self._finish()
         elif self.leader and gen.roles.stage == 3:
@@ -249,11 +257,14 @@ class ElasticTrainer(Handover):
         samples = float(packed[-1])
         P, nb = self.flat.numel, self.flat.buffer_numel
         self.flat.set_buffers(packed[P : P + nb] / samples)
+        self.step_buffers = {k: v for k, v in self.step_buffers.items() if k == t - 1}
+        self.step_buffers[t] = packed[P : P + nb] / samples  # step t's averaged buffers (BatchNorm statistics)
         weights = self.flat.weights()
         bounds = shard_bounds(P, len(owners))
         if self.shard is not None:
-            self.prev = (t - 1, self.shard.message().clone())
+            self.prev = (t - 1, self._shard_at(t - 1).clone())
             weights[slice(*self.shard.bounds)] = self.shard.step(packed[slice(*self.shard.bounds)] / samples)
+            self.shard_step = t  # ahead of done until the broadcasts complete: _shard_at tells them apart
         parts = [weights[lo:hi].contiguous() for lo, hi in bounds]
         works = [self.train_group.broadcast(part, compute.index(o)) for part, o in zip(parts, owners, strict=True)]
         for work in works:
@@ -266,9 +277,9 @@ class ElasticTrainer(Handover):
             self.log({"event": "resumed", "gen": gen.gen, "step": t, "worker": self.worker})
         if self.on_step is not None:
             self.on_step(t)
-        self._backups(t)
         if i == self.steps_per_epoch - 1:
             self._end_epoch(epoch, t)
+        self._backups(t)
 
     def _end_epoch(self, epoch: int, t: int) -> None:
         gen = self.watch.gen
@@ -280,15 +291,14 @@ class ElasticTrainer(Handover):
             with torch.no_grad():
                 logits = self.model(self.job.test_x)
             accuracy[0] = float((logits.argmax(-1) == self.job.test_y).float().mean())
-        self.watch.wait(self.train_group.broadcast(accuracy, 0), stepping=True)
         target = self.job.target_accuracy
+        if evaluating and target is not None and float(accuracy) >= target:
+            self.store.set("stop_step", str(t + 1))  # before the broadcast: every worker then reads it
+        self.watch.wait(self.train_group.broadcast(accuracy, 0), stepping=True)
         if evaluating:
             t0 = float(self.store.get("t0"))
             per_epoch = self.losses[-self.steps_per_epoch :]
             self.log({"epoch": epoch + 1, "seconds": round(time.time() - t0, 3), "step": t,
                       "loss": sum(per_epoch) / max(1, len(per_epoch)), "accuracy": float(accuracy),
                       "gen": gen.gen, "workers": len(gen.roles.compute)}, "metrics.jsonl")  # fmt: skip
-        if target is not None and float(accuracy) >= target:
-            self.stop_at = t + 1  # every computing worker saw the same accuracy, so all stop here
-            if evaluating:
-                self.store.set("stop_step", str(t + 1))  # and a worker that joins later learns it here
+            self.store.set(f"evaluated/{epoch}", "1")

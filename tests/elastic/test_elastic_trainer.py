@@ -58,10 +58,22 @@ class Victim(ElasticTrainer):
         return super()._shard_at(c)
 
 
+class DiesMidStep(ElasticTrainer):
+    """Dies in step 7 after the all-reduce, before the owner's broadcast reaches it: the owner has updated its
+    shard for a step that will not complete, and must hand over the one before."""
+
+    def _step(self, t: int) -> None:
+        if t == 7:
+            self.flat.set_buffers = lambda flat: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[method-assign]
+        super()._step(t)
+
+
 def work(worker: int | None, host: str, port: int, folder: str, opts: ElasticOptions, workers: int,
          kills: dict[int, tuple[int, int]], victim: int | None) -> dict[str, Any]:  # fmt: skip
     x, y = data()
-    cls = Victim if victim is not None and worker == victim else ElasticTrainer
+    cls = ElasticTrainer
+    if victim is not None and worker == abs(victim):
+        cls = Victim if victim >= 0 else DiesMidStep
     trainer = cls(model(), F.cross_entropy, OPTIMIZER, worker, host, port, opts, workers, Path(folder))
 
     def on_step(t: int) -> None:
@@ -117,6 +129,13 @@ def test_stage_1_loses_a_worker_mid_all_reduce_and_redoes_nothing_committed(tmp_
     gens = generations(tmp_path)
     assert [g["stage"] for g in gens] == [1, 1] and gens[1]["reason"] == "lost [2]"
     assert gens[1]["from"] == "owners" and gens[1]["resume_step"] >= 6 and gens[1]["steps_redone"] <= 1
+
+
+def test_an_owner_ahead_of_an_interrupted_step_hands_over_the_step_before(tmp_path: Path) -> None:
+    results = run(tmp_path, 3, ElasticOptions(lost_s=1.0), {}, victim=-2)  # worker 2 dies mid-step 7
+    check_weights(results)  # step 7 applied once, not twice
+    lost = generations(tmp_path)[1]
+    assert lost["reason"] == "lost [2]" and lost["from"] == "owners" and lost["resume_step"] == 6
 
 
 def test_stage_2_owner_lost_without_notice_resumes_from_the_backup(tmp_path: Path) -> None:
