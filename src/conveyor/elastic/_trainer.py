@@ -37,6 +37,7 @@ import conveyor.runtime._checkpoint as checkpoint
 from conveyor.elastic._comm import Waiting, Watch
 from conveyor.elastic._handover import Handover, Left
 from conveyor.elastic._membership import (
+    NOTICE,
     Generation,
     Heartbeat,
     JobFailed,
@@ -156,6 +157,10 @@ class ElasticTrainer(Handover):
         self.job, self.on_step = job, on_step
         self.steps_per_epoch = -(-len(job.train_x) // job.batch_size)
         self._orders: dict[int, torch.Tensor] = {}
+        if self.joiner and NOTICE.is_set():  # revoked while starting: joining would only cost the others a recovery
+            print(f"worker {self.worker}: revocation notice before joining: it exits", flush=True)
+            self.heartbeat.close()
+            return {"worker": self.worker, "left_at": None, "events": []}
         if self.joiner:  # ask the coordinator to take this worker in at the next step boundary
             n = self.store.add("joins", 1) - 1
             self.store.set(f"join/{n}", str(self.worker))  # the coordinator reads it once it is there
