@@ -13,8 +13,8 @@ def write(path: Path, lines: list[dict]) -> None:
 
 def test_fault_plan_follows_the_phases() -> None:
     spec, phases = _faults(ElasticBenchConfig(workers=4, revoke=2, grace=5), train_s=100.0)
-    assert phases == [("revoke", False, 10.0), ("add", False, 20.0), ("revoke", True, 70.0), ("add", True, 80.0)]
-    assert "revoke:worker=2,at=10.0;revoke:worker=3,at=10.0" in spec and "revoke:worker=3,at=70.0,grace=5" in spec
+    assert phases == [("revoke", False, 10.0), ("add", False, 20.0), ("revoke", True, 60.0), ("add", True, 72.0)]
+    assert "revoke:worker=2,at=10.0;revoke:worker=3,at=10.0" in spec and "revoke:worker=3,at=60.0,grace=5" in spec
 
 
 def test_events_are_read_from_the_logs(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ machine and the same data:
 - **uninterrupted**: ``conveyor train --reliable`` with no fault;
 - **conveyor**: the same with faults from the emulated cluster (cgroups): the ``--revoke`` transient workers
   revoked at once without notice at 10% of the uninterrupted run's training time, added back at 20%,
-  revoked again with a notice (``--grace`` seconds from SIGTERM to SIGKILL) at 70%, added back at 80%;
+  revoked again with a notice (``--grace`` seconds from SIGTERM to SIGKILL) at 60%, added back at 72%;
 - **torchrun**: :mod:`conveyor.bench._restart` (the same update) under ``torchrun --max-restarts``, its
   workers killed at the same moments (SIGTERM then SIGKILL for the notice; it has no use for one), resuming
   from the checkpoint rank 0 writes every ``--checkpoint-every`` steps (default: once an epoch).
@@ -39,7 +39,7 @@ __all__ = ["GOALS", "ElasticBenchConfig", "run"]
 GOALS = {"recovery_s": 10.0, "speedup_vs_torchrun": 5.0, "committed_steps_lost": 0, "accuracy_points": 1.0}
 # (kind, with notice, share of the uninterrupted run's training time): each phase done before the next begins
 # (a worker added takes seconds to start; one revoked before it has joined would see no notice).
-PHASES = (("revoke", False, 0.10), ("add", False, 0.20), ("revoke", True, 0.70), ("add", True, 0.80))
+PHASES = (("revoke", False, 0.10), ("add", False, 0.20), ("revoke", True, 0.60), ("add", True, 0.72))
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class ElasticBenchConfig:
     reliable: int = 1
     revoke: int = 3  # transient workers revoked at once, the last ones
     grace: float = 5.0  # seconds from the notice to the kill
-    epochs: int = 16
+    epochs: int = 24
     batch_size: int = 64
     lr: float = 0.05
     seed: int = 0

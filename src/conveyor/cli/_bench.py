@@ -98,7 +98,7 @@ def add_parser(sub: Any) -> None:
     elastic.add_argument("--reliable", type=positive, default=1, help="reliable workers (the first ones)")
     elastic.add_argument("--revoke", type=positive, default=3, help="transient workers revoked at once (the last)")
     elastic.add_argument("--grace", type=float, default=5.0, help="seconds from a notice to the kill")
-    elastic.add_argument("--epochs", type=int, default=16, help="0: measure the stages only (--stage-workers)")
+    elastic.add_argument("--epochs", type=int, default=24, help="0: measure the stages only (--stage-workers)")
     elastic.add_argument("--batch-size", type=positive, default=64)
     elastic.add_argument("--lr", type=float, default=0.05)
     elastic.add_argument("--seed", type=int, default=0)
