@@ -28,15 +28,15 @@ TRACES = ("p3-trace.csv", "g4dn-trace.csv", "a100x1-east1b.txt", "v100x1-east1c.
 GOALS = {"vs_on_demand": 0.4, "vs_checkpoint_restart": 0.7}
 
 # Measured by `conveyor bench elastic --json elastic.json` (2026-11-23, this project's 2-core machine: vgg16,
-# 6 workers, 3 revoked at once): the means of its conveyor revoke events (0.85 s without notice, 6 steps redone;
-# 0.36 s with notice, none), of its add events (9.89 s, 10.99 s: a worker process starting) and of its torchrun
-# revoke events (13.81 s, 13.12 s). `--elastic FILE` reads another report. checkpoint_s is not measured: an
+# 6 workers, 3 revoked at once): the means of its conveyor revoke events (0.891 s without notice, 1 step redone;
+# 0.505 s with notice, none), of its add events (14.25 s, 15.12 s: worker processes starting) and of its torchrun
+# revoke events (14.70 s, 13.60 s). `--elastic FILE` reads another report. checkpoint_s is not measured: an
 # assumption (ResNet-50's weights and momentum, about 200 MB, written at about 100 MB/s).
 MEASURED = {
-    "revocation_s": 0.605,  # Conveyor elastic: from a revocation to the survivors' next step
-    "addition_s": 10.44,  # Conveyor elastic: from a machine's arrival to its first step in the job
-    "steps_redone": 3.0,  # Conveyor elastic: steps recomputed after a revocation
-    "restart_s": 13.465,  # torchrun: restart all and reload the last checkpoint, to the next step
+    "revocation_s": 0.698,  # Conveyor elastic: from a revocation to the survivors' next step
+    "addition_s": 14.6865,  # Conveyor elastic: from a machine's arrival to its first step in the job
+    "steps_redone": 0.5,  # Conveyor elastic: steps recomputed after a revocation
+    "restart_s": 14.1505,  # torchrun: restart all and reload the last checkpoint, to the next step
     "checkpoint_s": 2.0,  # checkpoint-restart: the pause to write a checkpoint (assumed, see above)
 }
 
