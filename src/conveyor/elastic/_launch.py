@@ -13,16 +13,22 @@ import multiprocessing.connection
 import os
 import pickle
 import queue
-import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from conveyor.elastic._membership import connect, listen_for_notice
 from conveyor.emulate import Cluster, Emulation, FaultDriver, address
-from conveyor.runtime._launch import WorkerError, _Report, _set_parent_death_signal, _stop, _wait_for_reports
+from conveyor.runtime._launch import (
+    WorkerError,
+    _Report,
+    _set_parent_death_signal,
+    _stop,
+    _wait_for_reports,
+    failure_report,
+    report_and_exit,
+)
 
 __all__ = ["launch_elastic", "store_address"]
 
@@ -63,13 +69,8 @@ def _worker(
             host, port = store_address(folder)
         report = _Report(ok=True, value=fn(worker, host, port, *args))
     except BaseException as exc:  # every error goes to the launcher, as the runtime's launcher does
-        report = _Report(ok=False, error_type=type(exc).__name__, message=str(exc).splitlines()[0] if str(exc) else "",
-                         traceback=traceback.format_exc(), time=time.time())  # fmt: skip
-    with open(folder / f"report-{os.getpid()}.pkl", "wb") as fh:
-        pickle.dump(report, fh)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if report.ok else 1)
+        report = failure_report(exc)
+    report_and_exit(folder / f"report-{os.getpid()}.pkl", report)
 
 
 def launch_elastic(

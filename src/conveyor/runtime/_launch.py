@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -170,14 +170,19 @@ def _worker(
         dist.barrier()  # nobody leaves while a peer may still be receiving from it
         report = _Report(ok=True, value=value)
     except BaseException as exc:  # report everything, KeyboardInterrupt included, to the launcher
-        report = _Report(
-            ok=False,
-            error_type=type(exc).__name__,
-            message=str(exc).splitlines()[0] if str(exc) else "",
-            traceback=traceback.format_exc(),
-            time=time.time(),
-        )
-    with open(tmp / f"report-{rank}.pkl", "wb") as fh:
+        report = failure_report(exc)
+    report_and_exit(tmp / f"report-{rank}.pkl", report)
+
+
+def failure_report(exc: BaseException) -> _Report:
+    """What a worker that raised ``exc`` (inside its ``except``) tells its launcher."""
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    return _Report(False, None, type(exc).__name__, message, traceback.format_exc(), time.time())
+
+
+def report_and_exit(path: Path, report: _Report) -> NoReturn:
+    """Write a worker's report where its launcher reads it, and end the worker process."""
+    with open(path, "wb") as fh:
         pickle.dump(report, fh)
     sys.stdout.flush()
     sys.stderr.flush()
