@@ -67,25 +67,24 @@ def test_bad_cases_say_what_is_wrong(cases: tuple[str, ...], match: str) -> None
 @needs_root
 @pytest.mark.timeout(300)
 def test_a_small_run_reports_every_pattern_and_mode(tmp_path) -> None:
-    cfg = StragglersConfig(cases=("mlp:4", "mlp:2-1:32"), epochs=1, batch_size=64, period=1.0,
+    # A pipeline case only (data parallelism is the one-stage case of the same trainer, tested in
+    # tests/stragglers), to keep the suite short.
+    cfg = StragglersConfig(cases=("mlp:2-1:32",), epochs=1, batch_size=64, period=1.0,
                            patterns=("slow-worker", "none"), modes=("flexrr",))  # fmt: skip
     report = run(cfg, str(tmp_path / "ratios.png"), keep=str(tmp_path / "runs"))
     runs = [(r["layout"], r["pattern"], r["mode"]) for r in report["results"]]
-    assert runs == [(layout, p, "flexrr") for layout in ("4", "2-1") for p in ("slow-worker", "none")]
-    slow, calm, slow_pipe, calm_pipe = report["results"]
-    assert calm["mean_capacity_cores"] == pytest.approx(4 * 0.45)
-    assert slow["mean_capacity_cores"] == pytest.approx(4 * 0.45 - 0.45 * (1 - 0.333), rel=0.05)  # one always slow
-    assert calm["ratio_to_ideal"] == pytest.approx(1.0)  # the fastest no-jitter run is its own ideal
-    assert slow["samples_moved"] > 0  # the fast replicas took the slow one's work
-    steps = [json.loads(line) for line in (tmp_path / "runs/mlp-4-slow-worker-flexrr/stragglers.jsonl").open()]
-    assert {s["replica"] for s in steps} == {0, 1, 2, 3} and sum(s["samples"] for s in steps) == 1437  # one epoch
-    # The pipeline: only its replicas are slowed (one of the two at any time), and they share the work.
+    assert runs == [("2-1", p, "flexrr") for p in ("slow-worker", "none")]
+    slow_pipe, calm_pipe = report["results"]
+    # Only the pipeline's replicas are slowed (one of the two at any time), and they share the work.
+    assert calm_pipe["mean_capacity_cores"] == pytest.approx(3 * 0.45)
     assert slow_pipe["mean_capacity_cores"] == pytest.approx(3 * 0.45 - 0.45 * (1 - 0.333), rel=0.05)
-    assert calm_pipe["ratio_to_ideal"] == pytest.approx(1.0) and slow_pipe["samples_moved"] > 0
+    assert calm_pipe["ratio_to_ideal"] == pytest.approx(1.0)  # the fastest no-jitter run is its own ideal
+    assert slow_pipe["samples_moved"] > 0  # the fast replica took the slow one's work
     faults = [json.loads(line) for line in (tmp_path / "runs/mlp-2-1-slow-worker-flexrr/faults.jsonl").open()]
     assert {w for f in faults if f.get("kind") == "slow" for w in f["workers"]} <= {0, 1}
     steps = [json.loads(line) for line in (tmp_path / "runs/mlp-2-1-slow-worker-flexrr/stragglers.jsonl").open()]
-    assert sum(s["samples"] for s in steps if s["stage"] == 1) == 1437
+    assert {s["replica"] for s in steps if s["stage"] == 0} == {0, 1}
+    assert sum(s["samples"] for s in steps if s["stage"] == 1) == 1437  # one epoch, every sample once
     assert (tmp_path / "ratios.png").stat().st_size > 0
     assert set(report["goals"]) >= {"flexrr_met", "off_met", "worst_accuracy_points_below_no_jitter"}
     assert report["failed"] == []

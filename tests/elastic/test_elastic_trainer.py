@@ -123,19 +123,14 @@ def check_weights(results: list[dict[str, Any]]) -> None:
         torch.testing.assert_close(r["weights"], want, atol=1e-5, rtol=0)
 
 
-def test_stage_1_loses_a_worker_mid_all_reduce_and_redoes_nothing_committed(tmp_path: Path) -> None:
-    results = run(tmp_path, 3, ElasticOptions(lost_s=1.0), {2: (7, signal.SIGKILL)})
-    check_weights(results)
+def test_stage_1_loses_a_worker_mid_step_and_the_owner_hands_over_the_step_before(tmp_path: Path) -> None:
+    # Worker 2 dies in step 7 after the all-reduce: the others are mid-broadcast, and the owner (worker 0) has
+    # already updated its shard for a step that will not complete.
+    results = run(tmp_path, 3, ElasticOptions(lost_s=1.0), {}, victim=-2)
+    check_weights(results)  # step 7 applied once, not twice
     gens = generations(tmp_path)
     assert [g["stage"] for g in gens] == [1, 1] and gens[1]["reason"] == "lost [2]"
-    assert gens[1]["from"] == "owners" and gens[1]["resume_step"] >= 6 and gens[1]["steps_redone"] <= 1
-
-
-def test_an_owner_ahead_of_an_interrupted_step_hands_over_the_step_before(tmp_path: Path) -> None:
-    results = run(tmp_path, 3, ElasticOptions(lost_s=1.0), {}, victim=-2)  # worker 2 dies mid-step 7
-    check_weights(results)  # step 7 applied once, not twice
-    lost = generations(tmp_path)[1]
-    assert lost["reason"] == "lost [2]" and lost["from"] == "owners" and lost["resume_step"] == 6
+    assert gens[1]["from"] == "owners" and gens[1]["resume_step"] == 6 and gens[1]["steps_redone"] <= 1  # in flight
 
 
 def test_stage_2_owner_lost_without_notice_resumes_from_the_backup(tmp_path: Path) -> None:
@@ -157,17 +152,6 @@ def test_notice_hands_the_shard_over_and_a_joiner_takes_one(tmp_path: Path) -> N
     for g in gens[1:]:
         assert g["planned"] and g["from"] == "owners" and g["steps_redone"] == 0  # nothing lost, nothing redone
     assert any(r.get("left_at") is not None and r["worker"] == 2 for r in results)
-
-
-def test_stage_3_notice_while_owners_send_backups(tmp_path: Path) -> None:
-    # Worker 0 switches to the planned generation at once (it computes nothing in stage 3) while the owners may
-    # be waiting for it to take their last backup: they must still agree on a boundary and hand over.
-    opts = ElasticOptions(lost_s=1.0, sync_max=0.5, backup_only_min=2.5, backup_every=1)
-    results = run(tmp_path, 4, opts, {3: (9, signal.SIGTERM)})
-    check_weights(results)
-    gens = generations(tmp_path)
-    assert gens[0]["stage"] == 3 and gens[1]["reason"] == "notice [3]"
-    assert gens[1]["planned"] and gens[1]["from"] == "owners" and gens[1]["steps_redone"] == 0
 
 
 def test_stage_3_owner_killed_mid_state_transfer(tmp_path: Path) -> None:

@@ -27,9 +27,9 @@ def test_options_that_cannot_go_with_elastic_training_fail_in_one_line() -> None
 
 @needs_root
 def test_a_run_survives_a_revocation_and_takes_a_worker_in(tmp_path: Path) -> None:
-    faults = "revoke:worker=2,at=0.5;add:worker=2,at=1.5"
-    summary = train(TrainConfig(reliable=1, workers=3, epochs=60, run_dir=str(tmp_path), faults=faults))
-    assert summary["epochs"] == 60 and summary["accuracy"][-1] > 0.9
+    faults = "revoke:worker=2,at=0.3;add:worker=2,at=0.6"
+    summary = train(TrainConfig(reliable=1, workers=3, epochs=40, run_dir=str(tmp_path), faults=faults))
+    assert summary["epochs"] == 40 and summary["accuracy"][-1] > 0.9
     reasons = [g["reason"] for g in summary["generations"]]
     assert reasons[0] == "start" and "lost [2]" in reasons and any("joined" in r for r in reasons)
     for name in ("metrics.jsonl", "elastic.jsonl", "checkpoint.pt", "summary.json", "accuracy.png", "faults.jsonl"):
