@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.job import TrainConfig, model_and_data, train
+from conveyor.job import TrainConfig, model_and_data, read_jsonl, train
 
 __all__ = ["GOALS", "ElasticBenchConfig", "run"]
 
@@ -61,10 +61,6 @@ class ElasticBenchConfig:
     stage_epochs: int = 3
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def _train_config(cfg: ElasticBenchConfig, folder: Path, faults: str | None) -> TrainConfig:
     return TrainConfig(model=cfg.model, workers=cfg.workers, reliable=cfg.reliable, epochs=cfg.epochs,
                        batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, run_dir=str(folder),
@@ -84,8 +80,8 @@ def _faults(cfg: ElasticBenchConfig, train_s: float) -> tuple[str, list[tuple[st
 
 def _conveyor_events(folder: Path, phases: list[tuple[str, bool, float]], victims: list[int]) -> list[dict[str, Any]]:
     """Per phase: the time from its fault to the next step after the generation that took the change in."""
-    faults = [f for f in _lines(folder / "faults.jsonl") if f["event"] == "begin"]
-    log = _lines(folder / "elastic.jsonl")
+    faults = [f for f in read_jsonl(folder / "faults.jsonl") if f["event"] == "begin"]
+    log = read_jsonl(folder / "elastic.jsonl")
     gens = {e["gen"]: e for e in log if e["event"] == "generation"}  # the generations that completed
     decided = [e for e in log if e["event"] == "decided" and e["gen"] in gens]
     resumed = [e for e in log if e["event"] == "resumed"]
@@ -103,7 +99,7 @@ def _conveyor_events(folder: Path, phases: list[tuple[str, bool, float]], victim
 
 def _committed_lost(folder: Path) -> int:
     """Steps committed (held by the reliable tier) before a recovery that resumed before them: must be 0."""
-    gens = [e for e in _lines(folder / "elastic.jsonl") if e["event"] == "generation"]
+    gens = [e for e in read_jsonl(folder / "elastic.jsonl") if e["event"] == "generation"]
     return sum(max(0, g["committed"] - g["resume_step"]) for g in gens)
 
 
@@ -144,7 +140,7 @@ def _torchrun(cfg: ElasticBenchConfig, folder: Path, events: list[tuple[str, boo
     thread.join(5)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun baseline failed ({proc.returncode}): see {folder / 'torchrun.log'}")
-    steps = _lines(folder / "steps.jsonl")
+    steps = read_jsonl(folder / "steps.jsonl")
     out = []
     for kind, notice, wall in kills:
         if kind == "add":  # torchrun restarted every worker already: an addition changes nothing
@@ -157,7 +153,7 @@ def _torchrun(cfg: ElasticBenchConfig, folder: Path, events: list[tuple[str, boo
         recovery = None if after is None else round(after["wall"] - wall, 3)
         out.append({"kind": kind, "workers": list(range(cfg.workers - cfg.revoke, cfg.workers)), "notice": notice,
                     "recovery_s": recovery, "steps_redone": redone})  # fmt: skip
-    metrics = _lines(folder / "metrics.jsonl")
+    metrics = read_jsonl(folder / "metrics.jsonl")
     return {"events": out, "final_accuracy": metrics[-1]["accuracy"] if metrics else None,
             "seconds": round((steps[-1]["wall"] if steps else time.time()) - began, 3)}  # fmt: skip
 
@@ -176,6 +172,7 @@ def measure_stages(cfg: ElasticBenchConfig, folder: Path) -> list[dict[str, Any]
     reliable ones included): what the stage thresholds' defaults rest on. The first epoch (start-up) is left
     out."""
     rows = []
+    _, data = model_and_data(TrainConfig(model=cfg.model, seed=cfg.seed))
     for workers in cfg.stage_workers:
         for stage, (sync_max, backup_only_min) in _FORCED.items():
             run_dir = folder / f"stage{stage}-{workers}"
@@ -183,7 +180,6 @@ def measure_stages(cfg: ElasticBenchConfig, folder: Path) -> list[dict[str, Any]
                               batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, run_dir=str(run_dir),
                               sync_max=sync_max, backup_only_min=backup_only_min)  # fmt: skip
             summary = train(job)
-            _, data = model_and_data(TrainConfig(model=cfg.model, seed=cfg.seed))
             seconds = summary["epoch_seconds"][-1] - summary["epoch_seconds"][0]
             samples = len(data.train_x) * (len(summary["epoch_seconds"]) - 1)
             rows.append({"workers": workers, "transient_per_reliable": (workers - cfg.reliable) / cfg.reliable,

@@ -21,14 +21,13 @@ fault log, so a slowdown that removes capacity is not counted against a mode.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from conveyor.bench._checks import require_known
-from conveyor.job import TrainConfig, train
+from conveyor.job import TrainConfig, read_jsonl, train
 from conveyor.plan import Topology
 from conveyor.runtime import WorkerError
 from conveyor.schedule import parse_replicas
@@ -162,7 +161,7 @@ def _run_one(cfg: StragglersConfig, case: Case, pattern: str, mode: str, run_dir
     summary = train(_train_config(cfg, case, pattern, mode, run_dir))
     start = summary["started_at"]
     end = start + summary["seconds"]
-    events, steps = _read_jsonl(run_dir / "faults.jsonl"), _read_jsonl(run_dir / "stragglers.jsonl")
+    events, steps = read_jsonl(run_dir / "faults.jsonl"), read_jsonl(run_dir / "stragglers.jsonl")
     replicas = [s for s in steps if s["stage"] == 0]
     return {
         "model": case.model,
@@ -177,11 +176,6 @@ def _run_one(cfg: StragglersConfig, case: Case, pattern: str, mode: str, run_dir
         "mean_capacity_cores": mean_capacity(events, cfg.cores, case.workers, start, end),
         "workers": case.workers,
     }
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """A run folder's JSON-lines log (empty if the run wrote none: no faults, or no flexible replicas)."""
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _ideal(results: list[dict[str, Any]], cfg: StragglersConfig) -> None:

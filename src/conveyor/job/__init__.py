@@ -3,7 +3,7 @@
 from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._loader import EpochBatches
-from conveyor.job._report import plot_accuracy
+from conveyor.job._report import plot_accuracy, read_jsonl
 from conveyor.job._train import (
     TrainConfig,
     closing_notes,
@@ -26,6 +26,7 @@ __all__ = [
     "loss_and_optimizer",
     "model_and_data",
     "plot_accuracy",
+    "read_jsonl",
     "resolve",
     "train",
     "train_elastic",

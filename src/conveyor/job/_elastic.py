@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, connect, launch_elastic
 from conveyor.emulate import Emulation
-from conveyor.job._report import plot_accuracy
+from conveyor.job._report import plot_accuracy, read_jsonl
 from conveyor.job._train import TrainConfig, loss_and_optimizer, model_and_data
 
 __all__ = ["join_elastic", "train_elastic"]
@@ -77,8 +77,8 @@ def train_elastic(cfg: TrainConfig) -> dict[str, Any]:
     check_faults(cfg, workers)
     emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
     launch_elastic(_worker, cfg, str(run_dir), workers, nprocs=workers, folder=run_dir, emulation=emulation)
-    history = _lines(run_dir / "metrics.jsonl")
-    events = _lines(run_dir / "elastic.jsonl")
+    history = read_jsonl(run_dir / "metrics.jsonl")
+    events = read_jsonl(run_dir / "elastic.jsonl")
     summary = {
         "epochs": len(history),
         "accuracy": [h["accuracy"] for h in history],
@@ -104,7 +104,3 @@ def join_elastic(address: str, run_dir: str | None = None) -> dict[str, Any]:
     folder = Path(run_dir or f"runs/join-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)
     return _worker(None, host, int(port_text), cfg, str(folder), 0)
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -1,12 +1,19 @@
-"""Plots of training runs: test accuracy against wall-clock time, one line per run."""
+"""Reading and plotting training runs: a run folder's JSON-lines logs, and test accuracy against wall-clock time."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_accuracy"]
+__all__ = ["plot_accuracy", "read_jsonl"]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A run folder's JSON-lines log, one dict a line (empty if the run wrote none, e.g. no faults)."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def plot_accuracy(
