@@ -34,6 +34,8 @@ def test_events_are_read_from_the_logs(tmp_path: Path) -> None:
     ])  # fmt: skip
     events = _conveyor_events(tmp_path, [("revoke", False, 1.0), ("add", False, 2.0)], [3, 4])
     assert [(e["kind"], e["recovery_s"], e["steps_redone"]) for e in events] == [("revoke", 0.9, 3), ("add", 8.5, 0)]
+    late = _conveyor_events(tmp_path, [("revoke", True, 9.0)], [3, 4])  # a fault the run ended before
+    assert late[0]["recovery_s"] is None and late[0]["missed"] == "the run ended first"
     assert _committed_lost(tmp_path) == 0
     write(tmp_path / "elastic.jsonl", [{"event": "generation", "gen": 1, "wall": 1.0, "steps_redone": 9,
                                         "resume_step": 5, "committed": 8}])  # fmt: skip

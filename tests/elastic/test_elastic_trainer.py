@@ -14,14 +14,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, launch_elastic
+from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, launch_elastic, planned_layouts
 from conveyor.elastic._launch import _worker
+from conveyor.plan import Profile
 from conveyor.runtime import WorkerError
 
 pytestmark = pytest.mark.timeout(120)
 
 BATCH, EPOCHS = 24, 2
 OPTIMIZER = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+# A profile on which the planner's layouts for 4, 3, 2 workers are 3 stages with 2 replicas of the last, 3
+# stages, 2 stages (heavy weights, light activations: replicas cost more than stages).
+PROFILE = Profile.chain("mlp", [1e-3, 1e-4, 1e-3, 1e-4, 1e-3], [2e-3, 2e-4, 2e-3, 2e-4, 2e-3], [1000] * 5,
+                        [40_000_000, 0, 40_000_000, 0, 400_000], batch_size=BATCH)  # fmt: skip
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,7 +36,7 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2))
 
 
 def reference(steps: int) -> torch.Tensor:
@@ -69,15 +74,17 @@ class DiesMidStep(ElasticTrainer):
 
 
 def work(worker: int | None, host: str, port: int, folder: str, opts: ElasticOptions, workers: int,
-         kills: dict[int, tuple[int, int]], victim: int | None) -> dict[str, Any]:  # fmt: skip
+         kills: dict[int, tuple[int, int]], victim: int | None, pipeline: bool,
+         step_s: float) -> dict[str, Any]:  # fmt: skip
     x, y = data()
     cls = ElasticTrainer
     if victim is not None and worker == abs(victim):
         cls = Victim if victim >= 0 else DiesMidStep
-    trainer = cls(model(), F.cross_entropy, OPTIMIZER, worker, host, port, opts, workers, Path(folder))
+    layout = planned_layouts(PROFILE, 1e9, 4) if pipeline else None
+    trainer = cls(model(), F.cross_entropy, OPTIMIZER, worker, host, port, opts, workers, Path(folder), layout)
 
     def on_step(t: int) -> None:
-        time.sleep(0.02)  # steps long enough for faults to land mid-run
+        time.sleep(step_s)  # steps long enough for faults (and a joiner) to land mid-run
         if worker in kills and t == kills[worker][0]:
             os.kill(os.getpid(), kills[worker][1])
 
@@ -90,8 +97,10 @@ def late(delay_s: float, *args: Any) -> dict[str, Any]:
 
 
 def run(tmp_path: Path, workers: int, opts: ElasticOptions, kills: dict[int, tuple[int, int]],
-        victim: int | None = None, join_after_s: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
-    args = (str(tmp_path), opts, workers, kills, victim)
+        victim: int | None = None, join_after_s: float = 0.0,
+        pipeline: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    step_s = 0.05 if pipeline or join_after_s else 0.02  # a joiner takes seconds to start on a busy machine
+    args = (str(tmp_path), opts, workers, kills, victim, pipeline, step_s)
     joiner = None
     if join_after_s:  # a worker started by hand (as conveyor train --join would), from outside the launcher
         joined = (9, None, "127.0.0.1", tmp_path, partial(late, join_after_s), args, None, 1)
@@ -170,3 +179,27 @@ def test_losing_the_reliable_worker_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(WorkerError, match="reliable"):
         run(tmp_path, 3, ElasticOptions(lost_s=1.0), {0: (5, signal.SIGKILL)})
     assert time.monotonic() - began < 60
+
+
+def test_pipeline_is_replanned_shorter_from_a_surviving_replica_and_a_notice(tmp_path: Path) -> None:
+    # Stage 1 of AgileML (every worker computes). Worker 3, a replica of the last stage, dies without notice:
+    # worker 2 hands that stage over (nothing from a backup); then worker 2 leaves with notice and the pipeline
+    # becomes two stages.
+    opts = ElasticOptions(lost_s=1.0, sync_max=10, backup_only_min=10, backup_every=3)
+    results = run(tmp_path, 4, opts, {3: (5, signal.SIGKILL), 2: (12, signal.SIGTERM)}, pipeline=True)
+    check_weights(results)
+    gens = generations(tmp_path)
+    assert [g["layout"] for g in gens] == [{"balance": [1, 2, 2], "replicas": [1, 1, 2]},
+                                           {"balance": [1, 2, 2], "replicas": [1, 1, 1]},
+                                           {"balance": [2, 3], "replicas": [1, 1]}]  # fmt: skip
+    assert gens[1]["reason"] == "lost [3]" and gens[1]["from"] == "owners" and gens[1]["steps_redone"] <= 1
+    assert gens[2]["planned"] and gens[2]["from"] == "owners" and gens[2]["steps_redone"] == 0
+
+
+def test_pipeline_stage_lost_with_its_only_worker_resumes_from_the_backup(tmp_path: Path) -> None:
+    opts = ElasticOptions(lost_s=1.0, sync_max=10, backup_only_min=10, backup_every=3)
+    results = run(tmp_path, 3, opts, {2: (10, signal.SIGKILL)}, pipeline=True)
+    check_weights(results)
+    gens = generations(tmp_path)
+    assert [g["layout"]["replicas"] for g in gens] == [[1, 1, 1], [1, 1]]
+    assert gens[1]["from"] == "backup" and 10 - 2 * 3 <= gens[1]["resume_step"] <= 10

@@ -23,6 +23,14 @@ def test_options_that_cannot_go_with_elastic_training_fail_in_one_line() -> None
     check_faults(TrainConfig(reliable=1, faults="revoke:worker=3,at=3"), 4)  # a transient one is fine
     with pytest.raises(ValueError, match="give HOST:PORT"):
         join_elastic("nowhere")
+    with pytest.raises(ValueError, match="--elastic-layout 'stages': use data or pipeline"):
+        TrainConfig(reliable=1, elastic_layout="stages")
+
+
+def test_an_elastic_pipeline_plans_from_worker_0s_profile(tmp_path: Path) -> None:
+    summary = train(TrainConfig(reliable=1, workers=3, epochs=2, run_dir=str(tmp_path), elastic_layout="pipeline"))
+    (start,) = summary["generations"]
+    assert sum(start["layout"]["replicas"]) == len(start["compute"]) and summary["epochs"] == 2
 
 
 @needs_root

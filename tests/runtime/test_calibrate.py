@@ -27,7 +27,9 @@ def test_links_and_allreduces_are_measured_on_both_workers() -> None:
     out = launch(_measure, nprocs=2, timeout_s=100)
     link = out[0]["link"]
     assert 0 < link.send_s < 0.1 and 0 < link.recv_s < 0.1 and link.latency < 0.1
-    assert 1e6 < link.bandwidth < 1e12  # loopback: between a megabyte and a terabyte per second
+    # Loopback: above a megabyte per second. A noisy host can make the big message no slower than the idle
+    # one; the measurement then reports its floor (a megabyte in a microsecond), which it may not exceed.
+    assert 1e6 < link.bandwidth <= 1.1e12
     assert out[0]["busy"].latency < 0.1  # the work's own time is taken out of the round trips
     for key in ("allreduce", "loaded"):
         for rank in (0, 1):  # a collective: both workers measure it

@@ -47,8 +47,8 @@ def _long_run(count: int, as_generator: bool) -> dict[str, Any]:
     }
 
 
-def test_a_generator_of_5000_batches_is_read_lazily_and_trains_as_the_list_does() -> None:
-    count = 5_000
+def test_a_generator_of_2000_batches_is_read_lazily_and_trains_as_the_list_does() -> None:
+    count = 2_000
     lazy = launch(_long_run, count, True, nprocs=2, timeout_s=280)
     bound = 2 * read_ahead(2, 1) + 2  # worker 0 reads two windows ahead, past the first stage's warm-up
     assert lazy[0]["most_ahead"] <= bound, lazy[0]["most_ahead"]
@@ -77,7 +77,7 @@ def _layouts(replicas: list[int]) -> dict[tuple[str, bool], dict[str, torch.Tens
     return out
 
 
-@pytest.mark.parametrize("replicas", [[3, 1], [1, 3], [2, 2]])
+@pytest.mark.parametrize("replicas", [[3, 1], [2, 2]])  # a replicated first stage; replicated first and last
 def test_generators_run_every_schedule_on_any_layout(replicas: list[int]) -> None:
     """An unsized run's length is announced window by window: no layout waits on it forever, and the weights
     are those of the same batches given as a list."""

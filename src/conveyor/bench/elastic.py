@@ -3,7 +3,8 @@
 One job (``--model``, ``--workers`` of which ``--reliable`` are reliable) runs three ways, on the same
 machine and the same data:
 
-- **uninterrupted**: ``conveyor train --reliable`` with no fault;
+- **uninterrupted**: ``conveyor train --reliable`` with no fault (``--elastic-layout``: data parallelism, or
+  a pipeline the planner re-plans at every change; the report then lists each generation's layout);
 - **conveyor**: the same with faults from the emulated cluster (cgroups): the ``--revoke`` transient workers
   revoked at once without notice at 10% of the uninterrupted run's training time, added back at 20%,
   revoked again with a notice (``--grace`` seconds from SIGTERM to SIGKILL) at 60%, added back at 72%;
@@ -59,12 +60,13 @@ class ElasticBenchConfig:
     max_restarts: int = 5
     stage_workers: tuple[int, ...] = ()  # measure each AgileML stage's throughput at these worker counts
     stage_epochs: int = 3
+    elastic_layout: str = "data"  # conveyor's (and the uninterrupted run's): data parallelism or a pipeline
 
 
 def _train_config(cfg: ElasticBenchConfig, folder: Path, faults: str | None) -> TrainConfig:
     return TrainConfig(model=cfg.model, workers=cfg.workers, reliable=cfg.reliable, epochs=cfg.epochs,
                        batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, run_dir=str(folder),
-                       faults=faults)  # fmt: skip
+                       faults=faults, elastic_layout=cfg.elastic_layout)  # fmt: skip
 
 
 def _faults(cfg: ElasticBenchConfig, train_s: float) -> tuple[str, list[tuple[str, bool, float]]]:
@@ -87,7 +89,11 @@ def _conveyor_events(folder: Path, phases: list[tuple[str, bool, float]], victim
     resumed = [e for e in log if e["event"] == "resumed"]
     events = []
     for kind, notice, at in phases:
-        wall = next(f["wall"] for f in faults if f["kind"] == kind and f["at"] == at)
+        wall = next((f["wall"] for f in faults if f["kind"] == kind and f["at"] == at), None)
+        if wall is None:  # the run ended before this phase's fault (it ran faster than the uninterrupted one)
+            events.append({"kind": kind, "workers": victims, "notice": notice and kind == "revoke",
+                           "recovery_s": None, "steps_redone": 0, "missed": "the run ended first"})  # fmt: skip
+            continue
         answer = next((d for d in decided if d["wall"] >= wall and ("joined" in d["reason"]) == (kind == "add")), None)
         after = next((r for r in resumed if answer is not None and r["gen"] >= answer["gen"]), None)
         span = [g for g in gens.values() if g["wall"] >= wall and (after is None or g["gen"] <= after["gen"])]
@@ -199,6 +205,8 @@ def run(cfg: ElasticBenchConfig, folder: Path) -> dict[str, Any]:
     victims = list(range(cfg.workers - cfg.revoke, cfg.workers))
     conveyor_events, lost = _conveyor_events(folder / "conveyor", events, victims), _committed_lost(folder / "conveyor")
     torchrun = _torchrun(cfg, folder / "torchrun", events)
+    keep = ("gen", "reason", "compute", "layout", "from", "steps_redone")
+    generations = [{k: g[k] for k in keep} for g in elastic["generations"]]
     report: dict[str, Any] = {
         "config": {**asdict(cfg), "faults": faults},
         "uninterrupted": {"final_accuracy": base["accuracy"][-1], "seconds": base["seconds"]},
@@ -207,6 +215,7 @@ def run(cfg: ElasticBenchConfig, folder: Path) -> dict[str, Any]:
             "committed_steps_lost": lost,
             "final_accuracy": elastic["accuracy"][-1] if elastic["accuracy"] else None,
             "seconds": elastic["seconds"],
+            "generations": generations,
         },
         "torchrun": torchrun,
     }

@@ -112,6 +112,8 @@ def add_parser(sub: Any) -> None:
         "samples/s at these worker counts, e.g. 2,3,4,6 (with --epochs 0: only that)",
     )
     elastic.add_argument("--stage-epochs", type=positive, default=3, help="epochs per stage measurement")
+    elastic.add_argument("--elastic-layout", choices=("data", "pipeline"), default="data",
+                         help="conveyor's layout (torchrun's baseline stays data parallel)")  # fmt: skip
     elastic.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     elastic.add_argument("--json", type=Path, default=None, help="write the report here")
     spot = which.add_parser("spot", help="on-demand, checkpoint-restart, elastic and BidBrain over spot traces")
@@ -180,6 +182,12 @@ def _elastic(args: argparse.Namespace) -> None:
             recovery = "-" if e["recovery_s"] is None else f"{e['recovery_s']:.2f}"
             table.add_row(job, e["kind"], str(e["notice"]), recovery, str(e["steps_redone"]))
     console.print(table)
+    if cfg.elastic_layout == "pipeline":
+        layouts = Table("generation", "why", "blocks per stage", "replicas", "state from", title="conveyor's pipelines")
+        for g in report["conveyor"]["generations"]:
+            layouts.add_row(str(g["gen"]), g["reason"], "-".join(map(str, g["layout"]["balance"])),
+                            "-".join(map(str, g["layout"]["replicas"])), g["from"])  # fmt: skip
+        console.print(layouts)
     for job in ("uninterrupted", "conveyor", "torchrun"):
         r = report[job]
         console.print(f"{job}: final accuracy {r['final_accuracy']}, {r['seconds']:.1f} s")

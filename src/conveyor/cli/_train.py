@@ -81,6 +81,12 @@ def add_parser(sub: Any) -> None:
         default=3.0,
         help="ratio from which reliable workers only keep backups (AgileML stage 3)",
     )
+    elastic.add_argument(
+        "--elastic-layout",
+        choices=("data", "pipeline"),
+        default="data",
+        help="data parallelism, or a pipeline whose stages and replicas the planner re-plans at every change",
+    )
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
     add_emulation(train)
 
@@ -110,9 +116,11 @@ def run(args: argparse.Namespace) -> None:
         )
     result = train(cfg)
     if result and "generations" in result:
-        table = Table("generation", "why", "stage", "workers", "resumed at step", "steps redone", "seconds")
+        table = Table("generation", "why", "stage", "workers", "pipeline", "resumed at step", "steps redone", "seconds")
         for g in result["generations"]:
-            table.add_row(str(g["gen"]), g["reason"], str(g["stage"]), str(len(g["compute"])),
+            layout = g.get("layout")  # a pipeline's replicas per stage, PipeDream-style: 2-1
+            pipeline = "-".join(map(str, layout["replicas"])) if layout else "-"
+            table.add_row(str(g["gen"]), g["reason"], str(g["stage"]), str(len(g["compute"])), pipeline,
                           str(g["resume_step"] + 1), str(g["steps_redone"]), f"{g['recover_s']:.2f}")  # fmt: skip
         console.print(table)
         accuracy = result["accuracy"][-1] if result["accuracy"] else float("nan")

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from conveyor.elastic._market import BILLINGS, PRICES, Billing, Market, MarketPrice, read_markets
     from conveyor.elastic._membership import Coordinator, Generation, JobFailed, MembershipChanged, connect
     from conveyor.elastic._objective import Offer, hold_cost, paid_left, plan
+    from conveyor.elastic._pipeline import StageLayout, planned_layouts
     from conveyor.elastic._throughput import Costs, Throughput, throughput_from_plan
     from conveyor.elastic._tiers import Roles, agile_stage, roles, shard_bounds
     from conveyor.elastic._trainer import ElasticJob, ElasticOptions, ElasticTrainer
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 _HOME = {
     "_bidbrain": ("POLICIES", "Outcome", "simulate"),
     "_objective": ("Offer", "hold_cost", "paid_left", "plan"),
+    "_pipeline": ("StageLayout", "planned_layouts"),
     "_throughput": ("Costs", "Throughput", "throughput_from_plan"),
     "_launch": ("launch_elastic", "store_address"),
     "_market": ("BILLINGS", "PRICES", "Billing", "Market", "MarketPrice", "read_markets"),
@@ -56,6 +58,7 @@ __all__ = [
     "Offer",
     "Outcome",
     "Roles",
+    "StageLayout",
     "Throughput",
     "agile_stage",
     "connect",
@@ -63,6 +66,7 @@ __all__ = [
     "launch_elastic",
     "paid_left",
     "plan",
+    "planned_layouts",
     "read_markets",
     "roles",
     "shard_bounds",

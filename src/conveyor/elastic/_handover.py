@@ -17,8 +17,8 @@ import torch
 
 from conveyor.elastic._comm import Waiting, Watch
 from conveyor.elastic._membership import Generation
+from conveyor.elastic._pipeline import Shard
 from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, place_shard
-from conveyor.elastic._tiers import shard_bounds
 
 __all__ = ["Handover", "Left"]
 
@@ -50,8 +50,12 @@ class Handover:
     backup_step: int
     train_group: Any
     all_group: Any
+    stage_group: Any
+    sends_backups: bool
+    buffer_bounds: tuple[int, int]
+    staged: Any
     pending_send: Waiting | None
-    incoming: list[tuple[int, list[tuple[tuple[int, int], torch.Tensor, Waiting]]]]
+    incoming: list[tuple[int, list[tuple[Shard, torch.Tensor, Waiting | None]]]]
     first_step_at: float | None
     retired: list[Any]
     events: list[dict[str, Any]]
@@ -71,15 +75,24 @@ class Handover:
     def _stop_step(self) -> int:
         raise NotImplementedError  # the trainer's
 
+    def shards(self, gen: Generation) -> list[Shard]:
+        raise NotImplementedError  # the trainer's
+
+    def backs_up(self, gen: Generation) -> bool:
+        raise NotImplementedError  # the trainer's
+
+    def layout_of(self, gen: Generation) -> dict[str, list[int]] | None:
+        raise NotImplementedError  # the trainer's
+
     # ---------------------------------------------------------------- backups (stages 2 and 3)
     def _backups(self, t: int) -> None:
         """An owner sends its shard to worker 0 every ``backup_every`` steps, waiting only for its previous
         backup; worker 0, when it computes, posts the receives at the same steps and installs complete ones."""
         gen = self.watch.gen
         assert gen is not None
-        if gen.roles.stage == 1 or t % self.options.backup_every:
+        if not self.backs_up(gen) or t % self.options.backup_every:
             return
-        if self.shard is not None:
+        if self.sends_backups and self.shard is not None and not self.leader:
             if self.pending_send is not None:
                 self.watch.wait(self.pending_send, between_steps=True)  # worker 0 may be in a recovery
             self.send_buffer = self.shard.message().clone()
@@ -91,26 +104,31 @@ class Handover:
     def _post_backup(self, t: int) -> None:
         gen = self.watch.gen
         assert gen is not None
-        bounds = shard_bounds(self.flat.numel, len(gen.roles.owners))
-        posts = []
-        for o, (lo, hi) in zip(gen.roles.owners, bounds, strict=True):
+        posts: list[tuple[Shard, torch.Tensor, Waiting | None]] = []
+        for shard in self.shards(gen):
+            (o, *_), (lo, hi), _ = shard
+            if o == self.worker:  # worker 0's own stage of a pipeline: no message to itself
+                posts.append((shard, self._shard_at(t).clone(), None))
+                continue
             size = (1 + len(self.keys)) * (hi - lo) + len(self.scalar_keys) + self.flat.buffer_numel
             buffer = torch.zeros(size, dtype=self.flat.dtype)
-            posts.append(((lo, hi), buffer, Waiting(self.all_group.recv([buffer], gen.members.index(o), t))))
+            posts.append((shard, buffer, Waiting(self.all_group.recv([buffer], gen.members.index(o), t))))
         self.incoming.append((t, posts))
 
     def _install_backups(self, block: bool) -> None:
         while self.incoming:
             t, posts = self.incoming[0]
+            works = [work for _, _, work in posts if work is not None]
             if block:
-                for _, _, work in posts:
+                for work in works:
                     self.watch.wait(work)
-            elif not all(work.ready() for _, _, work in posts):
+            elif not all(work.ready() for work in works):
                 return
-            if any(work.error is not None for _, _, work in posts):
+            if any(work.error is not None for work in works):
                 return  # an owner was lost mid-backup: the generation is about to change
-            for bounds, buffer, _ in posts:
-                place_shard(self.backup, buffer, bounds, self.flat.numel, len(self.keys))
+            for (_, bounds, buffers), message, _ in posts:
+                P, V, S = self.flat.numel, len(self.keys), len(self.scalar_keys)
+                place_shard(self.backup, message, bounds, P, V, buffers, S)
             self.backup_step = t
             self.incoming.pop(0)
 
@@ -120,14 +138,16 @@ class Handover:
         t = (self.done // L + 1) * L
         while not self.store.check(["finished"]) and t < self._stop_step():
             self._post_backup(t)
-            self.watch.poll_until(lambda: self.store.check(["finished"]) or all(
-                w.ready() for _, _, w in self.incoming[0][1]))  # fmt: skip
-            if not all(w.ready() for _, _, w in self.incoming[0][1]):
+            self.watch.poll_until(lambda: self.store.check(["finished"]) or self._arrived())
+            if not self._arrived():
                 return
             self._install_backups(block=True)
             if self.on_step is not None:  # worker 0 computes nothing in stage 3: its progress is the backups'
                 self.on_step(t)
             t += L
+
+    def _arrived(self) -> bool:
+        return all(w is None or w.ready() for _, _, w in self.incoming[0][1])
 
     # ---------------------------------------------------------------- recovery
     def _recover(self, gen: Generation) -> None:
@@ -145,26 +165,26 @@ class Handover:
         self.watch.wait(group.allgather([reports], [mine]))
         seen = {w: [int(x) for x in r] for w, r in zip(parts, reports, strict=True)}
         state_gen, backup_step = seen[0][2], seen[0][3]
-        owners = self.watch.record(state_gen).roles.owners if state_gen >= 0 else ()
-        from_owners = bool(owners) and all(o in seen and seen[o][1] == state_gen for o in owners)
-        c = min(seen[o][0] for o in owners) if from_owners else backup_step
+        held = self.shards(self.watch.record(state_gen)) if state_gen >= 0 else []
+        # Each shard from the first of its holders (its owner, or any replica of a stage) still holding it.
+        sources = [next((h for h in holders if h in seen and seen[h][1] == state_gen), -1) for holders, _, _ in held]
+        from_owners = bool(held) and -1 not in sources
+        c = min(seen[o][0] for o in sources) if from_owners else backup_step
         # Committed: held by the reliable tier (every step it owns in stage 1; its backups otherwise).
-        reliable_owners = bool(owners) and all(o in gen.reliable for o in owners)
-        committed = min(seen[o][0] for o in owners) if reliable_owners and from_owners else backup_step
+        committed = c if from_owners and all(o in gen.reliable for o in sources) else backup_step
         P, V = self.flat.numel, len(self.keys)
         full = torch.zeros_like(self.backup)
         if from_owners:
-            bounds = shard_bounds(P, len(owners))
-            for o, shard in zip(owners, bounds, strict=True):
+            for o, (_, shard, buffers) in zip(sources, held, strict=True):
                 if o == self.worker == 0:
-                    place_shard(full, self._shard_at(c), shard, P, V)
+                    place_shard(full, self._shard_at(c), shard, P, V, buffers, len(self.scalar_keys))
                 elif o == self.worker:
                     self.watch.wait(group.send([self._shard_at(c)], parts.index(0), 0))
                 elif self.leader:
                     size = (1 + V) * (shard[1] - shard[0]) + len(self.scalar_keys) + self.flat.buffer_numel
                     message = torch.zeros(size, dtype=self.flat.dtype)
                     self.watch.wait(group.recv([message], parts.index(o), 0))
-                    place_shard(full, message, shard, P, V)
+                    place_shard(full, message, shard, P, V, buffers, len(self.scalar_keys))
         elif self.leader:
             full.copy_(self.backup)
         if self.leader:
@@ -176,10 +196,12 @@ class Handover:
         self.flat.set_buffers(full[full.numel() - self.flat.buffer_numel :])
         self.watch.done, self.prev, self.shard, self.shard_step = c, None, None, c
         self.step_buffers = {c: full[full.numel() - self.flat.buffer_numel :].clone()}
-        if self.worker in gen.roles.owners:
-            shard = shard_bounds(P, len(gen.roles.owners))[gen.roles.owners.index(self.worker)]
+        held_now = [(s, *shard) for s, shard in enumerate(self.shards(gen)) if self.worker in shard[0]]
+        self.sends_backups = False
+        for _, holders, shard, buffers in held_now:
             self.shard = ShardOptimizer(self.flat, self.make_optimizer, shard)
             self.shard.load(cut_shard(full, shard, P, V))
+            self.buffer_bounds, self.sends_backups = buffers, holders[0] == self.worker
         self.owner_gen = gen.gen if self.shard is not None else -1
         if self.leader:
             if self.log_dir is not None:
@@ -188,6 +210,7 @@ class Handover:
             event = {"event": "generation", "gen": gen.gen, "reason": gen.reason, "planned": gen.planned,
                      "members": list(gen.members), "leaving": list(gen.leaving), "stage": gen.roles.stage,
                      "compute": list(gen.roles.compute), "owners": list(gen.roles.owners), "resume_step": c,
+                     "layout": self.layout_of(gen),
                      "committed": committed, "steps_redone": redone, "from": "owners" if from_owners else "backup",
                      "recover_s": round(time.time() - began, 4)}  # fmt: skip
             self.events.append(event)
@@ -197,9 +220,13 @@ class Handover:
             raise Left
         # Old groups are kept, never destroyed: a gloo group's destructor waits for its abandoned work.
         self.retired += [g for g in (self.train_group, self.all_group) if g is not None]
+        self.retired += [g for g in (self.stage_group,) if g is not None]
+        self.stage_group = None
         if self.worker in gen.roles.compute:
             self.train_group = self.watch.group("train", gen.roles.compute)
-        if gen.roles.stage > 1:
+            if self.staged is not None and len(held_now[0][1]) > 1:  # the replicas of this worker's stage
+                self.stage_group = self.watch.group(f"stage{held_now[0][0]}", held_now[0][1])
+        if self.backs_up(gen):
             self.all_group = self.watch.group("all", gen.members)
 
     def _shard_at(self, c: int) -> torch.Tensor:

@@ -47,6 +47,10 @@ class FlatModel:
     def weights(self) -> torch.Tensor:
         return parameters_to_vector(self.params).detach().clone()
 
+    def grads(self) -> torch.Tensor:
+        """The parameters' gradients as one vector (zeros where a parameter has none)."""
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+
     def set_weights(self, flat: torch.Tensor) -> None:
         with torch.no_grad():
             vector_to_parameters(flat.to(self.dtype), self.params)
@@ -153,14 +157,25 @@ def full_message_numel(numel: int, vectors: int, scalars: int, buffers: int) -> 
     return (1 + vectors) * numel + scalars + buffers
 
 
-def place_shard(full: torch.Tensor, message: torch.Tensor, bounds: tuple[int, int], numel: int, vectors: int) -> None:
+def place_shard(
+    full: torch.Tensor, message: torch.Tensor, bounds: tuple[int, int], numel: int, vectors: int,
+    buffers: tuple[int, int] | None = None, scalars: int = 0,
+) -> None:  # fmt: skip
     """Copy a shard's :meth:`ShardOptimizer.message` into the whole state ``full`` (laid out as one shard of
-    ``[0, numel)``); the scalars and buffers are taken from it too (every shard has the same)."""
+    ``[0, numel)``); the scalars are taken from it too (every shard has the same), and the buffers: all of
+    them (data parallelism's shards hold the same), or only the range ``buffers`` of the buffer vector (a
+    pipeline's stage holds its own), which needs the number of ``scalars`` before them."""
     a, b = bounds
     n = b - a
     for i in range(1 + vectors):
         full[i * numel + a : i * numel + b] = message[i * n : (i + 1) * n]
-    full[(1 + vectors) * numel :] = message[(1 + vectors) * n :]
+    tail, at = full[(1 + vectors) * numel :], message[(1 + vectors) * n :]
+    if buffers is None:
+        tail.copy_(at)
+        return
+    lo, hi = buffers
+    tail[:scalars] = at[:scalars]
+    tail[scalars + lo : scalars + hi] = at[scalars + lo : scalars + hi]
 
 
 def cut_shard(full: torch.Tensor, bounds: tuple[int, int], numel: int, vectors: int) -> torch.Tensor:

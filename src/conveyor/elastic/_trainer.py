@@ -45,6 +45,7 @@ from conveyor.elastic._membership import (
     connect,
     listen_for_notice,
 )
+from conveyor.elastic._pipeline import Shard, StagedStep, StageLayout
 from conveyor.elastic._state import FlatModel, ShardOptimizer, full_message_numel, state_layout
 from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, shard_bounds
 
@@ -92,6 +93,10 @@ class ElasticTrainer(Handover):
         options: the tolerances and AgileML's thresholds.
         workers: how many workers the job starts with (worker 0 only).
         log_dir: where ``elastic.jsonl`` and ``metrics.jsonl`` go (worker 0 and the evaluating worker write).
+        layout: ``None`` for data parallelism; else the stages and replicas for a number of computing workers
+            (:func:`conveyor.elastic.planned_layouts`): an elastic pipeline of the model's blocks, re-planned
+            at every generation (:mod:`conveyor.elastic._pipeline`).
+        microbatches: a pipeline's microbatches per step (at least the most replicas of a stage).
 
     Example (on every worker; see :func:`conveyor.elastic.launch_elastic`)::
 
@@ -102,10 +107,16 @@ class ElasticTrainer(Handover):
     def __init__(
         self, model: nn.Module, loss_fn: LossFn, make_optimizer: Callable[..., torch.optim.Optimizer],
         worker: int | None, host: str, port: int, options: ElasticOptions = ElasticOptions(),
-        workers: int = 0, log_dir: Path | None = None,
+        workers: int = 0, log_dir: Path | None = None, layout: Callable[[int], StageLayout] | None = None,
+        microbatches: int = 4,
     ) -> None:  # fmt: skip
         self.model, self.loss_fn, self.make_optimizer, self.options = model, loss_fn, make_optimizer, options
         self.flat = FlatModel(model)
+        self.layout, self.microbatches = layout, microbatches
+        self.staged: StagedStep | None = None  # a pipeline's stages (built in fit, from the data's shape)
+        self.stage_group: Any = None  # the replicas of this worker's stage
+        self.sends_backups = False  # whether this worker backs its shard up (a stage's first replica)
+        self.buffer_bounds = (0, self.flat.buffer_numel)  # the buffers its shard holds (a stage: its own)
         self.keys, self.scalar_keys = state_layout(make_optimizer)
         self.log_dir = log_dir
         self.leader = worker == 0
@@ -145,7 +156,7 @@ class ElasticTrainer(Handover):
         self.train_group: Any = None  # this generation's groups (gloo's typing stubs lack their methods)
         self.all_group: Any = None
         self.pending_send: Waiting | None = None  # an owner's backup on its way to worker 0
-        self.incoming: list[tuple[int, list[tuple[tuple[int, int], torch.Tensor, Waiting]]]] = []  # worker 0's
+        self.incoming: list[tuple[int, list[tuple[Shard, torch.Tensor, Waiting | None]]]] = []  # worker 0's
         self.first_step_at: float | None = None
         self.losses: list[float] = []
         self.retired: list[Any] = []  # every group this worker built (see _recover)
@@ -155,6 +166,8 @@ class ElasticTrainer(Handover):
     def fit(self, job: ElasticJob, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Train until ``job``'s epochs are done (or its target accuracy is reached), whoever comes and goes."""
         self.job, self.on_step = job, on_step
+        if self.layout is not None:
+            self.staged = StagedStep(self.model, self.microbatches, job.train_x)
         self.steps_per_epoch = -(-len(job.train_x) // job.batch_size)
         self._orders: dict[int, torch.Tensor] = {}
         if self.joiner and NOTICE.is_set():  # revoked while starting: joining would only cost the others a recovery
@@ -199,6 +212,27 @@ class ElasticTrainer(Handover):
                 raise Left
             time.sleep(0.05)
 
+    def shards(self, gen: Generation) -> list[Shard]:
+        """Who holds which part of the state in ``gen``: each owner its shard (data parallelism), or each
+        stage's replicas its weights and buffers (a pipeline)."""
+        if self.staged is None:
+            owners, everything = gen.roles.owners, (0, self.flat.buffer_numel)
+            bounds = shard_bounds(self.flat.numel, len(owners))
+            return [((o,), b, everything) for o, b in zip(owners, bounds, strict=True)]
+        assert self.layout is not None
+        return self.staged.shards(self.layout(len(gen.roles.compute)), gen.roles.compute)
+
+    def layout_of(self, gen: Generation) -> dict[str, list[int]] | None:
+        """A pipeline's blocks and replicas per stage in ``gen`` (``None``: data parallelism)."""
+        if self.layout is None:
+            return None
+        layout = self.layout(len(gen.roles.compute))
+        return {"balance": list(layout.balance), "replicas": list(layout.replicas)}
+
+    def backs_up(self, gen: Generation) -> bool:
+        """Whether the reliable tier keeps backups (AgileML's stages 2 and 3; a pipeline's stages always)."""
+        return gen.roles.stage > 1 or self.staged is not None
+
     def _stop_step(self) -> int:
         total = self.job.epochs * self.steps_per_epoch
         return min(total, int(self.store.get("stop_step"))) if self.store.check(["stop_step"]) else total
@@ -214,6 +248,8 @@ class ElasticTrainer(Handover):
                 self.watch.at_boundary()
                 self._step(self.done + 1)
             self.watch.at_boundary()  # a planned change pending at the end: make it, then finish together
+            if self.staged is not None:
+                self._gather_stages()
             if self.worker == gen.roles.compute[0]:
                 self._finish()
         elif self.leader and gen.roles.stage == 3:
@@ -243,9 +279,24 @@ class ElasticTrainer(Handover):
     def _step(self, t: int) -> None:
         gen = self.watch.gen
         assert gen is not None
-        compute, owners = gen.roles.compute, gen.roles.owners
         epoch, i = divmod(t, self.steps_per_epoch)
         batch = self._order(epoch)[i * self.job.batch_size : (i + 1) * self.job.batch_size]
+        loss = self._staged_step(t, batch) if self.staged is not None else self._data_parallel_step(t, batch)
+        self.watch.done = t
+        self.losses.append(loss)
+        if self.first_step_at is None and self.worker == gen.roles.compute[0]:
+            self.first_step_at = time.time()
+            self.log({"event": "resumed", "gen": gen.gen, "step": t, "worker": self.worker})
+        if self.on_step is not None:
+            self.on_step(t)
+        if i == self.steps_per_epoch - 1:
+            self._end_epoch(epoch, t)
+        self._backups(t)
+
+    def _data_parallel_step(self, t: int, batch: torch.Tensor) -> float:
+        gen = self.watch.gen
+        assert gen is not None
+        compute, owners = gen.roles.compute, gen.roles.owners
         a, b = shard_bounds(len(batch), len(compute))[compute.index(self.worker)]
         mine = batch[a:b]
         self.model.train()
@@ -255,9 +306,8 @@ class ElasticTrainer(Handover):
         if len(mine):
             loss_sum = self.loss_fn(self.model(self.job.train_x[mine]), self.job.train_y[mine]) * len(mine)
             loss_sum.backward()
-        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.flat.params]
         extra = torch.tensor([float(loss_sum.detach()), float(len(mine))], dtype=self.flat.dtype)
-        packed = torch.cat([*grads, self.flat.buffer_vector() * len(mine), extra]).to(self.flat.dtype)
+        packed = torch.cat([self.flat.grads(), self.flat.buffer_vector() * len(mine), extra]).to(self.flat.dtype)
         self.watch.wait(self.train_group.allreduce([packed]), stepping=True)
         samples = float(packed[-1])
         P, nb = self.flat.numel, self.flat.buffer_numel
@@ -275,20 +325,63 @@ class ElasticTrainer(Handover):
         for work in works:
             self.watch.wait(work, stepping=True)
         self.flat.set_weights(torch.cat(parts))
-        self.watch.done = t
-        self.losses.append(float(packed[-2]) / samples)
-        if self.first_step_at is None and self.worker == compute[0]:
-            self.first_step_at = time.time()
-            self.log({"event": "resumed", "gen": gen.gen, "step": t, "worker": self.worker})
-        if self.on_step is not None:
-            self.on_step(t)
-        if i == self.steps_per_epoch - 1:
-            self._end_epoch(epoch, t)
-        self._backups(t)
+        return float(packed[-2]) / samples
+
+    def _staged_step(self, t: int, batch: torch.Tensor) -> float:
+        """One GPipe step of this worker's stage; its replicas all-reduce and update it (the pipeline module's
+        equation), then every computing worker sums the loss, which also ends the step together."""
+        gen = self.watch.gen
+        assert gen is not None and self.staged is not None and self.layout is not None and self.shard is not None
+        compute = gen.roles.compute
+        self.model.train()
+        for p in self.flat.params:
+            p.grad = None
+        x, y = self.job.train_x[batch], self.job.train_y[batch]
+        loss_sum, samples = self.staged.run(self.watch, self.train_group, self.layout(len(compute)), compute,
+                                            self.worker, x, y, self.loss_fn)  # fmt: skip
+        (a, b), (ba, bb) = self.shard.bounds, self.buffer_bounds
+        grad = self.flat.grads()
+        buffers = self.flat.buffer_vector()
+        count = torch.tensor([float(samples)], dtype=self.flat.dtype)
+        packed = torch.cat([grad[a:b], buffers[ba:bb] * samples, count]).to(self.flat.dtype)
+        if self.stage_group is not None:
+            self.watch.wait(self.stage_group.allreduce([packed]), stepping=True)
+        self.prev = (t - 1, self._shard_at(t - 1).clone())
+        buffers[ba:bb] = packed[b - a : -1] / packed[-1]
+        self.flat.set_buffers(buffers)
+        self.step_buffers = {k: v for k, v in self.step_buffers.items() if k == t - 1}
+        self.step_buffers[t] = buffers
+        weights = self.flat.weights()
+        weights[a:b] = self.shard.step(packed[: b - a] / len(batch))
+        self.flat.set_weights(weights)
+        self.shard_step = t
+        loss = torch.tensor([loss_sum], dtype=torch.float64)
+        self.watch.wait(self.train_group.allreduce([loss]), stepping=True)
+        return float(loss) / len(batch)
+
+    def _gather_stages(self) -> None:
+        """Every computing worker gets every stage's weights and buffers from its first replica (to evaluate
+        and to save the whole model)."""
+        gen = self.watch.gen
+        assert gen is not None
+        weights, buffers = self.flat.weights(), self.flat.buffer_vector()
+        works = []
+        for holders, (a, b), (ba, bb) in self.shards(gen):
+            root = gen.roles.compute.index(holders[0])
+            part, buffer_part = weights[a:b].contiguous(), buffers[ba:bb].contiguous()
+            works.append((self.train_group.broadcast(part, root), part, (a, b)))
+            works.append((self.train_group.broadcast(buffer_part, root), buffer_part, (ba, bb)))
+        for i, (work, part, (lo, hi)) in enumerate(works):
+            self.watch.wait(work, stepping=True)
+            (weights if i % 2 == 0 else buffers)[lo:hi] = part
+        self.flat.set_weights(weights)
+        self.flat.set_buffers(buffers)
 
     def _end_epoch(self, epoch: int, t: int) -> None:
         gen = self.watch.gen
         assert gen is not None
+        if self.staged is not None:
+            self._gather_stages()
         accuracy = torch.zeros(1, dtype=torch.float64)
         evaluating = self.worker == gen.roles.compute[0] and self.job.test_x is not None
         if evaluating:

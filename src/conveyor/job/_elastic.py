@@ -1,4 +1,5 @@
-"""``conveyor train --reliable K``: the main job as elastic data parallelism that survives revocations.
+"""``conveyor train --reliable K``: the main job as elastic data parallelism, or an elastic pipeline
+(``--elastic-layout pipeline``), that survives revocations.
 
 The first ``K`` workers are reliable (worker 0 hosts the store and coordinates), the rest transient: an
 emulated revocation (``--faults revoke:...``, ``trace:...``) or a real SIGTERM/SIGKILL takes workers away,
@@ -13,19 +14,34 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from torch import nn
 
-from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, connect, launch_elastic
+from conveyor.elastic import (
+    ElasticJob,
+    ElasticOptions,
+    ElasticTrainer,
+    StageLayout,
+    connect,
+    launch_elastic,
+    planned_layouts,
+)
 from conveyor.emulate import Emulation
 from conveyor.job._report import plot_accuracy, read_jsonl
 from conveyor.job._train import TrainConfig, loss_and_optimizer, model_and_data
+from conveyor.plan import Profile
+from conveyor.runtime import profile
 
 __all__ = ["join_elastic", "train_elastic"]
+
+DEFAULT_BANDWIDTH = 1e9  # bytes/s a pipeline is planned for without an emulated network
 
 
 def _options(cfg: TrainConfig) -> ElasticOptions:
@@ -48,10 +64,31 @@ def check_faults(cfg: TrainConfig, workers: int) -> None:
             )
 
 
+def _layouts(cfg: TrainConfig, model: nn.Sequential, example: torch.Tensor, worker: int | None, host: str,
+             port: int, workers: int) -> Callable[[int], StageLayout] | None:  # fmt: skip
+    """``--elastic-layout pipeline``: the planner's layouts from worker 0's profile of the model at the
+    microbatch size (every worker plans from the same one, through the store), on the emulated network's
+    slowest link, else on 1 GB/s (gloo on one machine's loopback)."""
+    if cfg.elastic_layout == "data":
+        return None
+    store = connect(host, port, is_leader=False)
+    if worker == 0:
+        microbatch = example[: max(1, cfg.batch_size // cfg.microbatches)]
+        store.set("profile", profile(model, microbatch, name=cfg.model, device="cpu", repeats=3, warmup=1).to_json())
+    prof = Profile.from_json(store.get("profile").decode(), "the job's profile")
+    topology = Emulation(cfg.network, cfg.devices, cfg.faults).topology(workers) if worker == 0 else None
+    bandwidth = min(level.bandwidth for level in topology.levels) if topology is not None else DEFAULT_BANDWIDTH
+    if worker == 0:
+        store.set("bandwidth", repr(bandwidth))
+    return planned_layouts(prof, float(store.get("bandwidth")), cfg.microbatches)
+
+
 def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> dict[str, Any]:
     model, data = model_and_data(cfg)
     loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
-    trainer = ElasticTrainer(model, loss_fn, make_optimizer, worker, host, port, _options(cfg), workers, Path(run_dir))
+    layout = _layouts(cfg, model, data.train_x, worker, host, port, workers)
+    trainer = ElasticTrainer(model, loss_fn, make_optimizer, worker, host, port, _options(cfg), workers, Path(run_dir),
+                             layout, cfg.microbatches)  # fmt: skip
     if worker == 0:
         trainer.store.set("config", json.dumps(asdict(cfg)))  # what a worker joining by hand needs
         Console().print(f"elastic job: workers 0-{cfg.reliable - 1} reliable; add one from any machine with "  # type: ignore[operator]

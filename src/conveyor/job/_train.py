@@ -85,6 +85,7 @@ class TrainConfig:
     backup_every: int = 4  # elastic: steps between an owner's backups to the reliable tier
     sync_max: float = 2.0  # elastic: transient:reliable ratio up to which the reliable tier owns the state
     backup_only_min: float = 3.0  # elastic: the ratio from which reliable workers only keep backups
+    elastic_layout: str = "data"  # elastic: data parallelism, or a pipeline the planner re-plans per generation
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches) < 1:
@@ -104,8 +105,10 @@ class TrainConfig:
         mode_settings(self.stragglers, self.slack)
         if self.reliable is not None and (self.stragglers != "off" or self.stages or self.replicas or self.plan):
             raise ValueError(
-                "--reliable runs elastic data parallelism: drop --stragglers, --stages, --replicas, --plan"
+                "--reliable plans its own layouts (--elastic-layout): drop --stragglers, --stages, --replicas, --plan"
             )
+        if self.elastic_layout not in ("data", "pipeline"):
+            raise ValueError(f"--elastic-layout {self.elastic_layout!r}: use data or pipeline")
         if self.lost_s <= 0 or self.backup_every < 1:
             raise ValueError("--lost-s must be > 0 and --backup-every at least 1")
 
