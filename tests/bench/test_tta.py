@@ -11,15 +11,15 @@ pytestmark = pytest.mark.timeout(400)
 
 
 def test_time_to_accuracy_report(tmp_path: Path) -> None:
-    cfg = TTAConfig(workers=2, target=0.8, epochs=8, strategies=("dp", "ddp", "pipedream", "2bw"))
+    cfg = TTAConfig(workers=2, target=0.8, epochs=8, strategies=("dp", "ddp", "pipedream"))  # (2bw: test_train)
     report = run(cfg, plot=str(tmp_path / "tta.png"))
     assert (tmp_path / "tta.png").read_bytes()[:4] == b"\x89PNG"
     results = report["results"]
-    assert list(results) == ["dp", "ddp", "pipedream", "2bw"]
+    assert list(results) == ["dp", "ddp", "pipedream"]
     assert results["dp"]["layout"] == [2] and results["ddp"]["layout"] == [2]
     for name, r in results.items():
         history = r["history"]
-        assert r["seconds_to_target"] is not None, name  # the asynchronous schedules get there too
+        assert r["seconds_to_target"] is not None, name  # the asynchronous schedule gets there too
         reached = history[r["epochs_to_target"] - 1]
         assert reached["accuracy"] >= 0.8 and reached["seconds"] == r["seconds_to_target"]
         assert all(h["accuracy"] < 0.8 for h in history[: r["epochs_to_target"] - 1])

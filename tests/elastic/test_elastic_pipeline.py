@@ -4,10 +4,11 @@ test_elastic_trainer.)"""
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
-from conveyor.elastic._pipeline import StagedStep, StageLayout
+from conveyor.elastic._pipeline import StagedStep, StageLayout, agreed_layouts
 from conveyor.elastic._state import FlatModel
 
 
@@ -46,9 +47,27 @@ def test_models_a_pipeline_cannot_cut_fail_in_one_line() -> None:
     with pytest.raises(TypeError, match=r"cuts an nn\.Sequential"):
         StagedStep(nn.Linear(2, 2), 2, torch.zeros(2, 2))  # type: ignore[arg-type]
     shared = nn.Linear(3, 3)
-    with pytest.raises(ValueError, match="shared between blocks"):
+    with pytest.raises(ValueError, match="a block appears twice"):
         StagedStep(nn.Sequential(shared, nn.ReLU(), shared), 2, torch.zeros(2, 3))
     tied = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
     tied[2].weight = tied[0].weight
     with pytest.raises(ValueError, match="shared between blocks"):
         StagedStep(tied, 2, torch.zeros(2, 3))
+    with pytest.raises(TypeError, match=r"one float tensor between blocks, Argmax returns Tensor torch\.int64"):
+        StagedStep(nn.Sequential(nn.Linear(3, 3), Argmax(), nn.Embedding(3, 2)), 2, torch.zeros(2, 3))
+    staged = StagedStep(model(), 2, torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="does not fit 4 blocks on 3 workers"):
+        staged.shards(StageLayout((2, 2), (1, 1)), (0, 1, 2))
+
+
+class Argmax(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.argmax(-1)
+
+
+def test_every_worker_runs_the_layout_the_first_one_planned() -> None:
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, use_libuv=False)
+    first = agreed_layouts(lambda n: StageLayout((n,), (1,)), store)
+    second = agreed_layouts(lambda n: StageLayout((1, n - 1), (1, 1)), store)  # its planner breaks a tie otherwise
+    assert first(3) == second(3) == StageLayout((3,), (1,))
+    assert second(4) == first(4) == StageLayout((1, 3), (1, 1))

@@ -228,6 +228,7 @@ def run(cfg: ElasticBenchConfig, folder: Path) -> dict[str, Any]:
 def _goals(report: dict[str, Any]) -> dict[str, Any]:
     ours = [e for e in report["conveyor"]["events"] if e["kind"] == "revoke"]
     theirs = [e for e in report["torchrun"]["events"] if e["kind"] == "revoke"]
+    missed = [e["kind"] for e in report["conveyor"]["events"] if "missed" in e]  # faults the run ended before
     worst = max((e["recovery_s"] for e in ours if e["recovery_s"] is not None), default=None)
     pairs = [(a["recovery_s"], b["recovery_s"]) for a, b in zip(ours, theirs, strict=False)
              if a["recovery_s"] and b["recovery_s"]]  # fmt: skip
@@ -235,7 +236,9 @@ def _goals(report: dict[str, Any]) -> dict[str, Any]:
     acc, base = report["conveyor"]["final_accuracy"], report["uninterrupted"]["final_accuracy"]
     points = None if acc is None else round(100 * (base - acc), 2)
     return {
-        "worst_recovery_s": worst, "recovery_met": worst is not None and worst <= GOALS["recovery_s"],
+        "phases_missed": missed,
+        "worst_recovery_s": worst,
+        "recovery_met": worst is not None and worst <= GOALS["recovery_s"] and "revoke" not in missed,
         "min_speedup_vs_torchrun": None if speedup is None else round(speedup, 2),
         "speedup_met": speedup is not None and speedup >= GOALS["speedup_vs_torchrun"],
         "committed_steps_lost_met": report["conveyor"]["committed_steps_lost"] == 0,

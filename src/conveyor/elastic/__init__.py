@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from conveyor.elastic._market import BILLINGS, PRICES, Billing, Market, MarketPrice, read_markets
     from conveyor.elastic._membership import Coordinator, Generation, JobFailed, MembershipChanged, connect
     from conveyor.elastic._objective import Offer, hold_cost, paid_left, plan
-    from conveyor.elastic._pipeline import StageLayout, planned_layouts
+    from conveyor.elastic._pipeline import StageLayout, agreed_layouts, planned_layouts
     from conveyor.elastic._throughput import Costs, Throughput, throughput_from_plan
     from conveyor.elastic._tiers import Roles, agile_stage, roles, shard_bounds
     from conveyor.elastic._trainer import ElasticJob, ElasticOptions, ElasticTrainer
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 _HOME = {
     "_bidbrain": ("POLICIES", "Outcome", "simulate"),
     "_objective": ("Offer", "hold_cost", "paid_left", "plan"),
-    "_pipeline": ("StageLayout", "planned_layouts"),
+    "_pipeline": ("StageLayout", "agreed_layouts", "planned_layouts"),
     "_throughput": ("Costs", "Throughput", "throughput_from_plan"),
     "_launch": ("launch_elastic", "store_address"),
     "_market": ("BILLINGS", "PRICES", "Billing", "Market", "MarketPrice", "read_markets"),
@@ -61,6 +61,7 @@ __all__ = [
     "StageLayout",
     "Throughput",
     "agile_stage",
+    "agreed_layouts",
     "connect",
     "hold_cost",
     "launch_elastic",

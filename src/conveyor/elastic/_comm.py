@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from conveyor.elastic._membership import Generation, JobFailed, MembershipChanged, connect
 
-__all__ = ["POLL_S", "Waiting", "Watch"]
+__all__ = ["POLL_S", "Posting", "Waiting", "Watch"]
 
 POLL_S = 0.05  # how often a waiting worker looks at the store
 _NAP_S = 0.005  # the longest a waiting worker sleeps between looks at its work
@@ -148,9 +148,9 @@ class Watch:
             self.check(stepping)
             time.sleep(POLL_S)
 
-    def group(self, name: str, workers: tuple[int, ...]) -> dist.ProcessGroupGloo:
+    def group(self, name: str, workers: tuple[int, ...]) -> Any:
         """A gloo group of ``workers`` (this worker among them) for this generation, built in a thread so that a
-        peer lost meanwhile cannot hang it."""
+        peer lost meanwhile cannot hang it (a :class:`Posting` of it)."""
         assert self.gen is not None
         box: dict[str, Any] = {}
         if self._builder is None:  # a client of its own: building blocks it, and the polls must go on
@@ -175,4 +175,24 @@ class Watch:
             raise
         if "error" in box:  # a peer failed while the group formed: the coordinator says who
             self._await_verdict(box["error"])
-        return box["pg"]
+        return Posting(box["pg"], self)
+
+
+class Posting:
+    """A process group whose calls raise no gloo error: posting a send, a receive or a collective to a peer
+    already gone fails at once (its connection was reset), and that is a failed wait like any other (the
+    coordinator says who was lost, then ``MembershipChanged``)."""
+
+    def __init__(self, group: dist.ProcessGroupGloo, watch: Watch) -> None:
+        self._group, self._watch = group, watch
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._group, name)
+
+        def post(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except RuntimeError as exc:
+                self._watch._await_verdict(exc)
+
+        return post

@@ -26,8 +26,9 @@ Example:
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ from conveyor.elastic._comm import Waiting, Watch
 from conveyor.elastic._tiers import shard_bounds
 from conveyor.plan import Profile, Topology, optimize
 
-__all__ = ["Shard", "StageLayout", "StagedStep", "planned_layouts"]
+__all__ = ["Shard", "StageLayout", "StagedStep", "agreed_layouts", "planned_layouts"]
 
 Shard = tuple[tuple[int, ...], tuple[int, int], tuple[int, int]]  # holders, weight bounds, buffer bounds
 
@@ -72,6 +73,19 @@ def planned_layouts(profile: Profile, bandwidth: float, microbatches: int) -> Ca
     return layout
 
 
+def agreed_layouts(layout: Callable[[int], StageLayout], store: Any) -> Callable[[int], StageLayout]:
+    """``layout``, as the first worker to plan each worker count wrote it to the job's c10d store: workers
+    whose planners could break a tie differently (a joiner on another machine) still run the same one."""
+
+    @functools.cache
+    def agreed(workers: int) -> StageLayout:
+        mine = json.dumps(asdict(layout(workers)))
+        first = json.loads(store.compare_set(f"layout/{workers}", "", mine))
+        return StageLayout(tuple(first["balance"]), tuple(first["replicas"]))
+
+    return agreed
+
+
 def _offsets(sizes: list[int]) -> list[int]:
     out = [0]
     for n in sizes:
@@ -89,13 +103,17 @@ class StagedStep:
 
     Raises:
         TypeError: the model is not an ``nn.Sequential``.
-        ValueError: a parameter is shared between blocks (a stage must own its parameters).
+        ValueError: a block appears twice, or a parameter is shared between blocks (a stage must own its
+            parameters; the planner's profile counts each block once).
     """
 
     def __init__(self, model: nn.Module, microbatches: int, example: torch.Tensor) -> None:
         if not isinstance(model, nn.Sequential):
             raise TypeError(f"an elastic pipeline cuts an nn.Sequential between its blocks, got {type(model).__name__}")
-        self.blocks = list(model)  # (children() would skip a block that appears twice)
+        self.blocks = list(model)
+        if len(self.blocks) != len(list(model.children())):  # the profile (children) would count fewer blocks
+            raise ValueError("a block appears twice in the nn.Sequential: an elastic pipeline needs each block once "
+                             "(make a second instance of it)")  # fmt: skip
         params = [sum(p.numel() for p in b.parameters() if p.requires_grad) for b in self.blocks]
         if sum(params) != sum(p.numel() for p in model.parameters() if p.requires_grad):
             raise ValueError("a parameter is shared between blocks: an elastic pipeline needs blocks that own theirs")
@@ -105,7 +123,14 @@ class StagedStep:
         self.in_shape, self.in_dtype = _block_inputs(self.blocks, example)
 
     def shards(self, layout: StageLayout, compute: tuple[int, ...]) -> list[Shard]:
-        """Each stage as a shard: its workers, its weights' and its buffers' ranges."""
+        """Each stage as a shard: its workers, its weights' and its buffers' ranges.
+
+        Raises:
+            ValueError: the layout does not cover every block with every computing worker.
+        """
+        if sum(layout.balance) != len(self.blocks) or sum(layout.replicas) != len(compute):
+            raise ValueError(f"{layout} does not fit {len(self.blocks)} blocks on {len(compute)} workers: plan the "
+                             "layout from a profile of this model for this many workers")  # fmt: skip
         out, first = [], 0
         for workers, n in zip(layout.stage_workers(compute), layout.balance, strict=True):
             last = first + n
@@ -165,7 +190,8 @@ class StagedStep:
             else:
                 grad = torch.empty_like(out)
                 watch.wait(group.recv([grad], peer(s + 1, k), len(parts) + k), stepping=True)
-                out.backward(grad)
+                if out.requires_grad:  # (not in a first stage without parameters: nothing to differentiate)
+                    out.backward(grad)
             if x is not None:
                 assert x.grad is not None
                 sends.append(Waiting(group.send([x.grad], peer(s - 1, k), len(parts) + k)))
@@ -186,9 +212,10 @@ def _block_inputs(blocks: list[nn.Module], example: torch.Tensor) -> tuple[list[
                 shapes.append(x.shape[1:])
                 dtypes.append(x.dtype)
                 x = block.eval()(x)
-                if not torch.is_tensor(x):
-                    raise TypeError(f"an elastic pipeline sends one tensor between blocks, {type(block).__name__} "
-                                    f"returns a {type(x).__name__}")  # fmt: skip
+                if not torch.is_tensor(x) or not x.is_floating_point():
+                    what = f"{type(x).__name__} {getattr(x, 'dtype', '')}".strip()
+                    raise TypeError(f"an elastic pipeline sends one float tensor between blocks, "
+                                    f"{type(block).__name__} returns {what}")  # fmt: skip
     finally:
         for block, mode in zip(blocks, modes, strict=True):
             block.train(mode)

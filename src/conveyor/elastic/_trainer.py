@@ -329,7 +329,9 @@ class ElasticTrainer(Handover):
 
     def _staged_step(self, t: int, batch: torch.Tensor) -> float:
         """One GPipe step of this worker's stage; its replicas all-reduce and update it (the pipeline module's
-        equation), then every computing worker sums the loss, which also ends the step together."""
+        equation). Every computing worker sums the loss before anyone updates: a stage's step needs only some
+        peers, but this one needs all, so no worker's state runs two steps ahead of another's (a recovery then
+        finds every stage at ``c`` or ``c + 1``, and each holder keeps step ``c``)."""
         gen = self.watch.gen
         assert gen is not None and self.staged is not None and self.layout is not None and self.shard is not None
         compute = gen.roles.compute
@@ -346,6 +348,8 @@ class ElasticTrainer(Handover):
         packed = torch.cat([grad[a:b], buffers[ba:bb] * samples, count]).to(self.flat.dtype)
         if self.stage_group is not None:
             self.watch.wait(self.stage_group.allreduce([packed]), stepping=True)
+        loss = torch.tensor([loss_sum], dtype=torch.float64)
+        self.watch.wait(self.train_group.allreduce([loss]), stepping=True)
         self.prev = (t - 1, self._shard_at(t - 1).clone())
         buffers[ba:bb] = packed[b - a : -1] / packed[-1]
         self.flat.set_buffers(buffers)
@@ -355,8 +359,6 @@ class ElasticTrainer(Handover):
         weights[a:b] = self.shard.step(packed[: b - a] / len(batch))
         self.flat.set_weights(weights)
         self.shard_step = t
-        loss = torch.tensor([loss_sum], dtype=torch.float64)
-        self.watch.wait(self.train_group.allreduce([loss]), stepping=True)
         return float(loss) / len(batch)
 
     def _gather_stages(self) -> None:

@@ -12,6 +12,7 @@ it resumed from, the steps redone, the seconds it took; and when each resumed), 
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from conveyor.elastic import (
     ElasticOptions,
     ElasticTrainer,
     StageLayout,
+    agreed_layouts,
     connect,
     launch_elastic,
     planned_layouts,
@@ -74,13 +76,14 @@ def _layouts(cfg: TrainConfig, model: nn.Sequential, example: torch.Tensor, work
     store = connect(host, port, is_leader=False)
     if worker == 0:
         microbatch = example[: max(1, cfg.batch_size // cfg.microbatches)]
-        store.set("profile", profile(model, microbatch, name=cfg.model, device="cpu", repeats=3, warmup=1).to_json())
+        measured = profile(copy.deepcopy(model), microbatch, name=cfg.model, device="cpu", repeats=3, warmup=1)
+        store.set("profile", measured.to_json())  # (a copy: profiling moves BatchNorm's running statistics)
     prof = Profile.from_json(store.get("profile").decode(), "the job's profile")
     topology = Emulation(cfg.network, cfg.devices, cfg.faults).topology(workers) if worker == 0 else None
     bandwidth = min(level.bandwidth for level in topology.levels) if topology is not None else DEFAULT_BANDWIDTH
     if worker == 0:
         store.set("bandwidth", repr(bandwidth))
-    return planned_layouts(prof, float(store.get("bandwidth")), cfg.microbatches)
+    return agreed_layouts(planned_layouts(prof, float(store.get("bandwidth")), cfg.microbatches), store)
 
 
 def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> dict[str, Any]:
