@@ -2,7 +2,8 @@
 
 A job's first workers are reliable, the rest transient; the trainer (:class:`ElasticTrainer`) keeps going when
 transient workers are revoked, with or without notice, and takes in new ones, without restarting anyone
-or reading a checkpoint file. The market simulator (:func:`simulate`) replays spot-availability traces
+or reading a checkpoint file, as data parallelism or as a pipeline the planner re-plans at every change
+(:func:`planned_layouts`). The market simulator (:func:`simulate`) replays spot-availability traces
 with prices to compare acquisition policies, BidBrain's among them.
 
 Example:

@@ -19,6 +19,9 @@ step ``b`` (stage 2 and 3 lose the ``<= 2 * backup_every`` steps since), broadca
 new owners take their shards. Training resumes at step ``c + 1`` (or ``b + 1``): the steps redone are at most
 the one in flight (or those since the backup), and the weights equal a run that saw the committed steps,
 because a step's batch does not depend on who runs it.
+
+Given a ``layout``, the computing workers run an elastic pipeline instead (:mod:`conveyor.elastic._pipeline`):
+each stage is a shard held by the stage's replicas, and the same recovery moves it.
 """
 
 from __future__ import annotations
