@@ -31,4 +31,6 @@ def test_check_measures_every_link_and_device_against_its_spec(tmp_path: Path) -
     assert [row["spec_cores"] for row in report["devices"]] == [1, 1, 0.5, 0.5]
     for row in report["devices"]:  # the quota is exact; speed also counts each stop's cost and the host's noise
         assert row["measured_share"] == pytest.approx(row["spec_cores"], rel=0.1), row
-        assert row["measured_cores"] == pytest.approx(row["spec_cores"], rel=0.35), row
+        # Noise only slows: a device is never faster than its quota, and on CI's VM a half core's loop once
+        # needed 1.5-1.9x the reference's CPU time (0.30 cores measured) while its share held within 10% of 0.5.
+        assert 0.5 * row["spec_cores"] <= row["measured_cores"] <= 1.1 * row["spec_cores"], row
