@@ -18,7 +18,7 @@ import torch
 from conveyor.elastic._comm import Waiting, Watch
 from conveyor.elastic._membership import Generation
 from conveyor.elastic._pipeline import Shard
-from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, place_shard
+from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, full_message_numel, place_shard
 
 __all__ = ["Handover", "Left"]
 
@@ -110,8 +110,7 @@ class Handover:
             if o == self.worker:  # worker 0's own stage of a pipeline: no message to itself
                 posts.append((shard, self._shard_at(t).clone(), None))
                 continue
-            size = (1 + len(self.keys)) * (hi - lo) + len(self.scalar_keys) + self.flat.buffer_numel
-            buffer = torch.zeros(size, dtype=self.flat.dtype)
+            buffer = self._message_for((lo, hi))
             posts.append((shard, buffer, Waiting(self.all_group.recv([buffer], gen.members.index(o), t))))
         self.incoming.append((t, posts))
 
@@ -126,8 +125,8 @@ class Handover:
                 return
             if any(work.error is not None for work in works):
                 return  # an owner was lost mid-backup: the generation is about to change
+            P, V, S = self.flat.numel, len(self.keys), len(self.scalar_keys)
             for (_, bounds, buffers), message, _ in posts:
-                P, V, S = self.flat.numel, len(self.keys), len(self.scalar_keys)
                 place_shard(self.backup, message, bounds, P, V, buffers, S)
             self.backup_step = t
             self.incoming.pop(0)
@@ -145,6 +144,11 @@ class Handover:
             if self.on_step is not None:  # worker 0 computes nothing in stage 3: its progress is the backups'
                 self.on_step(t)
             t += L
+
+    def _message_for(self, bounds: tuple[int, int]) -> torch.Tensor:
+        """Room to receive the :meth:`~conveyor.elastic._state.ShardOptimizer.message` of shard ``bounds``."""
+        size = full_message_numel(bounds[1] - bounds[0], len(self.keys), len(self.scalar_keys), self.flat.buffer_numel)
+        return torch.zeros(size, dtype=self.flat.dtype)
 
     def _arrived(self) -> bool:
         return all(w is None or w.ready() for _, _, w in self.incoming[0][1])
@@ -181,8 +185,7 @@ class Handover:
                 elif o == self.worker:
                     self.watch.wait(group.send([self._shard_at(c)], parts.index(0), 0))
                 elif self.leader:
-                    size = (1 + V) * (shard[1] - shard[0]) + len(self.scalar_keys) + self.flat.buffer_numel
-                    message = torch.zeros(size, dtype=self.flat.dtype)
+                    message = self._message_for(shard)
                     self.watch.wait(group.recv([message], parts.index(o), 0))
                     place_shard(full, message, shard, P, V, buffers, len(self.scalar_keys))
         elif self.leader:
@@ -219,8 +222,7 @@ class Handover:
             self.store.set(f"left/{self.worker}", str(gen.gen))
             raise Left
         # Old groups are kept, never destroyed: a gloo group's destructor waits for its abandoned work.
-        self.retired += [g for g in (self.train_group, self.all_group) if g is not None]
-        self.retired += [g for g in (self.stage_group,) if g is not None]
+        self.retired += [g for g in (self.train_group, self.all_group, self.stage_group) if g is not None]
         self.stage_group = None
         if self.worker in gen.roles.compute:
             self.train_group = self.watch.group("train", gen.roles.compute)

@@ -159,20 +159,17 @@ def full_message_numel(numel: int, vectors: int, scalars: int, buffers: int) -> 
 
 def place_shard(
     full: torch.Tensor, message: torch.Tensor, bounds: tuple[int, int], numel: int, vectors: int,
-    buffers: tuple[int, int] | None = None, scalars: int = 0,
+    buffers: tuple[int, int], scalars: int,
 ) -> None:  # fmt: skip
     """Copy a shard's :meth:`ShardOptimizer.message` into the whole state ``full`` (laid out as one shard of
-    ``[0, numel)``); the scalars are taken from it too (every shard has the same), and the buffers: all of
-    them (data parallelism's shards hold the same), or only the range ``buffers`` of the buffer vector (a
-    pipeline's stage holds its own), which needs the number of ``scalars`` before them."""
+    ``[0, numel)``): its weights and state, the ``scalars`` (every shard has the same), and the range
+    ``buffers`` of the buffer vector that the shard holds (all of it in data parallelism, where every shard
+    has the same; a pipeline stage's own)."""
     a, b = bounds
     n = b - a
     for i in range(1 + vectors):
         full[i * numel + a : i * numel + b] = message[i * n : (i + 1) * n]
     tail, at = full[(1 + vectors) * numel :], message[(1 + vectors) * n :]
-    if buffers is None:
-        tail.copy_(at)
-        return
     lo, hi = buffers
     tail[:scalars] = at[:scalars]
     tail[scalars + lo : scalars + hi] = at[scalars + lo : scalars + hi]

@@ -251,8 +251,6 @@ class ElasticTrainer(Handover):
                 self.watch.at_boundary()
                 self._step(self.done + 1)
             self.watch.at_boundary()  # a planned change pending at the end: make it, then finish together
-            if self.staged is not None:
-                self._gather_stages()
             if self.worker == gen.roles.compute[0]:
                 self._finish()
         elif self.leader and gen.roles.stage == 3:
@@ -314,15 +312,11 @@ class ElasticTrainer(Handover):
         self.watch.wait(self.train_group.allreduce([packed]), stepping=True)
         samples = float(packed[-1])
         P, nb = self.flat.numel, self.flat.buffer_numel
-        self.flat.set_buffers(packed[P : P + nb] / samples)
-        self.step_buffers = {k: v for k, v in self.step_buffers.items() if k == t - 1}
-        self.step_buffers[t] = packed[P : P + nb] / samples  # step t's averaged buffers (BatchNorm statistics)
+        self._set_step_buffers(t, packed[P : P + nb] / samples)
         weights = self.flat.weights()
         bounds = shard_bounds(P, len(owners))
         if self.shard is not None:
-            self.prev = (t - 1, self._shard_at(t - 1).clone())
-            weights[slice(*self.shard.bounds)] = self.shard.step(packed[slice(*self.shard.bounds)] / samples)
-            self.shard_step = t  # ahead of done until the broadcasts complete: _shard_at tells them apart
+            weights[slice(*self.shard.bounds)] = self._update_shard(t, packed[slice(*self.shard.bounds)] / samples)
         parts = [weights[lo:hi].contiguous() for lo, hi in bounds]
         works = [self.train_group.broadcast(part, compute.index(o)) for part, o in zip(parts, owners, strict=True)]
         for work in works:
@@ -353,32 +347,41 @@ class ElasticTrainer(Handover):
             self.watch.wait(self.stage_group.allreduce([packed]), stepping=True)
         loss = torch.tensor([loss_sum], dtype=torch.float64)
         self.watch.wait(self.train_group.allreduce([loss]), stepping=True)
-        self.prev = (t - 1, self._shard_at(t - 1).clone())
         buffers[ba:bb] = packed[b - a : -1] / packed[-1]
+        self._set_step_buffers(t, buffers)
+        weights = self.flat.weights()
+        weights[a:b] = self._update_shard(t, packed[: b - a] / len(batch))
+        self.flat.set_weights(weights)
+        return float(loss) / len(batch)
+
+    def _set_step_buffers(self, t: int, buffers: torch.Tensor) -> None:
+        """Step ``t``'s averaged buffers (BatchNorm statistics) into the model, kept with the step before's."""
         self.flat.set_buffers(buffers)
         self.step_buffers = {k: v for k, v in self.step_buffers.items() if k == t - 1}
         self.step_buffers[t] = buffers
-        weights = self.flat.weights()
-        weights[a:b] = self.shard.step(packed[: b - a] / len(batch))
-        self.flat.set_weights(weights)
-        self.shard_step = t
-        return float(loss) / len(batch)
+
+    def _update_shard(self, t: int, grad: torch.Tensor) -> torch.Tensor:
+        """Apply step ``t``'s mean gradient to this owner's shard, keeping the shard of the step before (the
+        step may not complete everywhere: :meth:`_shard_at` hands over either); return the new weights."""
+        assert self.shard is not None
+        self.prev = (t - 1, self._shard_at(t - 1).clone())
+        new = self.shard.step(grad)
+        self.shard_step = t  # ahead of done until the step completes
+        return new
 
     def _gather_stages(self) -> None:
-        """Every computing worker gets every stage's weights and buffers from its first replica (to evaluate
-        and to save the whole model)."""
+        """Every computing worker gets every stage's weights and buffers from its first replica, before each
+        evaluation: the evaluating worker, the checkpoint and the returned weights have the whole model (a run
+        ends at an epoch's end; a recovery hands everybody the whole state)."""
         gen = self.watch.gen
         assert gen is not None
         weights, buffers = self.flat.weights(), self.flat.buffer_vector()
         works = []
         for holders, (a, b), (ba, bb) in self.shards(gen):
-            root = gen.roles.compute.index(holders[0])
-            part, buffer_part = weights[a:b].contiguous(), buffers[ba:bb].contiguous()
-            works.append((self.train_group.broadcast(part, root), part, (a, b)))
-            works.append((self.train_group.broadcast(buffer_part, root), buffer_part, (ba, bb)))
-        for i, (work, part, (lo, hi)) in enumerate(works):
+            root = gen.roles.compute.index(holders[0])  # each broadcast lands in its range of the vectors
+            works += [self.train_group.broadcast(weights[a:b], root), self.train_group.broadcast(buffers[ba:bb], root)]
+        for work in works:
             self.watch.wait(work, stepping=True)
-            (weights if i % 2 == 0 else buffers)[lo:hi] = part
         self.flat.set_weights(weights)
         self.flat.set_buffers(buffers)
 

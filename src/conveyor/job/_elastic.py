@@ -77,12 +77,11 @@ def _layouts(cfg: TrainConfig, model: nn.Sequential, example: torch.Tensor, work
     if worker == 0:
         microbatch = example[: max(1, cfg.batch_size // cfg.microbatches)]
         measured = profile(copy.deepcopy(model), microbatch, name=cfg.model, device="cpu", repeats=3, warmup=1)
+        topology = Emulation(cfg.network, cfg.devices, cfg.faults).topology(workers)
+        bandwidth = min(level.bandwidth for level in topology.levels) if topology is not None else DEFAULT_BANDWIDTH
+        store.set("bandwidth", repr(bandwidth))
         store.set("profile", measured.to_json())  # (a copy: profiling moves BatchNorm's running statistics)
     prof = Profile.from_json(store.get("profile").decode(), "the job's profile")
-    topology = Emulation(cfg.network, cfg.devices, cfg.faults).topology(workers) if worker == 0 else None
-    bandwidth = min(level.bandwidth for level in topology.levels) if topology is not None else DEFAULT_BANDWIDTH
-    if worker == 0:
-        store.set("bandwidth", repr(bandwidth))
     return agreed_layouts(planned_layouts(prof, float(store.get("bandwidth")), cfg.microbatches), store)
 
 
