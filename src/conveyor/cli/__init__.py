@@ -1,5 +1,5 @@
-"""The ``conveyor`` command: ``train``, ``profile``, ``plan``, ``emulate ...`` and ``bench ...``, one module per
-group."""
+"""The ``conveyor`` command: ``train``, ``profile``, ``plan``, ``emulate ...``, ``cluster ...`` and ``bench ...``,
+one module per group."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from conveyor.cli import _bench, _emulate, _plan, _train
+from conveyor.cli import _bench, _cluster, _emulate, _plan, _train
 
 __all__ = ["main"]
 
@@ -19,6 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     _train.add_parser(sub)
     _plan.add_parsers(sub)
     _emulate.add_parser(sub)
+    _cluster.add_parser(sub)
     _bench.add_parser(sub)
     return parser
 
@@ -31,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "profile": _plan.profile,
         "plan": _plan.plan,
         "emulate": _emulate.run,
+        "cluster": _cluster.run,
         "bench": _bench.run,
     }
     try:

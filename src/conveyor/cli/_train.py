@@ -41,11 +41,21 @@ def add_parser(sub: Any) -> None:
         help="a conveyor bench convergence --json report: the epochs each schedule needs, to rank them by time to "
         "accuracy (default: the table shipped with Conveyor)",
     )  # fmt: skip
-    train.add_argument("--epochs", type=positive, default=10)
+    train.add_argument("--epochs", type=positive, default=10, help="epochs to run (with --resume: epochs more)")
     train.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches it")
     train.add_argument("--run-dir", default=None, help="the run folder (default runs/MODEL-TIME)")
     train.add_argument("--checkpoint", default=None, help="write the final model here (default RUN_DIR/checkpoint.pt)")
-    train.add_argument("--resume", default=None, help="start from this checkpoint")
+    train.add_argument(
+        "--resume", default=None,
+        help="start from this checkpoint (it may be the --checkpoint path too: it is read before it is replaced)",
+    )  # fmt: skip
+    train.add_argument(
+        "--lease", default=None, metavar="FILE",
+        help='run only while a lease lasts: FILE holds JSON {"until": UNIX_SECONDS} (replace it atomically to '
+        "extend it). After each epoch worker 0 re-reads it; when one more epoch as long as the last one "
+        "(evaluation included) would end past until, the job stops there, saves its checkpoint and exits 0 "
+        '(summary.json: "stopped_by_lease": true). At least one epoch runs; saving takes time beyond until',
+    )  # fmt: skip
     train.add_argument("--seed", type=int, default=0)
     train.add_argument(
         "--loader-workers", type=int, default=None, help="DataLoader processes per reading worker (default 2 with CUDA)"
@@ -93,16 +103,29 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from conveyor.emulate import Emulation
-    from conveyor.job import TrainConfig, closing_notes, explicit_workers, fixed_layout, model_and_data, train
+    from conveyor.job import (
+        TrainConfig,
+        closing_notes,
+        explicit_workers,
+        fixed_layout,
+        model_and_data,
+        read_lease,
+        train,
+    )
     from conveyor.plan import EpochFactors
     from conveyor.runtime import load_checkpoint
 
     if args.join:
         from conveyor.job import join_elastic
 
+        if args.lease:
+            raise ValueError("--lease bounds a conveyor train run of fixed workers: drop --join")
+
         console.print(f"joining the elastic job at {args.join}")
         join_elastic(args.join, args.run_dir)
         return
+    if args.lease:
+        read_lease(args.lease)  # a missing or unreadable lease fails here, with one line
     if args.resume:
         load_checkpoint(args.resume)  # fail here, with one line, rather than in every worker
     EpochFactors.load(args.epoch_factors)  # and so does a bad table of epochs

@@ -2,6 +2,7 @@
 
 from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
+from conveyor.job._lease import lease_expires, read_lease, write_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import plot_accuracy, read_jsonl
 from conveyor.job._train import (
@@ -23,11 +24,14 @@ __all__ = [
     "explicit_workers",
     "fixed_layout",
     "join_elastic",
+    "lease_expires",
     "loss_and_optimizer",
     "model_and_data",
     "plot_accuracy",
     "read_jsonl",
+    "read_lease",
     "resolve",
     "train",
     "train_elastic",
+    "write_lease",
 ]

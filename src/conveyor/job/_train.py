@@ -5,10 +5,16 @@ job's worker count (unless a layout or a plan file is given), every worker build
 pipeline trains epoch by epoch (each epoch one run of the schedule), evaluating on held-out data after
 each. The run folder gets ``plan.json``, ``metrics.jsonl`` (one line per epoch), ``checkpoint.pt``,
 ``summary.json`` and ``accuracy.png`` (accuracy against wall-clock time).
+
+A lease (``--lease FILE``, JSON ``{"until": UNIX_SECONDS}``) bounds a run in time, as a cluster scheduler's
+rounds do: after each epoch worker 0 re-reads the file, and when another epoch as long as the last would end
+past ``until`` the job stops there, saves its checkpoint and exits normally (``stopped_by_lease`` in the
+summary); the scheduler extends the lease by rewriting the file, and restarts a stopped job with ``--resume``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import time
@@ -30,6 +36,7 @@ import conveyor.job._zoo as zoo
 from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
 from conveyor.job._costs import measure_costs
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
+from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import plot_accuracy
 from conveyor.plan import read_plan_file
@@ -37,7 +44,13 @@ from conveyor.runtime import OptimizerFactory, Pipeline
 from conveyor.schedule import parse_replicas
 from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
 
-__all__ = ["TrainConfig", "closing_notes", "explicit_workers", "model_and_data", "train"]
+__all__ = [
+    "TrainConfig",
+    "closing_notes",
+    "explicit_workers",
+    "model_and_data",
+    "train",
+]
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
@@ -70,7 +83,8 @@ class TrainConfig:
     target_accuracy: float | None = None
     run_dir: str | None = None  # default runs/MODEL-TIME
     checkpoint: str | None = None  # default RUN_DIR/checkpoint.pt
-    resume: str | None = None
+    resume: str | None = None  # a checkpoint to start from; --epochs then counts the epochs still to run
+    lease: str | None = None  # a JSON file {"until": UNIX_SECONDS}: stop (and save) before running past it
     seed: int = 0
     loader_workers: int | None = None  # DataLoader processes per reading worker; default 2 with CUDA, else 0
     network: str | None = None  # an emulated network's topology (conveyor.emulate)
@@ -109,6 +123,8 @@ class TrainConfig:
             )
         if self.elastic_layout not in ("data", "pipeline"):
             raise ValueError(f"--elastic-layout {self.elastic_layout!r}: use data or pipeline")
+        if self.lease and (self.reliable is not None or self.join):
+            raise ValueError("--lease bounds a conveyor train run of fixed workers: drop --reliable and --join")
         if self.lost_s <= 0 or self.backup_every < 1:
             raise ValueError("--lost-s must be > 0 and --backup-every at least 1")
 
@@ -188,7 +204,10 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     pipe = _trainer(cfg, model, layout, loss_fn, make_optimizer)
     if cfg.resume:
-        pipe.load(cfg.resume)
+        pipe.load(cfg.resume)  # every worker reads it before any writes it (the end may save to the same path)
+    done = pipe.steps // steps  # epochs the checkpoint has trained: the data order goes on from there
+    until = read_lease(cfg.lease) if cfg.lease and dist.get_rank() == 0 else None  # worker 0 alone reads it
+    stopped_by_lease = False
     cuda = pipe.device.type == "cuda"
     batches = None
     if pipe.is_first or pipe.is_last:
@@ -209,7 +228,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
         task = bar.add_task("training", total=cfg.epochs * updates, status="")
         for epoch in range(cfg.epochs):
             if batches is not None:
-                batches.order.epoch = epoch
+                batches.order.epoch = done + epoch
             began = time.perf_counter()
             traffic.start()
             losses = pipe.train(batches, lambda _: bar.advance(task))
@@ -219,7 +238,8 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
                 with (folder / "stragglers.jsonl").open("a") as f:
                     f.writelines(json.dumps({"epoch": epoch + 1, **r}) + "\n" for r in records)
             logits = pipe.evaluate(data.test_x if pipe.worker == 0 else None)
-            accuracy = torch.zeros(1)
+            flags = torch.zeros(2)  # the output worker's test accuracy; worker 0's 1 once the lease runs out
+            accuracy = flags[:1]
             if pipe.is_output:
                 assert losses is not None
                 accuracy[0] = (logits.argmax(-1) == data.test_y).float().mean()
@@ -231,13 +251,20 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
                     f.write(json.dumps(asdict(history[-1])) + "\n")
                 bar.update(task, status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {float(accuracy):.3f} "
                            f"{history[-1].samples_per_s:.0f} samples/s")  # fmt: skip
-            dist.all_reduce(accuracy, op=dist.ReduceOp.MAX)  # every worker learns the output worker's accuracy
-            if cfg.target_accuracy is not None and float(accuracy) >= cfg.target_accuracy:
+            if until is not None and cfg.lease and epoch + 1 < cfg.epochs:
+                with contextlib.suppress(ValueError):  # the scheduler replaces it atomically: keep the last read
+                    until = read_lease(cfg.lease)
+                flags[1] = float(lease_expires(until, time.perf_counter() - began, time.time()))
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # every worker learns the accuracy and the lease's verdict
+            if cfg.target_accuracy is not None and float(flags[0]) >= cfg.target_accuracy:
+                break
+            if flags[1] > 0:
+                stopped_by_lease = True
                 break
     pipe.save(cfg.checkpoint or str(folder / "checkpoint.pt"))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {"history": [asdict(h) for h in history], "peak_rss_bytes": peak, "layout": asdict(layout),
-            "started_at": started_at}  # fmt: skip
+            "started_at": started_at, "stopped_by_lease": stopped_by_lease, "epochs_before": done}  # fmt: skip
 
 
 def _trainer(
@@ -266,12 +293,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     The summary has ``epochs``, ``accuracy``, ``loss`` and ``epoch_seconds`` (per epoch), ``seconds``,
     ``train_seconds``, ``samples_per_s`` (training samples per second of training), ``peak_rss_bytes`` (per
     worker), ``prediction`` (the predicted training samples/s, its error against the measured one, and the
-    figures measured at start-up it rests on), the layout run and ``run_dir``.
+    figures measured at start-up it rests on), the layout run and ``run_dir``. ``epochs`` counts this run's
+    epochs (with ``resume``, ``epochs_before`` those the checkpoint had trained); ``stopped_by_lease`` says
+    whether the lease ended the run before ``cfg.epochs``.
+
+    Raises:
+        ValueError: the lease file (``cfg.lease``) cannot be read.
     """
     if cfg.reliable is not None:
         from conveyor.job._elastic import train_elastic
 
         return train_elastic(cfg)
+    if cfg.lease:
+        read_lease(cfg.lease)  # fail here, with one line, rather than in worker 0
     run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     for log in ("metrics.jsonl", "stragglers.jsonl"):  # a run folder used again starts its logs afresh
@@ -287,6 +321,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     history = out["history"]
     summary = {
         "epochs": len(history),
+        "stopped_by_lease": out["stopped_by_lease"],
+        "epochs_before": out["epochs_before"],
         "accuracy": [h["accuracy"] for h in history],
         "loss": [h["loss"] for h in history],
         "seconds": history[-1]["seconds"],

@@ -1,0 +1,278 @@
+"""Real mode: the scheduler's rounds drive real ``conveyor train`` jobs on emulated devices, through leases."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from conveyor.cluster._backends import Backend, Launched
+from conveyor.cluster._mechanism import Combo, Device, Devices, Rounds
+from conveyor.cluster._policies import allocate
+from conveyor.cluster._problem import Problem
+from conveyor.cluster._simulate import JobRecord, Simulation
+from conveyor.cluster._throughputs import OnlineThroughputs
+from conveyor.cluster._trace import TraceJob
+
+__all__ = ["DeviceTypes", "Launch", "RealRun", "parse_device_types", "run_real"]
+
+
+@dataclass(frozen=True)
+class DeviceTypes:
+    """Emulated device types: ``cores[type]`` CPU cores per device, ``counts[type]`` devices."""
+
+    cores: dict[str, float]
+    counts: dict[str, int]
+
+    @property
+    def devices(self) -> Devices:
+        return Devices(dict(self.counts), per_server=max(self.counts.values()))
+
+
+def parse_device_types(text: str) -> DeviceTypes:
+    """Read ``fast=1.0:2,slow=0.25:2`` (type=cores per device:devices).
+
+    Example:
+        >>> parse_device_types("fast=1.0:2,slow=0.25:1")
+        DeviceTypes(cores={'fast': 1.0, 'slow': 0.25}, counts={'fast': 2, 'slow': 1})
+    """
+    cores, counts = {}, {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, spec = part.partition("=")
+        per, _, count = spec.partition(":")
+        try:
+            cores[name], counts[name] = float(per), int(count or 1)
+        except ValueError:
+            raise ValueError(f"cannot read device type {part!r}: write TYPE=CORES:COUNT, e.g. fast=1.0:2") from None
+        if not name or cores[name] <= 0 or counts[name] < 1:
+            raise ValueError(f"device type {part!r} needs a name, cores > 0 and a count >= 1, e.g. slow=0.25:2")
+    if not cores:
+        raise ValueError("no device types given: write e.g. --devices fast=1.0:2,slow=0.25:2")
+    return DeviceTypes(cores, counts)
+
+
+@dataclass
+class Launch:
+    """One run of a job on some devices, from launch to exit."""
+
+    job_id: int
+    device_type: str
+    devices: int
+    folder: Path
+    launched_at: float  # seconds since the run began
+    handle: Launched
+    ended_at: float | None = None
+    exit_code: int | None = None
+
+    def epochs(self) -> list[dict]:
+        """The epochs this launch finished (its metrics.jsonl)."""
+        path = self.folder / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@dataclass
+class RealRun:
+    """A finished real-mode run: the jobs' records (as the simulator's), every launch, the throughput estimates."""
+
+    simulation: Simulation
+    launches: list[Launch]
+    estimates: OnlineThroughputs  # epochs/s per (job id, device type), as measured
+    device_types: tuple[str, ...]
+
+    def rates(self, job_id: int) -> np.ndarray:
+        """Job ``job_id``'s measured epochs/s on each device type (scaled from another type where it never ran)."""
+        return np.array([self.estimates.get(job_id, t) for t in self.device_types])
+
+    def restart_s(self) -> float:
+        """Mean seconds a launch spent not training (starting, restoring, evaluating, the epoch a lease cut):
+        its wall time less its epochs at the measured rate."""
+        lost = [launch.ended_at - launch.launched_at - len(launch.epochs()) / self.estimates.get(launch.job_id,
+                launch.device_type) for launch in self.launches if launch.ended_at is not None]  # fmt: skip
+        return float(np.mean(lost)) if lost else 0.0
+
+
+def run_real(
+    jobs: Sequence[TraceJob],
+    device_types: DeviceTypes,
+    policy: str,
+    backend: Backend,
+    folder: Path,
+    *,
+    round_s: float = 60.0,
+    prior: Callable[[TraceJob, str], float] | None = None,
+    grace_s: float = 60.0,
+    poll_s: float = 0.2,
+    progress: Callable[[int, int], None] | None = None,
+) -> RealRun:
+    """Run ``jobs`` for real: each is ``command num_steps_arg REMAINING`` (a ``conveyor train`` command line,
+    its steps being epochs) on the devices the rounds give it.
+
+    Half way through each round the next round is planned (as Gavel does, so that leases are extended
+    before they run out): a job placed again on the devices it holds gets its lease file extended to the
+    next round's end and keeps running; the others' leases end with the round, so they checkpoint and exit
+    by then (the scheduler waits for them, at most ``grace_s``, before giving their devices away). At the
+    round's end the plan is made again if jobs finished or arrived since, and jobs placed on devices they do
+    not hold are launched there with ``--resume`` from their checkpoint, ``--workers`` their scale factor and
+    ``--devices TYPE=CORES:SCALE``. Throughputs start from ``prior`` (default: proportional to a device's
+    cores) and become each job's measured epochs per second as soon as it has run two epochs on a type, or
+    that scaled by the priors' ratio on a type it has not run on (:class:`OnlineThroughputs`).
+    """
+    from conveyor.job import write_lease  # imports torch: only real runs need it
+
+    devices = device_types.devices
+    types = devices.types
+    folder.mkdir(parents=True, exist_ok=True)
+    records = [JobRecord(i, float(job.arrival_s)) for i, job in enumerate(jobs)]
+    done = np.zeros(len(jobs))  # epochs finished by launches that exited
+    rates = OnlineThroughputs({(j, t): prior(jobs[j], t) if prior else device_types.cores[t]
+                               for j in range(len(jobs)) for t in types})  # fmt: skip
+    running: dict[int, Launch] = {}
+    launches: list[Launch] = []
+    mechanism = Rounds(devices, fill_idle=not policy.startswith("fifo"))
+    notes: list[str] = []
+    solves: list[float] = []
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_s, i))
+    start, start_unix = time.monotonic(), time.time()
+    arrived = 0
+    planned_for: tuple[int, ...] = ()
+    problem: Problem | None = None
+
+    def clock() -> float:
+        return time.monotonic() - start
+
+    def lease(job: int, until: float) -> None:
+        (folder / f"job{job}").mkdir(parents=True, exist_ok=True)
+        write_lease(folder / f"job{job}" / "lease.json", start_unix + until)
+
+    def epochs_done(job: int) -> float:
+        return done[job] + (len(running[job].epochs()) if job in running else 0)
+
+    def reap(until: float | None, jobs_gone: set[int] | None = None) -> None:
+        """Collect exits until ``until``, or until ``jobs_gone`` have all exited."""
+        while running:
+            for job, launch in list(running.items()):
+                if (code := backend.poll(launch.handle)) is not None:
+                    launch.exit_code, launch.ended_at = code, clock()
+                    del running[job]
+                    _account(launch, jobs[job], records[job], done, rates)
+                    if records[job].finish_s is not None and progress is not None:
+                        progress(sum(r.finish_s is not None for r in records), len(jobs))
+            if (until is not None and clock() >= until) or (jobs_gone is not None and not jobs_gone & set(running)):
+                return
+            time.sleep(poll_s)
+
+    def plan(again: bool = False) -> dict[Combo, tuple[Device, ...]]:
+        nonlocal arrived, planned_for, problem
+        now = clock()
+        while arrived < len(order) and jobs[order[arrived]].arrival_s <= now:
+            arrived += 1
+        active = tuple(j for j in sorted(order[:arrived]) if records[j].finish_s is None)
+        if active != planned_for or problem is None:  # jobs came or went: a new allocation
+            table = np.array([[rates.get(j, t) for t in types] for j in active]).reshape(len(active), len(types))
+            problem = Problem(
+                active, types, table, [jobs[j].scale_factor for j in active], [devices.counts[t] for t in types],
+                weights=[jobs[j].priority_weight for j in active],
+                remaining_steps=[max(jobs[j].total_steps - epochs_done(j), 1.0) for j in active],
+                elapsed_s=[now - records[j].arrival_s for j in active],
+                arrival_s=[records[j].arrival_s for j in active],
+            )  # fmt: skip
+            began = time.perf_counter()
+            allocation = allocate(policy, problem)
+            solves.append(time.perf_counter() - began)
+            notes.extend(allocation.notes)
+            mechanism.set_allocation(problem, allocation)
+            planned_for = active
+        return mechanism.next_round(problem, again) if active else {}
+
+    try:
+        round_start, rounds = 0.0, 0
+        placement = plan()
+        while any(r.finish_s is None for r in records):
+            if not placement and not running:  # an empty cluster: wait for the next arrival
+                waiting = [jobs[j].arrival_s for j in order[arrived:]]
+                time.sleep(max(0.0, min(waiting) - clock()) if waiting else poll_s)
+                round_start, placement = clock(), plan()
+                continue
+            for combo, placed in placement.items():
+                job = combo[0]
+                if records[job].finish_s is not None:  # finished after this placement was planned
+                    continue
+                lease(job, round_start + round_s)
+                if job not in running:
+                    launch = _launch(
+                        jobs[job], job, placed[0].type, len(placed), device_types, folder, backend, clock()
+                    )
+                    launches.append(launch)
+                    running[job] = launch
+                    records[job].start_s = launch.launched_at if records[job].start_s is None else records[job].start_s
+            rounds += 1
+            reap(round_start + round_s / 2)
+            mechanism.record(round_s)
+            placement = plan()
+            for combo in placement:
+                if mechanism.kept(combo):
+                    lease(combo[0], round_start + 2 * round_s)  # before the current lease runs out
+            reap(round_start + round_s)
+            round_start += round_s
+            if planned_for != tuple(j for j in planned_for if records[j].finish_s is None):
+                placement = plan(again=True)  # jobs finished in the round's second half: plan without them
+            placed_jobs = {combo[0] for combo in placement if mechanism.kept(combo) and combo[0] in running}
+            leaving = {job for job in running if job not in placed_jobs}
+            for job in leaving:
+                lease(job, round_start)
+            reap(clock() + grace_s, leaving)
+            for job in leaving & set(running):  # did not stop by its lease: stop it (its epoch in flight is lost)
+                backend.stop(running[job].handle)
+            reap(clock() + grace_s, leaving)
+        end = clock()
+    finally:
+        for launch in running.values():
+            backend.stop(launch.handle)
+    busy = sum(sum(r.device_s.values()) for r in records)
+    simulation = Simulation(policy, records, end, busy, devices.total, 0.0, solves, rounds, notes)
+    return RealRun(simulation, launches, rates, types)
+
+
+def _account(launch: Launch, job: TraceJob, record: JobRecord, done: np.ndarray, rates: OnlineThroughputs) -> None:
+    """Book an exited launch: its device time, its epochs, its measured rate; a failure is an error."""
+    assert launch.ended_at is not None
+    record.device_s[launch.device_type] = record.device_s.get(launch.device_type, 0.0) + (
+        launch.ended_at - launch.launched_at) * launch.devices  # fmt: skip
+    epochs = launch.epochs()
+    done[launch.job_id] += len(epochs)
+    if len(epochs) > 1:  # the first epoch's time includes warm-up: rates from the ones after it
+        rates.record(launch.job_id, launch.device_type, len(epochs) - 1, epochs[-1]["seconds"] - epochs[0]["seconds"])
+    if launch.exit_code != 0:
+        raise RuntimeError(f"job {launch.job_id} exited with status {launch.exit_code} on {launch.device_type}: "
+                           f"see {launch.folder / 'log.txt'}")  # fmt: skip
+    if done[launch.job_id] >= job.total_steps:
+        record.finish_s = launch.ended_at
+    else:  # its lease ran out: preempted, to resume from its checkpoint
+        record.preemptions += 1
+
+
+def _launch(
+    job: TraceJob, job_id: int, device_type: str, count: int, device_types: DeviceTypes, folder: Path,
+    backend: Backend, now: float,
+) -> Launch:  # fmt: skip
+    """Start ``job`` on ``count`` devices of ``device_type`` for its remaining epochs, resuming if it ran before."""
+    home = folder / f"job{job_id}"
+    run = home / f"launch-{len(list(home.glob('launch-*')))}"
+    checkpoint = home / "checkpoint.pt"
+    done = sum(len(Path(p).read_text().splitlines()) for p in home.glob("launch-*/metrics.jsonl"))
+    argv = [*shlex.split(job.command), job.num_steps_arg, str(int(job.total_steps - done)),
+            "--workers", str(count), "--devices", f"{device_type}={device_types.cores[device_type]}:{count}",
+            "--run-dir", str(run), "--checkpoint", str(checkpoint), "--lease", str(home / "lease.json")]  # fmt: skip
+    if checkpoint.exists():
+        argv += ["--resume", str(checkpoint)]
+    if argv[0] == "conveyor":  # this interpreter's conveyor, whatever PATH says
+        argv = [sys.executable, "-m", "conveyor.cli", *argv[1:]]
+    run.mkdir(parents=True)
+    handle = backend.launch(f"job{job_id}", argv, device_type, count, run / "log.txt")
+    return Launch(job_id, device_type, count, run, now, handle)

@@ -1,0 +1,53 @@
+"""Real mode: the scheduler runs real ``conveyor train`` jobs on emulated devices, preempting through leases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from emulation import needs_root
+
+from conveyor.cluster import LocalBackend, TraceJob, parse_device_types, run_real
+
+pytestmark = [needs_root, pytest.mark.timeout(300)]
+
+COMMAND = "conveyor train --model mlp --batch-size 64"
+
+
+def _job(epochs: int, arrival: float = 0.0) -> TraceJob:
+    return TraceJob("mlp", total_steps=epochs, scale_factor=1, arrival_s=arrival, command=COMMAND,
+                    num_steps_arg="--epochs")  # fmt: skip
+
+
+def _epochs(folder: Path, job: int) -> int:
+    return sum(len(p.read_text().splitlines()) for p in (folder / f"job{job}").glob("launch-*/metrics.jsonl"))
+
+
+def test_two_jobs_on_two_emulated_devices(tmp_path: Path) -> None:
+    jobs = [_job(3), _job(2, arrival=2.0)]
+    with LocalBackend() as backend:
+        run = run_real(jobs, parse_device_types("fast=1.0:1,slow=0.5:1"), "max_min_fairness_perf", backend, tmp_path,
+                       round_s=20.0)  # fmt: skip
+    for i, record in enumerate(run.simulation.jobs):
+        assert record.finish_s is not None and record.jct_s > 0
+        assert _epochs(tmp_path, i) == jobs[i].total_steps  # every epoch run exactly once
+        assert (tmp_path / f"job{i}" / "checkpoint.pt").exists()
+    assert run.simulation.jobs[1].start_s >= 2.0  # not before it arrived
+    assert {launch.device_type for launch in run.launches} <= {"fast", "slow"}
+    assert all(launch.exit_code == 0 for launch in run.launches)
+    assert (run.rates(0) > 0).all()
+
+
+def test_a_preempted_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    # Two jobs, one device, short rounds: LAS alternates them, so each is stopped by its lease and resumed.
+    jobs = [_job(2), _job(2)]
+    with LocalBackend() as backend:
+        run = run_real(jobs, parse_device_types("only=1.0:1"), "max_min_fairness", backend, tmp_path, round_s=8.0)
+    assert sum(r.preemptions for r in run.simulation.jobs) >= 1
+    resumed = [launch for launch in run.launches if "--resume" in (launch.folder / "log.txt").read_text()
+               or json.loads((launch.folder / "summary.json").read_text()).get("epochs_before", 0) > 0]  # fmt: skip
+    assert resumed, "no launch resumed from a checkpoint"
+    for i in range(2):
+        assert _epochs(tmp_path, i) == 2
+        assert run.simulation.jobs[i].finish_s is not None

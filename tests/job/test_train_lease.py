@@ -1,0 +1,123 @@
+"""``conveyor train --lease``: a run stops (and saves) before its lease ends, goes on while it is extended, resumes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import conveyor.runtime._checkpoint as checkpoint
+from conveyor.cli import main
+from conveyor.job import TrainConfig, lease_expires, read_lease, write_lease
+
+pytestmark = pytest.mark.timeout(240)
+
+BATCH = 8  # small batches: an epoch of the digits takes a few tenths of a second, long enough to watch
+STEPS_PER_EPOCH = -(-1437 // BATCH)
+
+
+def _start(tmp_path: Path, name: str, *args: str) -> subprocess.Popen[bytes]:
+    """A real ``conveyor train`` of the default mlp on the digits, one worker, its output in ``name.log``."""
+    argv = [sys.executable, "-m", "conveyor.cli", "train", "--workers", "1", "--batch-size", str(BATCH)]
+    argv += ["--run-dir", str(tmp_path / name), *args]
+    with (tmp_path / f"{name}.log").open("wb") as log:
+        return subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen[bytes], tmp_path: Path, name: str) -> dict[str, Any]:
+    try:
+        rc = proc.wait(timeout=150)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the job and its workers
+        raise
+    assert rc == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    summary: dict[str, Any] = json.loads((tmp_path / name / "summary.json").read_text())
+    return summary
+
+
+def _metrics(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def test_reading_and_judging_a_lease(tmp_path: Path) -> None:
+    lease = tmp_path / "lease.json"
+    write_lease(lease, 1234.5)
+    assert read_lease(lease) == 1234.5 and [p.name for p in tmp_path.iterdir()] == ["lease.json"]
+    assert not lease_expires(until=100.0, epoch_s=10.0, now=90.0)
+    assert lease_expires(until=100.0, epoch_s=10.0, now=90.5)
+    for text in ("{}", '{"until": "soon"}', "not json"):
+        lease.write_text(text)
+        with pytest.raises(ValueError, match=r"^--lease .*lease\.json: .*UNIX_SECONDS"):
+            read_lease(lease)
+    with pytest.raises(ValueError, match="drop --reliable"):
+        TrainConfig(lease=str(lease), reliable=1)
+
+
+def test_a_missing_lease_is_a_one_line_error_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "none.json"
+    assert main(["train", "--lease", str(missing), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"conveyor: error: --lease {missing}: cannot read the lease") and "\n" not in err
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_an_expiring_lease_stops_the_run_which_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    lease, ckpt = tmp_path / "lease.json", tmp_path / "ckpt" / "job.pt"
+    write_lease(lease, time.time() + 600)
+    proc = _start(tmp_path, "a", "--epochs", "100", "--lease", str(lease), "--checkpoint", str(ckpt))
+    deadline = time.monotonic() + 120
+    while not (seen := _metrics(tmp_path / "a")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert seen, "no epoch finished"
+    write_lease(lease, time.time() + 1.5 * seen[0]["seconds"])  # the scheduler cuts it to ~1.5 epochs from now
+    first = _finish(proc, tmp_path, "a")
+    # Where it stops depends on how long each epoch takes (another process may slow some); well before 100.
+    assert first["stopped_by_lease"] is True and first["epochs_before"] == 0
+    assert len(seen) <= first["epochs"] < 100
+    assert len(_metrics(tmp_path / "a")) == first["epochs"]
+    assert checkpoint.load(ckpt)["steps"] == first["epochs"] * STEPS_PER_EPOCH
+    assert not (tmp_path / "a" / "checkpoint.pt").exists()  # --checkpoint put it elsewhere
+
+    # Restarted from its checkpoint, into the same file: 2 more epochs, no lease, carrying on from the weights.
+    proc = _start(tmp_path, "b", "--resume", str(ckpt), "--checkpoint", str(ckpt), "--epochs", "2")
+    second = _finish(proc, tmp_path, "b")
+    assert second["epochs"] == 2 and second["stopped_by_lease"] is False
+    assert second["epochs_before"] == first["epochs"]
+    assert checkpoint.load(ckpt)["steps"] == (first["epochs"] + 2) * STEPS_PER_EPOCH
+    assert second["loss"][0] < first["loss"][0], (first["loss"], second["loss"])  # not from fresh weights
+    assert second["accuracy"][0] > max(0.5, first["accuracy"][-1] - 0.1), (first["accuracy"], second["accuracy"])
+
+
+def test_a_lease_extended_while_running_lets_the_run_finish(tmp_path: Path) -> None:
+    """Started with a lease ending a second later (start-up alone takes longer), renewed every 0.1 s to 30 s
+    ahead as a scheduler extends a job's lease round after round: the run goes on to its last epoch."""
+    lease, window, stop = tmp_path / "lease.json", 30.0, threading.Event()
+    first_until = time.time() + 1.0
+    write_lease(lease, first_until)
+
+    def renew() -> None:
+        while not stop.wait(0.1):
+            write_lease(lease, time.time() + window)
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    try:
+        summary = _finish(_start(tmp_path, "run", "--epochs", "6", "--lease", str(lease)), tmp_path, "run")
+    finally:
+        stop.set()
+        renewer.join()
+    assert summary["epochs"] == 6 and summary["stopped_by_lease"] is False
+    assert summary["started_at"] + summary["seconds"] > first_until  # it ran past the lease it started with
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.pt")["steps"] == 6 * STEPS_PER_EPOCH
