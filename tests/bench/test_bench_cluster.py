@@ -94,8 +94,9 @@ def test_an_infeasible_slo_is_reported_then_solved_without_it(
     trace = tmp_path / "slo.trace"
     jobs = [TraceJob("ResNet-18 (batch size 16)", total_steps=50_000, scale_factor=1, arrival_s=0.0, slo=1.05)] * 2
     write_trace(jobs, trace)
-    argv = ["cluster", "simulate", "--trace", str(trace), "--cluster", "v100=1", "--policy", "max_throughput_per_dollar",
-            "--throughputs", str(gavel_table), "--json", str(tmp_path / "o.json")]  # fmt: skip
+    argv = ["cluster", "simulate", "--trace", str(trace), "--cluster", "v100=1", "--policy",
+            "max_throughput_per_dollar", "--throughputs", str(gavel_table),
+            "--json", str(tmp_path / "o.json")]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "SLO" in out
