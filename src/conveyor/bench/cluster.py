@@ -39,8 +39,8 @@ class ClusterBenchConfig:
     fidelity_round_s: float = 30.0
 
 
-def parse_cluster(text: str) -> Devices:
-    """``v100=36,p100=36,k80=36`` as devices.
+def parse_cluster(text: str, per_server: int = 4) -> Devices:
+    """``v100=36,p100=36,k80=36`` as devices, ``per_server`` to a server.
 
     Example:
         >>> parse_cluster("v100=2,k80=1").counts
@@ -52,7 +52,7 @@ def parse_cluster(text: str) -> Devices:
         if not name or not count.isdigit():
             raise ValueError(f"cannot read {part!r} of --cluster {text!r}: write TYPE=COUNT, e.g. v100=36,k80=36")
         counts[name] = int(count)
-    return Devices(counts)
+    return Devices(counts, per_server)
 
 
 def _one_point(cfg: ClusterBenchConfig, policy: str, rate: float) -> dict[str, Any]:

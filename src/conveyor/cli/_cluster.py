@@ -67,29 +67,31 @@ def run(args: argparse.Namespace) -> None:
 
 def _simulate(args: argparse.Namespace) -> None:
     from conveyor.bench.cluster import parse_cluster, plot
-    from conveyor.cluster import POLICIES, ThroughputTable, generate_jobs, read_trace, simulate, write_trace
+    from conveyor.cluster import POLICIES, ThroughputTable, TraceJob, generate_jobs, read_trace, simulate, write_trace
 
     for policy in args.policy:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}: choose from {', '.join(sorted(POLICIES))}")
     table = ThroughputTable.load(args.throughputs)
-    devices = parse_cluster(args.cluster)
-    devices = type(devices)(devices.counts, args.per_server)
+    devices = parse_cluster(args.cluster, args.per_server)
     prices = _prices(args.prices)
     window = _window(args.window)
     rows = []
     for rate in args.jobs_per_hour if args.trace is None else (None,):
         if args.trace is not None:
-            jobs = read_trace(args.trace, table.job_types)
+            jobs = read_trace(args.trace, table=table)
         else:
             assert rate is not None
             jobs = generate_jobs(args.jobs or 50, rate, seed=args.seed, multi_gpu=not args.single_device,
                                  priorities=args.priorities, slos=args.slos, table=table)  # fmt: skip
         if args.write_trace is not None:
             write_trace(jobs, args.write_trace if rate is None else _suffixed(args.write_trace, rate, args))
-        for job in jobs:
-            table.alone(job.job_type, job.scale_factor, devices.types[0])  # a job the table lacks fails here
-        pair_rates = _pair_rates(table, devices.types) if args.space_sharing else None
+
+        def colocated(a: TraceJob, b: TraceJob) -> Any:
+            """The table's throughputs of ``a`` and ``b`` sharing devices, per type; None if never measured."""
+            return table.pairs([a, b], devices.types).get((0, 1))
+
+        pair_rates = colocated if args.space_sharing else None
         for policy in args.policy:
             sim = simulate(jobs, lambda job: table.matrix([job], devices.types)[0], devices, policy,
                            round_s=args.round_s, prices=prices, pair_rates=pair_rates, restart_s=args.restart_s,
@@ -170,13 +172,3 @@ def _window(text: str | None) -> tuple[int, int] | None:
 
 def _suffixed(path: Path, rate: float, args: argparse.Namespace) -> Path:
     return path if len(args.jobs_per_hour) == 1 else path.with_name(f"{path.stem}-{rate:g}{path.suffix}")
-
-
-def _pair_rates(table: Any, types: tuple[str, ...]) -> Any:
-    import numpy as np
-
-    def rates(a: Any, b: Any) -> np.ndarray | None:
-        both = [table.colocated((a.job_type, a.scale_factor), (b.job_type, b.scale_factor), t) for t in types]
-        return None if any(x is None for x in both) else np.array(both)
-
-    return rates

@@ -87,7 +87,7 @@ class Rounds:
     devices: Devices
     fill_idle: bool = True
     allocation: dict[Combo, np.ndarray] = field(default_factory=dict)  # combo -> share of time per type
-    received: dict[Combo, np.ndarray] = field(default_factory=lambda: defaultdict(lambda: np.zeros(0)))
+    received: dict[Combo, np.ndarray] = field(init=False)  # time run per type since the allocation changed
     placement: dict[Combo, tuple[Device, ...]] = field(default_factory=dict)  # the current round's
     previous: dict[Combo, tuple[Device, ...]] = field(default_factory=dict)  # the round before's
 

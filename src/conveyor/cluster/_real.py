@@ -16,7 +16,7 @@ from conveyor.cluster._backends import Backend, Launched
 from conveyor.cluster._mechanism import Combo, Device, Devices, Rounds
 from conveyor.cluster._policies import allocate
 from conveyor.cluster._problem import Problem
-from conveyor.cluster._simulate import JobRecord, Simulation
+from conveyor.cluster._simulate import JobRecord, Simulation, active_problem
 from conveyor.cluster._throughputs import OnlineThroughputs
 from conveyor.cluster._trace import TraceJob
 
@@ -174,14 +174,10 @@ def run_real(
             arrived += 1
         active = tuple(j for j in sorted(order[:arrived]) if records[j].finish_s is None)
         if active != planned_for or problem is None:  # jobs came or went: a new allocation
-            table = np.array([[rates.get(j, t) for t in types] for j in active]).reshape(len(active), len(types))
-            problem = Problem(
-                active, types, table, [jobs[j].scale_factor for j in active], [devices.counts[t] for t in types],
-                weights=[jobs[j].priority_weight for j in active],
-                remaining_steps=[max(jobs[j].total_steps - epochs_done(j), 1.0) for j in active],
-                elapsed_s=[now - records[j].arrival_s for j in active],
-                arrival_s=[records[j].arrival_s for j in active],
-            )  # fmt: skip
+            table = np.array([[rates.get(j, t) for t in types] for j in range(len(jobs))])
+            # a job whose last epoch is done but whose process has not exited yet still needs its devices
+            remaining = np.array([max(job.total_steps - epochs_done(j), 1.0) for j, job in enumerate(jobs)])
+            problem = active_problem(active, jobs, table, remaining, records, now, devices, np.ones(len(types)), None)
             began = time.perf_counter()
             allocation = allocate(policy, problem)
             solves.append(time.perf_counter() - began)
@@ -205,9 +201,8 @@ def run_real(
                     continue
                 lease(job, round_start + round_s)
                 if job not in running:
-                    launch = _launch(
-                        jobs[job], job, placed[0].type, len(placed), device_types, folder, backend, clock()
-                    )
+                    launch = _launch(jobs[job], job, jobs[job].total_steps - done[job], placed[0].type, len(placed),
+                                     device_types, folder, backend, clock())  # fmt: skip
                     launches.append(launch)
                     running[job] = launch
                     records[job].start_s = launch.launched_at if records[job].start_s is None else records[job].start_s
@@ -258,15 +253,15 @@ def _account(launch: Launch, job: TraceJob, record: JobRecord, done: np.ndarray,
 
 
 def _launch(
-    job: TraceJob, job_id: int, device_type: str, count: int, device_types: DeviceTypes, folder: Path,
-    backend: Backend, now: float,
+    job: TraceJob, job_id: int, remaining: float, device_type: str, count: int, device_types: DeviceTypes,
+    folder: Path, backend: Backend, now: float,
 ) -> Launch:  # fmt: skip
-    """Start ``job`` on ``count`` devices of ``device_type`` for its remaining epochs, resuming if it ran before."""
+    """Start ``job`` on ``count`` devices of ``device_type`` for its ``remaining`` epochs, resuming if it ran
+    before."""
     home = folder / f"job{job_id}"
     run = home / f"launch-{len(list(home.glob('launch-*')))}"
     checkpoint = home / "checkpoint.pt"
-    done = sum(len(Path(p).read_text().splitlines()) for p in home.glob("launch-*/metrics.jsonl"))
-    argv = [*shlex.split(job.command), job.num_steps_arg, str(int(job.total_steps - done)),
+    argv = [*shlex.split(job.command), job.num_steps_arg, str(int(remaining)),
             "--workers", str(count), "--devices", f"{device_type}={device_types.cores[device_type]}:{count}",
             "--run-dir", str(run), "--checkpoint", str(checkpoint), "--lease", str(home / "lease.json")]  # fmt: skip
     if checkpoint.exists():

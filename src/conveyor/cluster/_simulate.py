@@ -147,8 +147,8 @@ def simulate(
         while arrived < len(order) and jobs[order[arrived]].arrival_s <= now:
             active.append(order[arrived])
             arrived, changed = arrived + 1, True
-        if problem is None or changed or len(problem.job_ids) != len(active):
-            problem = _problem(active, jobs, table, remaining, records, now, devices, price, pair_rates)
+        if problem is None or changed:  # jobs came (changed) or went (problem reset below)
+            problem = active_problem(active, jobs, table, remaining, records, now, devices, price, pair_rates)
         if problem.job_ids != allocated_for and (
             now - allocated_at >= reallocate_s or not set(allocated_for) & set(problem.job_ids)
         ):
@@ -198,11 +198,12 @@ def simulate(
     return Simulation(policy, records, end, busy, devices.total, cost, solves, rounds_run, notes)
 
 
-def _problem(
-    active: list[int], jobs: Sequence[TraceJob], table: np.ndarray, remaining: np.ndarray, records: list[JobRecord],
+def active_problem(
+    active: Sequence[int], jobs: Sequence[TraceJob], table: np.ndarray, remaining: np.ndarray, records: list[JobRecord],
     now: float, devices: Devices, price: np.ndarray, pair_rates: PairRates | None,
 ) -> Problem:  # fmt: skip
-    """The policy's view of the active jobs now."""
+    """The policy's view now of the jobs ``active`` (ids into ``jobs`` and every per-job array): their
+    throughputs (rows of ``table``), remaining steps, waiting times, deadlines; pairs that may share devices."""
     pairs: dict[tuple[int, int], np.ndarray] = {}
     if pair_rates is not None:
         for a in range(len(active)):
@@ -211,9 +212,9 @@ def _problem(
                 if ja.scale_factor == jb.scale_factor and (both := pair_rates(ja, jb)) is not None:
                     pairs[(a, b)] = both
     return Problem(
-        job_ids=tuple(active), device_types=devices.types, throughputs=table[active],
+        job_ids=tuple(active), device_types=devices.types, throughputs=table[list(active)],
         scale_factors=[jobs[j].scale_factor for j in active], capacity=[devices.counts[t] for t in devices.types],
-        weights=[jobs[j].priority_weight for j in active], remaining_steps=remaining[active],
+        weights=[jobs[j].priority_weight for j in active], remaining_steps=remaining[list(active)],
         elapsed_s=[now - records[j].arrival_s for j in active],
         deadline_s=[max(records[j].deadline_s - now, 1.0) for j in active], prices=price,
         arrival_s=[records[j].arrival_s for j in active], pair_throughputs=pairs,

@@ -44,13 +44,7 @@ from conveyor.runtime import OptimizerFactory, Pipeline
 from conveyor.schedule import parse_replicas
 from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
 
-__all__ = [
-    "TrainConfig",
-    "closing_notes",
-    "explicit_workers",
-    "model_and_data",
-    "train",
-]
+__all__ = ["TrainConfig", "closing_notes", "explicit_workers", "model_and_data", "train"]
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
