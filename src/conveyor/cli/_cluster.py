@@ -131,12 +131,15 @@ def _run(args: argparse.Namespace) -> None:
     import time
 
     from conveyor.cluster import LocalBackend, RayBackend, parse_device_types, read_trace, run_real
+    from conveyor.emulate import Emulation
 
     if args.trace is None:
         raise ValueError("conveyor cluster run needs --trace FILE: jobs whose command is a conveyor train line and "
                          "whose steps are epochs (see README, Cluster scheduling)")  # fmt: skip
     jobs = read_trace(args.trace)
     device_types = parse_device_types(args.devices)
+    # the jobs run on emulated devices (cgroups): a machine that cannot emulate them fails here, in one line
+    Emulation(None, args.devices).check(sum(device_types.counts.values()))
     folder = args.run_dir or Path("runs") / time.strftime("cluster-%Y%m%d-%H%M%S")
     backend = LocalBackend() if args.backend == "local" else RayBackend(args.ray_address, dict(device_types.counts))
     try:
