@@ -15,8 +15,8 @@ pytestmark = [needs_root, pytest.mark.timeout(300)]
 COMMAND = "conveyor train --model mlp --batch-size 64"
 
 
-def _job(epochs: int, arrival: float = 0.0) -> TraceJob:
-    return TraceJob("mlp", total_steps=epochs, scale_factor=1, arrival_s=arrival, command=COMMAND,
+def _job(epochs: int, arrival: float = 0.0, command: str = COMMAND) -> TraceJob:
+    return TraceJob("mlp", total_steps=epochs, scale_factor=1, arrival_s=arrival, command=command,
                     num_steps_arg="--epochs")  # fmt: skip
 
 
@@ -40,16 +40,18 @@ def test_two_jobs_on_two_emulated_devices(tmp_path: Path) -> None:
 
 
 def test_a_preempted_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    # Two jobs, one device, short rounds: LAS alternates them, so a job runs in several launches; every launch
+    # Two jobs, one device: each needs more than a round alone (30 epochs of batch 8, about half a second
+    # each, against rounds of 10 s), so LAS alternates them and each runs in several launches; every launch
     # after a job's first resumes from its checkpoint, and no epoch is run twice or lost.
-    jobs = [_job(40), _job(40)]
+    slow = "conveyor train --model mlp --batch-size 8"
+    jobs = [_job(30, command=slow), _job(30, command=slow)]
     with LocalBackend() as backend:
-        run = run_real(jobs, parse_device_types("only=1.0:1"), "max_min_fairness", backend, tmp_path, round_s=8.0)
+        run = run_real(jobs, parse_device_types("only=1.0:1"), "max_min_fairness", backend, tmp_path, round_s=10.0)
     later = [launch for launch in run.launches if launch.folder.name != "launch-0"]
     assert later, "no job was preempted and relaunched"
     for launch in later:
         summary = json.loads((launch.folder / "summary.json").read_text())
         assert summary["epochs_before"] > 0
     for i in range(2):
-        assert _epochs(tmp_path, i) == 40
+        assert _epochs(tmp_path, i) == 30
         assert run.simulation.jobs[i].finish_s is not None
