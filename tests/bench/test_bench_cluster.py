@@ -9,7 +9,7 @@ import pytest
 
 from conveyor.bench.cluster import ClusterBenchConfig, parse_cluster, plot, report, sustained
 from conveyor.cli import main
-from conveyor.cluster import TraceJob, write_trace
+from conveyor.cluster import Allocation, Problem, TraceJob, write_trace
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "gavel"
 
@@ -51,6 +51,29 @@ def gavel_table() -> Path:
     if not (SHARED / "simulation_throughputs.json").exists():
         pytest.skip(f"Gavel's throughputs not found at {SHARED} (only CI and developer machines have ../shared)")
     return SHARED / "simulation_throughputs.json"
+
+
+def test_solve_times_on_the_study_cluster_and_on_gavels_sweep_cluster(
+    gavel_table: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import conveyor.bench.cluster as bench
+
+    capacities: list[list[int]] = []
+    real_allocate = bench.allocate
+
+    def spy(policy: str, problem: Problem) -> Allocation:
+        capacities.append([int(c) for c in problem.capacity])
+        return real_allocate(policy, problem)
+
+    monkeypatch.setattr(bench, "allocate", spy)
+    cfg = ClusterBenchConfig(solve_sizes=(8, 16), throughputs=str(gavel_table))
+    fixed = bench.solve_times(cfg, ("max_min_fairness_perf",), repeats=1)
+    assert set(fixed["max_min_fairness_perf"]) == {"8", "16"} and capacities == [[36, 36, 36]] * 2
+    capacities.clear()
+    sweep = bench.solve_times(cfg, ("max_min_fairness_perf",), repeats=1, sweep_cluster=True)
+    assert capacities == [[2, 2, 2], [4, 4, 4]]  # n/4 of each type, as Gavel's sweep_policy_runtimes.py
+    assert all(0 < t < 10 for t in sweep["max_min_fairness_perf"].values())
+    assert report(cfg, [], fixed, None, sweep)["solve_s_sweep_cluster"] == sweep
 
 
 def test_simulate_writes_json_a_trace_and_a_plot(tmp_path: Path, gavel_table: Path) -> None:

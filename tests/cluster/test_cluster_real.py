@@ -37,6 +37,9 @@ def test_two_jobs_on_two_emulated_devices(tmp_path: Path) -> None:
     assert {launch.device_type for launch in run.launches} <= {"fast", "slow"}
     assert all(launch.exit_code == 0 for launch in run.launches)
     assert (run.rates(0) > 0).all()
+    restarts = run.restart_s()  # a launch's start-up, restore and exit: seconds, not nothing
+    assert set(restarts) == {"fast", "slow"} and all(0 < s < 20 for s in restarts.values())
+    assert all(launch.launched_at >= launch.planned_at for launch in run.launches)
 
 
 def test_a_preempted_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:

@@ -42,6 +42,18 @@ def test_a_moved_job_pays_its_restart() -> None:
     assert [r.finish_s for r in paying.jobs] == [pytest.approx(4 * 360 + 180), pytest.approx(5 * 360 + 180)]
 
 
+def test_the_restart_cost_can_depend_on_the_device_type() -> None:
+    # One job that runs only on the slow type: 720 s of work at 1 step/s; a restart of 60 s on "slow" costs
+    # the first round 60 s, so it finishes at 780 s; a restart charged on "fast" only does not touch it.
+    jobs, cluster = [_job(720)], Devices({"fast": 1, "slow": 1})
+    slow_only = lambda job: np.array([0.0, 1.0])  # noqa: E731
+    on_slow = simulate(jobs, slow_only, cluster, "max_min_fairness_perf", restart_s={"fast": 0.0, "slow": 60.0})
+    on_fast = simulate(jobs, slow_only, cluster, "max_min_fairness_perf", restart_s={"fast": 60.0, "slow": 0.0})
+    assert on_slow.jobs[0].finish_s == pytest.approx(780.0) and on_fast.jobs[0].finish_s == pytest.approx(720.0)
+    with pytest.raises(ValueError, match=r"no seconds for device types \['slow'\]"):
+        simulate(jobs, slow_only, cluster, "max_min_fairness_perf", restart_s={"fast": 1.0})
+
+
 def test_late_arrivals_and_a_window() -> None:
     jobs = [_job(360), _job(360, arrival=10_000.0)]
     sim = simulate(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "fifo")

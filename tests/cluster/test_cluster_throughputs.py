@@ -128,6 +128,21 @@ def test_online_estimates_converge_to_the_measured_rate() -> None:
     assert est.get(("A", 1), "k80") == pytest.approx(7.0 * 2.5 / 10.0, rel=0.01)  # the prior's ratio
 
 
+def test_other_jobs_measured_on_both_types_correct_the_priors_ratio() -> None:
+    # Priors by cores (1.0 and 0.25: ratio 4); B measured 16/s fast and 2/s slow (ratio 8), C 20/s and 2.5/s:
+    # A, measured only on fast at 12/s, is estimated on slow at 12 / 4 / 2 = 1.5, not 3.
+    est = OnlineThroughputs({(job, t): c for job in "ABC" for t, c in (("fast", 1.0), ("slow", 0.25))})
+    for job, fast, slow in (("B", 16.0, 2.0), ("C", 20.0, 2.5)):
+        est.record(job, "fast", fast * 10, 10.0)
+        est.record(job, "slow", slow * 10, 10.0)
+    est.record("A", "fast", 120.0, 10.0)
+    assert est.get("A", "slow") == pytest.approx(1.5)
+    assert est.get("B", "slow") == pytest.approx(2.0)  # its own measurement, untouched
+    alone = OnlineThroughputs({("A", "fast"): 1.0, ("A", "slow"): 0.25})
+    alone.record("A", "fast", 120.0, 10.0)
+    assert alone.get("A", "slow") == pytest.approx(3.0)  # nobody measured on both: the priors' ratio
+
+
 def test_online_estimates_weigh_priors_and_follow_changes() -> None:
     blended = OnlineThroughputs({("A", "v100"): 10.0}, prior_weight_s=100.0)
     blended.record("A", "v100", steps=400.0, seconds=100.0)

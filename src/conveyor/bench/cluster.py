@@ -18,8 +18,12 @@ from conveyor.cluster import Devices, Problem, ThroughputTable, TraceJob, alloca
 __all__ = ["PAPER", "ClusterBenchConfig", "jct_vs_load", "plot", "solve_times", "sustained"]
 
 # What Gavel's paper reports (abstract): heterogeneity-aware policies improve average JCT and makespan by up to
-# 3.5x over heterogeneity-agnostic ones and sustain up to 1.5x higher load on the same cluster.
-PAPER = {"jct_improvement_up_to": 3.5, "sustained_load_up_to": 1.5}
+# 3.5x over heterogeneity-agnostic ones and sustain up to 1.5x higher load on the same cluster. Its Figure 12
+# (policy runtime; the "Gavel" LAS line of the plot file notebooks/figures/evaluation/solver_scaling/
+# multi_gpu_las.pdf in github.com/stanford-futuredata/gavel, read from the plot's coordinates): seconds per
+# allocation by job count, on its sweep's cluster of n/4 devices of each of three types.
+PAPER = {"jct_improvement_up_to": 3.5, "sustained_load_up_to": 1.5,
+         "figure12_solve_s": {"32": 0.0084, "128": 0.013, "512": 0.032, "1024": 0.046, "2048": 0.083}}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,19 @@ def sustained(rows: list[dict[str, Any]], limit_s: float) -> dict[str, float]:
     return best
 
 
-def solve_times(cfg: ClusterBenchConfig, policies: tuple[str, ...], repeats: int = 3) -> dict[str, dict[str, float]]:
-    """Median seconds to compute an allocation for n active jobs drawn like Gavel's, on the config's cluster."""
+def solve_times(
+    cfg: ClusterBenchConfig, policies: tuple[str, ...], repeats: int = 3, sweep_cluster: bool = False
+) -> dict[str, dict[str, float]]:
+    """Median seconds to compute an allocation for n active jobs drawn like Gavel's, on the config's cluster
+    or (``sweep_cluster``) on n/4 devices of each of its types, as Gavel's sweep_policy_runtimes.py times it."""
     table = ThroughputTable.load(cfg.throughputs)
     devices = parse_cluster(cfg.cluster)
     out: dict[str, dict[str, float]] = {}
     for policy in policies:
         out[policy] = {}
         for n in cfg.solve_sizes:
+            if sweep_cluster:
+                devices = Devices(dict.fromkeys(devices.types, max(n // 4, 1)))
             jobs = generate_jobs(n, 0.0, seed=cfg.seed, table=table)
             problem = Problem(tuple(range(n)), devices.types, table.matrix(jobs, devices.types),
                               [j.scale_factor for j in jobs], [devices.counts[t] for t in devices.types],
@@ -136,8 +145,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def report(cfg: ClusterBenchConfig, rows: list[dict[str, Any]], solves: dict[str, dict[str, float]],
-           fidelity: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
-    """The JSON report, with the goals judged.
+           fidelity: dict[str, Any] | None,
+           sweep_solves: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The JSON report, with the goals judged; ``sweep_solves``: solve times on Gavel's sweep cluster, beside
+    its Figure 12's.
 
     "Sustained" load has no single definition (the paper reads it off its curves): a policy sustains a rate
     when the window's average JCT stays within ``m`` times the aware policy's at the lowest rate; reported
@@ -146,8 +157,8 @@ def report(cfg: ClusterBenchConfig, rows: list[dict[str, Any]], solves: dict[str
     agnostic, aware = cfg.policies[0], cfg.policies[-1]
     goals: dict[str, Any] = {}
     out: dict[str, Any] = {"config": asdict(cfg), "jct_vs_load": rows, "solve_s": solves.get(aware, {}),
-                           "solve_s_by_policy": solves, "fidelity": fidelity, "paper": PAPER,
-                           "goals": goals}  # fmt: skip
+                           "solve_s_by_policy": solves, "solve_s_sweep_cluster": sweep_solves or {},
+                           "fidelity": fidelity, "paper": PAPER, "goals": goals}  # fmt: skip
     if rows:
         base = _jct(rows, aware, min(cfg.rates))
         sustained_by = {str(m): sustained(rows, m * base) for m in (2, 3, 4)}

@@ -443,11 +443,13 @@ def _cluster(args: argparse.Namespace) -> None:
     old = load_report(args.reuse) if args.reuse else {}
     rows = jct_vs_load(cfg) if "sweep" in args.parts else old.get("jct_vs_load", [])
     solves = solve_times(cfg, cfg.policies) if "solve" in args.parts else old.get("solve_s_by_policy", {})
+    sweep_solves = (solve_times(cfg, cfg.policies, sweep_cluster=True) if "solve" in args.parts
+                    else old.get("solve_s_sweep_cluster", {}))  # fmt: skip
     fid = old.get("fidelity")
     if "fidelity" in args.parts:
         with tempfile.TemporaryDirectory() as tmp:
             fid = fidelity(cfg, args.keep or Path(tmp))
-    result = report(cfg, rows, solves, fid)
+    result = report(cfg, rows, solves, fid, sweep_solves)
     table = Table("jobs/h", *cfg.policies, "agnostic / aware", title="average JCT of the window's jobs (hours)")
     for rate, ratio in result.get("jct_ratio_by_load", {}).items():
         jcts = [next(r["average_jct_s"] for r in rows if r["policy"] == p and r["jobs_per_hour"] == float(rate))
@@ -458,6 +460,7 @@ def _cluster(args: argparse.Namespace) -> None:
         base = result["sustained_base_jct_s"] / 3600
         console.print(f"sustained jobs/h (avg JCT <= m x {base:.1f} h, by m): {result['sustained_jobs_per_hour']}")
     console.print(f"solve seconds: {result['solve_s_by_policy']}")
+    console.print(f"solve seconds on n/4 devices per type (Gavel's Figure 12 setup): {sweep_solves}")
     if fid:
         console.print(f"fidelity: real {fid['real_jct_s']:.1f} s, simulated {fid['simulated_jct_s']:.1f} s")
     console.print(f"goals: {result['goals']}")

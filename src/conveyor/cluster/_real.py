@@ -67,6 +67,7 @@ class Launch:
     folder: Path
     launched_at: float  # seconds since the run began
     handle: Launched
+    planned_at: float = 0.0  # the start of the round it was launched for (it may wait for devices to be freed)
     ended_at: float | None = None
     exit_code: int | None = None
 
@@ -89,12 +90,18 @@ class RealRun:
         """Job ``job_id``'s measured epochs/s on each device type (scaled from another type where it never ran)."""
         return np.array([self.estimates.get(job_id, t) for t in self.device_types])
 
-    def restart_s(self) -> float:
-        """Mean seconds a launch spent not training (starting, restoring, evaluating, the epoch a lease cut):
-        its wall time less its epochs at the measured rate."""
-        lost = [launch.ended_at - launch.launched_at - len(launch.epochs()) / self.estimates.get(launch.job_id,
-                launch.device_type) for launch in self.launches if launch.ended_at is not None]  # fmt: skip
-        return float(np.mean(lost)) if lost else 0.0
+    def restart_s(self) -> dict[str, float]:
+        """Mean seconds a launch on each device type spent not training (waiting for its devices' previous job
+        to exit, starting, restoring, evaluating, the epoch a lease cut): from its round's start to its exit,
+        less its epochs at the measured rate. By type, because a slower device also starts a job more slowly;
+        a type no launch used gets the mean of all launches."""
+        lost: dict[str, list[float]] = {t: [] for t in self.device_types}
+        for launch in self.launches:
+            if launch.ended_at is not None:
+                training = len(launch.epochs()) / self.estimates.get(launch.job_id, launch.device_type)
+                lost[launch.device_type].append(launch.ended_at - launch.planned_at - training)
+        every = [x for xs in lost.values() for x in xs]
+        return {t: float(np.mean(xs or every or [0.0])) for t, xs in lost.items()}
 
 
 def run_real(
@@ -117,11 +124,13 @@ def run_real(
     before they run out): a job placed again on the devices it holds gets its lease file extended to the
     next round's end and keeps running; the others' leases end with the round, so they checkpoint and exit
     by then (the scheduler waits for them, at most ``grace_s``, before giving their devices away). At the
-    round's end the plan is made again if jobs finished or arrived since, and jobs placed on devices they do
-    not hold are launched there with ``--resume`` from their checkpoint, ``--workers`` their scale factor and
-    ``--devices TYPE=CORES:SCALE``. Throughputs start from ``prior`` (default: proportional to a device's
-    cores) and become each job's measured epochs per second as soon as it has run two epochs on a type, or
-    that scaled by the priors' ratio on a type it has not run on (:class:`OnlineThroughputs`).
+    round's end the plan is made again, with the jobs that finished or arrived since (so an arrival waits for
+    the next round's start, as in the simulator, not for the next half-way plan), and jobs placed on devices
+    they do not hold, or whose leases were not extended, are launched there with ``--resume`` from their
+    checkpoint, ``--workers`` their scale factor and ``--devices TYPE=CORES:SCALE``. Throughputs start from
+    ``prior`` (default: proportional to a device's cores) and become each job's measured epochs per second
+    as soon as it has run two epochs on a type, or that scaled by the priors' ratio on a type it has not run
+    on (:class:`OnlineThroughputs`).
     """
     from conveyor.job import write_lease  # imports torch: only real runs need it
 
@@ -153,9 +162,10 @@ def run_real(
     def epochs_done(job: int) -> float:
         return done[job] + (len(running[job].epochs()) if job in running else 0)
 
-    def reap(until: float | None, jobs_gone: set[int] | None = None) -> None:
-        """Collect exits until ``until``, or until ``jobs_gone`` have all exited."""
-        while running:
+    def reap(until: float, jobs_gone: set[int] | None = None) -> None:
+        """Collect exits until ``until`` (devices a job freed early idle to then, as in the simulator), or until
+        ``jobs_gone`` have all exited, or every job has finished."""
+        while any(r.finish_s is None for r in records):
             for job, launch in list(running.items()):
                 if (code := backend.poll(launch.handle)) is not None:
                     launch.exit_code, launch.ended_at = code, clock()
@@ -163,7 +173,7 @@ def run_real(
                     _account(launch, jobs[job], records[job], done, rates)
                     if records[job].finish_s is not None and progress is not None:
                         progress(sum(r.finish_s is not None for r in records), len(jobs))
-            if (until is not None and clock() >= until) or (jobs_gone is not None and not jobs_gone & set(running)):
+            if clock() >= until or (jobs_gone is not None and not jobs_gone & set(running)):
                 return
             time.sleep(poll_s)
 
@@ -203,6 +213,7 @@ def run_real(
                 if job not in running:
                     launch = _launch(jobs[job], job, jobs[job].total_steps - done[job], placed[0].type, len(placed),
                                      device_types, folder, backend, clock())  # fmt: skip
+                    launch.planned_at = round_start
                     launches.append(launch)
                     running[job] = launch
                     records[job].start_s = launch.launched_at if records[job].start_s is None else records[job].start_s
@@ -210,14 +221,16 @@ def run_real(
             reap(round_start + round_s / 2)
             mechanism.record(round_s)
             placement = plan()
-            for combo in placement:
-                if mechanism.kept(combo):
-                    lease(combo[0], round_start + 2 * round_s)  # before the current lease runs out
+            extended = {combo[0] for combo in placement if mechanism.kept(combo)}
+            for job in extended:
+                lease(job, round_start + 2 * round_s)  # before the current lease runs out
             reap(round_start + round_s)
             round_start += round_s
-            if planned_for != tuple(j for j in planned_for if records[j].finish_s is None):
-                placement = plan(again=True)  # jobs finished in the round's second half: plan without them
-            placed_jobs = {combo[0] for combo in placement if mechanism.kept(combo) and combo[0] in running}
+            # jobs that finished or arrived in the round's second half: plan again with them, as the simulator
+            # does at each round's start (unchanged jobs give the same placement: the mechanism is deterministic)
+            placement = plan(again=True)
+            placed_jobs = {combo[0] for combo in placement
+                           if mechanism.kept(combo) and combo[0] in running and combo[0] in extended}  # fmt: skip
             leaving = {job for job in running if job not in placed_jobs}
             for job in leaving:
                 lease(job, round_start)

@@ -85,7 +85,7 @@ def simulate(
     round_s: float = ROUND_S,
     prices: dict[str, float] | None = None,
     pair_rates: PairRates | None = None,
-    restart_s: float = 0.0,
+    restart_s: float | dict[str, float] = 0.0,
     window: tuple[int, int] | None = None,
     max_s: float = float("inf"),
     reallocate_s: float = 0.0,
@@ -96,7 +96,8 @@ def simulate(
     At each round's start the jobs that arrived join; when the set of jobs changed, the policy computes a new
     allocation from the jobs' throughputs, remaining steps, waiting times and deadlines. :class:`Rounds` picks
     the round's jobs and devices; a job runs at its throughput on its devices' type (or its co-located
-    throughput when sharing), losing ``restart_s`` whenever it starts on devices it did not hold the round
+    throughput when sharing), losing ``restart_s`` (seconds, or seconds by device type: a slow device also
+    starts a job slowly) whenever it starts on devices it did not hold the round
     before (a checkpoint restore), and finishes mid-round when its steps run out (its devices then idle to
     the round's end, as in Gavel). A job's deadline is ``arrival + slo * duration``, its duration being its
     steps at its fastest type. ``reallocate_s``: the policy runs again at most this often (Gavel's simulator
@@ -124,6 +125,9 @@ def simulate(
             raise ValueError(f"job {i} needs {spec.scale_factor} devices of one type but the cluster has "
                              f"{devices.counts}: remove it or add devices")  # fmt: skip
     fastest = table.max(axis=1) if len(jobs) else np.zeros(0)
+    restart_by_type = restart_s if isinstance(restart_s, dict) else dict.fromkeys(types, restart_s)
+    if missing := set(types) - set(restart_by_type):
+        raise ValueError(f"restart_s has no seconds for device types {sorted(missing)}: give one per type")
     records = [JobRecord(i, float(spec.arrival_s)) for i, spec in enumerate(jobs)]
     for i, spec in enumerate(jobs):
         if spec.slo is not None and spec.slo > 0:
@@ -167,7 +171,7 @@ def simulate(
         for combo, placed in placement.items():
             k = types.index(placed[0].type)
             speeds = _speeds(combo, k, jobs, table, pair_rates)
-            restart = 0.0 if mechanism.kept(combo) else restart_s
+            restart = 0.0 if mechanism.kept(combo) else restart_by_type[placed[0].type]
             longest = 0.0
             for job, speed in zip(combo, speeds, strict=True):
                 records[job].start_s = now if records[job].start_s is None else records[job].start_s

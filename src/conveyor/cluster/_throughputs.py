@@ -229,6 +229,9 @@ class OnlineThroughputs:
        measured at its rate;
     2. measured on another type (the one measured longest): that rate times the ratio of this type's speed to
        it, from the job's own priors if it has both, else the geometric mean ratio over the jobs that have;
+       corrected by how far the priors' ratio was off for the other jobs measured on both types (the
+       geometric mean of measured ratio over prior ratio: priors that are proportional to a device's cores
+       miss that a quarter core is more than 4x slower, and a table may miss a cluster's slower K80s);
     3. the prior, if known;
     4. the mean of the known priors of other jobs on this type;
     5. ``default``.
@@ -240,6 +243,10 @@ class OnlineThroughputs:
         >>> est.record(("A", 1), "v100", steps=400, seconds=50.0)  # runs at 8/s, not 10
         >>> est.get(("A", 1), "v100"), est.get(("A", 1), "k80")  # measured; k80 scaled by the priors' ratio
         (8.0, 1.6)
+        >>> est.set_prior(("B", 1), "k80", 1.5)
+        >>> est.record(("B", 1), "v100", 300, 50.0); est.record(("B", 1), "k80", 50, 100.0)  # ratio 12, not 4
+        >>> round(est.get(("A", 1), "k80"), 3)  # A's prior ratio 5, corrected by B's measured/prior 3
+        0.533
     """
 
     def __init__(
@@ -300,6 +307,16 @@ class OnlineThroughputs:
         logs = [math.log(p[to] / p[frm]) for p in self._priors.values() if p.get(frm, 0.0) > 0 and p.get(to, 0.0) > 0]
         return math.exp(sum(logs) / len(logs)) if logs else None
 
+    def _correction(self, job_key: Hashable, to: str, frm: str) -> float:
+        """Geometric mean over the other jobs measured on both types of (measured ratio) / (prior ratio)."""
+        logs = []
+        for other in self._seconds:
+            prior = self._ratio(other, to, frm)
+            here, there = self.measured(other, to), self.measured(other, frm)
+            if other != job_key and prior and here and there:
+                logs.append(math.log(here / there / prior))
+        return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
     def get(self, job_key: Hashable, device_type: str) -> float:
         """The estimated steps/s of ``job_key`` on ``device_type`` (see the class docstring for the order)."""
         here = self.measured(job_key, device_type)
@@ -310,7 +327,7 @@ class OnlineThroughputs:
             ratio = self._ratio(job_key, device_type, other)
             rate = self.measured(job_key, other)
             if ratio is not None and rate is not None:
-                return rate * ratio
+                return rate * ratio * self._correction(job_key, device_type, other)
         prior = self._priors.get(job_key, {}).get(device_type)
         if prior is not None:
             return prior
