@@ -138,6 +138,16 @@ def add_parser(sub: Any) -> None:
     clus.add_argument("--keep", type=Path, default=None, help="the real run's folder (default a temporary one)")
     clus.add_argument("--json", type=Path, default=None, help="write the report here")
     clus.add_argument("--plot", type=Path, default=None, help="average JCT against load (PNG)")
+    energy = which.add_parser("energy", help="Zeus: batch size and power limit over recurrences, on Zeus' traces")
+    energy.add_argument("--traces", type=Path, default=None,
+                        help="the folder of Zeus' published traces (default ../shared/zeus-traces)")  # fmt: skip
+    energy.add_argument("--gpus", type=names, default=None, help="e.g. v100,a40 (default: v100,a40,rtx6000,p100)")
+    energy.add_argument("--recurrences", type=positive, default=50, help="recurrences of each job")
+    energy.add_argument("--seeds", type=sizes, default=None, help="seeds to average over (default 1,2,3,4,5)")
+    energy.add_argument("--eta", type=float, default=0.5, help="cost = eta * energy + (1 - eta) * max power * time")
+    energy.add_argument("--beta", type=float, default=2.0, help="stop a recurrence past beta x the least cost")
+    energy.add_argument("--json", type=Path, default=None, help="write the report here")
+    energy.add_argument("--plot", type=Path, default=None, help="energy relative to the default's (PNG)")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -145,7 +155,7 @@ def run(args: argparse.Namespace) -> None:
     {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "stragglers": _stragglers,
      "predictions": _predictions, "planner": _planner, "emulate": _emulate, "costs": _costs,
      "convergence": _convergence, "spot": _spot, "elastic": _elastic,
-     "cluster": _cluster}[args.bench](args)  # fmt: skip
+     "cluster": _cluster, "energy": _energy}[args.bench](args)  # fmt: skip
 
 
 def _convergence(args: argparse.Namespace) -> None:
@@ -466,6 +476,32 @@ def _cluster(args: argparse.Namespace) -> None:
     console.print(f"goals: {result['goals']}")
     if args.plot and rows:
         plot(rows, args.plot)
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, result)
+
+
+def _energy(args: argparse.Namespace) -> None:
+    from conveyor.bench.energy import EnergyBenchConfig, default_traces, plot, report, run
+
+    given = {k: v for k, v in vars(args).items() if v is not None}  # unset options keep the config's defaults
+    cfg = config(EnergyBenchConfig, argparse.Namespace(**{**given, "traces": str(args.traces or default_traces())}))
+    result = report(cfg, run(cfg))
+    table = Table("workload", "gpu", "b0", "default", "conveyor", "zeus", "oracle", "saved", "cost/zeus",
+                  title=f"energy to accuracy (MJ) over {cfg.recurrences} recurrences, eta {cfg.eta}")  # fmt: skip
+    by = {(r["workload"], r["gpu"], r["policy"]): r for r in result["results"]}
+    for check in result["checks"]:
+        key = (check["workload"], check["gpu"])
+        mj = [f"{by[(*key, p)]['energy_j'] / 1e6:.1f}" if (*key, p) in by else "-"
+              for p in ("default", "conveyor", "zeus", "oracle")]  # fmt: skip
+        versus = f"{check['cost_vs_zeus']:+.1%}" if "cost_vs_zeus" in check else "-"
+        table.add_row(key[0].split("/")[0], key[1], str(by[(*key, "default")]["default_batch_size"]), *mj,
+                      f"{check['energy_reduction']:.1%}",
+                      versus)  # fmt: skip
+    console.print(table)
+    console.print(f"goals: {result['goals']}")
+    if args.plot:
+        plot(result["results"], args.plot)
         console.print(f"wrote {args.plot}")
     if args.json:
         write_json(args.json, result)

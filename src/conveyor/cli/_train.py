@@ -27,7 +27,9 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--replicas", default=None, help="fix workers per stage, e.g. 2-1, instead of planning")
     train.add_argument("--plan", default=None, help="run this plan file (conveyor plan --json) as is")
     train.add_argument("--microbatches", type=positive, default=4)
-    train.add_argument("--batch-size", type=positive, default=64)
+    train.add_argument("--batch-size", type=_batch_size, default=64,
+                       help="samples per batch, or auto[=B0]: learnt over recurrences of --job from B0 (default "
+                       "64), the learning rate scaled with it (linear for SGD, square root for Adam)")  # fmt: skip
     train.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     train.add_argument("--lr", type=float, default=0.05)
     train.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
@@ -97,8 +99,32 @@ def add_parser(sub: Any) -> None:
         default="data",
         help="data parallelism, or a pipeline whose stages and replicas the planner re-plans at every change",
     )
+    train.add_argument(
+        "--energy-meter", default="auto", metavar="auto|off|replay:PATH",
+        help="measure each epoch's energy, all workers summed: auto (Zeus: each worker's GPU through NVML, each "
+        "host's CPU and DRAM through RAPL on its local rank 0; null where none is readable), off, or replay:PATH (a "
+        "Zeus CSV log replayed, one row per epoch; {rank} in PATH: one log per worker)",
+    )  # fmt: skip
+    zeus = train.add_argument_group("energy knobs (Zeus: cost = eta * energy + (1 - eta) * max power * time)")
+    zeus.add_argument("--power-limit", default=None, metavar="auto|max|WATTS",
+                      help="CUDA: each GPU's power limit; auto profiles the candidates in the first epoch and keeps "
+                      "the cheapest for --eta; every GPU's own limit is restored at exit")  # fmt: skip
+    zeus.add_argument("--eta", type=float, default=0.5, help="weight of energy against time in the cost, 0..1")
+    zeus.add_argument("--job", default=None, help="the recurring job's name (--batch-size auto)")
+    zeus.add_argument("--store", default=None, help="the recurrences' SQLite file (default: the user's data dir)")
+    zeus.add_argument("--beta", type=float, default=2.0, help="stop a recurrence past beta x the least cost so far")
+    zeus.add_argument("--max-power", type=float, default=None,
+                      help="watts that price a second (default: the GPUs' largest power limits)")  # fmt: skip
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
     add_emulation(train)
+
+
+def _batch_size(text: str) -> int | tuple[str, int]:
+    """``64``, or ``auto`` / ``auto=128`` (tuned over recurrences from that default)."""
+    name, _, default = text.partition("=")
+    if name == "auto":
+        return ("auto", positive(default) if default else 64)
+    return positive(text)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -129,6 +155,8 @@ def run(args: argparse.Namespace) -> None:
     if args.resume:
         load_checkpoint(args.resume)  # fail here, with one line, rather than in every worker
     EpochFactors.load(args.epoch_factors)  # and so does a bad table of epochs
+    if isinstance(args.batch_size, tuple):  # --batch-size auto[=B0]
+        args.batch_size, args.tune_batch_size = args.batch_size[1], True
     cfg = config(TrainConfig, args)
     model, data = model_and_data(cfg)  # an unknown model or dataset fails here, before any worker starts
     fixed_layout(cfg, len(model), cfg.workers or explicit_workers(cfg) or 0)  # so does a layout that cannot work
@@ -150,12 +178,25 @@ def run(args: argparse.Namespace) -> None:
         console.print(f"{result['epochs']} epochs, test accuracy {accuracy:.3f}, {result['seconds']:.1f} s; "
                       f"run folder {result['run_dir']}")  # fmt: skip
     elif result:
-        table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s", "run folder")
+        table = Table()
+        for name in ("epochs", "test accuracy", "final loss", "seconds", "samples/s", "energy"):
+            table.add_column(name, no_wrap=True)  # a narrow terminal folds the run folder, not these
+        table.add_column("run folder", overflow="fold")
+        energy = "n/a" if result.get("energy_j") is None else f"{result['energy_j'] / 1e3:.1f} kJ"
         table.add_row(
             str(result["epochs"]), f"{result['accuracy'][-1]:.3f}", f"{result['loss'][-1]:.3f}",
-            f"{result['seconds']:.1f}", f"{result['samples_per_s']:.0f}", result["run_dir"],
+            f"{result['seconds']:.1f}", f"{result['samples_per_s']:.0f}", energy, result["run_dir"],
         )  # fmt: skip
         console.print(table)
+        if result.get("energy_note"):
+            console.print(result["energy_note"], markup=False, highlight=False)
+        if "recurrence" in result:
+            r = result["recurrence"]
+            console.print(f"recurrence {r['number']} of job {r['job']}: batch size {r['batch_size']} ({r['phase']}), "
+                          f"learning rate {r['lr']:g}, cost {result['cost']:.4g}; target "
+                          f"{'reached' if r['reached'] else 'not reached'}")  # fmt: skip
+        if result.get("power_limit_w"):
+            console.print(f"GPU power limit: {result['power_limit_w']} W")
         for note in closing_notes(result):
             console.print(note)
         if args.json:

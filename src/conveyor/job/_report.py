@@ -1,4 +1,4 @@
-"""Reading and plotting training runs: a run folder's JSON-lines logs, and test accuracy against wall-clock time."""
+"""Reading, summing up and plotting training runs: JSON-lines logs, energy, accuracy against time and energy."""
 
 from __future__ import annotations
 
@@ -8,12 +8,38 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_accuracy", "read_jsonl"]
+__all__ = ["energy_summary", "plot_accuracy", "read_jsonl"]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """A run folder's JSON-lines log, one dict a line (empty if the run wrote none, e.g. no faults)."""
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def energy_summary(
+    history: Sequence[Mapping[str, Any]], meter: str | None, note: str | None, target: float | None = None
+) -> dict[str, Any]:
+    """A run's energy from its epochs (``energy_j``, ``energy_total_j`` and ``accuracy``, ``seconds``): in all
+    (``energy_j``), per epoch (``epoch_energy_j``), what measured it (``energy_meter``) and why nothing or not every
+    worker did (``energy_note``); once ``target`` is reached, ``time_to_accuracy_s`` and ``energy_to_accuracy_j``.
+    None stands for what no meter read.
+
+    Example:
+        >>> epochs = [{"seconds": 2.0, "accuracy": 0.5, "energy_j": 10.0, "energy_total_j": 10.0},
+        ...           {"seconds": 4.0, "accuracy": 0.9, "energy_j": 12.0, "energy_total_j": 22.0}]
+        >>> energy_summary(epochs, "zeus 0.16: GPU 0 (NVML)", None, target=0.8)["energy_to_accuracy_j"]
+        22.0
+    """
+    summary = {
+        "energy_j": history[-1].get("energy_total_j") if history else None,
+        "epoch_energy_j": [h.get("energy_j") for h in history],
+        "energy_meter": meter,
+        "energy_note": note,
+    }
+    reached = next((h for h in history if target is not None and h["accuracy"] >= target), None)
+    if reached is not None:
+        summary |= {"time_to_accuracy_s": reached["seconds"], "energy_to_accuracy_j": reached.get("energy_total_j")}
+    return summary
 
 
 def plot_accuracy(
@@ -22,7 +48,9 @@ def plot_accuracy(
     title: str = "test accuracy",
     target: float | None = None,
 ) -> None:
-    """Write a PNG of accuracy (``"accuracy"``) against seconds (``"seconds"``) for each named run's epochs.
+    """Write a PNG of accuracy (``"accuracy"``) against seconds (``"seconds"``) for each named run's epochs; when
+    some epochs have their cumulative energy (``"energy_total_j"``, joules), a second panel of accuracy against it
+    (kJ), with the epochs that have it.
 
     Example:
         >>> plot_accuracy({"dp": [{"seconds": 1.0, "accuracy": 0.5}]}, "/tmp/acc.png")  # doctest: +SKIP
@@ -32,16 +60,27 @@ def plot_accuracy(
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    energy = {label: [e for e in epochs if e.get("energy_total_j") is not None] for label, epochs in runs.items()}
+    with_energy = any(energy.values())
+    fig, axes = plt.subplots(1, 2 if with_energy else 1, figsize=(11.0 if with_energy else 6.4, 4.0), squeeze=False)
+    ax = axes[0][0]
     for label, epochs in runs.items():
         ax.plot([e["seconds"] for e in epochs], [e["accuracy"] for e in epochs], marker="o", ms=3, label=label)
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xlabel("wall-clock seconds")
-    ax.set_ylabel("test accuracy")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    if with_energy:
+        ax = axes[0][1]
+        for label, epochs in energy.items():
+            ax.plot([e["energy_total_j"] / 1e3 for e in epochs], [e["accuracy"] for e in epochs], marker="o", ms=3,
+                    label=label)  # fmt: skip
+        ax.set_xlabel("energy (kJ, all workers)")
+        ax.set_title(f"{title}, against energy")
+    for ax in axes[0]:
+        if target is not None:
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

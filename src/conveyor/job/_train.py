@@ -4,7 +4,9 @@
 job's worker count (unless a layout or a plan file is given), every worker builds its stage, and the
 pipeline trains epoch by epoch (each epoch one run of the schedule), evaluating on held-out data after
 each. The run folder gets ``plan.json``, ``metrics.jsonl`` (one line per epoch), ``checkpoint.pt``,
-``summary.json`` and ``accuracy.png`` (accuracy against wall-clock time).
+``summary.json`` and ``accuracy.png`` (accuracy against wall-clock time, and against energy when it was measured).
+Energy (``--energy-meter``): each worker's meter (:func:`conveyor.energy.open_meter`) measures each epoch's training
+and evaluation, and the workers' joules are summed; with no meter the energy is null, never estimated.
 
 A lease (``--lease FILE``, JSON ``{"until": UNIX_SECONDS}``) bounds a run in time, as a cluster scheduler's
 rounds do: after each epoch worker 0 re-reads the file, and when another epoch as long as the last would end
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 import resource
 import time
 from collections.abc import Callable
@@ -34,11 +38,13 @@ from torch import nn
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
 from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
+from conveyor.energy._meter import MeterStatus, check_meter_spec, describe_meters, open_meter
 from conveyor.job._costs import measure_costs
+from conveyor.job._energy import EpochKnobs, check_energy_options, finish_recurrence, start_recurrence
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
-from conveyor.job._report import plot_accuracy
+from conveyor.job._report import energy_summary, plot_accuracy
 from conveyor.plan import read_plan_file
 from conveyor.runtime import OptimizerFactory, Pipeline
 from conveyor.schedule import parse_replicas
@@ -94,6 +100,15 @@ class TrainConfig:
     sync_max: float = 2.0  # elastic: transient:reliable ratio up to which the reliable tier owns the state
     backup_only_min: float = 3.0  # elastic: the ratio from which reliable workers only keep backups
     elastic_layout: str = "data"  # elastic: data parallelism, or a pipeline the planner re-plans per generation
+    energy_meter: str = "auto"  # auto (Zeus: NVML, RAPL), off, or replay:PATH (a Zeus CSV log; {rank}: one per worker)
+    power_limit: str | None = None  # CUDA: auto (profiled in the first epoch, Zeus), max, or watts
+    eta: float = 0.5  # cost = eta * energy + (1 - eta) * max_power * time, for --power-limit and --batch-size auto
+    tune_batch_size: bool = False  # --batch-size auto: a recurrence of --job, batch size from its history
+    job: str | None = None  # the recurring job's name in the store
+    store: str | None = None  # the recurrences' SQLite file (default: the user's data directory)
+    beta: float = 2.0  # --batch-size auto: stop a recurrence whose cost passes beta x the least so far
+    max_power: float | None = None  # watts that price a second (default: the GPUs' largest power limits)
+    stop_above: float = math.inf  # set by a recurrence: the cost at which it stops early
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches) < 1:
@@ -121,6 +136,8 @@ class TrainConfig:
             raise ValueError("--lease bounds a conveyor train run of fixed workers: drop --reliable and --join")
         if self.lost_s <= 0 or self.backup_every < 1:
             raise ValueError("--lost-s must be > 0 and --backup-every at least 1")
+        check_meter_spec(self.energy_meter)
+        check_energy_options(self)
 
 
 def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
@@ -154,6 +171,8 @@ class _Epoch:
     loss: float
     accuracy: float
     bytes_between_servers: int | None  # sent up out of the emulated servers while training (None off one)
+    energy_j: float | None = None  # this epoch's training and evaluation, all workers' meters (None: no meter)
+    energy_total_j: float | None = None  # since training started (None until an epoch is measured)
 
 
 def _measure_and_plan(
@@ -215,50 +234,78 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     history: list[_Epoch] = []
     start, started_at = time.perf_counter(), time.time()
     train_seconds, traffic = 0.0, ServerTraffic(pipe.is_output)
-    with Progress(
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
+    meter = open_meter(cfg.energy_meter, gpu_index=pipe.device.index if cuda else None, measure_host=local_rank == 0,
+                       rank=dist.get_rank())  # fmt: skip
+    energy_total: float | None = None
+    equal_steps = cfg.stragglers == "off" and len(set(layout.replicas)) == 1  # every worker: as many updates
+    knobs = EpochKnobs(cfg, pipe.device.index if cuda else None, equal_steps)
+    stopped_by_cost = False
+    with meter, knobs, Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
         disable=not pipe.is_output,
     ) as bar:  # fmt: skip
         task = bar.add_task("training", total=cfg.epochs * updates, status="")
+
+        def updated(_: int) -> None:  # after each update: the bar, and the power limit's profiling windows
+            bar.advance(task)
+            knobs.step()
+
         for epoch in range(cfg.epochs):
             if batches is not None:
                 batches.order.epoch = done + epoch
+            meter.begin()
             began = time.perf_counter()
             traffic.start()
-            losses = pipe.train(batches, lambda _: bar.advance(task))
+            losses = pipe.train(batches, updated)
             train_seconds += time.perf_counter() - began
             traffic.stop()
             if isinstance(pipe, FlexiblePipeline) and (records := pipe.gather_records()) is not None:
                 with (folder / "stragglers.jsonl").open("a") as f:
                     f.writelines(json.dumps({"epoch": epoch + 1, **r}) + "\n" for r in records)
             logits = pipe.evaluate(data.test_x if pipe.worker == 0 else None)
-            flags = torch.zeros(2)  # the output worker's test accuracy; worker 0's 1 once the lease runs out
-            accuracy = flags[:1]
+            joules, evaluated = meter.end(), time.perf_counter()
+            # Summed over workers: the output worker's test accuracy, worker 0's 1 once the lease runs out (each
+            # alone sets its own), every worker's joules and whether its meter read them.
+            # and the epoch's seconds as a mean, so every worker prices the epoch alike
+            flags = torch.tensor([0.0, 0.0, joules or 0.0, float(joules is not None),
+                                  (evaluated - began) / dist.get_world_size()], dtype=torch.float64)  # fmt: skip
             if pipe.is_output:
-                assert losses is not None
-                accuracy[0] = (logits.argmax(-1) == data.test_y).float().mean()
-                samples = (epoch + 1) * len(data.train_x)
-                history.append(_Epoch(epoch + 1, time.perf_counter() - start, train_seconds, samples,
-                                      samples / train_seconds, sum(losses) / len(losses), float(accuracy),
-                                      traffic.total))  # fmt: skip
-                with (folder / "metrics.jsonl").open("a") as f:
-                    f.write(json.dumps(asdict(history[-1])) + "\n")
-                bar.update(task, status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {float(accuracy):.3f} "
-                           f"{history[-1].samples_per_s:.0f} samples/s")  # fmt: skip
+                flags[0] = (logits.argmax(-1) == data.test_y).float().mean()
             if until is not None and cfg.lease and epoch + 1 < cfg.epochs:
                 with contextlib.suppress(ValueError):  # the scheduler replaces it atomically: keep the last read
                     until = read_lease(cfg.lease)
                 flags[1] = float(lease_expires(until, time.perf_counter() - began, time.time()))
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # every worker learns the accuracy and the lease's verdict
-            if cfg.target_accuracy is not None and float(flags[0]) >= cfg.target_accuracy:
+            dist.all_reduce(flags, op=dist.ReduceOp.SUM)  # every worker learns the accuracy, lease and energy
+            accuracy, expired, epoch_j, meters_read, epoch_s = flags.tolist()
+            epoch_energy = epoch_j if meters_read else None
+            if epoch_energy is not None:
+                energy_total = (energy_total or 0.0) + epoch_energy
+            if pipe.is_output:
+                assert losses is not None
+                samples = (epoch + 1) * len(data.train_x)
+                history.append(_Epoch(epoch + 1, evaluated - start, train_seconds, samples, samples / train_seconds,
+                                      sum(losses) / len(losses), accuracy, traffic.total, epoch_energy,
+                                      energy_total))  # fmt: skip
+                with (folder / "metrics.jsonl").open("a") as f:
+                    f.write(json.dumps(asdict(history[-1])) + "\n")
+                bar.update(task, status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {accuracy:.3f} "
+                           f"{history[-1].samples_per_s:.0f} samples/s")  # fmt: skip
+            over = knobs.epoch_end(epoch_energy, epoch_s)
+            if cfg.target_accuracy is not None and accuracy >= cfg.target_accuracy:
                 break
-            if flags[1] > 0:
-                stopped_by_lease = True
+            if expired > 0 or over:
+                stopped_by_lease, stopped_by_cost = expired > 0, over
                 break
+    statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
+    energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
     pipe.save(cfg.checkpoint or str(folder / "checkpoint.pt"))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {"history": [asdict(h) for h in history], "peak_rss_bytes": peak, "layout": asdict(layout),
-            "started_at": started_at, "stopped_by_lease": stopped_by_lease, "epochs_before": done}  # fmt: skip
+            "started_at": started_at, "stopped_by_lease": stopped_by_lease, "epochs_before": done,
+            "energy_meter": energy_meter, "energy_note": energy_note, "stopped_by_cost": stopped_by_cost,
+            **knobs.summary()}  # fmt: skip
 
 
 def _trainer(
@@ -289,7 +336,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     worker), ``prediction`` (the predicted training samples/s, its error against the measured one, and the
     figures measured at start-up it rests on), the layout run and ``run_dir``. ``epochs`` counts this run's
     epochs (with ``resume``, ``epochs_before`` those the checkpoint had trained); ``stopped_by_lease`` says
-    whether the lease ended the run before ``cfg.epochs``.
+    whether the lease ended the run before ``cfg.epochs``. Energy: ``energy_j`` (all workers, all epochs) and
+    ``epoch_energy_j``, null where no meter read; ``energy_meter`` (what measured it), ``energy_note`` (why
+    nothing or not every worker did, else null); once ``cfg.target_accuracy`` is reached, ``time_to_accuracy_s``
+    and ``energy_to_accuracy_j``.
 
     Raises:
         ValueError: the lease file (``cfg.lease``) cannot be read.
@@ -308,7 +358,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         Path(cfg.checkpoint).parent.mkdir(parents=True, exist_ok=True)
     nprocs = cfg.workers or (explicit_workers(cfg) or 4)
     emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
-    per_rank = launch_emulated(_worker, cfg, str(run_dir), nprocs=nprocs, emulation=emulation, log_dir=run_dir)
+    cfg, recurring = start_recurrence(cfg, lambda: len(model_and_data(cfg)[1].train_x), nprocs)
+    try:
+        per_rank = launch_emulated(_worker, cfg, str(run_dir), nprocs=nprocs, emulation=emulation, log_dir=run_dir)
+    except BaseException:
+        if recurring is not None:
+            recurring.fail()  # an error, not a missed target: it teaches the search nothing
+        raise
     out = next((r for r in per_rank.values() if r["history"]), None)
     if out is None:  # under torchrun, only the output worker's process has the history
         return {}
@@ -337,6 +393,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "error": summary["samples_per_s"] / predicted - 1,  # measured against predicted
         "measured_at_start": plan["measured_at_start"],
     }
+    summary |= energy_summary(history, out["energy_meter"], out["energy_note"], cfg.target_accuracy)
+    summary |= {k: out[k] for k in ("stopped_by_cost", "cost", "power_limit_w", "power_profile") if k in out}
+    finish_recurrence(recurring, summary, cfg)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy")
     return summary

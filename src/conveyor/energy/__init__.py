@@ -1,0 +1,37 @@
+"""Energy: measure it, and spend less of it (Zeus, NSDI'23): batch size and power limit of recurring jobs."""
+
+from conveyor.energy._bandit import BatchSizeSearch, Choice, Recurrence, zeus_cost
+from conveyor.energy._meter import Meter, MeterStatus, check_meter_spec, describe_meters, open_meter
+from conveyor.energy._power import PowerLimits, ProfiledLimit, check_power_limit_spec
+from conveyor.energy._recurring import CostMeter, Recurring, candidate_sizes, scaled_lr
+from conveyor.energy._replay import Outcome, Workload, WorkloadTrace, load_traces, replay, search_policy
+from conveyor.energy._store import JobSettings, RecurrenceStore, Started, default_store_path
+
+__all__ = [
+    "BatchSizeSearch",
+    "Choice",
+    "CostMeter",
+    "JobSettings",
+    "Meter",
+    "MeterStatus",
+    "Outcome",
+    "PowerLimits",
+    "ProfiledLimit",
+    "Recurrence",
+    "RecurrenceStore",
+    "Recurring",
+    "Started",
+    "Workload",
+    "WorkloadTrace",
+    "candidate_sizes",
+    "check_meter_spec",
+    "check_power_limit_spec",
+    "default_store_path",
+    "describe_meters",
+    "load_traces",
+    "open_meter",
+    "replay",
+    "scaled_lr",
+    "search_policy",
+    "zeus_cost",
+]

@@ -1,0 +1,152 @@
+"""A run's energy knobs: the GPU power limit (``--power-limit``) and a recurring job's batch size
+(``--batch-size auto --job NAME``), on top of the energy every run measures."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from conveyor.energy import (
+    CostMeter,
+    JobSettings,
+    PowerLimits,
+    RecurrenceStore,
+    Recurring,
+    candidate_sizes,
+    check_power_limit_spec,
+    open_meter,
+    scaled_lr,
+)
+
+if TYPE_CHECKING:
+    from conveyor.job._train import TrainConfig
+
+__all__ = ["EpochKnobs", "check_energy_options", "finish_recurrence", "start_recurrence"]
+
+
+def check_energy_options(cfg: TrainConfig) -> None:
+    """One-line errors for energy options that do not go together (no GPU is touched)."""
+    if not 0.0 <= cfg.eta <= 1.0:
+        raise ValueError(f"--eta weighs energy against time and must be in [0, 1], got {cfg.eta}")
+    if cfg.beta <= 1.0 or (cfg.max_power is not None and cfg.max_power <= 0):
+        raise ValueError("--beta must be greater than 1 and --max-power above 0")
+    if cfg.power_limit is not None:
+        check_power_limit_spec(cfg.power_limit)
+    if cfg.tune_batch_size and (cfg.job is None or cfg.target_accuracy is None):
+        raise ValueError("--batch-size auto learns across recurrences of a job to a target: give --job NAME and "
+                         "--target-accuracy")  # fmt: skip
+    if cfg.job is not None and not cfg.tune_batch_size:
+        raise ValueError("--job names a recurring job whose batch size is tuned: add --batch-size auto")
+    if (cfg.tune_batch_size or cfg.power_limit) and (cfg.reliable is not None or cfg.join):
+        raise ValueError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
+
+
+def _gpus_max_power(count: int) -> float:
+    """The summed largest power limits (W) of the first ``count`` GPUs (Zeus prices time at full power)."""
+    from zeus.device import get_gpus
+
+    gpus = get_gpus()
+    return sum(gpus.get_power_management_limit_constraints(i)[1] / 1000 for i in range(min(count, len(gpus))))
+
+
+def max_power_w(cfg: TrainConfig, workers: int) -> float:
+    """What a second costs, in watts: ``--max-power``, else the GPUs' maximum power, else 1 where it does not
+    matter (``--eta 0``: the cost is the seconds; ``--eta 1``: energy alone)."""
+    if cfg.max_power is not None:
+        return cfg.max_power
+    if torch.cuda.is_available():
+        return _gpus_max_power(workers)
+    if cfg.eta in (0.0, 1.0):
+        return 1.0
+    raise ValueError(f"pricing time with --eta {cfg.eta} needs a maximum power and this machine has no GPU: give "
+                     "--max-power WATTS (e.g. the CPUs' TDP) or --eta 0 (time to accuracy alone)")  # fmt: skip
+
+
+def start_recurrence(
+    cfg: TrainConfig, train_samples: Callable[[], int], workers: int
+) -> tuple[TrainConfig, Recurring | None]:
+    """With ``--batch-size auto``: begin a recurrence of ``cfg.job``, and the config to run it with (its batch
+    size, the learning rate scaled to it, its early-stopping cost and the watts that price time). First,
+    ``--power-limit`` without a GPU fails here, in one line, before any worker starts."""
+    if cfg.power_limit is not None and not torch.cuda.is_available():
+        raise ValueError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
+    if not cfg.tune_batch_size:
+        return cfg, None
+    if cfg.eta > 0:
+        with open_meter(cfg.energy_meter, gpu_index=0 if torch.cuda.is_available() else None) as probe:
+            if not probe.available:
+                raise ValueError(f"--batch-size auto with --eta {cfg.eta} prices energy, but {probe.reason}: use "
+                                 "--eta 0 (time to accuracy alone) or an --energy-meter that reads")  # fmt: skip
+    assert cfg.job is not None and cfg.target_accuracy is not None  # TrainConfig checks both
+    settings = JobSettings(candidate_sizes(cfg.batch_size, train_samples()), cfg.batch_size, cfg.target_accuracy,
+                           cfg.eta, cfg.beta)  # fmt: skip
+    recurring = Recurring(RecurrenceStore(Path(cfg.store) if cfg.store else None), cfg.job, settings)
+    started = recurring.start()
+    lr = scaled_lr(cfg.lr, started.batch_size, cfg.batch_size, cfg.optimizer)
+    run_cfg = dataclasses.replace(cfg, batch_size=started.batch_size, lr=lr, stop_above=started.stop_above,
+                                  max_power=max_power_w(cfg, workers))  # fmt: skip
+    return run_cfg, recurring
+
+
+def finish_recurrence(recurring: Recurring | None, summary: dict[str, Any], cfg: TrainConfig) -> None:
+    """Record the recurrence's outcome (reached the target or not) and add it to the run's summary."""
+    if recurring is None:
+        return
+    assert recurring.started is not None
+    reached = max(summary["accuracy"], default=0.0) >= (cfg.target_accuracy or math.inf)
+    recurring.end(summary["cost"], summary.get("energy_j"), summary["seconds"], reached, summary["epochs"])
+    started = recurring.started
+    summary["recurrence"] = {"job": cfg.job, "number": started.number + 1, "phase": started.phase,
+                             "batch_size": cfg.batch_size, "lr": cfg.lr, "reached": reached,
+                             "stop_above": started.stop_above, "store": str(recurring.store.path)}  # fmt: skip
+
+
+class EpochKnobs:
+    """One worker's knobs during training: its GPU's power limit (stepped per update, told of epochs' ends)
+    and the recurrence's running cost (the run stops once another epoch would pass ``cfg.stop_above``)."""
+
+    def __init__(self, cfg: TrainConfig, gpu_index: int | None, equal_steps: bool) -> None:
+        self.power: PowerLimits | None = None
+        if cfg.power_limit is not None:
+            if gpu_index is None:
+                raise RuntimeError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
+            if cfg.power_limit.lower() == "auto" and not equal_steps:
+                raise ValueError("--power-limit auto profiles every worker's steps together, so each must run as "
+                                 "many steps per epoch: use equal replicas per stage, or a fixed limit")  # fmt: skip
+            self.power = PowerLimits(cfg.power_limit, eta=cfg.eta, gpu_index=gpu_index)
+        tuning = cfg.tune_batch_size
+        self.cost = CostMeter(cfg.eta, cfg.max_power or 1.0, cfg.stop_above) if tuning else None
+
+    def step(self) -> None:
+        if self.power is not None:
+            self.power.step_begin()
+
+    def epoch_end(self, energy_j: float | None, seconds: float) -> bool:
+        """Account an epoch (every worker passes the same figures); whether the recurrence must stop here."""
+        if self.power is not None:
+            self.power.epoch_end()
+        if self.cost is None:
+            return False
+        self.cost.add_epoch(energy_j, seconds)
+        return self.cost.over
+
+    def __enter__(self) -> EpochKnobs:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.power is not None:
+            self.power.close()  # the GPU's own limit back, also on failure
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's summary gets: the recurrence's cost, the power limit chosen and its profile."""
+        out: dict[str, Any] = {} if self.cost is None else {"cost": self.cost.cost}
+        if self.power is not None:
+            out["power_limit_w"] = self.power.chosen
+            out["power_profile"] = [dataclasses.asdict(p) for p in self.power.profile]
+        return out
