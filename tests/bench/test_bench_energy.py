@@ -51,7 +51,7 @@ def test_one_workload_every_policy(traces: Path) -> None:
     rows = {r["policy"]: r for r in run_workload(load_traces(traces, [squad], "p100")[0], cfg)}
     assert set(rows) == {"default", "conveyor", "oracle", "zeus"}
     assert rows["default"]["default_batch_size"] == 24  # b0 32 capped at P100's largest size, as Zeus' artifact
-    assert rows["oracle"]["regret"] == 0.0
+    assert rows["conveyor"]["regret"] == pytest.approx(rows["conveyor"]["cost"] - rows["oracle"]["cost"])
     assert rows["oracle"]["cost"] <= rows["default"]["cost"] and rows["conveyor"]["cost"] < rows["default"]["cost"]
 
 

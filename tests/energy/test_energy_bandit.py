@@ -56,8 +56,8 @@ def test_posterior_by_hand() -> None:
     assert search.posterior(history, 32) == (-12.0, 0.5)
     assert search.posterior(history, 16) == (-3.0, 0.0)  # one reward: no precision yet
     assert search.posterior(history, 64) == (0.0, 0.0)
-    windowed = BatchSizeSearch(SIZES, default=32, window=1)
-    assert windowed.posterior(history, 32) == (-14.0, 0.0)  # only the latest reward
+    windowed = BatchSizeSearch(SIZES, default=32, window=2)  # the latest two: -14, -20 -> mean -17, variance 9
+    assert windowed.posterior([*history, Recurrence(32, 20.0, True)], 32) == (-17.0, 2 / 9)
 
 
 def test_thompson_sampling_draws_from_the_posterior() -> None:
@@ -73,6 +73,19 @@ def test_thompson_sampling_draws_from_the_posterior() -> None:
     picks = [search.choose(history, rng).batch_size for _ in range(4000)]
     # P(N(-12, 1/2) > N(-11, 1/2)) = P(N(0, 1) > 1 / sqrt(1/2 + 1/2)) = 1 - Phi(1) = 0.1587
     assert picks.count(64) / len(picks) == pytest.approx(0.1587, abs=0.02)
+
+
+def test_concurrent_runs_and_failures_in_the_history() -> None:
+    search = BatchSizeSearch(SIZES, default=32)
+    # A run of the best size while 32 explored (explored=False) does not stand for the exploration's 16.
+    history = [Recurrence(32, 10.0, True), Recurrence(16, 99.0, False, explored=False)]
+    assert search.survivors(history) == 16
+    # A failed run (an error: cost nan) of 16 ends the down direction, and no posterior counts its cost.
+    history = [Recurrence(32, 10.0, True), Recurrence(16, math.nan, False), Recurrence(64, 8.0, True)]
+    assert search.survivors(history) == 128  # down ended at 16, up goes on from 64
+    assert search.posterior([*history, Recurrence(16, 5.0, True)], 16) == (-5.0, 0.0)
+    with pytest.raises(ValueError, match=r"window 0 .* or at least 2"):
+        BatchSizeSearch(SIZES, default=32, window=1)
 
 
 def test_early_stopping_threshold_and_best() -> None:

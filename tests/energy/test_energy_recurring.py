@@ -41,6 +41,10 @@ def test_a_recurrence_is_recorded_or_abandoned(tmp_path: Path) -> None:
     ok.end(cost=10.0, energy_j=None, time_s=10.0, reached=True, epochs=4)
     failed = Recurring(store, "job", settings)
     assert failed.start().batch_size == 32
-    failed.fail()
+    failed.fail(interrupted=True)  # Ctrl-C
     assert [r["state"] for r in store.rows("job")] == ["finished", "abandoned"]
-    assert Recurring(store, "job", settings).start().batch_size == 32  # the abandoned one taught nothing
+    again = Recurring(store, "job", settings)
+    assert again.start().batch_size == 32  # the abandoned one taught nothing
+    again.fail()  # an error: 32 missed the target
+    assert [r["state"] for r in store.rows("job")][-1] == "failed"
+    assert store.history("job")[-1].reached is False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 from pathlib import Path
 
@@ -38,6 +39,21 @@ def test_settings_must_match_and_the_default_path(tmp_path: Path, monkeypatch: p
         store.begin("job", other)
     monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path / "data"))
     assert default_store_path() == tmp_path / "data" / "recurrences.sqlite"
+
+
+def test_failed_runs_prune_and_other_settings_are_refused(tmp_path: Path) -> None:
+    store = RecurrenceStore(tmp_path / "r.sqlite")
+    first = store.begin("job", SETTINGS)
+    store.finish(first.id, cost=40.0, energy_j=None, time_s=1.0, reached=True, epochs=3)
+    second = store.begin("job", SETTINGS)
+    assert second.batch_size == 16
+    store.abandon(second.id, failed=True)  # e.g. out of memory: 16 counts as missing the target
+    failed = store.history("job")[-1]
+    assert (failed.batch_size, failed.reached, math.isnan(failed.cost)) == (16, False, True)
+    assert store.begin("job", SETTINGS).batch_size == 64  # down ended at 16: up from 32
+    other = JobSettings(SETTINGS.sizes, 32, 0.9, 0.5, 2.0, context='{"model": "vgg"}')
+    with pytest.raises(ValueError, match=r"recorded with context  \(now \{\"model\": \"vgg\"\}\)"):
+        store.begin("job", other)
 
 
 def _begin_and_hold(path: str, ready: mp.synchronize.Barrier, done: mp.synchronize.Event, out: mp.Queue) -> None:

@@ -52,11 +52,14 @@ def zeus_cost(energy_j: float, time_s: float, eta: float, max_power_w: float) ->
 
 @dataclass(frozen=True)
 class Recurrence:
-    """One finished recurrence: the batch size it ran, its cost, and whether it reached the target."""
+    """One finished recurrence: the batch size it ran, its cost, and whether it reached the target;
+    ``explored``: it ran the size the exploration asked for (a recurrence that ran the best size known while
+    another explored does not count for pruning, only for the posterior). A run that failed has cost ``nan``."""
 
     batch_size: int
     cost: float
     reached: bool
+    explored: bool = True
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,8 @@ class BatchSizeSearch:
             raise ValueError(f"the default batch size {self.default} is not among the candidates {list(self.sizes)}")
         if any(b < 1 for b in self.sizes) or len(set(self.sizes)) != len(self.sizes):
             raise ValueError(f"candidate batch sizes must be distinct and at least 1, got {list(self.sizes)}")
-        if self.rounds < 1 or self.beta <= 1.0 or self.window < 0:
-            raise ValueError("rounds must be at least 1, beta greater than 1 and window 0 or more")
+        if self.rounds < 1 or self.beta <= 1.0 or self.window < 0 or self.window == 1:
+            raise ValueError("rounds must be at least 1, beta greater than 1 and window 0 (all) or at least 2")
         object.__setattr__(self, "sizes", tuple(sorted(self.sizes)))
 
     def survivors(self, history: Sequence[Recurrence]) -> tuple[int, ...] | int:
@@ -102,7 +105,7 @@ class BatchSizeSearch:
         History entries are matched to the exploration in order; one for a size other than the one the
         exploration waits for (a recurrence that ran concurrently) is passed over.
         """
-        left = list(history)
+        left = [r for r in history if r.explored]
         candidates, start = list(self.sizes), self.default
         for _ in range(self.rounds):
             good: list[int] = []
@@ -128,7 +131,7 @@ class BatchSizeSearch:
     def posterior(self, history: Sequence[Recurrence], size: int) -> tuple[float, float]:
         """``(mean, precision)`` of the posterior of ``size``'s mean reward (``-cost``); precision 0 with fewer
         than two rewards, ``inf`` when they are all equal."""
-        rewards = np.array([-r.cost for r in history if r.batch_size == size])
+        rewards = np.array([-r.cost for r in history if r.batch_size == size and math.isfinite(r.cost)])
         if self.window:
             rewards = rewards[-self.window :]
         if len(rewards) < 2:

@@ -75,7 +75,8 @@ class Recurring:
         assert self.started is not None, "start() first"
         self.store.finish(self.started.id, cost=cost, energy_j=energy_j, time_s=time_s, reached=reached, epochs=epochs)
 
-    def fail(self) -> None:
-        """The run failed (an error, not a missed target): it teaches the search nothing."""
+    def fail(self, interrupted: bool = False) -> None:
+        """The run ended without an outcome: an error counts as not reaching the target (a size that runs out
+        of memory is pruned); an interruption (Ctrl-C) teaches the search nothing."""
         if self.started is not None:
-            self.store.abandon(self.started.id)
+            self.store.abandon(self.started.id, failed=not interrupted)

@@ -5,12 +5,16 @@ job's finished recurrences through :class:`BatchSizeSearch` to choose its batch 
 running, in one write transaction) and finishes (its cost, energy, time and whether it reached the target).
 SQLite's write lock serialises concurrent beginnings; a recurrence that begins while another of the same job
 is still exploring takes the best size known instead (so exploration stays sequential, as Zeus requires).
-A recurrence whose process died without finishing (same host, process gone) is marked abandoned.
+A recurrence whose process died without finishing (same host, process gone) is marked abandoned; one that
+failed with an error counts as not reaching the target (so a size that runs out of memory is pruned, not
+tried again and again). The store is for one machine's jobs: SQLite's locking is not reliable on network
+file systems.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sqlite3
@@ -29,7 +33,7 @@ CREATE TABLE IF NOT EXISTS jobs (name TEXT PRIMARY KEY, settings TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS recurrences (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL REFERENCES jobs(name), batch_size INTEGER NOT NULL,
     phase TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, started REAL NOT NULL,
-    state TEXT NOT NULL DEFAULT 'running',  -- running, finished, abandoned
+    state TEXT NOT NULL DEFAULT 'running',  -- running, finished, failed (an error), abandoned (interrupted)
     finished REAL, cost REAL, energy_j REAL, time_s REAL, reached INTEGER, epochs INTEGER
 );
 """
@@ -45,13 +49,15 @@ def default_store_path() -> Path:
 
 @dataclass(frozen=True)
 class JobSettings:
-    """What a job's recurrences must share for their costs to be comparable."""
+    """What a job's recurrences must share for their costs to be comparable (``context``: the rest of the
+    run's settings that change its cost, e.g. model, optimizer, workers, as text)."""
 
     sizes: tuple[int, ...]
     default: int
     target: float
     eta: float
     beta: float
+    context: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,10 +141,12 @@ class RecurrenceStore:
                        "reached = ?, epochs = ? WHERE id = ?",
                        (time.time(), cost, energy_j, time_s, int(reached), epochs, id))  # fmt: skip
 
-    def abandon(self, id: int) -> None:
-        """Mark recurrence ``id`` as ended without an outcome (it failed): it teaches the search nothing."""
+    def abandon(self, id: int, *, failed: bool = False) -> None:
+        """Mark recurrence ``id`` as ended without an outcome: ``failed`` (an error: the search counts it as not
+        reaching the target) or abandoned (interrupted: it teaches the search nothing)."""
         with self._connect() as db:
-            db.execute("UPDATE recurrences SET state = 'abandoned' WHERE id = ? AND state = 'running'", (id,))
+            db.execute("UPDATE recurrences SET state = ?, finished = ? WHERE id = ? AND state = 'running'",
+                       ("failed" if failed else "abandoned", time.time(), id))  # fmt: skip
 
     def history(self, job: str) -> list[Recurrence]:
         """The job's finished recurrences, in the order they finished."""
@@ -161,9 +169,9 @@ class RecurrenceStore:
 
 
 def _history(db: sqlite3.Connection, job: str) -> list[Recurrence]:
-    rows = db.execute("SELECT batch_size, cost, reached FROM recurrences WHERE job = ? AND state = 'finished' "
-                      "ORDER BY finished, id", (job,)).fetchall()  # fmt: skip
-    return [Recurrence(int(b), float(c), bool(r)) for b, c, r in rows]
+    rows = db.execute("SELECT batch_size, cost, reached, phase FROM recurrences WHERE job = ? AND state IN "
+                      "('finished', 'failed') ORDER BY finished, id", (job,)).fetchall()  # fmt: skip
+    return [Recurrence(int(b), math.nan if c is None else float(c), bool(r), p == "explore") for b, c, r, p in rows]
 
 
 def _settings(text: str) -> JobSettings:

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import math
-from collections.abc import Callable
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -27,7 +32,7 @@ from conveyor.energy import (
 if TYPE_CHECKING:
     from conveyor.job._train import TrainConfig
 
-__all__ = ["EpochKnobs", "check_energy_options", "finish_recurrence", "start_recurrence"]
+__all__ = ["EpochKnobs", "check_energy_options", "finish_recurrence", "guarded_power_limits", "start_recurrence"]
 
 
 def check_energy_options(cfg: TrainConfig) -> None:
@@ -45,6 +50,36 @@ def check_energy_options(cfg: TrainConfig) -> None:
         raise ValueError("--job names a recurring job whose batch size is tuned: add --batch-size auto")
     if (cfg.tune_batch_size or cfg.power_limit) and (cfg.reliable is not None or cfg.join):
         raise ValueError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
+    if cfg.tune_batch_size and (cfg.lease or cfg.resume):
+        raise ValueError("a recurrence of --batch-size auto runs whole, from scratch: drop --lease and --resume")
+
+
+@contextlib.contextmanager
+def guarded_power_limits(cfg: TrainConfig) -> Iterator[None]:
+    """With ``--power-limit``: the launcher records every GPU's power limit before the workers start and puts
+    them back when they end, whatever ends them (a worker killed while blocked in a collective cannot restore
+    its own; SIGTERM to the launcher becomes SystemExit so this runs)."""
+    if cfg.power_limit is None or not torch.cuda.is_available():
+        yield
+        return
+    from zeus.device import get_gpus
+
+    gpus = get_gpus()
+    original = {i: gpus.get_power_management_limit(i) for i in range(len(gpus))}
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        for i, limit in original.items():
+            with contextlib.suppress(Exception):  # restore every GPU whatever one of them says
+                if gpus.get_power_management_limit(i) != limit:
+                    gpus.set_power_management_limit(i, limit)
 
 
 def _gpus_max_power(count: int) -> float:
@@ -73,24 +108,38 @@ def start_recurrence(
 ) -> tuple[TrainConfig, Recurring | None]:
     """With ``--batch-size auto``: begin a recurrence of ``cfg.job``, and the config to run it with (its batch
     size, the learning rate scaled to it, its early-stopping cost and the watts that price time). First,
-    ``--power-limit`` without a GPU fails here, in one line, before any worker starts."""
+    ``--power-limit`` without a GPU of its own for each local worker fails here, in one line, before any worker
+    starts (workers sharing a GPU would each drive its limit)."""
+    from conveyor.runtime import under_torchrun
+
     if cfg.power_limit is not None and not torch.cuda.is_available():
         raise ValueError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", workers)) if under_torchrun() else workers
+    if cfg.power_limit is not None and local > (gpus := torch.cuda.device_count()):
+        raise ValueError(f"--power-limit needs a GPU per worker, but {local} workers share {gpus} GPUs here: use "
+                         f"--workers {gpus}")  # fmt: skip
     if not cfg.tune_batch_size:
         return cfg, None
+    if under_torchrun():  # every process would begin a recurrence of its own
+        raise ValueError("--batch-size auto runs on the local launcher, not under torchrun: drop it there")
     if cfg.eta > 0:
         with open_meter(cfg.energy_meter, gpu_index=0 if torch.cuda.is_available() else None) as probe:
             if not probe.available:
                 raise ValueError(f"--batch-size auto with --eta {cfg.eta} prices energy, but {probe.reason}: use "
                                  "--eta 0 (time to accuracy alone) or an --energy-meter that reads")  # fmt: skip
     assert cfg.job is not None and cfg.target_accuracy is not None  # TrainConfig checks both
+    watts = max_power_w(cfg, workers)
+    # what else changes a recurrence's cost: a job whose recurrences differ in these is another job
+    context = json.dumps({"model": cfg.model, "dataset": cfg.dataset, "width": cfg.width, "depth": cfg.depth,
+                          "optimizer": cfg.optimizer, "lr": cfg.lr, "epochs": cfg.epochs, "workers": workers,
+                          "schedule": cfg.schedule, "devices": cfg.devices, "max_power": watts})  # fmt: skip
     settings = JobSettings(candidate_sizes(cfg.batch_size, train_samples()), cfg.batch_size, cfg.target_accuracy,
-                           cfg.eta, cfg.beta)  # fmt: skip
+                           cfg.eta, cfg.beta, context)  # fmt: skip
     recurring = Recurring(RecurrenceStore(Path(cfg.store) if cfg.store else None), cfg.job, settings)
     started = recurring.start()
     lr = scaled_lr(cfg.lr, started.batch_size, cfg.batch_size, cfg.optimizer)
     run_cfg = dataclasses.replace(cfg, batch_size=started.batch_size, lr=lr, stop_above=started.stop_above,
-                                  max_power=max_power_w(cfg, workers))  # fmt: skip
+                                  max_power=watts)  # fmt: skip
     return run_cfg, recurring
 
 

@@ -40,7 +40,13 @@ import conveyor.job._zoo as zoo
 from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
 from conveyor.energy._meter import MeterStatus, check_meter_spec, describe_meters, open_meter
 from conveyor.job._costs import measure_costs
-from conveyor.job._energy import EpochKnobs, check_energy_options, finish_recurrence, start_recurrence
+from conveyor.job._energy import (
+    EpochKnobs,
+    check_energy_options,
+    finish_recurrence,
+    guarded_power_limits,
+    start_recurrence,
+)
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
@@ -235,8 +241,9 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     start, started_at = time.perf_counter(), time.time()
     train_seconds, traffic = 0.0, ServerTraffic(pipe.is_output)
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
-    meter = open_meter(cfg.energy_meter, gpu_index=pipe.device.index if cuda else None, measure_host=local_rank == 0,
-                       rank=dist.get_rank())  # fmt: skip
+    owns_gpu = cuda and local_rank < torch.cuda.device_count()  # workers sharing a GPU: the first one meters it
+    meter = open_meter(cfg.energy_meter, gpu_index=pipe.device.index if owns_gpu else None,
+                       measure_host=local_rank == 0, rank=dist.get_rank())  # fmt: skip
     energy_total: float | None = None
     equal_steps = cfg.stragglers == "off" and len(set(layout.replicas)) == 1  # every worker: as many updates
     knobs = EpochKnobs(cfg, pipe.device.index if cuda else None, equal_steps)
@@ -276,6 +283,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
                 with contextlib.suppress(ValueError):  # the scheduler replaces it atomically: keep the last read
                     until = read_lease(cfg.lease)
                 flags[1] = float(lease_expires(until, time.perf_counter() - began, time.time()))
+            flags = flags.to(pipe.device)  # NCCL reduces device tensors only
             dist.all_reduce(flags, op=dist.ReduceOp.SUM)  # every worker learns the accuracy, lease and energy
             accuracy, expired, epoch_j, meters_read, epoch_s = flags.tolist()
             epoch_energy = epoch_j if meters_read else None
@@ -360,10 +368,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
     cfg, recurring = start_recurrence(cfg, lambda: len(model_and_data(cfg)[1].train_x), nprocs)
     try:
-        per_rank = launch_emulated(_worker, cfg, str(run_dir), nprocs=nprocs, emulation=emulation, log_dir=run_dir)
-    except BaseException:
-        if recurring is not None:
-            recurring.fail()  # an error, not a missed target: it teaches the search nothing
+        with guarded_power_limits(cfg):
+            per_rank = launch_emulated(_worker, cfg, str(run_dir), nprocs=nprocs, emulation=emulation,
+                                       log_dir=run_dir)  # fmt: skip
+    except BaseException as exc:
+        if recurring is not None:  # an error counts as a missed target; an interruption as nothing
+            recurring.fail(interrupted=isinstance(exc, KeyboardInterrupt | SystemExit))
         raise
     out = next((r for r in per_rank.values() if r["history"]), None)
     if out is None:  # under torchrun, only the output worker's process has the history
