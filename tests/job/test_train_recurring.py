@@ -38,7 +38,7 @@ def test_recurrences_explore_from_the_default_and_record_their_cost(tmp_path: Pa
     runs = []
     for i in range(2):
         run = tmp_path / f"r{i}"
-        assert main([*QUICK, "--job", "digits", "--store", str(store), "--eta", "1", "--energy-meter", meter,
+        assert main([*QUICK, "--job", "digits", "--recurrences", str(store), "--eta", "1", "--energy-meter", meter,
                      "--run-dir", str(run)]) == 0  # fmt: skip
         runs.append(_summary(run))
     first, second = (s["recurrence"] for s in runs)
@@ -56,7 +56,7 @@ def test_recurrences_explore_from_the_default_and_record_their_cost(tmp_path: Pa
 def test_a_recurrence_past_beta_times_the_least_cost_stops_early(tmp_path: Path) -> None:
     # Two workers (data parallel), each replaying its own meter: both must decide to stop at the same epoch.
     store, two = tmp_path / "store.sqlite", ["--stages", "1", "--replicas", "2"]
-    common = [*QUICK[:2], "2", *QUICK[3:], *two, "--job", "digits", "--store", str(store), "--eta", "1"]
+    common = [*QUICK[:2], "2", *QUICK[3:], *two, "--job", "digits", "--recurrences", str(store), "--eta", "1"]
     for rank in (0, 1):
         _replay(tmp_path / f"cheap{rank}", 5.0)
     assert main([*common, "--run-dir", str(tmp_path / "r0"),
@@ -85,7 +85,7 @@ def test_a_failed_run_counts_as_a_miss_and_an_interrupted_one_as_nothing(
 
     monkeypatch.setattr(train_module, "launch_emulated", broken)
     cfg = TrainConfig(workers=1, tune_batch_size=True, job="digits", target_accuracy=0.9, eta=0.0,
-                      store=str(tmp_path / "s.sqlite"), run_dir=str(tmp_path / "run"))  # fmt: skip
+                      recurrences=str(tmp_path / "s.sqlite"), run_dir=str(tmp_path / "run"))  # fmt: skip
     with pytest.raises(type(error)):
         train(cfg)
     assert [r["state"] for r in RecurrenceStore(tmp_path / "s.sqlite").rows("digits")] == [state]
@@ -96,7 +96,7 @@ def test_not_under_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(runtime, "under_torchrun", lambda: True)  # every process would begin a recurrence
     cfg = TrainConfig(workers=1, tune_batch_size=True, job="digits", target_accuracy=0.9, eta=0.0,
-                      store=str(tmp_path / "s.sqlite"))  # fmt: skip
+                      recurrences=str(tmp_path / "s.sqlite"))  # fmt: skip
     with pytest.raises(ValueError, match="--batch-size auto runs on the local launcher, not under torchrun"):
         start_recurrence(cfg, lambda: 1437, 1)
     assert not (tmp_path / "s.sqlite").exists() or not RecurrenceStore(tmp_path / "s.sqlite").rows("digits")
@@ -161,7 +161,7 @@ def test_pricing_energy_needs_a_meter(tmp_path: Path, capsys: pytest.CaptureFixt
     with open_meter("auto") as probe:
         if probe.available:
             pytest.skip("this machine has an energy meter: the no-meter error cannot happen here")
-    argv = [*QUICK, "--job", "j", "--store", str(tmp_path / "s.sqlite"), "--run-dir", str(tmp_path / "r")]
+    argv = [*QUICK, "--job", "j", "--recurrences", str(tmp_path / "s.sqlite"), "--run-dir", str(tmp_path / "r")]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--batch-size auto with --eta 0.5 prices energy, but no energy meter readable here" in err

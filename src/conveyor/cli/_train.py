@@ -111,7 +111,7 @@ def add_parser(sub: Any) -> None:
                       "the cheapest for --eta; every GPU's own limit is restored at exit")  # fmt: skip
     zeus.add_argument("--eta", type=float, default=0.5, help="weight of energy against time in the cost, 0..1")
     zeus.add_argument("--job", default=None, help="the recurring job's name (--batch-size auto)")
-    zeus.add_argument("--store", default=None, help="the recurrences' SQLite file (default: the user's data dir)")
+    zeus.add_argument("--recurrences", default=None, help="the recurrences' SQLite file (default: the user's data dir)")
     zeus.add_argument("--beta", type=float, default=2.0, help="stop a recurrence past beta x the least cost so far")
     zeus.add_argument("--max-power", type=float, default=None,
                       help="watts that price a second (default: the GPUs' largest power limits)")  # fmt: skip

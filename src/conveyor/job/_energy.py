@@ -135,7 +135,7 @@ def start_recurrence(
                           "schedule": cfg.schedule, "devices": cfg.devices, "max_power": watts})  # fmt: skip
     settings = JobSettings(candidate_sizes(cfg.batch_size, train_samples()), cfg.batch_size, cfg.target_accuracy,
                            cfg.eta, cfg.beta, context)  # fmt: skip
-    recurring = Recurring(RecurrenceStore(Path(cfg.store) if cfg.store else None), cfg.job, settings)
+    recurring = Recurring(RecurrenceStore(Path(cfg.recurrences) if cfg.recurrences else None), cfg.job, settings)
     started = recurring.start()
     lr = scaled_lr(cfg.lr, started.batch_size, cfg.batch_size, cfg.optimizer)
     run_cfg = dataclasses.replace(cfg, batch_size=started.batch_size, lr=lr, stop_above=started.stop_above,

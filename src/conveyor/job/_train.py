@@ -111,7 +111,7 @@ class TrainConfig:
     eta: float = 0.5  # cost = eta * energy + (1 - eta) * max_power * time, for --power-limit and --batch-size auto
     tune_batch_size: bool = False  # --batch-size auto: a recurrence of --job, batch size from its history
     job: str | None = None  # the recurring job's name in the store
-    store: str | None = None  # the recurrences' SQLite file (default: the user's data directory)
+    recurrences: str | None = None  # the recurrences' SQLite file (default: the user's data directory)
     beta: float = 2.0  # --batch-size auto: stop a recurrence whose cost passes beta x the least so far
     max_power: float | None = None  # watts that price a second (default: the GPUs' largest power limits)
     stop_above: float = math.inf  # set by a recurrence: the cost at which it stops early
