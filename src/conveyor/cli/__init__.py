@@ -1,5 +1,5 @@
-"""The ``conveyor`` command: ``train``, ``profile``, ``plan``, ``emulate ...``, ``cluster ...`` and ``bench ...``,
-one module per group."""
+"""The ``conveyor`` command: ``train``, ``profile``, ``plan``, ``emulate ...``, ``cluster ...``, ``models ...`` and
+``bench ...``, one module per group."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from conveyor.cli import _bench, _cluster, _emulate, _plan, _train
+from conveyor.cli import _bench, _cluster, _emulate, _models, _plan, _train
 
 __all__ = ["main"]
 
@@ -20,6 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     _plan.add_parsers(sub)
     _emulate.add_parser(sub)
     _cluster.add_parser(sub)
+    _models.add_parser(sub)
     _bench.add_parser(sub)
     return parser
 
@@ -33,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "plan": _plan.plan,
         "emulate": _emulate.run,
         "cluster": _cluster.run,
+        "models": _models.run,
         "bench": _bench.run,
     }
     try:

@@ -115,6 +115,12 @@ def add_parser(sub: Any) -> None:
     zeus.add_argument("--beta", type=float, default=2.0, help="stop a recurrence past beta x the least cost so far")
     zeus.add_argument("--max-power", type=float, default=None,
                       help="watts that price a second (default: the GPUs' largest power limits)")  # fmt: skip
+    keeper = train.add_argument_group("warm starts from trained models (ModelKeeper)")
+    keeper.add_argument("--warm-start", default=None, metavar="auto|CHECKPOINT",
+                        help="start from the weights of the store's most similar, most accurate model (auto), or of "
+                        "a checkpoint, transformed to this model's shapes")  # fmt: skip
+    keeper.add_argument("--register", action="store_true", help="put the final model into the model store")
+    keeper.add_argument("--store", default=None, help="the model store's folder (default: the user's data dir)")
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
     add_emulation(train)
 
@@ -195,6 +201,8 @@ def run(args: argparse.Namespace) -> None:
             console.print(f"recurrence {r['number']} of job {r['job']}: batch size {r['batch_size']} ({r['phase']}), "
                           f"learning rate {r['lr']:g}, cost {result['cost']:.4g}; target "
                           f"{'reached' if r['reached'] else 'not reached'}")  # fmt: skip
+        if result.get("registered"):
+            console.print(f"stored the model as {result['registered']} (conveyor models list)")
         if result.get("power_limit_w"):
             console.print(f"GPU power limit: {result['power_limit_w']} W")
         for note in closing_notes(result):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from conveyor._paths import data_dir
 from conveyor.energy._bandit import BatchSizeSearch, Recurrence
 
 __all__ = ["JobSettings", "RecurrenceStore", "Started", "default_store_path"]
@@ -41,10 +42,7 @@ CREATE TABLE IF NOT EXISTS recurrences (
 
 def default_store_path() -> Path:
     """``$CONVEYOR_DATA/recurrences.sqlite``, else the user's data directory (``~/.local/share/conveyor``)."""
-    root = os.environ.get("CONVEYOR_DATA") or os.path.join(
-        os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"), "conveyor"
-    )
-    return Path(root) / "recurrences.sqlite"
+    return data_dir() / "recurrences.sqlite"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ summary); the scheduler extends the lease by rewriting the file, and restarts a 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -51,6 +52,7 @@ from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import energy_summary, plot_accuracy
+from conveyor.job._warmstart import apply_plan, prepare_warm_start, register_model
 from conveyor.plan import read_plan_file
 from conveyor.runtime import OptimizerFactory, Pipeline
 from conveyor.schedule import parse_replicas
@@ -115,6 +117,10 @@ class TrainConfig:
     beta: float = 2.0  # --batch-size auto: stop a recurrence whose cost passes beta x the least so far
     max_power: float | None = None  # watts that price a second (default: the GPUs' largest power limits)
     stop_above: float = math.inf  # set by a recurrence: the cost at which it stops early
+    warm_start: str | None = None  # auto (the model store's best parent) or a checkpoint (ModelKeeper)
+    store: str | None = None  # the model store's folder (default: the user's data directory)
+    register: bool = False  # put the final model into the model store
+    warm_start_plan: str | None = None  # set by train(): the parent and layer pairs every worker applies
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches) < 1:
@@ -144,6 +150,12 @@ class TrainConfig:
             raise ValueError("--lost-s must be > 0 and --backup-every at least 1")
         check_meter_spec(self.energy_meter)
         check_energy_options(self)
+        if (self.warm_start or self.register) and (self.reliable is not None or self.join):
+            raise ValueError("--warm-start and --register apply to fixed workers: drop --reliable and --join")
+        if self.warm_start and self.resume:
+            raise ValueError(
+                "--warm-start starts a new model from a parent's weights; --resume continues one: pick one"
+            )
 
 
 def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
@@ -151,11 +163,14 @@ def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
     if ":" in cfg.model:
         data = datasets.load(cfg.dataset or "digits", cfg.seed)
         torch.manual_seed(cfg.seed)
-        model, _ = zoo.resolve(cfg.model, cfg.batch_size)
-        return model if isinstance(model, nn.Sequential) else nn.Sequential(*model), data
-    data = datasets.load(cfg.dataset or zoo.default_dataset(cfg.model), cfg.seed)
-    torch.manual_seed(cfg.seed)
-    return zoo.build(cfg.model, data, cfg.width, cfg.depth), data
+        blocks, _ = zoo.resolve(cfg.model, cfg.batch_size)
+        model = blocks if isinstance(blocks, nn.Sequential) else nn.Sequential(*blocks)
+    else:
+        data = datasets.load(cfg.dataset or zoo.default_dataset(cfg.model), cfg.seed)
+        torch.manual_seed(cfg.seed)
+        model = zoo.build(cfg.model, data, cfg.width, cfg.depth)
+    apply_plan(cfg, model)  # --warm-start: the parent's weights, transformed (the same in every worker)
+    return model, data
 
 
 def loss_and_optimizer(cfg: TrainConfig, sequence: bool) -> tuple[Callable[[Any, Any], Any], OptimizerFactory]:
@@ -367,6 +382,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     nprocs = cfg.workers or (explicit_workers(cfg) or 4)
     emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
     cfg, recurring = start_recurrence(cfg, lambda: len(model_and_data(cfg)[1].train_x), nprocs)
+    cfg, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
     try:
         with guarded_power_limits(cfg):
             per_rank = launch_emulated(_worker, cfg, str(run_dir), nprocs=nprocs, emulation=emulation,
@@ -406,6 +422,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     summary |= energy_summary(history, out["energy_meter"], out["energy_note"], cfg.target_accuracy)
     summary |= {k: out[k] for k in ("stopped_by_cost", "cost", "power_limit_w", "power_profile") if k in out}
     finish_recurrence(recurring, summary, cfg)
+    summary |= warm
+    register_model(cfg, summary, lambda: model_and_data(dataclasses.replace(cfg, warm_start_plan=None))[0])
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy")
     return summary

@@ -1,0 +1,57 @@
+"""``conveyor train --warm-start auto|CHECKPOINT`` and ``--register``: a run's model from a stored parent's
+weights, and its final model into the store (ModelKeeper)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from torch import nn
+
+from conveyor.warmstart import ModelStore, WarmStart, apply_warm_start, op_graph, plan_warm_start
+
+if TYPE_CHECKING:
+    from conveyor.job._train import TrainConfig
+
+__all__ = ["apply_plan", "prepare_warm_start", "register_model"]
+
+
+def prepare_warm_start(cfg: TrainConfig, run_dir: Path, build: Callable[[], nn.Module]) -> tuple[TrainConfig, dict]:
+    """Choose the parent once (before the workers start), write the plan to ``run_dir/warm_start.json`` and
+    return the config whose workers apply it, with what the summary gets."""
+    if not cfg.warm_start:
+        return cfg, {}
+    child = build()
+    plan, account = plan_warm_start(cfg.warm_start, child, ModelStore(cfg.store))
+    Console().print(account, markup=False, highlight=False)
+    if plan is None:
+        return cfg, {"warm_start": {"parent": None, "reason": account}}
+    report = apply_warm_start(plan, child, cfg.seed)  # as every worker will: for the summary's coverage
+    path = run_dir / "warm_start.json"
+    path.write_text(plan.to_json())
+    Console().print(f"the parent's weights cover {report.coverage:.0%} of the model's parameters", highlight=False)
+    return dataclasses.replace(cfg, warm_start_plan=str(path)), {"warm_start": {
+        "parent": plan.parent, "similarity": plan.score, "parent_accuracy": plan.accuracy,
+        "coverage": report.coverage, "match_s": plan.match_s, "layers": report.actions}}  # fmt: skip
+
+
+def apply_plan(cfg: TrainConfig, model: nn.Module) -> None:
+    """In every worker: the same transformation of the parent's weights into the freshly built model."""
+    if cfg.warm_start_plan:
+        apply_warm_start(WarmStart.from_json(Path(cfg.warm_start_plan).read_text()), model, cfg.seed)
+
+
+def register_model(cfg: TrainConfig, summary: dict[str, Any], build: Callable[[], nn.Module]) -> None:
+    """With ``--register``: the run's final model, its architecture and final accuracy into the store."""
+    if not cfg.register or not summary.get("accuracy"):
+        return
+    graph = json.loads(op_graph(build()).to_json())
+    info = {"width": cfg.width, "depth": cfg.depth, "dataset": cfg.dataset, "epochs": summary["epochs"],
+            "run_dir": summary["run_dir"], "warm_start": summary.get("warm_start", {}).get("parent")}  # fmt: skip
+    checkpoint = cfg.checkpoint or str(Path(summary["run_dir"]) / "checkpoint.pt")
+    entry = ModelStore(cfg.store).register(checkpoint, cfg.model, summary["accuracy"][-1], graph, info)
+    summary["registered"] = entry.id

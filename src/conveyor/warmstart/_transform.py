@@ -1,0 +1,293 @@
+"""Weight transformation: warm-start a child model from a trained parent's weights (ModelKeeper, Net2Net)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["TransformReport", "identity_init", "transform", "widen_linear_pair"]
+
+_PRODUCERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm)
+
+
+@dataclass
+class TransformReport:
+    """What :func:`transform` did.
+
+    Attributes:
+        actions: per child module that owns parameters (qualified name), one of ``copied``, ``widened``,
+            ``narrowed``, ``sliced``, ``identity`` or ``default``.
+        set_elements: parameter elements of the child set from the parent.
+        total_elements: parameter elements of the child.
+    """
+
+    actions: dict[str, str] = field(default_factory=dict)
+    set_elements: int = 0
+    total_elements: int = 0
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of the child's parameter elements set from the parent (0 for a model without any)."""
+        return self.set_elements / self.total_elements if self.total_elements else 0.0
+
+
+# A unit map from a widened or narrowed producer: child unit j is parent unit g[j]; counts[i] = |{j: g[j] = i}|.
+_Map = tuple[Tensor, Tensor, str]
+
+
+def _write(dst: Tensor, src: Tensor) -> int:
+    """Copy the overlapping slice ``src[:a, :b, ...]`` into ``dst``; return the elements written."""
+    if dst.dim() != src.dim():
+        return 0
+    index = tuple(slice(0, min(a, b)) for a, b in zip(dst.shape, src.shape, strict=True))
+    dst[index] = src[index].to(dst.dtype)
+    return dst[index].numel()
+
+
+def _unit_map(weight: Tensor, units: int, gen: torch.Generator) -> _Map:
+    """The map for a producer with parent ``weight`` (output units first) and ``units`` child units.
+
+    Widening keeps every parent unit and draws the extra ones uniformly: ``g = [0..P-1] + random``.
+    Narrowing keeps the ``units`` parent units of largest L2 norm of their incoming weights, in their order.
+    """
+    parents = weight.shape[0]
+    if units >= parents:
+        extra = torch.randint(0, parents, (units - parents,), generator=gen)
+        g = torch.cat([torch.arange(parents), extra])
+        kind = "widened"
+    else:
+        g = weight.flatten(1).norm(dim=1).topk(units).indices.sort().values
+        kind = "narrowed"
+    return g, torch.bincount(g, minlength=parents), kind
+
+
+def _map_inputs(weight: Tensor, unit_map: _Map, block: int) -> Tensor:
+    """A consumer's parent ``weight`` with its inputs remapped: ``W2'[:, j] = W2[:, g(j)] / counts[g(j)]``.
+
+    ``block`` input features per unit (1 for Linear->Linear and conv->conv; H*W for conv->Flatten->Linear, where
+    unit j's features are ``j*block .. j*block+block-1``).
+    """
+    g, counts, _ = unit_map
+    index = (g[:, None] * block + torch.arange(block)).flatten()
+    scale = (1.0 / counts[g].to(weight.dtype)).repeat_interleave(block)
+    return weight[:, index] * scale.view(1, -1, *[1] * (weight.dim() - 2))
+
+
+def widen_linear_pair(
+    w1: Tensor, b1: Tensor, w2: Tensor, width: int, *, seed: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Net2WiderNet for ``y = W2 relu(W1 x + b1)``: widen the hidden layer to ``width`` units, same function.
+
+    With ``g = [0..P-1] + (width - P) draws from [0, P)``: ``W1'[j] = W1[g(j)]``, ``b1'[j] = b1[g(j)]``,
+    ``W2'[:, j] = W2[:, g(j)] / |{k: g(k) = g(j)}|``.
+
+    Example:
+        >>> w1, b1, w2 = torch.randn(3, 2), torch.randn(3), torch.randn(4, 3)
+        >>> v1, c1, v2 = widen_linear_pair(w1, b1, w2, 5)
+        >>> x = torch.randn(2)
+        >>> torch.allclose(w2 @ torch.relu(w1 @ x + b1), v2 @ torch.relu(v1 @ x + c1), atol=1e-6)
+        True
+    """
+    unit_map = _unit_map(w1, width, torch.Generator().manual_seed(seed))
+    return w1[unit_map[0]], b1[unit_map[0]], _map_inputs(w2, unit_map, 1)
+
+
+def _residual(module: nn.Module) -> bool:
+    """A residual block shaped like the zoo's ``ResidualBlock`` (conv1, bn1, conv2, bn2 and a skip): told by
+    its parts, so this package needs nothing from ``conveyor.job`` (which depends on it)."""
+    return all(hasattr(module, a) for a in ("conv1", "bn1", "conv2", "skip")) and isinstance(
+        getattr(module, "bn2", None), nn.BatchNorm2d
+    )
+
+
+def _transformer(module: nn.Module) -> bool:
+    """A pre-norm transformer block shaped like the zoo's ``TransformerBlock`` (ln1, qkv, proj, an mlp)."""
+    return all(hasattr(module, a) for a in ("ln1", "qkv", "proj")) and isinstance(
+        getattr(module, "mlp", None), nn.Sequential
+    )
+
+
+def identity_init(module: nn.Module) -> bool:
+    """Initialise a new module to (near) the identity where its operator allows; return whether it did.
+
+    A square Linear: ``W = I``, ``b = 0``. A Conv with ``in == out``, one group and odd kernels: Dirac
+    (``y = x``), ``b = 0``. A norm layer: weight 1, bias 0 (BatchNorm in eval mode is then ``x / sqrt(1 + eps)``
+    on its fresh statistics). A zoo ``ResidualBlock`` with an identity skip: its last BatchNorm's weight and
+    bias 0, so it computes ``relu(0 + x) = x`` for ``x >= 0`` (after a ReLU). A zoo ``TransformerBlock``: its
+    attention projection and last MLP layer 0, so both residual branches add 0. Anything else: unchanged.
+
+    Example:
+        >>> layer = nn.Linear(3, 3)
+        >>> identity_init(layer), torch.equal(layer(torch.ones(1, 3)), torch.ones(1, 3))
+        (True, True)
+    """
+    with torch.no_grad():
+        if isinstance(module, nn.Linear) and module.in_features == module.out_features:
+            nn.init.eye_(module.weight)
+        elif (
+            isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d)
+            and module.in_channels == module.out_channels
+            and module.groups == 1
+            and all(k % 2 == 1 for k in module.kernel_size)
+        ):
+            nn.init.dirac_(module.weight)
+        elif isinstance(module, _NORMS):
+            if isinstance(module, nn.LayerNorm) and not module.elementwise_affine:
+                return True
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+            return True
+        elif _residual(module) and isinstance(module.skip, nn.Identity):
+            for tensor in module.get_submodule("bn2").parameters():  # weight and bias
+                nn.init.zeros_(tensor)
+            return True
+        elif _transformer(module):
+            mlp = module.get_submodule("mlp")
+            assert isinstance(mlp, nn.Sequential)
+            for layer in (module.get_submodule("proj"), mlp[-1]):
+                for tensor in layer.parameters():
+                    nn.init.zeros_(tensor)
+            return True
+        else:
+            return False
+        bias = getattr(module, "bias", None)
+        if isinstance(bias, Tensor):
+            nn.init.zeros_(bias)
+        return True
+
+
+def _in_block(name: str, modules: Mapping[str, nn.Module]) -> bool:
+    """Whether any ancestor of ``name`` (the root included) is not an ``nn.Sequential``."""
+    parts = name.split(".")
+    return any(not isinstance(modules[".".join(parts[:i])], nn.Sequential) for i in range(len(parts)))
+
+
+def transform(
+    parent_state: Mapping[str, Tensor], child: nn.Module, pairs: Sequence[tuple[str, str]], *, seed: int = 0
+) -> TransformReport:
+    """Set ``child``'s weights (in place) from a trained parent's state dict along the matched ``pairs``.
+
+    The child's parameter-owning modules are visited in registration order, which for an ``nn.Sequential``
+    chain is execution order: the "next consumer" of a layer's output is the next Linear/Conv visited, and
+    the modules between them are assumed channel-wise (ReLU, dropout, pooling, Flatten in NCHW order, norms).
+
+    Rules, for a paired module (parent weights ``W1, b1``; ``P`` parent units, ``C`` child units):
+
+    - same shapes: copy (exact).
+    - widening a Linear/Conv (``C > P``), Net2WiderNet: ``g = [0..P-1] + (C-P)`` uniform draws from
+      ``[0, P)``; ``W1'[j] = W1[g(j)]``, ``b1'[j] = b1[g(j)]``. Norm layers on the way map their
+      per-channel weight, bias, running mean and variance by ``g`` too. The next consumer gets
+      ``W2'[:, j] = W2[:, g(j)] / |{k: g(k) = g(j)}|``, through Flatten per block of ``H*W`` features.
+      Exact through ReLU, dropout, pooling and BatchNorm; approximate through LayerNorm (its statistics
+      over features change).
+    - narrowing (``C < P``): ``g`` = the ``C`` units whose incoming weights have the largest L2 norm, in
+      parent order; the same equations (all counts 1); approximate (dropped units' contributions are lost).
+    - any other shape mismatch (kernel size, an input dimension not explained by the predecessor's map,
+      other module types): copy the overlapping slice ``W[:a, :b, ...]``, the rest keeps its
+      initialisation (``sliced``, approximate).
+    - inside a non-``Sequential`` module (a residual or transformer block), maps are not used: shape
+      mismatches are sliced (approximate), since widening consistently across a residual addition is not
+      implemented; a map from the chain that reaches such a block is dropped (the block's inputs are sliced).
+
+    A child module with no parent gets :func:`identity_init` (``identity``; the chain's map passes through
+    it), else keeps its default initialisation (``default``). Buffers are mapped like parameters but do not
+    count towards coverage.
+
+    Args:
+        parent_state: the parent's ``state_dict()``.
+        child: the freshly initialised child, modified in place.
+        pairs: (parent module name, child module name) of matched modules of the same type.
+        seed: seeds the replicated units' draws.
+
+    Returns:
+        What was done per child module, and the coverage.
+
+    Raises:
+        ValueError: a pair names a module the child does not have.
+
+    Example:
+        >>> parent = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+        >>> child = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+        >>> report = transform(parent.state_dict(), child, [("0", "0"), ("2", "2")])
+        >>> report.actions, report.coverage
+        ({'0': 'widened', '2': 'widened'}, 1.0)
+        >>> x = torch.randn(5, 4)
+        >>> torch.allclose(parent(x), child(x), atol=1e-6)
+        True
+    """
+    gen = torch.Generator().manual_seed(seed)
+    to_parent = {c: p for p, c in pairs}
+    modules = dict(child.named_modules())
+    unknown = sorted(set(to_parent) - set(modules))
+    if unknown:
+        raise ValueError(f"pairs name modules the child does not have: {', '.join(unknown)}")
+    report = TransformReport()
+    identity_blocks = [
+        n
+        for n, m in modules.items()
+        if n not in to_parent
+        and (_residual(m) or _transformer(m))
+        and not any(c.startswith(n + ".") for c in to_parent)
+        and identity_init(m)
+    ]
+    pending: _Map | None = None
+    with torch.no_grad():
+        for name, module in modules.items():
+            own = dict(module.named_parameters(recurse=False))
+            own_buffers = dict(module.named_buffers(recurse=False))
+            if not own and not own_buffers:
+                continue
+            report.total_elements += sum(p.numel() for p in own.values())
+            if any(name.startswith(b + ".") for b in identity_blocks):
+                report.actions[name] = "identity"  # the block computes its input: the chain's map passes through
+                continue
+            block = _in_block(name, modules)
+            if block:
+                pending = None
+            if name not in to_parent:
+                report.actions[name] = "identity" if identity_init(module) else "default"
+                if report.actions[name] == "default":
+                    pending = None
+                continue
+            prefix = to_parent[name] + "."
+            parent = {k: parent_state[prefix + k] for k in [*own, *own_buffers] if prefix + k in parent_state}
+            action = "copied"
+            if isinstance(module, _PRODUCERS) and "weight" in parent:
+                w = parent["weight"]
+                b = parent.get("bias")
+                units_in = module.weight.shape[1]
+                if pending is not None and units_in % len(pending[0]) == 0:
+                    k = units_in // len(pending[0])
+                    if w.shape[1] == len(pending[1]) * k:
+                        w, action = _map_inputs(w, pending, k), pending[2]
+                pending = None
+                if not block and module.weight.shape[0] != w.shape[0]:
+                    pending = _unit_map(w, module.weight.shape[0], gen)
+                    w, b, action = w[pending[0]], None if b is None else b[pending[0]], pending[2]
+                parent["weight"] = w
+                if b is not None:
+                    parent["bias"] = b
+            elif isinstance(module, _NORMS) and pending is not None:
+                features = module.normalized_shape[-1] if isinstance(module, nn.LayerNorm) else module.num_features
+                if features == len(pending[0]):
+                    for key, value in parent.items():
+                        if value.dim() >= 1 and value.shape[-1] == len(pending[1]):
+                            parent[key] = value[..., pending[0]]
+                    action = pending[2]
+                else:
+                    pending = None
+            else:
+                pending = None
+            tensors = {**own, **own_buffers}
+            for key, value in parent.items():
+                if value.shape != tensors[key].shape and action == "copied":
+                    action = "sliced"
+                written = _write(tensors[key], value)
+                if key in own:
+                    report.set_elements += written
+            report.actions[name] = action if parent else "default"
+    return report
