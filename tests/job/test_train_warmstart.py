@@ -30,6 +30,7 @@ def test_a_wider_model_warm_starts_from_the_stored_one(tmp_path: Path, capsys: p
     child = _summary(tmp_path / "c")
     assert child["warm_start"]["parent"] == entry.id and child["warm_start"]["coverage"] == 1.0  # widened: all set
     assert "widened" in child["warm_start"]["layers"].values()
+    assert 0 <= child["warm_start"]["match_s"] <= child["warm_start"]["seconds"] < 60  # what the launcher spent
     assert main([*BASE, *slow, "--run-dir", str(tmp_path / "s")]) == 0
     scratch = _summary(tmp_path / "s")
     # Net2Net widening keeps the parent's function: the child starts where the parent ended

@@ -161,18 +161,28 @@ def test_identity_init_leaves_other_operators_alone() -> None:
     assert torch.equal(conv(x), x)
 
 
-def test_wider_residual_and_transformer_models_fall_back_to_slicing() -> None:
+@pytest.mark.parametrize(("width", "depth"), [(6, 1), (8, 2), (7, 3)])
+def test_widened_resnet_computes_the_same_function(width: int, depth: int) -> None:
+    """The stream's map crosses identity skips and 1x1 projections (depth >= 2) consistently."""
     torch.manual_seed(0)
-    for parent, child, x, renamed in [
-        (resnet(1, 10, width=4), resnet(1, 10, width=6), torch.randn(2, 1, 8, 8), {}),
-        (gpt(11, 8, 16, depth=1), gpt(11, 8, 32, depth=2), torch.randint(0, 11, (2, 8)), {"2": "3", "3": "4"}),
-    ]:
-        names = [n for n, m in parent.named_modules() if list(m.parameters(recurse=False))]
-        report = transform(parent.state_dict(), child, [(n, renamed.get(n, n)) for n in names])
-        assert 0.0 < report.coverage < 1.0
-        assert "sliced" in report.actions.values()
-        child.eval()
-        assert child(x).shape == parent(x).shape  # shapes stay right; the function only approximately kept
+    parent, child = resnet(1, 10, width=4, depth=depth), resnet(1, 10, width=width, depth=depth)
+    _randomise_bn(parent)
+    names = [n for n, m in parent.named_modules() if list(m.parameters(recurse=False))]
+    report = transform(parent.state_dict(), child, [(n, n) for n in names], seed=depth)
+    assert report.coverage == 1.0 and set(report.actions.values()) == {"widened"}
+    assert _same(parent, child, torch.randn(3, 1, 8, 8))
+
+
+def test_wider_transformer_models_fall_back_to_slicing() -> None:
+    torch.manual_seed(0)
+    parent, child, x = gpt(11, 8, 16, depth=1), gpt(11, 8, 32, depth=2), torch.randint(0, 11, (2, 8))
+    names = [n for n, m in parent.named_modules() if list(m.parameters(recurse=False))]
+    renamed = {"2": "3", "3": "4"}
+    report = transform(parent.state_dict(), child, [(n, renamed.get(n, n)) for n in names])
+    assert 0.0 < report.coverage < 1.0
+    assert "sliced" in report.actions.values()
+    child.eval()
+    assert child(x).shape == parent(x).shape  # shapes stay right; the function only approximately kept
 
 
 def test_new_transformer_block_is_zero_initialised_and_unknown_names_fail() -> None:
@@ -194,3 +204,17 @@ def test_wider_mlp_with_an_inserted_transformer_block_keeps_its_output() -> None
     report = transform(parent.state_dict(), child, [("0", "0"), ("2", "3")])
     assert report.actions["0"] == "widened" and report.actions["3"] == "widened"
     assert _same(parent, child, torch.randn(2, 5, 4))  # (batch, tokens, features): the block is the identity
+
+
+def test_new_projecting_residual_block_embeds_its_input() -> None:
+    torch.manual_seed(0)
+    block = ResidualBlock(4, 8, stride=2).eval()
+    assert identity_init(block)
+    x = torch.relu(torch.randn(2, 4, 8, 8))  # a block's input follows a ReLU
+    with torch.no_grad():
+        y = block(x)
+    assert torch.allclose(y[:, :4], x[:, :, ::2, ::2], atol=1e-4) and torch.count_nonzero(y[:, 4:]) == 0
+    narrowing = ResidualBlock(8, 4, stride=2)  # fewer channels out than in: no embedding, left alone
+    before = [p.clone() for p in narrowing.parameters()]
+    assert not identity_init(narrowing)
+    assert all(torch.equal(a, b) for a, b in zip(before, narrowing.parameters(), strict=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,18 +26,21 @@ def prepare_warm_start(cfg: TrainConfig, run_dir: Path, build: Callable[[], nn.M
     return the config whose workers apply it, with what the summary gets."""
     if not cfg.warm_start:
         return cfg, {}
+    began = time.perf_counter()
     child = build()
     plan, account = plan_warm_start(cfg.warm_start, child, ModelStore(cfg.store))
     Console().print(account, markup=False, highlight=False)
     if plan is None:
-        return cfg, {"warm_start": {"parent": None, "reason": account}}
+        return cfg, {"warm_start": {"parent": None, "reason": account, "seconds": time.perf_counter() - began}}
     report = apply_warm_start(plan, child, cfg.seed)  # as every worker will: for the summary's coverage
+    seconds = time.perf_counter() - began  # what a user waits for before the workers start
     path = run_dir / "warm_start.json"
     path.write_text(plan.to_json())
     Console().print(f"the parent's weights cover {report.coverage:.0%} of the model's parameters", highlight=False)
     return dataclasses.replace(cfg, warm_start_plan=str(path)), {"warm_start": {
         "parent": plan.parent, "similarity": plan.score, "parent_accuracy": plan.accuracy,
-        "coverage": report.coverage, "match_s": plan.match_s, "layers": report.actions}}  # fmt: skip
+        "coverage": report.coverage, "match_s": plan.match_s, "seconds": seconds,
+        "layers": report.actions}}  # fmt: skip
 
 
 def apply_plan(cfg: TrainConfig, model: nn.Module) -> None:

@@ -117,7 +117,10 @@ def identity_init(module: nn.Module) -> bool:
     A square Linear: ``W = I``, ``b = 0``. A Conv with ``in == out``, one group and odd kernels: Dirac
     (``y = x``), ``b = 0``. A norm layer: weight 1, bias 0 (BatchNorm in eval mode is then ``x / sqrt(1 + eps)``
     on its fresh statistics). A zoo ``ResidualBlock`` with an identity skip: its last BatchNorm's weight and
-    bias 0, so it computes ``relu(0 + x) = x`` for ``x >= 0`` (after a ReLU). A zoo ``TransformerBlock``: its
+    bias 0, so it computes ``relu(0 + x) = x`` for ``x >= 0`` (after a ReLU); with a projecting skip (a 1x1
+    convolution of stride ``s`` to ``C_out >= C_in`` channels and a BatchNorm) the convolution embeds the input
+    channels, ``W[o, i] = 1 if o == i else 0``, so the block computes ``x[:, :, ::s, ::s]`` followed by
+    ``C_out - C_in`` zero channels (near the identity: the resolution halves). A zoo ``TransformerBlock``: its
     attention projection and last MLP layer 0, so both residual branches add 0. Anything else: unchanged.
 
     Example:
@@ -141,7 +144,9 @@ def identity_init(module: nn.Module) -> bool:
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
             return True
-        elif _residual(module) and isinstance(module.skip, nn.Identity):
+        elif _residual(module) and (
+            isinstance(module.get_submodule("skip"), nn.Identity) or _embedding_skip(module.get_submodule("skip"))
+        ):
             for tensor in module.get_submodule("bn2").parameters():  # weight and bias
                 nn.init.zeros_(tensor)
             return True
@@ -160,10 +165,34 @@ def identity_init(module: nn.Module) -> bool:
         return True
 
 
+def _embedding_skip(skip: nn.Module) -> bool:
+    """Make a projecting skip ``Sequential(Conv 1x1, BatchNorm)`` with ``C_out >= C_in`` embed its input channels
+    (``W[o, i] = 1 if o == i``, no bias; the BatchNorm to weight 1, bias 0); False for any other skip."""
+    parts = list(skip.children()) if isinstance(skip, nn.Sequential) else []
+    conv, norm = parts if len(parts) == 2 else (None, None)
+    if not (isinstance(conv, nn.Conv2d) and isinstance(norm, nn.BatchNorm2d)):
+        return False
+    if conv.kernel_size != (1, 1) or conv.groups != 1 or conv.out_channels < conv.in_channels:
+        return False
+    nn.init.zeros_(conv.weight)
+    conv.weight[: conv.in_channels, :, 0, 0] = torch.eye(conv.in_channels)
+    if conv.bias is not None:
+        nn.init.zeros_(conv.bias)
+    nn.init.ones_(norm.weight)
+    nn.init.zeros_(norm.bias)
+    return True
+
+
 def _in_block(name: str, modules: Mapping[str, nn.Module]) -> bool:
     """Whether any ancestor of ``name`` (the root included) is not an ``nn.Sequential``."""
     parts = name.split(".")
     return any(not isinstance(modules[".".join(parts[:i])], nn.Sequential) for i in range(len(parts)))
+
+
+def _residual_part(name: str, blocks: Mapping[str, object]) -> tuple[str, str] | None:
+    """``(block, part)`` when ``name`` is a part of residual block ``block`` (``conv1``, ``skip.0``...)."""
+    owner = next((b for b in blocks if name.startswith(b + ".")), None)
+    return None if owner is None else (owner, name[len(owner) + 1 :])
 
 
 def transform(
@@ -189,9 +218,14 @@ def transform(
     - any other shape mismatch (kernel size, an input dimension not explained by the predecessor's map,
       other module types): copy the overlapping slice ``W[:a, :b, ...]``, the rest keeps its
       initialisation (``sliced``, approximate).
-    - inside a non-``Sequential`` module (a residual or transformer block), maps are not used: shape
-      mismatches are sliced (approximate), since widening consistently across a residual addition is not
-      implemented; a map from the chain that reaches such a block is dropped (the block's inputs are sliced).
+    - through a residual block ``y = relu(bn2(conv2(relu(bn1(conv1 x)))) + skip(x))`` (the zoo's shape), the
+      stream's map ``g`` reaches ``conv1``'s inputs and the skip projection's inputs; ``conv1`` draws its own
+      map for the inner units; ``conv2``'s outputs take ``g`` itself when the skip is the identity (the sum
+      ``y'[j] = y[g(j)]`` stays a replica, exact), else a fresh map ``g'`` that the skip projection's outputs
+      share; ``g`` or ``g'`` leaves the block.
+    - inside any other non-``Sequential`` module (a transformer block), maps are not used: shape mismatches
+      are sliced (approximate; LayerNorm over the residual stream and heads of a changed size have no exact
+      widening here); a map from the chain that reaches such a block is dropped (its inputs are sliced).
 
     A child module with no parent gets :func:`identity_init` (``identity``; the chain's map passes through
     it), else keeps its default initialisation (``default``). Buffers are mapped like parameters but do not
@@ -235,19 +269,34 @@ def transform(
         and identity_init(m)
     ]
     pending: _Map | None = None
+    entering: dict[str, _Map | None] = {}  # per residual block: the stream's map into it
+    leaving: dict[str, _Map | None] = {}  # per residual block: the map of its output (its sum)
+    identity_skips: set[str] = set()
     with torch.no_grad():
         for name, module in modules.items():
+            if _residual(module) and name not in identity_blocks:
+                entering[name] = pending
+                leaving[name] = None  # a projecting skip's: conv2 draws it
+                if isinstance(module.get_submodule("skip"), nn.Identity):
+                    identity_skips.add(name)
+                    leaving[name] = pending
+                continue
+            role = _residual_part(name, entering)
             own = dict(module.named_parameters(recurse=False))
             own_buffers = dict(module.named_buffers(recurse=False))
             if not own and not own_buffers:
                 continue
             report.total_elements += sum(p.numel() for p in own.values())
-            if any(name.startswith(b + ".") for b in identity_blocks):
+            if inside := next((b for b in identity_blocks if name.startswith(b + ".")), None):
                 report.actions[name] = "identity"  # the block computes its input: the chain's map passes through
+                if not isinstance(getattr(modules[inside], "skip", nn.Identity()), nn.Identity):
+                    pending = None  # a projecting block adds channels the map does not describe
                 continue
-            block = _in_block(name, modules)
+            block = _in_block(name, modules) and role is None
             if block:
                 pending = None
+            elif role is not None and role[1] in ("conv1", "skip", "skip.0"):
+                pending = entering[role[0]]  # these read the block's input
             if name not in to_parent:
                 report.actions[name] = "identity" if identity_init(module) else "default"
                 if report.actions[name] == "default":
@@ -265,8 +314,16 @@ def transform(
                     if w.shape[1] == len(pending[1]) * k:
                         w, action = _map_inputs(w, pending, k), pending[2]
                 pending = None
-                if not block and module.weight.shape[0] != w.shape[0]:
-                    pending = _unit_map(w, module.weight.shape[0], gen)
+                units, (owner, part) = module.weight.shape[0], role or ("", "")
+                if part in ("skip", "skip.0") or (part == "conv2" and owner in identity_skips):
+                    forced = leaving[owner]  # the stream's map: the block's sum must stay a replica
+                    fits = forced is not None and len(forced[0]) == units and len(forced[1]) == w.shape[0]
+                    pending = forced if fits else None
+                elif not block and units != w.shape[0]:
+                    pending = _unit_map(w, units, gen)
+                if part == "conv2" and owner not in identity_skips:
+                    leaving[owner] = pending  # a projecting skip: its outputs share conv2's fresh map
+                if pending is not None:
                     w, b, action = w[pending[0]], None if b is None else b[pending[0]], pending[2]
                 parent["weight"] = w
                 if b is not None:

@@ -1,0 +1,72 @@
+"""conveyor bench warmstart: speedups and goals from rows, and one small family end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conveyor.bench.warmstart import FAMILIES, Family, WarmStartBenchConfig, report
+from conveyor.cli import main
+
+
+def _row(model: str, warm: bool, seconds: float | None, final: float, family: str = "mlp") -> dict:
+    return {"family": family, "model": model, "warm_start": warm, "parent": "p" if warm else None,
+            "seconds_to_target": seconds, "epochs_to_target": None if seconds is None else 2, "final_accuracy": final,
+            "last3_accuracy": final, "coverage": 0.8 if warm else 0.0, "accuracy": [final],
+            "epoch_seconds": [10.0]}  # fmt: skip
+
+
+def test_report_speedups_medians_and_goals() -> None:
+    rows = [
+        _row("a", False, 6.0, 0.95),
+        _row("a", True, 2.0, 0.96),  # 3x
+        _row("b", False, 4.0, 0.95),
+        _row("b", True, 4.0, 0.93),  # 1x, two points lower
+        _row("c", False, None, 0.80),
+        _row("c", True, 5.0, 0.96),
+    ]  # scratch never reached: >= 10 / 5 = 2x
+    out = report(WarmStartBenchConfig(families=("mlp",)), rows, 0.02)
+    speedups = {c["model"]: c["speedup"] for c in out["children"]}
+    assert speedups == pytest.approx({"a": 3.0, "b": 1.0, "c": 2.0})
+    assert [c["speedup_is_lower_bound"] for c in out["children"]] == [False, False, True]
+    assert out["families"]["mlp"]["median_speedup"] == pytest.approx(2.0)
+    assert out["families"]["mlp"]["worst_accuracy_change"] == pytest.approx(-0.02)
+    assert out["families"]["mlp"]["worst_last3_accuracy_change"] == pytest.approx(-0.02)
+    assert out["goals"] == {"median_speedup_per_family": True, "accuracy_within_one_point": False,
+                            "match_1000_under_1s": True}  # fmt: skip
+    never = [_row("a", False, 6.0, 0.95), _row("a", True, None, 0.95)]  # a warm start that never reached the target
+    assert report(WarmStartBenchConfig(families=("mlp",)), never, 2.0)["goals"] == {
+        "median_speedup_per_family": False,
+        "accuracy_within_one_point": True,
+        "match_1000_under_1s": False,
+    }
+
+
+def test_unknown_family_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "warmstart", "--families", "mlp,lenet"]) == 2
+    assert "unknown families ['lenet']: choose from mlp, vgg, resnet, gpt" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_a_small_family_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny = Family("mlp", parents=((16, 1),), children=((32, 1),), target=0.8, epochs=3, parent_epochs=6, lr=0.05)
+    monkeypatch.setitem(FAMILIES, "tiny", tiny)
+    out, png = tmp_path / "w.json", tmp_path / "w.png"
+    files = ["--keep", str(tmp_path / "k"), "--json", str(out), "--plot", str(png)]
+    assert main(["bench", "warmstart", "--families", "tiny", "--stored", "50", *files]) == 0
+    result = json.loads(out.read_text())
+    scratch, warm = result["results"]
+    assert {k for k in scratch} >= {"family", "model", "warm_start", "seconds_to_target", "epochs_to_target",
+                                    "final_accuracy", "coverage"}  # fmt: skip
+    assert (scratch["warm_start"], warm["warm_start"]) == (False, True) and scratch["coverage"] == 0.0
+    assert warm["parent"].startswith("mlp-") and warm["parent_model"] == "mlp w16 d1"
+    assert warm["coverage"] == 1.0  # widened 16 -> 32: every weight set
+    assert warm["prepare_s"] > 0 and warm["epoch_seconds"][0] > warm["prepare_s"]  # the launcher's work is charged
+    # Net2Net widening starts the child where the 6-epoch parent ended; scratch starts from its random weights
+    assert warm["accuracy"][0] > scratch["accuracy"][0]
+    assert 0 < result["match_1000_s"] < 5 and result["config"]["stored"] == 50
+    assert png.stat().st_size > 1000
+    stored = json.loads((tmp_path / "k" / "tiny-w16-d1-stored" / "summary.json").read_text())
+    assert stored["registered"] == warm["parent"]
