@@ -44,9 +44,15 @@ def test_report_speedups_medians_and_goals() -> None:
     }
 
 
-def test_unknown_family_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_families_and_a_used_folder_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "warmstart", "--families", "mlp,lenet"]) == 2
     assert "unknown families ['lenet']: choose from mlp, vgg, resnet, gpt" in capsys.readouterr().err
+    for given in (",", "mlp,mlp"):
+        assert main(["bench", "warmstart", "--families", given]) == 2
+        assert "give each family once, at least one" in capsys.readouterr().err
+    (tmp_path / "store").mkdir()  # an earlier run's models would be parents: refused
+    assert main(["bench", "warmstart", "--families", "mlp", "--keep", str(tmp_path)]) == 2
+    assert "exists: give --keep a new folder" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(300)
@@ -55,7 +61,7 @@ def test_a_small_family_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(FAMILIES, "tiny", tiny)
     out, png = tmp_path / "w.json", tmp_path / "w.png"
     files = ["--keep", str(tmp_path / "k"), "--json", str(out), "--plot", str(png)]
-    assert main(["bench", "warmstart", "--families", "tiny", "--stored", "50", *files]) == 0
+    assert main(["bench", "warmstart", "--families", "tiny", *files]) == 0
     result = json.loads(out.read_text())
     scratch, warm = result["results"]
     assert {k for k in scratch} >= {"family", "model", "warm_start", "seconds_to_target", "epochs_to_target",
@@ -63,10 +69,13 @@ def test_a_small_family_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert (scratch["warm_start"], warm["warm_start"]) == (False, True) and scratch["coverage"] == 0.0
     assert warm["parent"].startswith("mlp-") and warm["parent_model"] == "mlp w16 d1"
     assert warm["coverage"] == 1.0  # widened 16 -> 32: every weight set
-    assert warm["prepare_s"] > 0 and warm["epoch_seconds"][0] > warm["prepare_s"]  # the launcher's work is charged
+    run = json.loads((tmp_path / "k" / "tiny-w32-d1-warm" / "summary.json").read_text())
+    assert warm["prepare_s"] == run["warm_start"]["seconds"] > 0  # the launcher's work is charged
+    reached = warm["epochs_to_target"] - 1
+    assert warm["seconds_to_target"] == pytest.approx(run["epoch_seconds"][reached] + run["warm_start"]["seconds"])
     # Net2Net widening starts the child where the 6-epoch parent ended; scratch starts from its random weights
     assert warm["accuracy"][0] > scratch["accuracy"][0]
-    assert 0 < result["match_1000_s"] < 5 and result["config"]["stored"] == 50
+    assert 0 < result["match_1000_s"] < 5
     assert png.stat().st_size > 1000
     stored = json.loads((tmp_path / "k" / "tiny-w16-d1-stored" / "summary.json").read_text())
     assert stored["registered"] == warm["parent"]

@@ -218,3 +218,41 @@ def test_new_projecting_residual_block_embeds_its_input() -> None:
     before = [p.clone() for p in narrowing.parameters()]
     assert not identity_init(narrowing)
     assert all(torch.equal(a, b) for a, b in zip(before, narrowing.parameters(), strict=True))
+
+
+def _pairs(parent: nn.Module, skip: str = "") -> list[tuple[str, str]]:
+    return [(n, n) for n, m in parent.named_modules() if list(m.parameters(recurse=False)) and n != skip]
+
+
+def test_a_partly_paired_residual_block_passes_no_map_on() -> None:
+    torch.manual_seed(0)
+    parent, child = resnet(1, 10, width=4, depth=1), resnet(1, 10, width=6, depth=1)
+    report = transform(parent.state_dict(), child, _pairs(parent, skip="3.conv2"))
+    assert report.actions["3.conv1"] == "widened" and report.actions["3.conv2"] == "identity"
+    # block 3's sum is no replica of the parent's channels: block 4 reads the overlap, and so does the rest
+    assert report.actions["4.conv1"] == "sliced" and report.actions["7"] == "sliced"
+
+
+def test_narrowed_resnet_keeps_shapes_and_sets_every_weight() -> None:
+    torch.manual_seed(0)
+    parent, child = resnet(1, 10, width=8, depth=2), resnet(1, 10, width=4, depth=2)
+    report = transform(parent.state_dict(), child, _pairs(parent))
+    assert set(report.actions.values()) == {"narrowed"} and report.coverage == 1.0
+    assert child(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_deeper_resnet_gets_an_embedding_stage_and_a_sliced_head() -> None:
+    torch.manual_seed(0)
+    parent, child = resnet(1, 10, width=4, depth=2), resnet(1, 10, width=4, depth=3)
+    _randomise_bn(parent)
+    renamed = {"9": "11"}  # the head moves past the two new blocks (7, 8)
+    report = transform(parent.state_dict(), child, [(n, renamed.get(n, n)) for n, _ in _pairs(parent)])
+    assert {a for n, a in report.actions.items() if n.startswith(("7.", "8."))} == {"identity"}
+    assert report.actions["11"] == "sliced"  # 16 -> 32 features: the new channels are zero, their weights unused
+    parent.eval()
+    child.eval()
+    x = torch.randn(64, 1, 8, 8)
+    with torch.no_grad():
+        near = (parent(x) - child(x)).abs().mean()
+        far = (parent(x) - resnet(1, 10, width=4, depth=3).eval()(x)).abs().mean()
+    assert near < far

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
+from conveyor.cli._bench_warmstart import add_warmstart, run_warmstart
 from conveyor.cli._common import add_emulation, config, console, floats, names, positive, sizes, write_json
 
 __all__ = ["add_parser", "run"]
@@ -148,13 +149,7 @@ def add_parser(sub: Any) -> None:
     energy.add_argument("--beta", type=float, default=2.0, help="stop a recurrence past beta x the least cost")
     energy.add_argument("--json", type=Path, default=None, help="write the report here")
     energy.add_argument("--plot", type=Path, default=None, help="energy relative to the default's (PNG)")
-    warm = which.add_parser("warmstart", help="ModelKeeper: new model variants to a target, from scratch and warm")
-    warm.add_argument("--families", type=names, default=None, help="e.g. mlp,gpt (default: mlp,vgg,resnet,gpt)")
-    warm.add_argument("--seed", type=int, default=None, help="every run's initial weights and data order")
-    warm.add_argument("--stored", type=positive, default=None, help="stored graphs to time matching on (1000)")
-    warm.add_argument("--keep", type=Path, default=None, help="keep the model store and the run folders here")
-    warm.add_argument("--json", type=Path, default=None, help="write the report here")
-    warm.add_argument("--plot", type=Path, default=None, help="accuracy against time per family (PNG)")
+    add_warmstart(which)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -162,7 +157,7 @@ def run(args: argparse.Namespace) -> None:
     {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "stragglers": _stragglers,
      "predictions": _predictions, "planner": _planner, "emulate": _emulate, "costs": _costs,
      "convergence": _convergence, "spot": _spot, "elastic": _elastic,
-     "cluster": _cluster, "energy": _energy, "warmstart": _warmstart}[args.bench](args)  # fmt: skip
+     "cluster": _cluster, "energy": _energy, "warmstart": run_warmstart}[args.bench](args)  # fmt: skip
 
 
 def _convergence(args: argparse.Namespace) -> None:
@@ -509,41 +504,6 @@ def _energy(args: argparse.Namespace) -> None:
     console.print(f"goals: {result['goals']}")
     if args.plot:
         plot(result["results"], args.plot)
-        console.print(f"wrote {args.plot}")
-    if args.json:
-        write_json(args.json, result)
-
-
-def _warmstart(args: argparse.Namespace) -> None:
-    from conveyor.bench.warmstart import WarmStartBenchConfig, measure_matching, plot, report, run
-
-    given = {k: v for k, v in vars(args).items() if v is not None}  # unset options keep the config's defaults
-    cfg = config(WarmStartBenchConfig, argparse.Namespace(**given))
-    result = report(cfg, run(cfg, args.keep), measure_matching(cfg))
-    table = Table("model", "parent", "coverage", "seconds", "epochs", "speedup", "final accuracy",
-                  title="to the target: from scratch / warm-started")  # fmt: skip
-    by = {(r["model"], r["warm_start"]): r for r in result["results"]}
-
-    def num(x: float | None, fmt: str) -> str:
-        return "-" if x is None else format(x, fmt)
-
-    for child in result["children"]:
-        scratch, warm = by[(child["model"], False)], by[(child["model"], True)]
-        bound = ">" if child["speedup_is_lower_bound"] else ""
-        table.add_row(child["model"], warm["parent_model"] or "-", f"{child['coverage']:.0%}",
-                      f"{num(scratch['seconds_to_target'], '.1f')} / {num(warm['seconds_to_target'], '.1f')}",
-                      f"{num(scratch['epochs_to_target'], 'd')} / {num(warm['epochs_to_target'], 'd')}",
-                      bound + num(child["speedup"], ".2f"),
-                      f"{scratch['final_accuracy']:.3f} / {warm['final_accuracy']:.3f}")  # fmt: skip
-    console.print(table)
-    for family, figures in result["families"].items():
-        console.print(f"{family}: median speedup {figures['median_speedup']:.2f}x, "
-                      f"worst accuracy change {figures['worst_accuracy_change']:+.3f} "
-                      f"(last 3 epochs' mean {figures['worst_last3_accuracy_change']:+.3f})")  # fmt: skip
-    console.print(f"matching 1 model against {cfg.stored} stored: {result['match_1000_s'] * 1000:.1f} ms")
-    console.print(f"goals: {result['goals']}")
-    if args.plot:
-        plot(result["results"], {f: cfg.specs[f].target for f in cfg.families}, args.plot)
         console.print(f"wrote {args.plot}")
     if args.json:
         write_json(args.json, result)

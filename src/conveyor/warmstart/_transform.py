@@ -120,7 +120,9 @@ def identity_init(module: nn.Module) -> bool:
     bias 0, so it computes ``relu(0 + x) = x`` for ``x >= 0`` (after a ReLU); with a projecting skip (a 1x1
     convolution of stride ``s`` to ``C_out >= C_in`` channels and a BatchNorm) the convolution embeds the input
     channels, ``W[o, i] = 1 if o == i else 0``, so the block computes ``x[:, :, ::s, ::s]`` followed by
-    ``C_out - C_in`` zero channels (near the identity: the resolution halves). A zoo ``TransformerBlock``: its
+    ``C_out - C_in`` zero channels (near the identity: subsampled by the stride; exact in eval mode on fresh
+    running statistics, up to ``1 / sqrt(1 + eps)``; in training mode the BatchNorm normalises by the batch's
+    statistics). A zoo ``TransformerBlock``: its
     attention projection and last MLP layer 0, so both residual branches add 0. Anything else: unchanged.
 
     Example:
@@ -222,7 +224,8 @@ def transform(
       stream's map ``g`` reaches ``conv1``'s inputs and the skip projection's inputs; ``conv1`` draws its own
       map for the inner units; ``conv2``'s outputs take ``g`` itself when the skip is the identity (the sum
       ``y'[j] = y[g(j)]`` stays a replica, exact), else a fresh map ``g'`` that the skip projection's outputs
-      share; ``g`` or ``g'`` leaves the block.
+      share; ``g`` or ``g'`` leaves the block, or no map where a part of the sum was not mapped (unpaired or
+      sliced: the chain's next layers are then sliced).
     - inside any other non-``Sequential`` module (a transformer block), maps are not used: shape mismatches
       are sliced (approximate; LayerNorm over the residual stream and heads of a changed size have no exact
       widening here); a map from the chain that reaches such a block is dropped (its inputs are sliced).
@@ -272,15 +275,20 @@ def transform(
     entering: dict[str, _Map | None] = {}  # per residual block: the stream's map into it
     leaving: dict[str, _Map | None] = {}  # per residual block: the map of its output (its sum)
     identity_skips: set[str] = set()
+    broken: set[str] = set()  # residual blocks whose sum is not a replica under their leaving map
+    current: str | None = None  # the residual block being visited
     with torch.no_grad():
         for name, module in modules.items():
+            if current is not None and not name.startswith(current + "."):
+                pending = None if current in broken else leaving[current]  # what the block's sum carries
+                current = None
             if _residual(module) and name not in identity_blocks:
                 entering[name] = pending
                 leaving[name] = None  # a projecting skip's: conv2 draws it
                 if isinstance(module.get_submodule("skip"), nn.Identity):
                     identity_skips.add(name)
                     leaving[name] = pending
-                continue
+                current = name
             role = _residual_part(name, entering)
             own = dict(module.named_parameters(recurse=False))
             own_buffers = dict(module.named_buffers(recurse=False))
@@ -301,6 +309,8 @@ def transform(
                 report.actions[name] = "identity" if identity_init(module) else "default"
                 if report.actions[name] == "default":
                     pending = None
+                if role is not None and role[1] in ("conv2", "skip", "skip.0"):
+                    broken.add(role[0])  # an output the stream's map does not describe
                 continue
             prefix = to_parent[name] + "."
             parent = {k: parent_state[prefix + k] for k in [*own, *own_buffers] if prefix + k in parent_state}
@@ -325,6 +335,10 @@ def transform(
                     leaving[owner] = pending  # a projecting skip: its outputs share conv2's fresh map
                 if pending is not None:
                     w, b, action = w[pending[0]], None if b is None else b[pending[0]], pending[2]
+                if w.shape != module.weight.shape:
+                    action = "sliced"  # a dimension neither mapped nor equal (or another kernel): overlap only
+                    if role is not None:
+                        broken.add(owner)
                 parent["weight"] = w
                 if b is not None:
                     parent["bias"] = b
