@@ -8,6 +8,8 @@ from typing import Any
 
 from rich.table import Table
 
+from conveyor.cli._bench_cluster import add_cluster, run_cluster
+from conveyor.cli._bench_energy import add_energy, run_energy
 from conveyor.cli._bench_warmstart import add_warmstart, run_warmstart
 from conveyor.cli._common import add_emulation, config, console, floats, names, positive, sizes, write_json
 
@@ -130,25 +132,8 @@ def add_parser(sub: Any) -> None:
     spot.add_argument("--json", type=Path, default=None, help="write the report here")
     spot.add_argument("--plot", type=Path, default=None, help="write machines held over time here (PNG)")
 
-    clus = which.add_parser("cluster", help="Gavel: agnostic against aware LAS under load, solve times, fidelity")
-    clus.add_argument("--rates", type=floats, default=None, help="jobs per hour (default 0.5,1,...,3.5)")
-    clus.add_argument("--window", type=sizes, default=None, help="job ids START,END that count (default 1000,1500)")
-    clus.add_argument("--parts", type=names, default=("sweep", "solve", "fidelity"),
-                      help="sweep, solve, fidelity (root: runs real jobs on emulated devices)")  # fmt: skip
-    clus.add_argument("--reuse", type=Path, default=None, help="take the parts not run from this earlier report")
-    clus.add_argument("--keep", type=Path, default=None, help="the real run's folder (default a temporary one)")
-    clus.add_argument("--json", type=Path, default=None, help="write the report here")
-    clus.add_argument("--plot", type=Path, default=None, help="average JCT against load (PNG)")
-    energy = which.add_parser("energy", help="Zeus: batch size and power limit over recurrences, on Zeus' traces")
-    energy.add_argument("--traces", type=Path, default=None,
-                        help="the folder of Zeus' published traces (default ../shared/zeus-traces)")  # fmt: skip
-    energy.add_argument("--gpus", type=names, default=None, help="e.g. v100,a40 (default: v100,a40,rtx6000,p100)")
-    energy.add_argument("--recurrences", type=positive, default=50, help="recurrences of each job")
-    energy.add_argument("--seeds", type=sizes, default=None, help="seeds to average over (default 1,2,3,4,5)")
-    energy.add_argument("--eta", type=float, default=0.5, help="cost = eta * energy + (1 - eta) * max power * time")
-    energy.add_argument("--beta", type=float, default=2.0, help="stop a recurrence past beta x the least cost")
-    energy.add_argument("--json", type=Path, default=None, help="write the report here")
-    energy.add_argument("--plot", type=Path, default=None, help="energy relative to the default's (PNG)")
+    add_cluster(which)
+    add_energy(which)
     add_warmstart(which)
 
 
@@ -157,7 +142,7 @@ def run(args: argparse.Namespace) -> None:
     {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "stragglers": _stragglers,
      "predictions": _predictions, "planner": _planner, "emulate": _emulate, "costs": _costs,
      "convergence": _convergence, "spot": _spot, "elastic": _elastic,
-     "cluster": _cluster, "energy": _energy, "warmstart": run_warmstart}[args.bench](args)  # fmt: skip
+     "cluster": run_cluster, "energy": run_energy, "warmstart": run_warmstart}[args.bench](args)  # fmt: skip
 
 
 def _convergence(args: argparse.Namespace) -> None:
@@ -439,71 +424,3 @@ def _costs(args: argparse.Namespace) -> None:
     console.print(f"{report['within_10_percent']} of {report['cases']} runs within 10% of the model")
     if args.json:
         write_json(args.json, report)
-
-
-def _cluster(args: argparse.Namespace) -> None:
-    import tempfile
-
-    from conveyor.bench.cluster import ClusterBenchConfig, fidelity, jct_vs_load, load_report, plot, report, solve_times
-
-    given: dict[str, Any] = {}
-    if args.rates:
-        given["rates"] = args.rates
-    if args.window:
-        given["window"] = tuple(args.window)
-    cfg = ClusterBenchConfig(**given)
-    old = load_report(args.reuse) if args.reuse else {}
-    rows = jct_vs_load(cfg) if "sweep" in args.parts else old.get("jct_vs_load", [])
-    solves = solve_times(cfg, cfg.policies) if "solve" in args.parts else old.get("solve_s_by_policy", {})
-    sweep_solves = (solve_times(cfg, cfg.policies, sweep_cluster=True) if "solve" in args.parts
-                    else old.get("solve_s_sweep_cluster", {}))  # fmt: skip
-    fid = old.get("fidelity")
-    if "fidelity" in args.parts:
-        with tempfile.TemporaryDirectory() as tmp:
-            fid = fidelity(cfg, args.keep or Path(tmp))
-    result = report(cfg, rows, solves, fid, sweep_solves)
-    table = Table("jobs/h", *cfg.policies, "agnostic / aware", title="average JCT of the window's jobs (hours)")
-    for rate, ratio in result.get("jct_ratio_by_load", {}).items():
-        jcts = [next(r["average_jct_s"] for r in rows if r["policy"] == p and r["jobs_per_hour"] == float(rate))
-                for p in cfg.policies]  # fmt: skip
-        table.add_row(rate, *(f"{j / 3600:.1f}" for j in jcts), f"{ratio:.2f}")
-    if rows:
-        console.print(table)
-        base = result["sustained_base_jct_s"] / 3600
-        console.print(f"sustained jobs/h (avg JCT <= m x {base:.1f} h, by m): {result['sustained_jobs_per_hour']}")
-    console.print(f"solve seconds: {result['solve_s_by_policy']}")
-    console.print(f"solve seconds on n/4 devices per type (Gavel's Figure 12 setup): {sweep_solves}")
-    if fid:
-        console.print(f"fidelity: real {fid['real_jct_s']:.1f} s, simulated {fid['simulated_jct_s']:.1f} s")
-    console.print(f"goals: {result['goals']}")
-    if args.plot and rows:
-        plot(rows, args.plot)
-        console.print(f"wrote {args.plot}")
-    if args.json:
-        write_json(args.json, result)
-
-
-def _energy(args: argparse.Namespace) -> None:
-    from conveyor.bench.energy import EnergyBenchConfig, default_traces, plot, report, run
-
-    given = {k: v for k, v in vars(args).items() if v is not None}  # unset options keep the config's defaults
-    cfg = config(EnergyBenchConfig, argparse.Namespace(**{**given, "traces": str(args.traces or default_traces())}))
-    result = report(cfg, run(cfg))
-    table = Table("workload", "gpu", "b0", "default", "conveyor", "zeus", "oracle", "saved", "cost/zeus",
-                  title=f"energy to accuracy (MJ) over {cfg.recurrences} recurrences, eta {cfg.eta}")  # fmt: skip
-    by = {(r["workload"], r["gpu"], r["policy"]): r for r in result["results"]}
-    for check in result["checks"]:
-        key = (check["workload"], check["gpu"])
-        mj = [f"{by[(*key, p)]['energy_j'] / 1e6:.1f}" if (*key, p) in by else "-"
-              for p in ("default", "conveyor", "zeus", "oracle")]  # fmt: skip
-        versus = f"{check['cost_vs_zeus']:+.1%}" if "cost_vs_zeus" in check else "-"
-        table.add_row(key[0].split("/")[0], key[1], str(by[(*key, "default")]["default_batch_size"]), *mj,
-                      f"{check['energy_reduction']:.1%}",
-                      versus)  # fmt: skip
-    console.print(table)
-    console.print(f"goals: {result['goals']}")
-    if args.plot:
-        plot(result["results"], args.plot)
-        console.print(f"wrote {args.plot}")
-    if args.json:
-        write_json(args.json, result)

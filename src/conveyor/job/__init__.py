@@ -4,10 +4,9 @@ from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease, write_lease
 from conveyor.job._loader import EpochBatches
-from conveyor.job._report import plot_accuracy, read_jsonl
+from conveyor.job._report import closing_notes, plot_accuracy, read_jsonl
 from conveyor.job._train import (
     TrainConfig,
-    closing_notes,
     explicit_workers,
     loss_and_optimizer,
     model_and_data,

@@ -58,7 +58,7 @@ from conveyor.runtime import OptimizerFactory, Pipeline
 from conveyor.schedule import parse_replicas
 from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
 
-__all__ = ["TrainConfig", "closing_notes", "explicit_workers", "model_and_data", "train"]
+__all__ = ["TrainConfig", "explicit_workers", "model_and_data", "train"]
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
@@ -436,24 +436,3 @@ def explicit_workers(cfg: TrainConfig) -> int | None:
     if cfg.replicas:
         return sum(parse_replicas(cfg.replicas, cfg.stages))
     return cfg.stages
-
-
-def closing_notes(summary: dict[str, Any]) -> list[str]:
-    """What a user should know after a run: how the prediction fared, and whether one worker would have been
-    faster."""
-    if "prediction" not in summary:  # an elastic run: it predicts nothing
-        return []
-    prediction = summary["prediction"]
-    measured, predicted = summary["samples_per_s"], prediction["samples_per_s"]
-    single = prediction["measured_at_start"]["single_worker_samples_per_s"]
-    workers = prediction["measured_at_start"]["workers"]
-    notes = [f"predicted {predicted:.0f} training samples/s, measured {measured:.0f} ({prediction['error']:+.0%})"]
-    if workers > 1 and min(measured, predicted) < single:
-        slower = "measured and predicted" if max(measured, predicted) < single else (
-            "measured" if measured < single else "predicted")  # fmt: skip
-        notes.append(
-            f"one worker alone does {single:.0f} samples/s (a plain PyTorch loop measured at start-up): this run on "
-            f"{workers} workers is {slower} slower; the model is too small for its transfers and per-step costs "
-            "to pay off here (--workers 1, or a larger model or batch)"
-        )
-    return notes
