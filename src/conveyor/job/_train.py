@@ -288,8 +288,8 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             logits = pipe.evaluate(data.test_x if pipe.worker == 0 else None)
             joules, evaluated = meter.end(), time.perf_counter()
             # Summed over workers: the output worker's test accuracy, worker 0's 1 once the lease runs out (each
-            # alone sets its own), every worker's joules and whether its meter read them.
-            # and the epoch's seconds as a mean, so every worker prices the epoch alike
+            # alone sets its own), every worker's joules and whether its meter read them, and the epoch's seconds
+            # as a mean, so every worker prices the epoch alike.
             flags = torch.tensor([0.0, 0.0, joules or 0.0, float(joules is not None),
                                   (evaluated - began) / dist.get_world_size()], dtype=torch.float64)  # fmt: skip
             if pipe.is_output:

@@ -1,7 +1,7 @@
 """Warm starts from trained models (ModelKeeper, NSDI'23): a model store, architecture matching, weights."""
 
 from conveyor.warmstart._graph import OpGraph, OpNode, op_graph
-from conveyor.warmstart._match import Alignment, Match, ModelIndex, align, match_timing, signature
+from conveyor.warmstart._match import Alignment, Match, ModelIndex, align, signature
 from conveyor.warmstart._store import ModelEntry, ModelStore, default_model_store
 from conveyor.warmstart._transform import TransformReport, identity_init, transform, widen_linear_pair
 from conveyor.warmstart._warm import WarmStart, apply_warm_start, plan_warm_start
@@ -20,7 +20,6 @@ __all__ = [
     "apply_warm_start",
     "default_model_store",
     "identity_init",
-    "match_timing",
     "op_graph",
     "plan_warm_start",
     "signature",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -40,13 +41,7 @@ class OpNode:
     @property
     def size(self) -> int:
         """The number of parameter elements."""
-        total = 0
-        for shape in self.params.values():
-            n = 1
-            for d in shape:
-                n *= d
-            total += n
-        return total
+        return sum(math.prod(shape) for shape in self.params.values())
 
 
 @dataclass

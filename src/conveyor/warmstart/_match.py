@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from conveyor.warmstart._graph import OpGraph, OpNode
 
-__all__ = ["SIGNATURE_OPS", "Alignment", "Match", "ModelIndex", "align", "match_timing", "pair_score", "signature"]
+__all__ = ["SIGNATURE_OPS", "Alignment", "Match", "ModelIndex", "align", "pair_score", "signature"]
 
 EPSILON = 1e-3  # the gain of a matched pair beyond its similarity: parameterless ops only break ties
 
@@ -33,16 +32,7 @@ class Alignment:
 
 
 def _overlap(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    if len(a) != len(b):
-        return 0
-    n = 1
-    for x, y in zip(a, b, strict=True):
-        n *= min(x, y)
-    return n
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
+    return math.prod(map(min, a, b)) if len(a) == len(b) else 0
 
 
 def pair_score(p: OpNode, c: OpNode) -> float:
@@ -68,7 +58,7 @@ def pair_score(p: OpNode, c: OpNode) -> float:
     if not p.params and not c.params:
         return 1.0
     shared = sum(_overlap(p.params[k], c.params[k]) for k in p.params.keys() & c.params.keys())
-    total = sum(max(_numel(p.params[k]) if k in p.params else 0, _numel(c.params[k]) if k in c.params else 0)
+    total = sum(max(math.prod(p.params[k]) if k in p.params else 0, math.prod(c.params[k]) if k in c.params else 0)
                 for k in p.params.keys() | c.params.keys())  # fmt: skip
     return shared / total if total else 1.0
 
@@ -127,12 +117,14 @@ def align(parent: OpGraph, child: OpGraph) -> Alignment:
             row[j] = max(below[j], row[j + 1], below[j + 1] + g[j])
     pairs: list[tuple[str, str]] = []
     matched: dict[int, float] = {}  # child index -> similarity
+    paired: set[str] = set()  # child names already paired (a module called twice appears twice)
     i = j = 0
     while i < n and j < m:
         if gain[i, j] > -np.inf and best[i + 1, j + 1] + gain[i, j] >= best[i, j] - 1e-9:
             c = child.nodes[j]
-            if c.params and j not in matched and all(name != c.name for _, name in pairs):
+            if c.params and c.name not in paired:
                 pairs.append((parent.nodes[i].name, c.name))
+                paired.add(c.name)
                 matched[j] = float(similarity[i, j])
             i, j = i + 1, j + 1
         elif best[i + 1, j] >= best[i, j + 1]:
@@ -281,23 +273,3 @@ class ModelIndex:
         if top[1] <= 0.0:
             return Match(None, None, rows, reason=f"none of the {len(ranking)} nearest models shares a layer type")
         return Match(top[0], top[4], rows)
-
-
-def match_timing(n: int = 1000, k: int = 5) -> float:
-    """Seconds :meth:`ModelIndex.best` takes to match one child against ``n`` stored zoo-model variants.
-
-    Graph building (fx tracing) is done beforehand and not timed: 24 variants (MLP, VGG, ResNet and GPT at several
-    widths and depths) are traced once and stored under ``n`` ids with varying accuracies.
-    """
-    from conveyor.job._zoo import gpt, mlp, resnet, vgg
-    from conveyor.warmstart._graph import op_graph
-
-    graphs = [op_graph(build(width=w, depth=d)) for build in (mlp, vgg, resnet) for w in (8, 16) for d in (1, 2, 3)]
-    graphs += [op_graph(gpt(32, width=w, depth=d)) for w in (32, 64) for d in (2, 3, 4)]
-    index = ModelIndex()
-    for i in range(n):
-        index.add(f"m{i}", graphs[i % len(graphs)], 0.5 + 0.5 * ((i * 37) % 100) / 100)
-    child = op_graph(resnet(width=12, depth=2))
-    start = time.perf_counter()
-    index.best(child, k=k)
-    return time.perf_counter() - start

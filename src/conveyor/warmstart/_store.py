@@ -11,6 +11,7 @@ a shared file system works the same way, as rename is atomic there too.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -45,14 +46,8 @@ class ModelEntry:
 
     def parameters(self) -> int:
         """Parameter elements in its graph (the sum over its layers' shapes)."""
-        total = 0
-        for node in self.graph.get("nodes", []):
-            for shape in node.get("params", {}).values():
-                count = 1
-                for n in shape:
-                    count *= int(n)
-                total += count
-        return total
+        nodes = self.graph.get("nodes", [])
+        return sum(math.prod(shape) for node in nodes for shape in node.get("params", {}).values())
 
 
 class ModelStore:
