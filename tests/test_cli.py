@@ -89,7 +89,7 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         (["train", "--resume", "/no/such/ckpt.pt"], "no checkpoint at /no/such/ckpt.pt: check the path"),
         (["train", "--stages", "6"], "cannot cut 5 blocks into 6 stages"),
         (["train", "--stages", "2", "--replicas", "2"], "--replicas 2 must give each of the 2 stages a worker count"),
-        (["train", "--model", "vgg19"], "unknown model 'vgg19': use one of gpt, mlp, resnet, vgg"),
+        (["train", "--model", "vgg19"], "unknown model 'vgg19': use one of gpt, gpt2, mlp, resnet, resnet18, vgg"),
         (["train", "--model", "models:not_a_model"], r"must return (model, example_batch)"),
         (["train", "--model", "gpt", "--dataset", "digits"], "gpt is a language model"),
         (["train", "--plan", "PLAN", "--workers", "3"], "is for 2 workers but the job has 3"),
@@ -105,6 +105,8 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         (["emulate", "check"], "conveyor emulate check needs --network, --devices or both"),
         (["train", "--stragglers", "flexrr", "--slack", "0"], "--stragglers flexrr needs --slack of at least 1, got 0"),
         (["bench", "stragglers", "--patterns", "slow-worker"], "the patterns must include none"),
+        (["train", "--device", "cpu", "--backend", "nccl"], "NCCL joins GPUs, and this job runs on the CPU: use --"),
+        (["bench", "overhead", "--models", "vgg19"], "unknown models ['vgg19']: choose from mlp, vgg16, gpt"),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(
@@ -136,6 +138,24 @@ def test_unknown_schedule_is_rejected_by_the_parser(capsys: pytest.CaptureFixtur
         main(["train", "--schedule", "zigzag"])
     assert info.value.code == 2
     assert "invalid choice: 'zigzag'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU")
+def test_cuda_where_there_is_none_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["train", "--device", "cuda", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "conveyor: error: --device cuda: this machine has no CUDA GPU that PyTorch can use: use --device cpu\n"
+    )
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
+def test_the_devices_and_backends_written_out_for_the_parser_are_the_runtimes() -> None:
+    from conveyor.cli._train import BACKENDS, DEVICES
+    from conveyor.runtime import BACKENDS as RUNTIME_BACKENDS
+    from conveyor.runtime import DEVICES as RUNTIME_DEVICES
+
+    assert (DEVICES, BACKENDS) == (RUNTIME_DEVICES, RUNTIME_BACKENDS)
 
 
 def test_the_straggler_modes_written_out_for_the_parser_are_the_packages() -> None:

@@ -42,19 +42,21 @@ def test_two_jobs_on_two_emulated_devices(tmp_path: Path) -> None:
     assert all(launch.launched_at >= launch.planned_at for launch in run.launches)
 
 
+@pytest.mark.timeout(480)
 def test_a_preempted_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    # Two jobs, one device: each needs more than a round alone (30 epochs of batch 8, about half a second
-    # each, against rounds of 10 s), so LAS alternates them and each runs in several launches; every launch
+    # Two jobs, one device: each needs more than a round alone (100 epochs of batch 8, 0.2 to 0.4 s each, against
+    # rounds of 20 s, of which a launch's start-up takes 4 to 11 s: 10 s rounds left one epoch per launch on a
+    # machine whose start-up takes 11 s), so LAS alternates them and each runs in several launches; every launch
     # after a job's first resumes from its checkpoint, and no epoch is run twice or lost.
     slow = "conveyor train --model mlp --batch-size 8"
-    jobs = [_job(30, command=slow), _job(30, command=slow)]
+    jobs = [_job(100, command=slow), _job(100, command=slow)]
     with LocalBackend() as backend:
-        run = run_real(jobs, parse_device_types("only=1.0:1"), "max_min_fairness", backend, tmp_path, round_s=10.0)
+        run = run_real(jobs, parse_device_types("only=1.0:1"), "max_min_fairness", backend, tmp_path, round_s=20.0)
     later = [launch for launch in run.launches if launch.folder.name != "launch-0"]
     assert later, "no job was preempted and relaunched"
     for launch in later:
         summary = json.loads((launch.folder / "summary.json").read_text())
         assert summary["epochs_before"] > 0
     for i in range(2):
-        assert _epochs(tmp_path, i) == 30
+        assert _epochs(tmp_path, i) == 100
         assert run.simulation.jobs[i].finish_s is not None

@@ -285,3 +285,26 @@ def test_bad_knobs_refused_before_touching_a_gpu(gpus: FakeGPUs) -> None:
     with pytest.raises(ValueError, match="monitor watches GPUs"):
         PowerLimits("auto", monitor=FakeMonitor(gpus, index=0), **AUTO)
     assert gpus.limits == [ORIGINAL_MW, ORIGINAL_MW] and not gpus.persistence[1]
+
+
+def test_windows_sized_to_the_epoch_choose_a_limit_where_zeus_defaults_never_would(gpus: FakeGPUs) -> None:
+    """Epochs of 8 steps: Zeus' 10 warm-up and 40 measured steps are cut by every epoch's end, so nothing is ever
+    measured (what --power-limit auto did on the digits' 23 steps an epoch); windows that fit an epoch
+    (profiling_window) measure one limit an epoch from the second (the first waits a step before it begins) and
+    choose after six."""
+    from conveyor.job._energy import profiling_window
+
+    def epochs(power: PowerLimits, n: int) -> None:
+        for _ in range(n):
+            steps(power, 8)
+            power.epoch_end()
+
+    with PowerLimits("auto", monitor=FakeMonitor(gpus), gpu_index=1, pl_step_w=50) as power:
+        epochs(power, 10)
+        assert power.profile == [] and power.chosen is None and power.candidates == 5
+    warmup, profile = profiling_window(8)
+    assert (warmup, profile) == (1, 6)
+    sized = {"warmup_steps": warmup, "profile_steps": profile}
+    with PowerLimits("auto", monitor=FakeMonitor(gpus), gpu_index=1, pl_step_w=50, **sized) as power:
+        epochs(power, 6)
+        assert [p.limit_w for p in power.profile] == [300, 250, 200, 150, 100] and power.chosen == 250

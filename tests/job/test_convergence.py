@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.job._train import TrainConfig, train
+from conveyor.job import TrainConfig, train
 
 pytestmark = pytest.mark.timeout(300)
 

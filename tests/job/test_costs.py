@@ -16,7 +16,8 @@ pytestmark = pytest.mark.timeout(120)
 def _measure() -> Costs | None:
     model, data = model_and_data(TrainConfig())
     sample = [(data.train_x[i * 64 : (i + 1) * 64], data.train_y[i * 64 : (i + 1) * 64]) for i in range(3)]
-    return measure_costs(model, sample, 4, F.cross_entropy, partial(torch.optim.SGD, lr=0.05), "mlp")
+    sgd = partial(torch.optim.SGD, lr=0.05)
+    return measure_costs(model, sample, 4, F.cross_entropy, sgd, "mlp", device=torch.device("cpu"))
 
 
 def test_every_worker_measures_and_the_first_keeps_the_figures() -> None:

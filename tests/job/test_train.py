@@ -91,3 +91,18 @@ def test_a_plan_shaped_like_pipedreams_vgg16_15_1_runs_on_the_digits(tmp_path: P
 def test_loader_processes_feed_the_readers(tmp_path: Path) -> None:
     summary = train(TrainConfig(stages=2, loader_workers=1, epochs=1, run_dir=str(tmp_path)))
     assert summary["epochs"] == 1 and summary["accuracy"][-1] > 0.5
+
+
+def test_one_worker_is_a_plain_loop_and_its_second_epoch_can_be_profiled(tmp_path: Path) -> None:
+    """One worker, schedule left to Conveyor: one stage, the flush schedule, one microbatch per batch (no
+    pipeline to fill); --torch-profile writes the second epoch's operators and timeline."""
+    summary = train(
+        TrainConfig(
+            workers=1, epochs=2, device="cpu", torch_profile=str(tmp_path / "profile"), run_dir=str(tmp_path / "run")
+        )
+    )
+    layout = summary["layout"]
+    assert (layout["schedule"], layout["balance"], layout["replicas"], layout["microbatches"]) == ("flush", [5], [1], 1)
+    assert layout["how"] == "one worker" and summary["accuracy"][-1] > 0.5
+    assert "aten::addmm" in (tmp_path / "profile" / "worker0.txt").read_text()
+    assert json.loads((tmp_path / "profile" / "worker0.json").read_text())["traceEvents"]

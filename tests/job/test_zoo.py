@@ -16,7 +16,7 @@ def test_builtin_and_user_factories() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("resnet9000", "unknown model .resnet9000.: use one of gpt, mlp, resnet, vgg, vgg16"),
+        ("resnet9000", "unknown model .resnet9000.: use one of gpt, gpt2, mlp, resnet, resnet18, vgg, vgg16"),
         ("no_such_module:f", "cannot load the model factory"),
         ("models:missing", "cannot load the model factory"),
         ("models:not_a_model", r"must return \(model, example_batch\)"),

@@ -37,14 +37,14 @@ def test_links_and_allreduces_are_measured_on_both_workers() -> None:
             assert 0 < latency < 0.1 and 1e6 < bandwidth < 1e12
 
 
-def _overhead(compute_s: float) -> float:
+def _overhead(compute_s: float) -> tuple[float, float]:
     data = batches(n=4, size=8)
     return measure_overhead(mlp(), data, F.cross_entropy, partial(torch.optim.SGD, lr=0.1), 2, compute_s,
                             torch.device("cpu"))  # fmt: skip
 
 
 def test_the_executors_own_time_is_what_a_batch_takes_beyond_its_compute() -> None:
-    per_action = launch(_overhead, 0.0, nprocs=1, timeout_s=60)[0]
-    assert 0 < per_action < 0.05
+    per_action, batch_s = launch(_overhead, 0.0, nprocs=1, timeout_s=60)[0]
+    assert 0 < per_action < 0.05 and per_action == pytest.approx(batch_s / 6)  # 2 forwards, 2 backwards, 2 more
     # A batch's compute that already accounts for all of its time leaves the executor nothing.
-    assert launch(_overhead, 10.0, nprocs=1, timeout_s=60)[0] == 0.0
+    assert launch(_overhead, 10.0, nprocs=1, timeout_s=60)[0][0] == 0.0

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import conveyor.runtime
 from conveyor.runtime import launch
 from conveyor.runtime._transport import P2P, differentiable_leaves
 
@@ -27,18 +28,20 @@ def _messages() -> list[object]:
     ]
 
 
-def _exchange() -> list[object] | None:
-    p2p = P2P(torch.device("cpu"))
+def _exchange(staged: bool) -> tuple[object, set[str]]:
+    """What each side received (on the CPU), and the device types it arrived on."""
+    device = conveyor.runtime.default_device()
+    p2p = P2P(device, staged=staged)
     if dist.get_rank() == 0:
         for i, msg in enumerate(_messages()):
             p2p.send_tree(msg, 1, samples=10 + i)
-        grads = p2p.recv_tensors([torch.zeros(3), torch.zeros(2, 2, dtype=torch.float64)], 1)
-        p2p.wait_sends()
-        return grads
-    got = [p2p.recv_tree(0) for _ in _messages()]  # (tree, samples) pairs
-    p2p.send_tensors([torch.full((3,), 2.0), torch.eye(2, dtype=torch.float64)], 0)
+        got: object = p2p.recv_tensors([torch.zeros(3, device=device), torch.zeros(2, 2, dtype=torch.float64)], 1)
+    else:
+        got = [p2p.recv_tree(0) for _ in _messages()]  # (tree, samples) pairs
+        p2p.send_tensors([torch.full((3,), 2.0, device=device), torch.eye(2, dtype=torch.float64)], 0)
     p2p.wait_sends()
-    return got
+    leaves = torch.utils._pytree.tree_leaves(got)
+    return _to_cpu(got), {t.device.type for t in leaves if isinstance(t, torch.Tensor)}
 
 
 def _same(a: object, b: object) -> bool:
@@ -51,15 +54,34 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
-def test_pytrees_and_gradients_arrive_intact() -> None:
-    out = launch(_exchange, nprocs=2, timeout_s=60)
-    received = out[1]
+def _to_cpu(tree: object) -> object:
+    return torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.cpu, tree)
+
+
+def _check(out: dict[int, tuple[object, set[str]]]) -> None:
+    received = out[1][0]
     assert len(received) == len(_messages())
     for i, (sent, (got, samples)) in enumerate(zip(_messages(), received, strict=True)):
         assert _same(sent, got), (sent, got)
         assert samples == 10 + i
-    assert torch.equal(out[0][0], torch.full((3,), 2.0))
-    assert torch.equal(out[0][1], torch.eye(2, dtype=torch.float64))
+    grads = out[0][0]
+    assert torch.equal(grads[0], torch.full((3,), 2.0))
+    assert torch.equal(grads[1], torch.eye(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["in-place", "through-host"])
+def test_pytrees_and_gradients_arrive_intact(staged: bool) -> None:
+    """On the CPU; ``staged`` takes the path CUDA tensors take (a host buffer between the device and gloo)."""
+    _check(launch(_exchange, staged, nprocs=2, timeout_s=60))
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_cross_through_host_memory_in_shared_gpu_mode() -> None:
+    """Two workers on one GPU over gloo: activations and gradients of CUDA tensors (gloo's own send of a CUDA
+    tensor would abort the process) arrive intact, on the receiver's GPU."""
+    out = launch(_exchange, True, nprocs=2, device="cuda", backend="gloo", timeout_s=120)
+    assert out[0][1] == out[1][1] == {"cuda"}
+    _check(out)
 
 
 def test_differentiable_leaves_are_the_floating_tensors_in_order() -> None:

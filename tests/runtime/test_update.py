@@ -7,10 +7,12 @@ from typing import Any
 import pytest
 import reference
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from models import batches, mlp
 
 from conveyor.runtime import Pipeline, launch
+from conveyor.runtime._update import Updater
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,3 +50,25 @@ def test_bucketed_overlapped_allreduce_equals_gradient_accumulation(replicas: in
         last = max(k for k in range(4) if k % replicas == rank)
         assert out["started_in_backward"] == out["buckets"] * sum(1 for n in SIZES if last < n), rank
         assert out["updates"] == len(SIZES)
+
+
+def _reduce_with_counts(count_on_host: bool) -> tuple[int, list[torch.Tensor]]:
+    """Two replicas, 3 and 0 samples: each gradient sum all-reduced, divided by the summed count."""
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 2)
+    rank = dist.get_rank()
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 6.0 * (1 - rank))  # replica 1 ran nothing
+    group = dist.new_group([0, 1])
+    count_group = group if count_on_host else None
+    updater = Updater(module, None, group, None, False, 2, torch.device("cpu"), count_group=count_group)
+    updater.reduce(3 if rank == 0 else 0)
+    return updater.samples, [p.grad.clone() for p in module.parameters()]
+
+
+def test_the_sample_count_summed_on_a_host_group_gives_the_same_mean() -> None:
+    """CUDA replicas sum their sample counts on a gloo group in host memory (no wait for the GPU); the mean is the
+    one the count riding in the last bucket gives: 6 / 3 = 2 everywhere."""
+    for count_on_host in (False, True):
+        for samples, grads in launch(_reduce_with_counts, count_on_host, nprocs=2, timeout_s=60).values():
+            assert samples == 3 and all(torch.equal(g, torch.full_like(g, 2.0)) for g in grads)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from conveyor.cli._bench_cluster import add_cluster, run_cluster
 from conveyor.cli._bench_energy import add_energy, run_energy
+from conveyor.cli._bench_overhead import add_overhead, run_overhead
 from conveyor.cli._bench_warmstart import add_warmstart, run_warmstart
 from conveyor.cli._common import add_emulation, config, console, floats, names, positive, sizes, write_json
 
@@ -135,14 +136,15 @@ def add_parser(sub: Any) -> None:
     add_cluster(which)
     add_energy(which)
     add_warmstart(which)
+    add_overhead(which)
 
 
 def run(args: argparse.Namespace) -> None:
     """Run the benchmark ``args.bench`` names."""
     {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "stragglers": _stragglers,
      "predictions": _predictions, "planner": _planner, "emulate": _emulate, "costs": _costs,
-     "convergence": _convergence, "spot": _spot, "elastic": _elastic,
-     "cluster": run_cluster, "energy": run_energy, "warmstart": run_warmstart}[args.bench](args)  # fmt: skip
+     "convergence": _convergence, "spot": _spot, "elastic": _elastic, "cluster": run_cluster,
+     "energy": run_energy, "warmstart": run_warmstart, "overhead": run_overhead}[args.bench](args)  # fmt: skip
 
 
 def _convergence(args: argparse.Namespace) -> None:

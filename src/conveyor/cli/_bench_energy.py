@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from conveyor.cli._common import config, console, names, positive, sizes, write_json
+from conveyor.cli._common import config, console, finish_report, names, positive, sizes
 
 __all__ = ["add_energy", "run_energy"]
 
@@ -46,9 +46,4 @@ def run_energy(args: argparse.Namespace) -> None:
                       f"{check['energy_reduction']:.1%}",
                       versus)  # fmt: skip
     console.print(table)
-    console.print(f"goals: {result['goals']}")
-    if args.plot:
-        plot(result["results"], args.plot)
-        console.print(f"wrote {args.plot}")
-    if args.json:
-        write_json(args.json, result)
+    finish_report(args, result, plot)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rich.console import Console
 
-__all__ = ["config", "console", "names", "positive", "sizes", "write_json"]
+__all__ = ["config", "console", "finish_report", "names", "positive", "sizes", "write_json"]
 
 console = Console()
 _C = TypeVar("_C")
@@ -51,6 +52,17 @@ def config(cls: type[_C], args: argparse.Namespace) -> _C:
     """A config dataclass filled from the options of the same name; fields without an option keep defaults."""
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # every config is a dataclass
     return cls(**{f.name: getattr(args, f.name) for f in fields if hasattr(args, f.name)})
+
+
+def finish_report(args: argparse.Namespace, result: dict[str, Any], plot: Callable[[Any, Path], None]) -> None:
+    """A benchmark's last lines: its goals, then its plot of ``result["results"]`` (``--plot``) and the report
+    (``--json``) where asked."""
+    console.print(f"goals: {result['goals']}")
+    if args.plot:
+        plot(result["results"], args.plot)
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, result)
 
 
 def write_json(path: Path, data: object) -> None:

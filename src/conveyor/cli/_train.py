@@ -12,6 +12,9 @@ from rich.table import Table
 from conveyor.cli._common import add_emulation, config, console, positive, write_json
 from conveyor.schedule import KINDS
 
+DEVICES = ("auto", "cpu", "cuda")  # conveyor.runtime.DEVICES and BACKENDS written out: importing them loads torch
+BACKENDS = ("auto", "nccl", "gloo")
+
 __all__ = ["add_parser", "run"]
 
 
@@ -26,7 +29,12 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--stages", type=positive, default=None, help="fix the stage count instead of planning")
     train.add_argument("--replicas", default=None, help="fix workers per stage, e.g. 2-1, instead of planning")
     train.add_argument("--plan", default=None, help="run this plan file (conveyor plan --json) as is")
-    train.add_argument("--microbatches", type=positive, default=4)
+    train.add_argument(
+        "--microbatches",
+        type=positive,
+        default=None,
+        help="microbatches per batch (default 4, or 1 for a job of one worker)",
+    )
     train.add_argument("--batch-size", type=_batch_size, default=64,
                        help="samples per batch, or auto[=B0]: learnt over recurrences of --job from B0 (default "
                        "64), the learning rate scaled with it (linear for SGD, square root for Adam)")  # fmt: skip
@@ -60,7 +68,37 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     train.add_argument("--seed", type=int, default=0)
     train.add_argument(
-        "--loader-workers", type=int, default=None, help="DataLoader processes per reading worker (default 2 with CUDA)"
+        "--device",
+        choices=DEVICES,
+        default="auto",
+        help="cuda: one worker per GPU (default where there is one); cpu; auto",
+    )
+    train.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="nccl (CUDA) or gloo (CPU) by default; gloo with --device cuda lets several workers share "
+        "each GPU (for tests and one-GPU machines: slower)",
+    )
+    train.add_argument(
+        "--autocast",
+        choices=("off", "bf16"),
+        default="off",
+        help="bf16: forwards and the loss in bfloat16 under torch.autocast (weights stay float32)",
+    )
+    train.add_argument(
+        "--torch-profile",
+        default=None,
+        metavar="DIR",
+        help="profile the second epoch's training with torch.profiler: DIR/workerN.txt (operators by time) and "
+        ".json (timeline) per worker",
+    )
+    train.add_argument(
+        "--loader-workers",
+        type=int,
+        default=0,
+        help="DataLoader processes per reading worker, reading host memory (default 0: the dataset "
+        "moves to the device once)",
     )
     train.add_argument(  # conveyor.stragglers.MODES written out: importing it would load torch at start-up
         "--stragglers", choices=["flexrr", "slack", "reassign", "off"], default="off",
@@ -140,6 +178,7 @@ def run(args: argparse.Namespace) -> None:
         closing_notes,
         explicit_workers,
         fixed_layout,
+        job_devices,
         model_and_data,
         read_lease,
         train,
@@ -164,9 +203,10 @@ def run(args: argparse.Namespace) -> None:
     if isinstance(args.batch_size, tuple):  # --batch-size auto[=B0]
         args.batch_size, args.tune_batch_size = args.batch_size[1], True
     cfg = config(TrainConfig, args)
-    model, data = model_and_data(cfg)  # an unknown model or dataset fails here, before any worker starts
-    fixed_layout(cfg, len(model), cfg.workers or explicit_workers(cfg) or 0)  # so does a layout that cannot work
-    Emulation(cfg.network, cfg.devices, cfg.faults).check(cfg.workers or explicit_workers(cfg) or 4)  # and so on
+    _, _, workers = job_devices(cfg)  # a device, backend or worker count this machine cannot run fails here
+    model, data = model_and_data(cfg)  # so does an unknown model or dataset, before any worker starts
+    fixed_layout(cfg, len(model), cfg.workers or explicit_workers(cfg) or 0)  # and a layout that cannot work
+    Emulation(cfg.network, cfg.devices, cfg.faults).check(workers)  # and so on
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(
             f"training {cfg.model} on {data.name}: {len(data.train_x)} training samples, batch {cfg.batch_size}"
@@ -205,6 +245,8 @@ def run(args: argparse.Namespace) -> None:
             console.print(f"stored the model as {result['registered']} (conveyor models list)")
         if result.get("power_limit_w"):
             console.print(f"GPU power limit: {result['power_limit_w']} W")
+        if result.get("power_limit_note"):
+            console.print(result["power_limit_note"], markup=False, highlight=False)
         for note in closing_notes(result):
             console.print(note)
         if args.json:

@@ -167,37 +167,39 @@ class StagedStep:
 
         sends: list[Waiting] = []
         kept: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
-        loss_sum = 0.0
+        device = inputs.device
+        loss_sum = torch.zeros((), device=device)  # read once, at the end: not a wait for the GPU per microbatch
         for k in mine:
             a, b = parts[k]
             x: torch.Tensor | None = None
             if s == 0:
                 out = stage(inputs[a:b])
-            else:
-                x = torch.empty((b - a, *self.in_shape[first]), dtype=self.in_dtype[first]).requires_grad_()
-                watch.wait(group.recv([x.data], peer(s - 1, k), k), stepping=True)
+            else:  # messages cross in host memory (the group is gloo's), tensors compute on the device
+                host = torch.empty((b - a, *self.in_shape[first]), dtype=self.in_dtype[first])
+                watch.wait(group.recv([host], peer(s - 1, k), k), stepping=True)
+                x = host.to(device).requires_grad_()
                 out = stage(x)
             if last:
                 out = loss_fn(out, targets[a:b]) * (b - a)
-                loss_sum += float(out.detach())
+                loss_sum += out.detach()
             else:
-                sends.append(Waiting(group.send([out.detach().contiguous()], peer(s + 1, k), k)))
+                sends.append(Waiting(group.send([out.detach().cpu().contiguous()], peer(s + 1, k), k)))
             kept[k] = (x, out)
         for k in reversed(mine):
             x, out = kept.pop(k)
             if last:
                 out.backward()
             else:
-                grad = torch.empty_like(out)
+                grad = torch.empty(out.shape, dtype=out.dtype)
                 watch.wait(group.recv([grad], peer(s + 1, k), len(parts) + k), stepping=True)
                 if out.requires_grad:  # (not in a first stage without parameters: nothing to differentiate)
-                    out.backward(grad)
+                    out.backward(grad.to(device))
             if x is not None:
                 assert x.grad is not None
-                sends.append(Waiting(group.send([x.grad], peer(s - 1, k), len(parts) + k)))
+                sends.append(Waiting(group.send([x.grad.cpu()], peer(s - 1, k), len(parts) + k)))
         for send in sends:
             watch.wait(send, stepping=True)
-        return loss_sum, sum(parts[k][1] - parts[k][0] for k in mine)
+        return float(loss_sum), sum(parts[k][1] - parts[k][0] for k in mine)
 
 
 def _block_inputs(blocks: list[nn.Module], example: torch.Tensor) -> tuple[list[torch.Size], list[torch.dtype]]:

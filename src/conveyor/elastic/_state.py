@@ -29,7 +29,12 @@ OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
 
 
 class FlatModel:
-    """A model's parameters (one dtype) and float buffers, read and written as flat vectors."""
+    """A model's parameters (one dtype) and float buffers, read and written as flat vectors in host memory.
+
+    The model may sit on a GPU; the vectors are on the CPU whatever its device (elastic training communicates
+    over gloo groups in host memory, and an owner's shard steps there): each read is one copy off the device,
+    each write one copy onto it.
+    """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -44,26 +49,31 @@ class FlatModel:
         self.numel = sum(p.numel() for p in self.params)
         self.buffer_numel = sum(b.numel() for b in self.buffers)
 
+    @property
+    def device(self) -> torch.device:
+        return self.params[0].device if self.params else torch.device("cpu")
+
     def weights(self) -> torch.Tensor:
-        return parameters_to_vector(self.params).detach().clone()
+        return parameters_to_vector(self.params).detach().to("cpu", copy=True)
 
     def grads(self) -> torch.Tensor:
         """The parameters' gradients as one vector (zeros where a parameter has none)."""
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
+        return torch.cat(grads).cpu()
 
     def set_weights(self, flat: torch.Tensor) -> None:
         with torch.no_grad():
-            vector_to_parameters(flat.to(self.dtype), self.params)
+            vector_to_parameters(flat.to(self.device, self.dtype), self.params)
 
     def buffer_vector(self) -> torch.Tensor:
         if not self.buffers:
             return torch.zeros(0, dtype=self.dtype)
-        return torch.cat([b.detach().reshape(-1).to(self.dtype) for b in self.buffers])
+        return torch.cat([b.detach().reshape(-1).to(self.dtype) for b in self.buffers]).to("cpu", copy=True)
 
     def set_buffers(self, flat: torch.Tensor) -> None:
         with torch.no_grad():
             for b, part in zip(self.buffers, flat.split([b.numel() for b in self.buffers]), strict=True):
-                b.copy_(part.view_as(b))
+                b.copy_(part.view_as(b))  # (to the buffer's device)
 
 
 def state_layout(make_optimizer: OptimizerFactory) -> tuple[list[str], list[str]]:

@@ -26,6 +26,7 @@ each stage is a shard held by the stage's replicas, and the same recovery moves 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,6 +101,8 @@ class ElasticTrainer(Handover):
             (:func:`conveyor.elastic.planned_layouts`): an elastic pipeline of the model's blocks, re-planned
             at every generation (:mod:`conveyor.elastic._pipeline`).
         microbatches: a pipeline's microbatches per step (at least the most replicas of a stage).
+        device: ``"cpu"`` or ``"cuda"``: where the model computes (worker ``i`` on GPU ``i`` modulo the GPUs; the
+            state and every message stay in host memory, :class:`~conveyor.elastic._state.FlatModel`).
 
     Example (on every worker; see :func:`conveyor.elastic.launch_elastic`)::
 
@@ -111,25 +114,31 @@ class ElasticTrainer(Handover):
         self, model: nn.Module, loss_fn: LossFn, make_optimizer: Callable[..., torch.optim.Optimizer],
         worker: int | None, host: str, port: int, options: ElasticOptions = ElasticOptions(),
         workers: int = 0, log_dir: Path | None = None, layout: Callable[[int], StageLayout] | None = None,
-        microbatches: int = 4,
+        microbatches: int = 4, device: str = "cpu",
     ) -> None:  # fmt: skip
         self.model, self.loss_fn, self.make_optimizer, self.options = model, loss_fn, make_optimizer, options
+        # Before this worker takes an id, which heartbeats must then follow within lost_s: building an optimizer
+        # the first time in a process imports for seconds.
+        self.keys, self.scalar_keys = state_layout(make_optimizer)
+        self.store = connect(host, port, is_leader=False)  # worker 0's launcher hosts it (the reliable tier)
+        self.joiner = worker is None
+        if worker is None:
+            self.store.wait(["gen/0"])  # the coordinator has counted the first workers' ids
+            worker = self.store.add("next_id", 1) - 1
+        self.worker = worker
+        self.device = torch.device("cuda", worker % torch.cuda.device_count()) if device == "cuda" else None
+        if self.device is not None:
+            torch.cuda.set_device(self.device)
+            model.to(self.device)
         self.flat = FlatModel(model)
         self.layout, self.microbatches = layout, microbatches
         self.staged: StagedStep | None = None  # a pipeline's stages (built in fit, from the data's shape)
         self.stage_group: Any = None  # the replicas of this worker's stage
         self.sends_backups = False  # whether this worker backs its shard up (a stage's first replica)
         self.buffer_bounds = (0, self.flat.buffer_numel)  # the buffers its shard holds (a stage: its own)
-        self.keys, self.scalar_keys = state_layout(make_optimizer)
         self.log_dir = log_dir
         self.leader = worker == 0
-        self.store = connect(host, port, is_leader=False)  # worker 0's launcher hosts it (the reliable tier)
         self.host, self.port = host, port
-        self.joiner = worker is None
-        if worker is None:
-            self.store.wait(["gen/0"])  # the coordinator has counted the first workers' ids
-            worker = self.store.add("next_id", 1) - 1
-        self.worker = worker
         self.heartbeat = Heartbeat(host, self.port, worker, options.beat_s)
         self.coordinator = None
         if self.leader:
@@ -168,6 +177,10 @@ class ElasticTrainer(Handover):
     # ---------------------------------------------------------------- the run
     def fit(self, job: ElasticJob, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Train until ``job``'s epochs are done (or its target accuracy is reached), whoever comes and goes."""
+        if self.device is not None:  # the data moves to the GPU once
+            on = {k: getattr(job, k).to(self.device) for k in ("train_x", "train_y", "test_x", "test_y")
+                  if getattr(job, k) is not None}  # fmt: skip
+            job = dataclasses.replace(job, **on)
         self.job, self.on_step = job, on_step
         if self.layout is not None:
             self.staged = StagedStep(self.model, self.microbatches, job.train_x)
@@ -259,7 +272,8 @@ class ElasticTrainer(Handover):
 
     def _finish(self) -> None:
         if self.log_dir is not None:
-            checkpoint.save(self.log_dir / "checkpoint.pt", self.model.state_dict(), steps=self.done + 1)
+            state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            checkpoint.save(self.log_dir / "checkpoint.pt", state, steps=self.done + 1)
         self.store.set("finished", str(self.done))
 
     def _wait_for_members(self) -> None:
@@ -305,7 +319,8 @@ class ElasticTrainer(Handover):
             p.grad = None
         loss_sum = torch.zeros(())
         if len(mine):
-            loss_sum = self.loss_fn(self.model(self.job.train_x[mine]), self.job.train_y[mine]) * len(mine)
+            index = mine.to(self.job.train_x.device)
+            loss_sum = self.loss_fn(self.model(self.job.train_x[index]), self.job.train_y[index]) * len(mine)
             loss_sum.backward()
         extra = torch.tensor([float(loss_sum.detach()), float(len(mine))], dtype=self.flat.dtype)
         packed = torch.cat([self.flat.grads(), self.flat.buffer_vector() * len(mine), extra]).to(self.flat.dtype)
@@ -335,7 +350,8 @@ class ElasticTrainer(Handover):
         self.model.train()
         for p in self.flat.params:
             p.grad = None
-        x, y = self.job.train_x[batch], self.job.train_y[batch]
+        index = batch.to(self.job.train_x.device)
+        x, y = self.job.train_x[index], self.job.train_y[index]
         loss_sum, samples = self.staged.run(self.watch, self.train_group, self.layout(len(compute)), compute,
                                             self.worker, x, y, self.loss_fn)  # fmt: skip
         (a, b), (ba, bb) = self.shard.bounds, self.buffer_bounds

@@ -235,6 +235,11 @@ class PowerLimits:
         return state.optimal_power_limit // 1000 if type(state).__name__ == "Done" else None
 
     @property
+    def candidates(self) -> int:
+        """How many limits ``"auto"`` profiles (1 for a fixed limit)."""
+        return 1 if self._optimizer is None else len(self._optimizer.power_limits)
+
+    @property
     def profile(self) -> list[ProfiledLimit]:
         """``"auto"``'s measurements so far, one per profiled limit in the order profiled (empty otherwise)."""
         found = [] if self._optimizer is None else self._optimizer.measurements

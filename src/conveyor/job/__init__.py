@@ -1,17 +1,13 @@
 """The training job behind ``conveyor train``: model zoo, bundled data, measured costs, layout choice, run folder."""
 
+from conveyor.job._config import TrainConfig, explicit_workers, job_devices, loss_and_optimizer
 from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease, write_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import closing_notes, plot_accuracy, read_jsonl
-from conveyor.job._train import (
-    TrainConfig,
-    explicit_workers,
-    loss_and_optimizer,
-    model_and_data,
-    train,
-)
+from conveyor.job._trace import torch_profiled
+from conveyor.job._train import model_and_data, train
 from conveyor.job._zoo import resolve
 
 __all__ = [
@@ -22,6 +18,7 @@ __all__ = [
     "closing_notes",
     "explicit_workers",
     "fixed_layout",
+    "job_devices",
     "join_elastic",
     "lease_expires",
     "loss_and_optimizer",
@@ -30,6 +27,7 @@ __all__ = [
     "read_jsonl",
     "read_lease",
     "resolve",
+    "torch_profiled",
     "train",
     "train_elastic",
     "write_lease",

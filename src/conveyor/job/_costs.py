@@ -7,13 +7,15 @@ switches). The profile and the runtime's cost per action are then put per core (
 the simulator shares the cores among the workers that want one at each moment
 (:class:`~conveyor.plan.RuntimeCosts`). The first worker keeps the figures; the plan and its prediction
 rest on them. ``single_worker_samples_per_s`` is a plain PyTorch loop (forward, backward, optimizer step
-on whole batches) on the first worker alone with every core, the baseline a job with more workers has to
-beat.
+on whole batches) on the first worker alone with the cores others leave free (all of them on a quiet
+machine), the baseline a job with more workers has to beat.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 import os
 import statistics
 import time
@@ -26,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conveyor.plan import Level, Profile, RuntimeCosts, Topology
-from conveyor.runtime import P2P, Link, default_device, measure_allreduce, measure_link, measure_overhead, profile
+from conveyor.runtime import P2P, CoreShare, Link, measure_allreduce, measure_link, measure_overhead, profile
 
 __all__ = ["Costs", "measure_costs"]
 
@@ -99,6 +101,10 @@ def measure_costs(
     name: str,
     network: Topology | None = None,
     device_cores: float | None = None,
+    *,
+    device: torch.device,
+    autocast: torch.dtype | None = None,
+    share: CoreShare | None = None,
 ) -> Costs | None:
     """Measure (every worker calls it); the first worker's :class:`Costs`, ``None`` elsewhere. ``batches`` are
     whole training batches, at least two (the first is a warm-up). ``network`` is the emulated network the job
@@ -108,10 +114,14 @@ def measure_costs(
     a device of ``c`` cores; measured beside the other workers, the machine's own cores would be shared too,
     which a quota that fits the machine never lets happen on average. The profile, the per-action cost and
     the link are then measured by the first worker(s) alone, and put per device; the all-reduce is timed
-    without compute before it (the replicas' skew, which a stop makes long, is the simulator's to model)."""
+    without compute before it (the replicas' skew, which a stop makes long, is the simulator's to model).
+    ``device`` is the worker's, ``autocast`` the dtype the pipeline's forwards run in (or ``None``), and
+    ``share`` the worker's share of the CPU (:class:`~conveyor.runtime.CoreShare`): it first picks the worker's
+    threads with a forward and backward at the microbatch size, and the plain loop runs on as many threads as
+    other processes leave cores (default: every core)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = default_device()
     cores = len(os.sched_getaffinity(0))
+    batches = [(x.to(device), y.to(device)) for x, y in batches]  # on the device before anything is timed
     alone = device_cores is not None
     # Without emulated devices every worker profiles at once: the times are those of a core as busy as in the
     # run (sharing it costs more than the share: caches, switches), then put per core; the simulator shares the
@@ -120,26 +130,44 @@ def measure_costs(
     per_core = 1.0 / device_cores if device_cores is not None else shares
     example = batches[0][0][: -(-len(batches[0][0]) // microbatches)]
     prof, overhead = None, 0.0
+    if share is not None and not alone:
+        share.choose(_training_step(model, batches[0], microbatches, loss_fn, optimizer, device))
     dist.barrier()
     if rank == 0 or not alone:
         # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
         prof = profile(
-            copy.deepcopy(model), example, name=name, device=device, repeats=5, warmup=2, optimizer=optimizer
+            copy.deepcopy(model),
+            example,
+            name=name,
+            device=device,
+            repeats=5,
+            warmup=2,
+            optimizer=optimizer,
+            autocast=autocast,
         )
         compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
         compute += sum(lay.step_s for lay in prof.layers)
-        overhead = measure_overhead(model, batches, loss_fn, optimizer, microbatches, compute, device, fastest=alone)
+        overhead, batch_s = measure_overhead(
+            model, batches, loss_fn, optimizer, microbatches, compute, device, fastest=alone, autocast=autocast
+        )
+        if 0 < batch_s < compute:
+            # Timed block by block, the profile counts each block's own fixed costs (its input made a leaf, a backward
+            # of its own; on a GPU, a synchronisation and every kernel launch's latency, which a whole batch hides
+            # behind the GPU's work): where a whole batch through the executor is faster, scale it to that batch.
+            prof = _scaled(prof, batch_s / compute)
     dist.barrier()
     link, allreduce = None, None
     if world > 1:
-        work = _forward_backward(model, batches[0], microbatches, loss_fn)
+        work = _forward_backward(model, batches[0], microbatches, loss_fn, device)
         peer = rank ^ 1  # pairs 0-1, 2-3, ...: every worker sends (and computes) while the first pair measures
+        p2p = P2P(device)  # on every worker: on CUDA its first one makes a group
         if peer < world and (rank < 2 or not alone):
-            link = measure_link(P2P(device), peer, leader=rank % 2 == 0, busy=None if alone else work)
+            link = measure_link(p2p, peer, leader=rank % 2 == 0, busy=None if alone else work)
         dist.barrier()
         allreduce = measure_allreduce(busy=None if alone else work)
     dist.barrier()
-    single = _plain_loop(model, batches, loss_fn, optimizer) if rank == 0 else 0.0
+    free = None if share is None else share.free
+    single = _plain_loop(model, batches, loss_fn, optimizer, device, autocast, free) if rank == 0 else 0.0
     dist.barrier()
     if rank != 0:
         return None
@@ -150,14 +178,44 @@ def measure_costs(
     return Costs(_scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, shared, network)
 
 
+def _copy_and_microbatch(
+    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], microbatches: int, device: torch.device
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A copy of the model on ``device``, and a microbatch of ``batch`` there."""
+    size = -(-len(batch[0]) // microbatches)
+    return copy.deepcopy(model).to(device), batch[0][:size].to(device), batch[1][:size].to(device)
+
+
 def _forward_backward(
-    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], microbatches: int, loss_fn: Callable[[Any, Any], Any]
+    model: nn.Module,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], Any],
+    device: torch.device,
 ) -> Callable[[], object]:
     """A microbatch's forward and backward on a copy of the model: the work between two all-reduces."""
-    module = copy.deepcopy(model).to(default_device())
-    size = -(-len(batch[0]) // microbatches)
-    x, y = batch[0][:size].to(default_device()), batch[1][:size].to(default_device())
+    module, x, y = _copy_and_microbatch(model, batch, microbatches, device)
     return lambda: loss_fn(module(x), y).backward()
+
+
+def _training_step(
+    model: nn.Module,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], Any],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    device: torch.device,
+) -> Callable[[], object]:
+    """A microbatch's forward, backward and optimizer step on a copy of the model."""
+    module, x, y = _copy_and_microbatch(model, batch, microbatches, device)
+    opt = optimizer(list(module.parameters()))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(module(x), y).backward()
+        opt.step()
+
+    return step
 
 
 def _scaled(prof: Profile, factor: float) -> Profile:
@@ -174,21 +232,27 @@ def _plain_loop(
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[Any, Any], torch.Tensor],
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    device: torch.device,
+    autocast: torch.dtype | None,
+    free_cores: float | None,
 ) -> float:
-    """Samples per second of forward, backward and step on whole batches, with every core (the other workers
+    """Samples per second of forward, backward and step on whole batches, with the free cores (the other workers
     wait); the first batch is a warm-up."""
-    device = default_device()
     module = copy.deepcopy(model).to(device)
     opt = optimizer(list(module.parameters()))
     threads = torch.get_num_threads()
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cores if free_cores is None else max(1, min(cores, math.floor(free_cores + 0.2))))
+    mixed = torch.autocast(device.type, autocast) if autocast is not None else contextlib.nullcontext()
     try:
         times = []
         for x, y in batches:
             x, y = x.to(device), y.to(device)
             start = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss_fn(module(x), y).backward()
+            with mixed:
+                loss = loss_fn(module(x), y)
+            loss.backward()
             opt.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

@@ -5,7 +5,10 @@
 (``pydoc_data.topics``, shipped with every CPython), or any UTF-8 file (``text:PATH``), cut into
 character windows whose target is the next character. With torchvision installed and the files on
 disk, ``torchvision:NAME:ROOT`` loads one of its image datasets (``torchvision:CIFAR10:~/data``); no
-download happens at run time.
+download happens at run time. ``synthetic-images`` (3x32x32, CIFAR's shape) and ``synthetic-text`` (windows
+of 256 tokens over GPT-2's vocabulary of 50,257) are drawn from the seed, sized to measure GPU-sized models
+(``resnet18``, ``gpt2``); each has a pattern to learn (a class's image is its own template plus noise; a token
+mostly follows from the one before), so accuracy rises, but they stand for no real task.
 
 Example:
     >>> d = load("digits")
@@ -23,7 +26,16 @@ import torch
 
 __all__ = ["DATASETS", "Dataset", "load"]
 
-DATASETS = ("digits", "digit-images", "text", "text:PATH", "torchvision:NAME:ROOT")
+DATASETS = (
+    "digits",
+    "digit-images",
+    "text",
+    "text:PATH",
+    "torchvision:NAME:ROOT",
+    "synthetic-images",
+    "synthetic-text",
+)
+GPT2_VOCAB = 50257
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,28 @@ def _torchvision(name: str, root: str) -> Dataset:
     return Dataset(f"torchvision:{name}", parts[0], parts[1], parts[2], parts[3], classes)
 
 
+def _synthetic_images(seed: int, samples: int = 6144, classes: int = 10) -> Dataset:
+    """Each class a random 3x32x32 template; a sample its class's template plus as much noise."""
+    g = torch.Generator().manual_seed(seed)
+    templates = torch.randn(classes, 3, 32, 32, generator=g)
+    labels = torch.randint(classes, (samples,), generator=g)
+    images = templates[labels] + torch.randn(samples, 3, 32, 32, generator=g)
+    return _split("synthetic-images", images, labels, classes, seed)
+
+
+def _synthetic_text(seed: int, samples: int = 2048, context: int = 256, vocab: int = GPT2_VOCAB) -> Dataset:
+    """Windows of ``context + 1`` tokens where a token is ``(31 t + 7) mod vocab`` of the one before, or one drawn
+    at random in one case of ten."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.empty(samples, context + 1, dtype=torch.long)
+    tokens[:, 0] = torch.randint(vocab, (samples,), generator=g)
+    for t in range(context):
+        follows = (31 * tokens[:, t] + 7) % vocab
+        noise = torch.rand(samples, generator=g) < 0.1
+        tokens[:, t + 1] = torch.where(noise, torch.randint(vocab, (samples,), generator=g), follows)
+    return _split("synthetic-text", tokens[:, :-1], tokens[:, 1:], vocab, seed, sequence=True)
+
+
 def load(spec: str, seed: int = 0, context: int = 32) -> Dataset:
     """Load a dataset by name (see :data:`DATASETS`); ``context`` is the window length for text.
 
@@ -107,6 +141,10 @@ def load(spec: str, seed: int = 0, context: int = 32) -> Dataset:
     """
     if spec in ("digits", "digit-images"):
         return _digits(spec == "digit-images", seed)
+    if spec == "synthetic-images":
+        return _synthetic_images(seed)
+    if spec == "synthetic-text":
+        return _synthetic_text(seed)
     if spec == "text" or spec.startswith("text:"):
         return _text(spec[5:] or None, context, seed)
     if spec.startswith("torchvision:") and spec.count(":") == 2:

@@ -36,10 +36,12 @@ from conveyor.elastic import (
     planned_layouts,
 )
 from conveyor.emulate import Emulation
+from conveyor.job._config import TrainConfig, loss_and_optimizer
+from conveyor.job._layout import PIPELINE_MICROBATCHES
 from conveyor.job._report import plot_accuracy, read_jsonl
-from conveyor.job._train import TrainConfig, loss_and_optimizer, model_and_data
+from conveyor.job._train import model_and_data
 from conveyor.plan import Profile
-from conveyor.runtime import profile
+from conveyor.runtime import profile, resolve_device
 
 __all__ = ["join_elastic", "train_elastic"]
 
@@ -74,15 +76,17 @@ def _layouts(cfg: TrainConfig, model: nn.Sequential, example: torch.Tensor, work
     if cfg.elastic_layout == "data":
         return None
     store = connect(host, port, is_leader=False)
+    microbatches = cfg.microbatches or PIPELINE_MICROBATCHES
     if worker == 0:
-        microbatch = example[: max(1, cfg.batch_size // cfg.microbatches)]
-        measured = profile(copy.deepcopy(model), microbatch, name=cfg.model, device="cpu", repeats=3, warmup=1)
+        microbatch = example[: max(1, cfg.batch_size // microbatches)]
+        device = resolve_device(cfg.device)  # where the job computes
+        measured = profile(copy.deepcopy(model), microbatch, name=cfg.model, device=device, repeats=3, warmup=1)
         topology = Emulation(cfg.network, cfg.devices, cfg.faults).topology(workers)
         bandwidth = min(level.bandwidth for level in topology.levels) if topology is not None else DEFAULT_BANDWIDTH
         store.set("bandwidth", repr(bandwidth))
         store.set("profile", measured.to_json())  # (a copy: profiling moves BatchNorm's running statistics)
     prof = Profile.from_json(store.get("profile").decode(), "the job's profile")
-    return agreed_layouts(planned_layouts(prof, float(store.get("bandwidth")), cfg.microbatches), store)
+    return agreed_layouts(planned_layouts(prof, float(store.get("bandwidth")), microbatches), store)
 
 
 def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> dict[str, Any]:
@@ -90,7 +94,7 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
     loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
     layout = _layouts(cfg, model, data.train_x, worker, host, port, workers)
     trainer = ElasticTrainer(model, loss_fn, make_optimizer, worker, host, port, _options(cfg), workers, Path(run_dir),
-                             layout, cfg.microbatches)  # fmt: skip
+                             layout, cfg.microbatches or PIPELINE_MICROBATCHES, resolve_device(cfg.device))  # fmt: skip
     if worker == 0:
         trainer.store.set("config", json.dumps(asdict(cfg)))  # what a worker joining by hand needs
         Console().print(f"elastic job: workers 0-{cfg.reliable - 1} reliable; add one from any machine with "  # type: ignore[operator]

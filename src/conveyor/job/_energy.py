@@ -30,7 +30,7 @@ from conveyor.energy import (
 )
 
 if TYPE_CHECKING:
-    from conveyor.job._train import TrainConfig
+    from conveyor.job._config import TrainConfig
 
 __all__ = ["EpochKnobs", "check_energy_options", "finish_recurrence", "guarded_power_limits", "start_recurrence"]
 
@@ -156,11 +156,28 @@ def finish_recurrence(recurring: Recurring | None, summary: dict[str, Any], cfg:
                              "stop_above": started.stop_above, "store": str(recurring.store.path)}  # fmt: skip
 
 
+def profiling_window(steps_per_epoch: int) -> tuple[int, int]:
+    """Warm-up and measured steps per power limit for ``--power-limit auto``: Zeus' 10 and 40 where an epoch holds
+    them, else as many as fit one epoch (a window an epoch's end cuts is thrown away and begun again in the next
+    epoch, so a window longer than an epoch never completes; the epoch's first step readies the next limit).
+
+    Example:
+        >>> profiling_window(500), profiling_window(23), profiling_window(2)
+        ((10, 40), (4, 18), (1, 1))
+    """
+    room = steps_per_epoch - 1
+    if room >= 50:
+        return 10, 40
+    warmup = max(1, room // 5)
+    return warmup, max(1, room - warmup)
+
+
 class EpochKnobs:
     """One worker's knobs during training: its GPU's power limit (stepped per update, told of epochs' ends)
-    and the recurrence's running cost (the run stops once another epoch would pass ``cfg.stop_above``)."""
+    and the recurrence's running cost (the run stops once another epoch would pass ``cfg.stop_above``).
+    ``steps_per_epoch``: this worker's updates in an epoch (the power limit's profiling windows fit in one)."""
 
-    def __init__(self, cfg: TrainConfig, gpu_index: int | None, equal_steps: bool) -> None:
+    def __init__(self, cfg: TrainConfig, gpu_index: int | None, equal_steps: bool, steps_per_epoch: int) -> None:
         self.power: PowerLimits | None = None
         if cfg.power_limit is not None:
             if gpu_index is None:
@@ -168,7 +185,9 @@ class EpochKnobs:
             if cfg.power_limit.lower() == "auto" and not equal_steps:
                 raise ValueError("--power-limit auto profiles every worker's steps together, so each must run as "
                                  "many steps per epoch: use equal replicas per stage, or a fixed limit")  # fmt: skip
-            self.power = PowerLimits(cfg.power_limit, eta=cfg.eta, gpu_index=gpu_index)
+            warmup, profile = profiling_window(steps_per_epoch)
+            self.power = PowerLimits(cfg.power_limit, eta=cfg.eta, gpu_index=gpu_index, warmup_steps=warmup,
+                                     profile_steps=profile)  # fmt: skip
         tuning = cfg.tune_batch_size
         self.cost = CostMeter(cfg.eta, cfg.max_power or 1.0, cfg.stop_above) if tuning else None
 
@@ -198,4 +217,10 @@ class EpochKnobs:
         if self.power is not None:
             out["power_limit_w"] = self.power.chosen
             out["power_profile"] = [dataclasses.asdict(p) for p in self.power.profile]
+            if self.power.chosen is None:
+                out["power_limit_note"] = (
+                    f"--power-limit auto measured {len(self.power.profile)} of {self.power.candidates} limits before "
+                    "the run ended, so the GPU ran at its largest limit: run more epochs (each limit takes a window "
+                    "of an epoch's steps), or give a limit in watts"
+                )
         return out

@@ -30,10 +30,19 @@ from conveyor.plan import (
 from conveyor.runtime import even_balance
 from conveyor.schedule import kind, parse_replicas
 
-__all__ = ["Layout", "choose_layout", "fixed_layout"]
+__all__ = ["Layout", "choose_layout", "fixed_layout", "microbatches_of"]
 
 # The planner's schedules in order of preference when predictions tie: synchronous first, then the least stale.
 _PREFERENCE = ("flush", "2bw", "pipedream", "gpipe")
+PIPELINE_MICROBATCHES = 4  # a pipeline's microbatches per batch where --microbatches is not given
+
+
+def microbatches_of(cfg: Any, workers: int) -> int:
+    """Microbatches per batch: ``--microbatches``, else 1 for a job of one worker (no pipeline to fill: a batch is
+    one forward and one backward, as in a plain loop) and :data:`PIPELINE_MICROBATCHES` otherwise."""
+    if cfg.microbatches is not None:
+        return int(cfg.microbatches)
+    return 1 if workers == 1 else PIPELINE_MICROBATCHES
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,8 @@ class Layout:
 
 def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
     """The layout a :class:`~conveyor.job.TrainConfig` fixes (a plan file, or stages and replicas), checked
-    against the model's ``blocks`` and the job's ``workers``; ``None`` when the planner decides.
+    against the model's ``blocks`` and the job's ``workers``; ``None`` when the planner decides. One worker with
+    the schedule left to Conveyor is one stage with the flush schedule: a plain training loop.
 
     Raises:
         ValueError: a plan file for another worker count or model, or a layout the model cannot take.
@@ -81,7 +91,10 @@ def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
     if cfg.stages or cfg.replicas:
         replicas = parse_replicas(cfg.replicas, cfg.stages) if cfg.replicas else [1] * cfg.stages
         schedule = "flush" if cfg.schedule == "auto" else cfg.schedule
-        return Layout(schedule, even_balance(blocks, len(replicas)), replicas, cfg.microbatches, how="fixed layout")
+        microbatches = microbatches_of(cfg, sum(replicas))
+        return Layout(schedule, even_balance(blocks, len(replicas)), replicas, microbatches, how="fixed layout")
+    if workers == 1 and cfg.schedule == "auto":
+        return Layout("flush", [blocks], [1], microbatches_of(cfg, 1), how="one worker")
     return None
 
 
@@ -112,7 +125,7 @@ def choose_layout(
             return file["predicted"]["simulated_seconds"] * file["predicted"]["epochs_factor"]
 
         for name in candidates:
-            plan = optimize(prof, topology, schedule=name, microbatches=cfg.microbatches)
+            plan = optimize(prof, topology, schedule=name, microbatches=microbatches_of(cfg, costs.workers))
             file = plan_file(plan, prof, topology, batches * plan.microbatches, runtime, epochs, cfg.stale_correction)
             if best is None or time_to_accuracy(file) * 1.001 < time_to_accuracy(best[1]):
                 best = (plan, file)

@@ -1,8 +1,13 @@
-"""Each worker's batches for ``conveyor train``: ``torch.utils.data`` loaders over just the part it reads.
+"""Each worker's batches for ``conveyor train``: just the part it reads, on its device.
 
-The first stage reads inputs and the last stage targets, so each gets a loader over that tensor alone,
-in the same shuffled order (a permutation drawn from the seed and the epoch); the workers between read
-nothing. The last batch of an epoch may be short: the pipeline splits any batch.
+The first stage reads inputs and the last stage targets, so each gets that tensor alone, in the same
+shuffled order (a permutation drawn from the seed and the epoch); the workers between read nothing. The
+last batch of an epoch may be short: the pipeline splits any batch.
+
+A dataset held in memory moves to the worker's device once, when the feed is made, and each batch is an
+index into it there: no copy per batch, no loader process, nothing for the worker to wait for. With
+``loader_workers`` (``--loader-workers N``), ``torch.utils.data`` processes read it from host memory instead,
+into pinned buffers on CUDA, and the pipeline copies each batch to the device without waiting, as it feeds it.
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ class EpochOrder(Sampler[int]):
     def __init__(self, samples: int, seed: int) -> None:
         self.samples, self.seed, self.epoch = samples, seed, 0
 
+    def permutation(self) -> torch.Tensor:
+        """This epoch's order, as a tensor (on the CPU: the same on every worker whatever its device)."""
+        return torch.randperm(self.samples, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.samples, generator=generator).tolist())
+        return iter(self.permutation().tolist())
 
     def __len__(self) -> int:
         return self.samples
@@ -37,8 +45,8 @@ class EpochBatches:
         inputs, targets: the training tensors; give ``None`` for a part this worker does not read.
         batch_size: samples per batch (the last batch of an epoch may have fewer).
         seed: the shuffling seed.
-        loader_workers: ``DataLoader`` worker processes (0 loads in the training process).
-        pin_memory: pin batches for fast copies to a GPU.
+        device: where the batches are used: the tensors move there once (without ``loader_workers``).
+        loader_workers: ``DataLoader`` worker processes reading host memory instead (0: none).
 
     Example:
         >>> batches = EpochBatches(torch.zeros(10, 3), None, batch_size=4, seed=0)
@@ -52,22 +60,38 @@ class EpochBatches:
         targets: torch.Tensor | None,
         batch_size: int,
         seed: int,
+        *,
+        device: torch.device | None = None,
         loader_workers: int = 0,
-        pin_memory: bool = False,
     ) -> None:
         parts = [t for t in (inputs, targets) if t is not None]
         self.order = EpochOrder(len(parts[0]), seed)
         self._which = (inputs is not None, targets is not None)
-        # Whole batches at a time: a TensorDataset takes a list of indices, so no per-sample fetch and collate.
-        self._loader = DataLoader(
-            TensorDataset(*parts), batch_size=None, sampler=BatchSampler(self.order, batch_size, drop_last=False),
-            num_workers=loader_workers, pin_memory=pin_memory, persistent_workers=loader_workers > 0,
-        )  # fmt: skip
+        self._batch_size = batch_size
+        self._device = device or torch.device("cpu")
+        self._parts: list[torch.Tensor] = []
+        self._loader: DataLoader[Any] | None = None
+        if loader_workers:
+            # Whole batches at a time: a TensorDataset takes a list of indices, so no per-sample fetch and collate.
+            self._loader = DataLoader(
+                TensorDataset(*parts), batch_size=None, sampler=BatchSampler(self.order, batch_size, drop_last=False),
+                num_workers=loader_workers, pin_memory=self._device.type == "cuda", persistent_workers=True,
+            )  # fmt: skip
+        else:
+            self._parts = [t.to(self._device) for t in parts]
 
     def __len__(self) -> int:
-        return len(self._loader)
+        return -(-len(self.order) // self._batch_size)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         has_inputs, has_targets = self._which
-        for parts in self._loader:
+        for parts in self._batches():
             yield (parts[0] if has_inputs else None, parts[-1] if has_targets else None)
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, ...] | list[torch.Tensor]]:
+        if self._loader is not None:
+            yield from self._loader
+            return
+        order = self.order.permutation().to(self._device)  # one copy per epoch
+        for index in order.split(self._batch_size):
+            yield tuple(t.index_select(0, index) for t in self._parts)

@@ -19,19 +19,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
@@ -39,123 +36,30 @@ from torch import nn
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
 from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
-from conveyor.energy._meter import MeterStatus, check_meter_spec, describe_meters, open_meter
+from conveyor.energy._meter import MeterStatus, describe_meters, open_meter
+from conveyor.job._config import AUTOCAST, TrainConfig, job_devices, loss_and_optimizer
 from conveyor.job._costs import measure_costs
 from conveyor.job._energy import (
     EpochKnobs,
-    check_energy_options,
     finish_recurrence,
     guarded_power_limits,
     start_recurrence,
 )
-from conveyor.job._layout import Layout, choose_layout, fixed_layout
+from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatches_of
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import energy_summary, plot_accuracy
+from conveyor.job._trace import torch_profiled
 from conveyor.job._warmstart import apply_plan, prepare_warm_start, register_model
-from conveyor.plan import read_plan_file
-from conveyor.runtime import OptimizerFactory, Pipeline
-from conveyor.schedule import parse_replicas
+from conveyor.runtime import (
+    CoreShare,
+    OptimizerFactory,
+    Pipeline,
+    default_device,
+)
 from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
 
-__all__ = ["TrainConfig", "explicit_workers", "model_and_data", "train"]
-
-OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """What ``conveyor train`` does; every field is a command-line option of the same name.
-
-    ``schedule="auto"`` lets the planner pick the schedule and layout for ``workers``; ``stages`` and
-    ``replicas`` (or ``plan``, a plan file) fix the layout instead.
-    """
-
-    model: str = "mlp"
-    dataset: str | None = None  # default: the model's own (digits for mlp, text for gpt)
-    width: int | None = None
-    depth: int | None = None
-    workers: int | None = None  # default 4 when planning, else what the layout needs
-    schedule: str = "auto"
-    stages: int | None = None
-    replicas: str | None = None
-    plan: str | None = None
-    microbatches: int = 4
-    batch_size: int = 64
-    optimizer: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    stale_correction: bool = True  # weight prediction and PipeDream's per-sample rate (asynchronous schedules)
-    epoch_factors: str | None = None  # a conveyor bench convergence report to rank schedules by (default: shipped)
-    epochs: int = 10
-    target_accuracy: float | None = None
-    run_dir: str | None = None  # default runs/MODEL-TIME
-    checkpoint: str | None = None  # default RUN_DIR/checkpoint.pt
-    resume: str | None = None  # a checkpoint to start from; --epochs then counts the epochs still to run
-    lease: str | None = None  # a JSON file {"until": UNIX_SECONDS}: stop (and save) before running past it
-    seed: int = 0
-    loader_workers: int | None = None  # DataLoader processes per reading worker; default 2 with CUDA, else 0
-    network: str | None = None  # an emulated network's topology (conveyor.emulate)
-    devices: str | None = None  # emulated devices: CPU cores per worker
-    faults: str | None = None  # faults to apply on the emulated cluster
-    stragglers: str = "off"  # flexrr, slack, reassign or off, where only the first stage is replicated
-    slack: int = 1  # steps a replica may run ahead of the slowest (--stragglers flexrr or slack)
-    chunks: int = 2  # chunks each replica owns per batch: the reassignment granularity (bench stragglers)
-    reliable: int | None = None  # elastic training: the first K workers are reliable, the rest transient
-    join: str | None = None  # HOST:PORT of an elastic job to join (conveyor.job.join_elastic)
-    lost_s: float = 2.0  # elastic: a worker whose heartbeat is still this long is lost
-    backup_every: int = 4  # elastic: steps between an owner's backups to the reliable tier
-    sync_max: float = 2.0  # elastic: transient:reliable ratio up to which the reliable tier owns the state
-    backup_only_min: float = 3.0  # elastic: the ratio from which reliable workers only keep backups
-    elastic_layout: str = "data"  # elastic: data parallelism, or a pipeline the planner re-plans per generation
-    energy_meter: str = "auto"  # auto (Zeus: NVML, RAPL), off, or replay:PATH (a Zeus CSV log; {rank}: one per worker)
-    power_limit: str | None = None  # CUDA: auto (profiled in the first epoch, Zeus), max, or watts
-    eta: float = 0.5  # cost = eta * energy + (1 - eta) * max_power * time, for --power-limit and --batch-size auto
-    tune_batch_size: bool = False  # --batch-size auto: a recurrence of --job, batch size from its history
-    job: str | None = None  # the recurring job's name in the store
-    recurrences: str | None = None  # the recurrences' SQLite file (default: the user's data directory)
-    beta: float = 2.0  # --batch-size auto: stop a recurrence whose cost passes beta x the least so far
-    max_power: float | None = None  # watts that price a second (default: the GPUs' largest power limits)
-    stop_above: float = math.inf  # set by a recurrence: the cost at which it stops early
-    warm_start: str | None = None  # auto (the model store's best parent) or a checkpoint (ModelKeeper)
-    store: str | None = None  # the model store's folder (default: the user's data directory)
-    register: bool = False  # put the final model into the model store
-    warm_start_plan: str | None = None  # set by train(): the parent and layer pairs every worker applies
-
-    def __post_init__(self) -> None:
-        if min(self.batch_size, self.microbatches) < 1:
-            raise ValueError("--batch-size and --microbatches must be at least 1")
-        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
-            raise ValueError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
-        if self.loader_workers is not None and self.loader_workers < 0:
-            raise ValueError(f"--loader-workers must be 0 or more, got {self.loader_workers}")
-        if self.epochs < 1:
-            raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
-        if self.plan and (self.stages or self.replicas):
-            raise ValueError("give either --plan or --stages/--replicas, not both")
-        if self.chunks < 1:
-            raise ValueError(f"--chunks must be at least 1, got {self.chunks}")
-        mode_settings(self.stragglers, self.slack)
-        if self.reliable is not None and (self.stragglers != "off" or self.stages or self.replicas or self.plan):
-            raise ValueError(
-                "--reliable plans its own layouts (--elastic-layout): drop --stragglers, --stages, --replicas, --plan"
-            )
-        if self.elastic_layout not in ("data", "pipeline"):
-            raise ValueError(f"--elastic-layout {self.elastic_layout!r}: use data or pipeline")
-        if self.lease and (self.reliable is not None or self.join):
-            raise ValueError("--lease bounds a conveyor train run of fixed workers: drop --reliable and --join")
-        if self.lost_s <= 0 or self.backup_every < 1:
-            raise ValueError("--lost-s must be > 0 and --backup-every at least 1")
-        check_meter_spec(self.energy_meter)
-        check_energy_options(self)
-        if (self.warm_start or self.register) and (self.reliable is not None or self.join):
-            raise ValueError("--warm-start and --register apply to fixed workers: drop --reliable and --join")
-        if self.warm_start and self.resume:
-            raise ValueError(
-                "--warm-start starts a new model from a parent's weights; --resume continues one: pick one"
-            )
+__all__ = ["model_and_data", "train"]
 
 
 def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
@@ -171,15 +75,6 @@ def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
         model = zoo.build(cfg.model, data, cfg.width, cfg.depth)
     apply_plan(cfg, model)  # --warm-start: the parent's weights, transformed (the same in every worker)
     return model, data
-
-
-def loss_and_optimizer(cfg: TrainConfig, sequence: bool) -> tuple[Callable[[Any, Any], Any], OptimizerFactory]:
-    """The loss (cross-entropy; per position for a sequence's logits (B, T, V)) and the optimizer ``cfg`` asks for."""
-    opt_args = {"lr": cfg.lr, "momentum": cfg.momentum} if cfg.optimizer == "sgd" else {"lr": cfg.lr}
-    make_optimizer = partial(OPTIMIZERS[cfg.optimizer], **opt_args)
-    if sequence:
-        return (lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())), make_optimizer
-    return F.cross_entropy, make_optimizer
 
 
 @dataclass
@@ -204,19 +99,32 @@ def _measure_and_plan(
     make_optimizer: OptimizerFactory,
     folder: Path,
     steps: int,
+    cores: CoreShare | None,
 ) -> Layout:
     """Every worker measures (the cores as busy as in the run); the first one plans and predicts an epoch of
-    ``steps`` batches, writes the plan file, and every worker gets the layout."""
+    ``steps`` batches, writes the plan file, and every worker gets the layout. ``cores``: the CPU's share, as
+    :class:`~conveyor.runtime.CoreShare` last measured it (``None`` off the CPU)."""
     # At least two batches (the first a warm-up), at the microbatch count of a fixed layout if there is one.
     B = cfg.batch_size
     sample = [(data.train_x[i * B : (i + 1) * B], data.train_y[i * B : (i + 1) * B]) for i in range(min(steps, 7))]
     fixed = fixed_layout(cfg, len(model), dist.get_world_size())
-    microbatches = cfg.microbatches if fixed is None else fixed.microbatches
+    microbatches = microbatches_of(cfg, dist.get_world_size()) if fixed is None else fixed.microbatches
     emulation = Emulation(cfg.network, cfg.devices)
     network, devices = emulation.topology(dist.get_world_size()), emulation.device_list(dist.get_world_size())
     device_cores = devices[dist.get_rank()].cores if devices else None
-    costs = measure_costs(model, (sample * 2)[: max(2, len(sample))], microbatches, loss_fn, make_optimizer, cfg.model,
-                          network, device_cores)  # fmt: skip
+    costs = measure_costs(
+        model,
+        (sample * 2)[: max(2, len(sample))],
+        microbatches,
+        loss_fn,
+        make_optimizer,
+        cfg.model,
+        network,
+        device_cores,
+        device=default_device(),
+        autocast=AUTOCAST[cfg.autocast],
+        share=cores,
+    )
     box: list[Layout | None] = [None]
     if costs is not None:
         names = [name for name, _ in model.named_children()]
@@ -230,38 +138,47 @@ def _measure_and_plan(
 
 
 def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
+    device = default_device()  # the one its launcher gave this worker
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
+    local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    cores = CoreShare(local_workers) if device.type == "cpu" else None  # threads to match the cores others leave
     model, data = model_and_data(cfg)  # the same initial weights on every worker
     folder = Path(run_dir)
     loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
     steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
-    layout = _measure_and_plan(cfg, model, data, loss_fn, make_optimizer, folder, steps)
+    layout = _measure_and_plan(cfg, model, data, loss_fn, make_optimizer, folder, steps, cores)
     torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
-    pipe = _trainer(cfg, model, layout, loss_fn, make_optimizer)
+    pipe = _trainer(cfg, model, layout, loss_fn, make_optimizer, device)
     if cfg.resume:
         pipe.load(cfg.resume)  # every worker reads it before any writes it (the end may save to the same path)
     done = pipe.steps // steps  # epochs the checkpoint has trained: the data order goes on from there
     until = read_lease(cfg.lease) if cfg.lease and dist.get_rank() == 0 else None  # worker 0 alone reads it
     stopped_by_lease = False
-    cuda = pipe.device.type == "cuda"
+    cuda = device.type == "cuda"
     batches = None
-    if pipe.is_first or pipe.is_last:
+    if pipe.is_first or pipe.is_last:  # the data moves to the device here, once
         batches = EpochBatches(
-            data.train_x if pipe.is_first else None, data.train_y if pipe.is_last else None, cfg.batch_size, cfg.seed,
-            (2 if cuda else 0) if cfg.loader_workers is None else cfg.loader_workers, pin_memory=cuda,
-        )  # fmt: skip
+            data.train_x if pipe.is_first else None,
+            data.train_y if pipe.is_last else None,
+            cfg.batch_size,
+            cfg.seed,
+            device=device,
+            loader_workers=cfg.loader_workers,
+        )
+    test_x = data.test_x.to(device) if pipe.worker == 0 else None
+    test_y = data.test_y.to(device) if pipe.is_output else None
     updates = steps  # this worker's updates per epoch
     if isinstance(pipe, Pipeline):
         updates = pipe.kind.updates(steps, layout.microbatches, pipe.replicas[pipe.stage])
     history: list[_Epoch] = []
     start, started_at = time.perf_counter(), time.time()
     train_seconds, traffic = 0.0, ServerTraffic(pipe.is_output)
-    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
     owns_gpu = cuda and local_rank < torch.cuda.device_count()  # workers sharing a GPU: the first one meters it
-    meter = open_meter(cfg.energy_meter, gpu_index=pipe.device.index if owns_gpu else None,
+    meter = open_meter(cfg.energy_meter, gpu_index=device.index if owns_gpu else None,
                        measure_host=local_rank == 0, rank=dist.get_rank())  # fmt: skip
     energy_total: float | None = None
     equal_steps = cfg.stragglers == "off" and len(set(layout.replicas)) == 1  # every worker: as many updates
-    knobs = EpochKnobs(cfg, pipe.device.index if cuda else None, equal_steps)
+    knobs = EpochKnobs(cfg, device.index if cuda else None, equal_steps, updates)
     stopped_by_cost = False
     with meter, knobs, Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
@@ -269,9 +186,11 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     ) as bar:  # fmt: skip
         task = bar.add_task("training", total=cfg.epochs * updates, status="")
 
-        def updated(_: int) -> None:  # after each update: the bar, and the power limit's profiling windows
+        def updated(_: int) -> None:  # after each update: the bar, the power limit's profiling windows, the threads
             bar.advance(task)
             knobs.step()
+            if cores is not None:
+                cores.update()
 
         for epoch in range(cfg.epochs):
             if batches is not None:
@@ -279,26 +198,32 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             meter.begin()
             began = time.perf_counter()
             traffic.start()
-            losses = pipe.train(batches, updated)
+            profiled = cfg.torch_profile if epoch == min(1, cfg.epochs - 1) else None  # the 2nd: warmed up
+            with torch_profiled(profiled, f"worker{dist.get_rank()}", device):
+                losses = pipe.train(batches, updated)
+            if cuda:
+                torch.cuda.synchronize(device)  # the epoch's time is the GPU's too
             train_seconds += time.perf_counter() - began
             traffic.stop()
             if isinstance(pipe, FlexiblePipeline) and (records := pipe.gather_records()) is not None:
                 with (folder / "stragglers.jsonl").open("a") as f:
                     f.writelines(json.dumps({"epoch": epoch + 1, **r}) + "\n" for r in records)
-            logits = pipe.evaluate(data.test_x if pipe.worker == 0 else None)
+            correct = _test_accuracy(pipe, test_x, test_y, len(data.test_x), cfg.batch_size)
             joules, evaluated = meter.end(), time.perf_counter()
             # Summed over workers: the output worker's test accuracy, worker 0's 1 once the lease runs out (each
             # alone sets its own), every worker's joules and whether its meter read them, and the epoch's seconds
             # as a mean, so every worker prices the epoch alike.
-            flags = torch.tensor([0.0, 0.0, joules or 0.0, float(joules is not None),
-                                  (evaluated - began) / dist.get_world_size()], dtype=torch.float64)  # fmt: skip
-            if pipe.is_output:
-                flags[0] = (logits.argmax(-1) == data.test_y).float().mean()
+            flags = torch.tensor(
+                [0.0, 0.0, joules or 0.0, float(joules is not None), (evaluated - began) / dist.get_world_size()],
+                dtype=torch.float64,
+                device=device,
+            )  # NCCL reduces device tensors only
+            if correct is not None:  # the output worker's
+                flags[0] = correct
             if until is not None and cfg.lease and epoch + 1 < cfg.epochs:
                 with contextlib.suppress(ValueError):  # the scheduler replaces it atomically: keep the last read
                     until = read_lease(cfg.lease)
                 flags[1] = float(lease_expires(until, time.perf_counter() - began, time.time()))
-            flags = flags.to(pipe.device)  # NCCL reduces device tensors only
             dist.all_reduce(flags, op=dist.ReduceOp.SUM)  # every worker learns the accuracy, lease and energy
             accuracy, expired, epoch_j, meters_read, epoch_s = flags.tolist()
             epoch_energy = epoch_j if meters_read else None
@@ -331,23 +256,40 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             **knobs.summary()}  # fmt: skip
 
 
+def _test_accuracy(
+    pipe: Pipeline | FlexiblePipeline, x: torch.Tensor | None, y: torch.Tensor | None, samples: int, chunk: int
+) -> torch.Tensor | None:
+    """The test accuracy, a 0-d tensor on the output worker's device (``None`` on the others); the test set is
+    evaluated in chunks of ``chunk`` samples (a whole one could outgrow the device), every worker taking part in
+    each (worker 0 holds the inputs, the output worker the targets)."""
+    correct = None
+    for start in range(0, samples, chunk):
+        logits = pipe.evaluate(None if x is None else x[start : start + chunk])
+        if pipe.is_output:
+            assert y is not None
+            hits = (logits.argmax(-1) == y[start : start + chunk]).sum()
+            correct = hits if correct is None else correct + hits
+    return None if correct is None or y is None else correct.double() / y.numel()
+
+
 def _trainer(
     cfg: TrainConfig, model: nn.Sequential, layout: Layout, loss_fn: Callable[[Any, Any], torch.Tensor],
-    make_optimizer: OptimizerFactory,
+    make_optimizer: OptimizerFactory, device: torch.device,
 ) -> Pipeline | FlexiblePipeline:  # fmt: skip
     """A pipeline for ``layout``; with ``--stragglers`` on and the first stage replicated (data parallelism
     is one stage), a flexible one whose replicas share each batch's chunks."""
     slack, reassign = mode_settings(cfg.stragglers, cfg.slack)
     if cfg.stragglers != "off" and flexible_layout(layout.replicas):
         return FlexiblePipeline(model, loss_fn, make_optimizer, layout.balance, layout.replicas, cfg.chunks, slack,
-                                reassign, cfg.stale_correction)  # fmt: skip
+                                reassign, cfg.stale_correction, device, autocast=AUTOCAST[cfg.autocast])  # fmt: skip
     if cfg.stragglers != "off" and dist.get_rank() == 0:
         layout_text = "-".join(map(str, layout.replicas))
         Console().print(f"--stragglers {cfg.stragglers} applies to layouts whose first stage alone is replicated; "
                         f"this one is {layout_text}: it runs as planned, synchronously")  # fmt: skip
     return Pipeline(
         model, layout.balance, layout.microbatches, loss_fn, make_optimizer, layout.schedule, layout.replicas,
-        recompute=layout.recompute, correct_staleness=cfg.stale_correction,
+        device=device, autocast=AUTOCAST[cfg.autocast], recompute=layout.recompute,
+        correct_staleness=cfg.stale_correction,
     )  # fmt: skip
 
 
@@ -373,20 +315,20 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         return train_elastic(cfg)
     if cfg.lease:
         read_lease(cfg.lease)  # fail here, with one line, rather than in worker 0
+    device, backend, nprocs = job_devices(cfg)  # so do a device, a backend or a worker count this machine lacks
     run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     for log in ("metrics.jsonl", "stragglers.jsonl"):  # a run folder used again starts its logs afresh
         (run_dir / log).unlink(missing_ok=True)
     if cfg.checkpoint:
         Path(cfg.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-    nprocs = cfg.workers or (explicit_workers(cfg) or 4)
     emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
     cfg, recurring = start_recurrence(cfg, lambda: len(model_and_data(cfg)[1].train_x), nprocs)
     cfg, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
     try:
         with guarded_power_limits(cfg):
             per_rank = launch_emulated(_worker, cfg, str(run_dir), nprocs=nprocs, emulation=emulation,
-                                       log_dir=run_dir)  # fmt: skip
+                                       log_dir=run_dir, device=device, backend=backend)  # fmt: skip
     except BaseException as exc:
         if recurring is not None:  # an error counts as a missed target; an interruption as nothing
             recurring.fail(interrupted=isinstance(exc, KeyboardInterrupt | SystemExit))
@@ -420,19 +362,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "measured_at_start": plan["measured_at_start"],
     }
     summary |= energy_summary(history, out["energy_meter"], out["energy_note"], cfg.target_accuracy)
-    summary |= {k: out[k] for k in ("stopped_by_cost", "cost", "power_limit_w", "power_profile") if k in out}
+    keys = ("stopped_by_cost", "cost", "power_limit_w", "power_profile", "power_limit_note")
+    summary |= {k: out[k] for k in keys if k in out}
     finish_recurrence(recurring, summary, cfg)
     summary |= warm
     register_model(cfg, summary, lambda: model_and_data(dataclasses.replace(cfg, warm_start_plan=None))[0])
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy")
     return summary
-
-
-def explicit_workers(cfg: TrainConfig) -> int | None:
-    """Workers a fixed layout needs (None when the planner decides)."""
-    if cfg.plan:
-        return read_plan_file(cfg.plan).workers
-    if cfg.replicas:
-        return sum(parse_replicas(cfg.replicas, cfg.stages))
-    return cfg.stages

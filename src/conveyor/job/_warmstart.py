@@ -16,7 +16,7 @@ from torch import nn
 from conveyor.warmstart import ModelStore, WarmStart, apply_warm_start, op_graph, plan_warm_start
 
 if TYPE_CHECKING:
-    from conveyor.job._train import TrainConfig
+    from conveyor.job._config import TrainConfig
 
 __all__ = ["apply_plan", "prepare_warm_start", "register_model"]
 

@@ -1,8 +1,10 @@
-"""Models by name: an MLP, a VGG-style, a VGG-16-shaped and a ResNet-style CNN, a small GPT; or a user's
-``module:factory``.
+"""Models by name: an MLP, a VGG-style, a VGG-16-shaped and a ResNet-style CNN, a small GPT; two GPU-sized
+ones, ResNet-18 and GPT-2 small's shape; or a user's ``module:factory``.
 
 Every model is an ``nn.Sequential`` of blocks, each block's output the next one's input, so a pipeline
-can cut it anywhere. They are sized to train on a CPU in seconds and scale by ``width`` and ``depth``.
+can cut it anywhere. The first five are sized to train on a CPU in seconds; ``resnet18`` (11.2M weights, on
+3x32x32 images) and ``gpt2`` (12 blocks 768 wide, 12 heads, 163M weights with its untied head, on windows of
+256 tokens) to keep a GPU busy. All scale by ``width`` and ``depth``.
 
 A user's factory takes the batch size and returns ``(model, example_batch)``.
 
@@ -163,6 +165,12 @@ MODELS: dict[str, tuple[Callable[[Dataset, int | None, int | None], nn.Sequentia
     "vgg16": (lambda d, w, n: vgg16(_images(d)[0], d.classes, w or 8, min(n or 5, 5), _images(d)[1]), "digit-images"),
     "resnet": (lambda d, w, n: resnet(_images(d)[0], d.classes, w or 16, n or 2), "digit-images"),
     "gpt": (lambda d, w, n: gpt(d.classes, d.train_x.shape[1], w or 64, n or 4), "text"),
+    # ResNet-18 for 32x32 images (He et al.'s CIFAR stem: a 3x3 convolution, no max-pool): 4 stages of 2 blocks.
+    "resnet18": (lambda d, w, n: resnet(_images(d)[0], d.classes, w or 64, n or 4), "synthetic-images"),
+    "gpt2": (
+        lambda d, w, n: gpt(d.classes, d.train_x.shape[1], w or 768, n or 12, max(1, (w or 768) // 64)),
+        "synthetic-text",
+    ),
 }
 
 
@@ -180,9 +188,12 @@ def build(name: str, dataset: Dataset, width: int | None = None, depth: int | No
         ValueError: an unknown name, or a dataset the model cannot take.
     """
     default_dataset(name)  # an unknown name fails here
-    if name == "gpt" and not dataset.sequence:
-        raise ValueError(f"gpt is a language model: train it on a text dataset (text or text:PATH), not {dataset.name}")
-    if name != "gpt" and dataset.sequence:
+    if name in ("gpt", "gpt2") and not dataset.sequence:
+        raise ValueError(
+            f"{name} is a language model: train it on a text dataset (text, text:PATH, synthetic-text), not "
+            f"{dataset.name}"
+        )
+    if name not in ("gpt", "gpt2") and dataset.sequence:
         raise ValueError(f"{name} classifies samples; {dataset.name} is text: use gpt for it")
     return MODELS[name][0](dataset, width, depth)
 

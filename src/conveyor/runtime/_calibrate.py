@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from conveyor.runtime._devices import default_device
 from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource
-from conveyor.runtime._launch import default_device
 from conveyor.runtime._transport import P2P
 from conveyor.runtime._update import Updater
 from conveyor.runtime._versions import WeightVersions
@@ -57,7 +57,7 @@ def measure_link(
     pipeline stage computes between messages: the latency then includes waking a worker on cores that
     others keep busy (the work's own time is taken out).
     """
-    small, big = torch.zeros(1), torch.zeros(nbytes // 4)
+    small, big = torch.zeros(1, device=p2p.device), torch.zeros(nbytes // 4, device=p2p.device)
 
     def ping_pong(tree: torch.Tensor, count: int, work: Callable[[], object] | None) -> tuple[float, float]:
         """Seconds per message, without the work's time on either side, and the leader's mean send time."""
@@ -161,18 +161,24 @@ def measure_overhead(
     compute_s: float,
     device: torch.device,
     fastest: bool = False,
-) -> float:
+    autocast: torch.dtype | None = None,
+) -> tuple[float, float]:
     """The executor's own time per compute action (forward, backward, reduce, step): a copy of the whole model
     runs as one stage of a flush schedule on ``batches`` (the first one a warm-up), and what its time per batch
     exceeds ``compute_s`` (the profiled forwards, backwards and optimizer step of one batch) is shared among the
     batch's ``2 m + 2`` actions. The median batch counts, or with ``fastest`` the fastest one (on a device that
-    runs in bursts, as a CPU quota does, the fastest batch is the one no stop fell into).
+    runs in bursts, as a CPU quota does, the fastest batch is the one no stop fell into). ``autocast``: the
+    forwards' dtype, as the pipeline's. On CUDA each batch ends with a synchronisation, so its time is the
+    device's.
+
+    Returns:
+        The seconds per action, and the seconds of the batch they were taken from.
     """
     module = copy.deepcopy(model).to(device)
     params = list(module.parameters())
     executor = Executor(
         module, 0, 1, [0], P2P(device), loss_fn, device, WeightVersions(module),
-        Updater(module, optimizer(params) if params else None, None, None, False, 1, device),
+        Updater(module, optimizer(params) if params else None, None, None, False, 1, device, averaged=True), autocast,
     )  # fmt: skip
     data = list(batches)
     times = []
@@ -180,6 +186,8 @@ def measure_overhead(
         source = BatchSource([batch], microbatches, True, True, worker=0)
         start = time.perf_counter()
         executor.run(worker_actions(KINDS["flush"], 0, [1], microbatches, Batches(1)), source, training=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     per_batch = min(times[1:]) if fastest else statistics.median(times[1:])
-    return max(0.0, (per_batch - compute_s) / (2 * microbatches + 2))
+    return max(0.0, (per_batch - compute_s) / (2 * microbatches + 2)), per_batch

@@ -6,7 +6,8 @@ nothing in it depends on the stage split, it loads into a plain ``nn.Module``
 (``model.load_state_dict(load(path)["model"])``) and into a pipeline with any number of stages.
 
 A save writes a temporary file beside the target, syncs it to disk and renames it over the target: a
-crash at any point leaves either the old checkpoint or the new one, never a torn file.
+crash at any point leaves either the old checkpoint or the new one, never a torn file. Every tensor in it is
+on the CPU, whatever device trained it, so it loads anywhere; loading puts each part on its stage's device.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils import _pytree as pytree
 
 __all__ = [
     "CheckpointError",
@@ -147,9 +149,10 @@ def save_stages(
     each stage (its first replica), whose part goes into the file. Returns once the file is complete.
     """
     state = None
-    if writes:
+    if writes:  # on the CPU: gathered through host memory, and loadable on a machine without the device
         cpu = {k: v.detach().cpu() for k, v in module.state_dict().items()}
-        state = (cpu, None if optimizer is None else named_optimizer_state(optimizer, module))
+        named = None if optimizer is None else named_optimizer_state(optimizer, module)
+        state = (cpu, pytree.tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), named))
     worker0 = dist.get_rank() == 0
     parts: list[Any] = [None] * dist.get_world_size() if worker0 else []
     dist.gather_object(state, parts if worker0 else None, dst=0)

@@ -40,18 +40,31 @@ class Feed(Protocol):
         """Inputs, targets and sample count of microbatch ``k`` (``None`` for a part this worker does not read)."""
         ...
 
+    def batch_samples(self, k: int) -> int:
+        """The samples of the whole batch microbatch ``k`` belongs to."""
+        ...
+
 
 @dataclass
 class RunOutput:
     """What one run of a schedule produced on this worker.
 
     Attributes:
-        losses: microbatch -> (its mean loss, its samples) (last stage of a training run only).
+        losses: microbatch -> (its mean loss, a 0-d tensor on the device, and its samples) (last stage of a
+            training run only). Read them with :meth:`loss_values`: once per run, not once per microbatch, does the
+            worker wait for its device.
         outputs: per microbatch, the model output, detached (last stage of an evaluation only).
     """
 
-    losses: dict[int, tuple[float, int]] = field(default_factory=dict)
+    losses: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)
     outputs: list[Any] = field(default_factory=list)
+
+    def loss_values(self) -> dict[int, tuple[float, int]]:
+        """Microbatch -> (its mean loss, its samples), read off the device at once."""
+        if not self.losses:
+            return {}
+        values = torch.stack([loss.float() for loss, _ in self.losses.values()]).tolist()
+        return {k: (v, n) for (k, (_, n)), v in zip(self.losses.items(), values, strict=True)}
 
 
 @dataclass
@@ -139,11 +152,14 @@ class Executor:
         if training:
             self.weights.start(stashing, will_use, predict)
         run = _Run(self, actions, feed, training, on_step)
+        handlers, trace = self._handlers, self.trace
         for action in run.stream:
+            if trace is None:
+                handlers[action.op](run, action)
+                continue
             start = time.perf_counter()
-            self._handlers[action.op](run, action)
-            if self.trace is not None:
-                self.trace.append((action, start, time.perf_counter()))
+            handlers[action.op](run, action)
+            trace.append((action, start, time.perf_counter()))
         self.p2p.wait_sends()
         return run.output
 
@@ -189,8 +205,8 @@ class Executor:
                 state.outputs = self.module(state.inputs)
             if self.last and run.training:
                 loss = self.loss_fn(state.outputs, to_device(target, self.device))
-                run.output.losses[k] = (float(loss.detach()), state.samples)
-                state.loss = loss * state.samples  # a sum over the samples; REDUCE divides by the update's
+                run.output.losses[k] = (loss.detach(), state.samples)
+                state.loss = self._backward_root(run, k, loss, state.samples)
         if self.last and not run.training:
             run.output.outputs.append(pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, state.outputs))
         if run.training:
@@ -199,6 +215,16 @@ class Executor:
             del run.flight[k]  # evaluation keeps nothing for a backward
         else:
             state.inputs = None
+
+    def _backward_root(self, run: _Run, k: int, loss: torch.Tensor, samples: int) -> torch.Tensor:
+        """What microbatch ``k``'s backward starts from: its share ``l n / N`` of its batch's mean loss where the
+        update is the batch (``N`` its samples), else the sum ``l n``, which REDUCE divides by the update's
+        samples (:mod:`conveyor.runtime._update`)."""
+        if not self.updater.averaged:
+            return loss * samples
+        assert run.feed is not None
+        total = run.feed.batch_samples(k)
+        return loss if samples == total else loss * (samples / total)
 
     def _send_activation(self, run: _Run, action: Action) -> None:
         state = run.flight[action.mb]
@@ -287,15 +313,17 @@ class _Lookahead:
     def __init__(self, actions: Iterable[Action]) -> None:
         self._source = iter(actions)
         self.buffer: deque[Action] = deque()
+        self._forwards = 0  # in the buffer
         self._ended = False
 
     def _fill(self) -> None:
-        while not self._ended and not any(a.op is Op.FORWARD for a in self.buffer):
+        while not self._forwards and not self._ended:
             a = next(self._source, None)
             if a is None:
                 self._ended = True
             else:
                 self.buffer.append(a)
+                self._forwards += a.op is Op.FORWARD
 
     def next_of(self, *ops: Op) -> Op | None:
         """Which of ``ops`` comes first among the actions read ahead (``None``: none of them)."""
@@ -306,7 +334,9 @@ class _Lookahead:
             self._fill()
             if not self.buffer:
                 return
-            yield self.buffer.popleft()
+            a = self.buffer.popleft()
+            self._forwards -= a.op is Op.FORWARD
+            yield a
 
 
 class _Prefetcher:

@@ -80,6 +80,11 @@ class BatchSource:
         i = k % self._m
         return (None if inputs is None else inputs[i]), (None if targets is None else targets[i]), sizes[i]
 
+    def batch_samples(self, k: int) -> int:
+        """The samples of the batch microbatch ``k`` belongs to (it must have been read: ask after its
+        :meth:`microbatch`)."""
+        return sum(self._parts[k // self._m][2])
+
     def _cut(self, item: tuple[Any, Any]) -> tuple[list[Any] | None, list[Any] | None, list[int]]:
         if not isinstance(item, tuple | list) or len(item) != 2:
             raise ValueError(f"a batch must be an (inputs, targets) pair, got {type(item).__name__}")

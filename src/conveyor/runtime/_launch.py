@@ -21,7 +21,10 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-__all__ = ["WorkerError", "default_backend", "default_device", "launch", "under_torchrun"]
+from conveyor.runtime._devices import check_workers, local_rank, resolve_backend, resolve_device, use_device
+from conveyor.runtime._transport import host_group
+
+__all__ = ["WorkerError", "launch", "under_torchrun"]
 
 # How long a failed job waits for the other workers to report their own errors before terminating them.
 _REPORT_GRACE_S = 2.0
@@ -63,22 +66,11 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def default_backend() -> str:
-    """NCCL when CUDA is available, gloo otherwise."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def default_device() -> torch.device:
-    """This worker's device: ``cuda:LOCAL_RANK`` with CUDA, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    return torch.device("cpu")
-
-
 def launch(
     fn: Callable[..., Any],
     *args: Any,
     nprocs: int,
+    device: str | None = None,
     backend: str | None = None,
     timeout_s: float | None = None,
     collective_timeout_s: float = 300.0,
@@ -95,7 +87,10 @@ def launch(
         fn: the worker function. Inside it ``torch.distributed`` is ready and ``RANK``, ``WORLD_SIZE``
             and ``LOCAL_RANK`` are set.
         nprocs: number of local workers to start when not under torchrun.
-        backend: ``"gloo"`` or ``"nccl"``; default NCCL with CUDA, gloo without.
+        device: ``"cuda"``, ``"cpu"`` or ``"auto"`` (default: CUDA where there is a GPU); each worker's
+            :func:`~conveyor.runtime.default_device` is then ``cuda:LOCAL_RANK`` (modulo the GPUs) or the CPU.
+        backend: ``"nccl"``, ``"gloo"`` or ``"auto"`` (default: NCCL on CUDA, gloo on the CPU). Gloo with CUDA
+            is shared-GPU mode (:mod:`conveyor.runtime._devices`).
         timeout_s: wall-clock limit for the whole local job; its workers are killed past it.
         collective_timeout_s: how long a communication may wait before it fails instead of hanging.
         setup: called as ``setup(rank)`` first thing in each local worker, before torch.distributed starts
@@ -107,6 +102,7 @@ def launch(
     Raises:
         WorkerError: a worker raised; all other workers were stopped. The first error is reported.
         TimeoutError: the job ran past ``timeout_s``.
+        ValueError: the device or backend is unknown or missing, or NCCL would put two workers on one GPU.
 
     Example:
         >>> def work() -> int:
@@ -114,23 +110,32 @@ def launch(
         >>> launch(work, nprocs=2)  # doctest: +SKIP
         {0: 0, 1: 1}
     """
-    backend = backend or default_backend()
+    kind = resolve_device(device)
+    backend = resolve_backend(backend, kind)
     if under_torchrun():
+        check_workers(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), kind, backend)
+        use_device(kind)  # this process is the worker: its default_device()
         rank = int(os.environ["RANK"])
-        _init_process_group(backend, "env://", rank, int(os.environ["WORLD_SIZE"]), collective_timeout_s)
+        _init_process_group(backend, kind, "env://", rank, int(os.environ["WORLD_SIZE"]), collective_timeout_s)
         try:
             return {rank: fn(*args)}
         finally:
             dist.destroy_process_group()
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    check_workers(nprocs, kind, backend)
     with tempfile.TemporaryDirectory(prefix="conveyor-launch-") as tmp:
-        return _run_local(fn, args, nprocs, backend, Path(tmp), timeout_s, collective_timeout_s, setup)
+        return _run_local(fn, args, nprocs, (kind, backend), Path(tmp), timeout_s, collective_timeout_s, setup)
 
 
-def _init_process_group(backend: str, init_method: str, rank: int, world: int, timeout_s: float) -> None:
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+def _init_process_group(backend: str, device: str, init_method: str, rank: int, world: int, timeout_s: float) -> None:
+    """Join the job. On CUDA the worker's GPU becomes its current device, NCCL's communicators are bound to it
+    (``device_id``: created at once, no guessing which GPU a rank uses), and the gloo group that carries messages
+    between stages through host memory is made (:func:`~conveyor.runtime._transport.host_group`)."""
+    gpu = None
+    if device == "cuda":
+        gpu = torch.device("cuda", local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(gpu)
     if not dist.is_initialized():
         dist.init_process_group(
             backend,
@@ -138,7 +143,10 @@ def _init_process_group(backend: str, init_method: str, rank: int, world: int, t
             rank=rank,
             world_size=world,
             timeout=timedelta(seconds=timeout_s),
+            device_id=gpu if backend == "nccl" else None,
         )
+        if backend == "nccl":
+            host_group()
 
 
 def _set_parent_death_signal() -> None:
@@ -153,7 +161,7 @@ def _worker(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     world: int,
-    backend: str,
+    device_backend: tuple[str, str],
     tmp: Path,
     collective_timeout_s: float,
     setup: Callable[[int], None] | None,
@@ -165,7 +173,9 @@ def _worker(
     try:
         if setup is not None:
             setup(rank)
-        _init_process_group(backend, f"file://{tmp / 'rendezvous'}", rank, world, collective_timeout_s)
+        device, backend = device_backend
+        use_device(device)
+        _init_process_group(backend, device, f"file://{tmp / 'rendezvous'}", rank, world, collective_timeout_s)
         value = fn(*args)
         dist.barrier()  # nobody leaves while a peer may still be receiving from it
         report = _Report(ok=True, value=value)
@@ -195,7 +205,7 @@ def _run_local(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     nprocs: int,
-    backend: str,
+    device_backend: tuple[str, str],
     tmp: Path,
     timeout_s: float | None,
     collective_timeout_s: float,
@@ -203,7 +213,7 @@ def _run_local(
 ) -> dict[int, Any]:
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(target=_worker, args=(r, fn, args, nprocs, backend, tmp, collective_timeout_s, setup))
+        ctx.Process(target=_worker, args=(r, fn, args, nprocs, device_backend, tmp, collective_timeout_s, setup))
         for r in range(nprocs)
     ]
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local workers talk over loopback only

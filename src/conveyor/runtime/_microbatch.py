@@ -23,6 +23,8 @@ def batch_size(batch: Any) -> int:
     Raises:
         ValueError: ``batch`` holds no tensor, a 0-d tensor, or tensors of different batch sizes.
     """
+    if isinstance(batch, torch.Tensor) and batch.dim():  # the common case, without pytree's cost (tens of us)
+        return int(batch.shape[0])
     tensors = [t for t in pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
     if not tensors:
         raise ValueError("the batch holds no tensor: pass a tensor or a tuple/list/dict of tensors")
@@ -46,6 +48,8 @@ def split(batch: Any, microbatches: int) -> list[Any]:
     if microbatches < 1:
         raise ValueError(f"a batch is split into at least 1 microbatch, got {microbatches}")
     batch_size(batch)
+    if isinstance(batch, torch.Tensor):
+        return [batch] if microbatches == 1 else list(batch.tensor_split(microbatches))
     leaves, spec = pytree.tree_flatten(batch)
     chunks = [leaf.tensor_split(microbatches) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
     return [
@@ -56,4 +60,6 @@ def split(batch: Any, microbatches: int) -> list[Any]:
 
 def to_device(tree: Any, device: torch.device) -> Any:
     """Move every tensor of ``tree`` to ``device`` (without waiting, where the copy allows it)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device, non_blocking=True)
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device, non_blocking=True), tree)

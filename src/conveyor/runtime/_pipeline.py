@@ -26,9 +26,9 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import conveyor.runtime._checkpoint as checkpoint
+from conveyor.runtime._devices import default_device
 from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
-from conveyor.runtime._launch import default_device
 from conveyor.runtime._microbatch import batch_size, split
 from conveyor.runtime._stage import Blocks, StagePosition, as_blocks, block_shapes, build_stage, stage_ranges
 from conveyor.runtime._transport import P2P
@@ -170,8 +170,11 @@ class Pipeline(StagePosition):
         # Every worker creates every group, in the same order, as torch.distributed requires.
         groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]
         self._replica_group = groups[self.stage]
-        updater = Updater(self.module, self.optimizer, self._replica_group, max_grad_norm, self.kind.synchronous,
-                          self.replicas[self.stage], self.device, bucket_bytes)  # fmt: skip
+        updater = Updater(
+            self.module, self.optimizer, self._replica_group, max_grad_norm, self.kind.synchronous,
+            self.replicas[self.stage], self.device, bucket_bytes, count_group=self._count_groups(groups)[self.stage],
+            averaged=self.kind.update == "batch",
+        )  # fmt: skip
         self._stashing = self.kind.stashes(self.replicas, self.stage)
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
         self._id, self._runs = next(_PIPELINES), 0
@@ -181,6 +184,16 @@ class Pipeline(StagePosition):
         )  # fmt: skip
         self.steps = 0  # batches trained on
         self.updates = 0  # this worker's optimizer steps
+
+    def _count_groups(self, groups: list[Any]) -> list[Any]:
+        """On CUDA, a gloo group per replicated stage, where replicas sum their sample counts in host memory
+        (:class:`~conveyor.runtime._update.Updater`): the replica groups themselves in shared-GPU mode. Every
+        worker makes every one, in the same order."""
+        if self.device.type != "cuda":
+            return [None] * len(groups)
+        if dist.get_backend() == "gloo":
+            return groups
+        return [dist.new_group(ws, backend="gloo") if len(ws) > 1 else None for ws in self._stage_workers]
 
     def _workers_of(self, stage: int) -> list[int]:
         return self._stage_workers[stage]
@@ -264,7 +277,7 @@ class Pipeline(StagePosition):
         if self.worker == 0 and source is not None and source.fill(length.total):
             raise ValueError(f"the batches on worker 0 yielded more than their len() of {length.total}")
         self.steps += length.total
-        return self._batch_losses(out.losses, length.total)
+        return self._batch_losses(out.loss_values(), length.total)
 
     def _pinned_versions(self, length: RunLength) -> Callable[[int], bool] | None:
         """For schedules whose forwards name their weight version: whether a forward of this worker not yet
@@ -356,3 +369,6 @@ class _Parts:
 
     def microbatch(self, k: int) -> tuple[Any, Any, int]:
         return self.parts[k], None, batch_size(self.parts[k])
+
+    def batch_samples(self, k: int) -> int:
+        return sum(batch_size(p) for p in self.parts)

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -24,6 +25,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from conveyor.plan import Layer, Profile
+from conveyor.runtime._devices import default_device
 from conveyor.runtime._microbatch import batch_size
 from conveyor.runtime._stage import Blocks, as_blocks
 from conveyor.runtime._transport import differentiable_leaves
@@ -54,8 +56,11 @@ def _detached_input(tree: Any) -> Any:
     return pytree.tree_map_only(torch.Tensor, leaf, tree)
 
 
-def _measure(block: nn.Module, x: Any, device: torch.device) -> tuple[float, float, Any, int]:
-    """One forward and one backward of ``block`` on ``x``: their times, the output and the bytes saved.
+def _measure(
+    block: nn.Module, x: Any, device: torch.device, autocast: torch.dtype | None = None
+) -> tuple[float, float, Any, int]:
+    """One forward and one backward of ``block`` on ``x`` (the forward under ``torch.autocast`` to ``autocast``,
+    if given): their times, the output and the bytes saved.
 
     Saved bytes count the activations autograd keeps for the backward, not the parameters it also keeps.
     """
@@ -69,9 +74,10 @@ def _measure(block: nn.Module, x: Any, device: torch.device) -> tuple[float, flo
         return t
 
     inp = _detached_input(x)
+    mixed = torch.autocast(device.type, autocast) if autocast is not None else contextlib.nullcontext()
     _sync(device)
     start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mixed:
         out = block(inp)
     _sync(device)
     forward = time.perf_counter() - start
@@ -112,6 +118,7 @@ def profile(
     warmup: int = 3,
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
     batch_sizes: Sequence[int] = (),
+    autocast: torch.dtype | None = None,
 ) -> Profile:
     """Profile every block of ``model`` on the batch ``example``.
 
@@ -119,13 +126,15 @@ def profile(
         model: an ``nn.Sequential`` or a list of blocks, as given to :class:`~conveyor.Pipeline`.
         example: one minibatch of input (any pytree of tensors); its size is the profile's batch size.
         name: the model's name in the profile.
-        device: where to run; default CUDA if available, else CPU.
+        device: where to run; default :func:`~conveyor.runtime.default_device`.
         repeats: timed runs per block (the median is kept).
         warmup: untimed runs per block first.
         optimizer: builds the optimizer whose state and step time are measured, e.g.
             ``partial(torch.optim.Adam, lr=1e-3)``; ``None`` records neither.
         batch_sizes: also measure at these batch sizes (each at most the example's; the example's first
             rows are used), kept as the profile's :attr:`~conveyor.plan._profiles.Profile.variants`.
+        autocast: run the forwards under ``torch.autocast`` to this dtype (``torch.bfloat16``), as the pipeline's
+            ``autocast`` does.
 
     Raises:
         ValueError: a batch size larger than the example's.
@@ -136,18 +145,30 @@ def profile(
     if batch_sizes:
         others = sorted(set(batch_sizes) - {full})
         rows = [pytree.tree_map_only(torch.Tensor, partial(_rows, count=b), example) for b in others]
-        measure = partial(profile, model, name=name, device=device, repeats=repeats, warmup=warmup, optimizer=optimizer)
+
+        def measure(x: Any) -> Profile:
+            return profile(
+                model,
+                x,
+                name=name,
+                device=device,
+                repeats=repeats,
+                warmup=warmup,
+                optimizer=optimizer,
+                autocast=autocast,
+            )
+
         return replace(measure(example), variants=tuple(measure(x) for x in rows))
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(device) if device is not None else default_device()
     x = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), example)
     layers = []
     for block_name, block in as_blocks(model):
         block = block.to(device)
         for _ in range(warmup):
-            _measure(block, x, device)
-        runs = [_measure(block, x, device) for _ in range(repeats)]
+            _measure(block, x, device, autocast)
+        runs = [_measure(block, x, device, autocast) for _ in range(repeats)]
         block.zero_grad(set_to_none=True)
         out = runs[-1][2]
         state_bytes, step_s = (0, 0.0) if optimizer is None else _optimizer_state(block, optimizer, repeats)

@@ -17,6 +17,18 @@ so it knows the layout already.
 
 Sends are asynchronous (``isend``): the executor never blocks on a send, only on the receive of data it
 needs next. :meth:`P2P.wait_sends` waits for the outstanding ones (at the end of a run).
+
+**CUDA tensors cross through pinned host memory, over gloo**, whatever backend the job's collectives use. A
+message is packed on the GPU, copied once into a pinned host buffer and sent by gloo (the job's default
+group in shared-GPU mode, else a gloo group of the same workers, :func:`host_group`); the receiver reads the
+header from host memory (no wait for its GPU) and copies the payload to its GPU without blocking. Why not
+NCCL's own send and receive: gloo's point-to-point messages of CUDA tensors abort the process, so shared-GPU
+mode (the only multi-worker mode a one-GPU machine can test) needs this path anyway, and making it the only
+path means the code that runs on a cluster is the code the tests ran; NCCL would also need every pair's sends
+and receives posted in matching order on one stream (a 1F1B stage that sends a forward while its peer sends a
+gradient back deadlocks), which routing by claims (:mod:`conveyor.stragglers`) cannot promise. The cost is
+the host copies: GPUs joined by NVLink do not use it for activations (the all-reduces of replicas stay on
+NCCL).
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-__all__ = ["P2P", "PendingRecv", "differentiable_leaves"]
+__all__ = ["P2P", "PendingRecv", "differentiable_leaves", "host_group"]
 
 _HEADER = 16  # bytes before the first tensor: two int64s, the description length and the sample count
 _ALIGN = 16
@@ -63,7 +75,7 @@ class _Layout:
     def pack(self, tensors: list[torch.Tensor], header: tuple[int, int] | None, device: torch.device) -> torch.Tensor:
         buf = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
         if header is not None:
-            buf[:_HEADER].view(torch.int64).copy_(torch.tensor(header, dtype=torch.int64))
+            _write_header(buf, header)
         for t, view in zip(tensors, self.unpack(buf), strict=True):
             view.copy_(t.detach())
         return buf
@@ -82,6 +94,27 @@ class _Channel:
     signature: tuple[Any, list[Any]]
     spec: pytree.TreeSpec
     layout: _Layout
+
+
+def _write_header(buf: torch.Tensor, header: tuple[int, int]) -> None:
+    buf[:_HEADER].view(torch.int64).copy_(torch.tensor(header, dtype=torch.int64))
+
+
+_HOST_GROUPS: dict[int, dist.ProcessGroup] = {}
+
+
+def host_group(group: dist.ProcessGroup | None = None) -> dist.ProcessGroup:
+    """A gloo group of ``group``'s workers (default: all), for messages in host memory: ``group`` itself where it
+    is gloo, else one made once per process (every worker of ``group`` must call this at the same point the first
+    time; the launcher does it for the whole job at start-up)."""
+    pg = group if group is not None else dist.group.WORLD
+    assert pg is not None, "torch.distributed is not initialised"
+    if dist.get_backend(pg) == "gloo":
+        return pg
+    if id(pg) not in _HOST_GROUPS:
+        ranks = None if pg is dist.group.WORLD else dist.get_process_group_ranks(pg)
+        _HOST_GROUPS[id(pg)] = dist.new_group(ranks, backend="gloo")
+    return _HOST_GROUPS[id(pg)]
 
 
 def _expected_size(channel: _Channel | None) -> int:
@@ -110,15 +143,24 @@ class P2P:
     Args:
         device: where received tensors are placed (the worker's compute device).
         group: the process group; the default one if ``None``. Peers are global ranks.
+        staged: send through host memory over gloo (default: on CUDA, see the module docstring); the CPU takes
+            it too, which tests use.
     """
 
-    def __init__(self, device: torch.device, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self, device: torch.device, group: dist.ProcessGroup | None = None, *, staged: bool | None = None
+    ) -> None:
         self.device = device
+        self._staged = device.type == "cuda" if staged is None else staged
+        self._pin = self._staged and torch.cuda.is_available()
         # The ProcessGroup's own send/recv: torch.distributed.isend adds ~45 us of Python checks per call,
         # which a latency-bound pipeline pays on its critical path at every hop.
         world = dist.group.WORLD
         assert world is not None, "torch.distributed is not initialised"
         self._pg: dist.ProcessGroup = group if group is not None else world
+        if self._staged:
+            self._pg = host_group(self._pg)
+        self._copies = torch.cuda.Stream(device) if self._staged and device.type == "cuda" else None
         self._group_rank: dict[int, int] = {}
         self._to: dict[int, _Channel] = {}
         self._from: dict[int, _Channel] = {}
@@ -145,8 +187,38 @@ class P2P:
         return pending.buf
 
     def _irecv(self, nbytes: int, src: int) -> PendingRecv:
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        buf = self._buffer(nbytes) if self._staged else torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         return PendingRecv(self._pg.recv([buf], self._peer(src), 0), buf, src)
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        """A host buffer, pinned where there is CUDA (so copies to and from the GPU need not wait)."""
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin)
+
+    def _message(self, layout: _Layout, tensors: list[torch.Tensor], header: tuple[int, int] | None) -> torch.Tensor:
+        """``tensors`` packed as ``layout`` says, with ``header``: on the device, or staged, in a host buffer (packed
+        on the device, then one copy, which waits for the device to have made them)."""
+        if not self._staged:
+            return layout.pack(tensors, header, self.device)
+        host = self._buffer(layout.nbytes)
+        host.copy_(layout.pack(tensors, None, self.device))
+        if header is not None:
+            _write_header(host, header)
+        return host
+
+    def _on_device(self, buf: torch.Tensor) -> torch.Tensor:
+        """A received buffer where its tensors belong: a staged one copied to the device without the host waiting,
+        on a stream of its own on CUDA (the copy engine then runs it beside the kernels already queued, and the
+        compute stream waits for it only where it uses the data)."""
+        if not self._staged:
+            return buf
+        if self._copies is None:
+            return buf.to(self.device)
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copies):
+            moved = buf.to(self.device, non_blocking=True)
+        compute.wait_stream(self._copies)
+        moved.record_stream(compute)  # allocated on the copy stream, used on the compute stream
+        return moved
 
     def send_tree(self, tree: Any, dst: int, samples: int = 0) -> None:
         """Send ``tree`` (tensors detached) and a sample count to rank ``dst`` as one message (two more if its
@@ -160,13 +232,14 @@ class P2P:
         channel = self._to.get(dst)
         if channel is None or channel.signature != signature:
             meta = pickle.dumps((pytree.treespec_dumps(spec), signature[1]))
-            notice = torch.zeros(_expected_size(channel), dtype=torch.uint8, device=self.device)
+            where = "cpu" if self._staged else self.device
+            notice = torch.zeros(_expected_size(channel), dtype=torch.uint8, device=where)
             notice[:8].view(torch.int64).fill_(len(meta))
             self._isend(notice, dst)
-            self._isend(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device), dst)
+            self._isend(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(where), dst)
             channel = _Channel(signature, spec, _Layout.of([(t.shape, t.dtype) for t in tensors], _HEADER))
             self._to[dst] = channel
-        self._isend(channel.layout.pack(tensors, (0, samples), self.device), dst)
+        self._isend(self._message(channel.layout, tensors, (0, samples)), dst)
 
     def irecv_tree(self, src: int) -> PendingRecv:
         """Post the receive of the next pytree from ``src``; finish it with :meth:`wait_tree`.
@@ -180,17 +253,18 @@ class P2P:
         """Complete a receive posted by :meth:`irecv_tree`: the pytree and its sample count."""
         pending.wait()
         buf, src = pending.buf, pending.src
-        meta_bytes = int(buf[:8].view(torch.int64).item())
+        meta_bytes = int(buf[:8].view(torch.int64).item())  # a staged header is in host memory: no device wait
         if meta_bytes:
             spec_text, leaf_meta = pickle.loads(self._recv(meta_bytes, src).cpu().numpy().tobytes())
             spec = pytree.treespec_loads(spec_text)
             shapes = [(torch.Size(k), v) for k, v in leaf_meta if k != "value"]
             self._from[src] = _Channel((spec, leaf_meta), spec, _Layout.of(shapes, _HEADER))
             buf = self._recv(self._from[src].layout.nbytes, src)
+        samples = int(buf[8:_HEADER].view(torch.int64).item())
         channel = self._from[src]
-        tensors = iter(channel.layout.unpack(buf))
+        tensors = iter(channel.layout.unpack(self._on_device(buf)))
         leaves = [value if kind == "value" else next(tensors) for kind, value in channel.signature[1]]
-        return pytree.tree_unflatten(leaves, channel.spec), int(buf[8:_HEADER].view(torch.int64).item())
+        return pytree.tree_unflatten(leaves, channel.spec), samples
 
     def recv_tree(self, src: int) -> tuple[Any, int]:
         """Receive the next pytree (and its sample count) that rank ``src`` sent with :meth:`send_tree`."""
@@ -200,7 +274,7 @@ class P2P:
         """Send tensors whose shapes the receiver already knows (gradients of what it sent us), as one message."""
         if tensors:
             layout = _Layout.of([(t.shape, t.dtype) for t in tensors], 0)
-            self._isend(layout.pack(tensors, None, self.device), dst)
+            self._isend(self._message(layout, tensors, None), dst)
 
     def irecv_tensors(self, like: list[torch.Tensor], src: int) -> PendingRecv:
         """Post the receive of one tensor shaped like each of ``like``; finish it with :meth:`wait_tensors`."""
@@ -209,12 +283,11 @@ class P2P:
             return PendingRecv(None, torch.empty(0, dtype=torch.uint8), src, layout)
         return dataclasses.replace(self._irecv(layout.nbytes, src), layout=layout)
 
-    @staticmethod
-    def wait_tensors(pending: PendingRecv) -> list[torch.Tensor]:
+    def wait_tensors(self, pending: PendingRecv) -> list[torch.Tensor]:
         """Complete a receive posted by :meth:`irecv_tensors` and return the tensors."""
         pending.wait()
         assert pending.layout is not None, "a receive posted by irecv_tree: finish it with wait_tree"
-        return pending.layout.unpack(pending.buf)
+        return pending.layout.unpack(self._on_device(pending.buf))
 
     def recv_tensors(self, like: list[torch.Tensor], src: int) -> list[torch.Tensor]:
         """Receive one tensor shaped like each of ``like``, in order, sent by :meth:`send_tensors`."""

@@ -12,6 +12,12 @@ are all-reduces (the sample count rides along with the last), so replicas may ha
 of microbatches, or none. For ``gpipe`` and ``flush`` this equals gradient accumulation over the batch,
 however its samples were split.
 
+Where an update covers a whole batch on every stage (``gpipe``, ``flush``, ``2bw``: ``averaged``), the
+last stage knows the update's sample count ``N`` before the backwards (its every replica reads the batch's
+targets), so it starts each backward from ``l_k n_k / N`` instead (from ``l_k`` itself for a batch of one
+microbatch): the backwards and the all-reduce then sum to ``g`` directly, and nothing is divided, which on
+a small model's CPU step saves a pass over every gradient.
+
 **Overlap with the backward**, as ``DistributedDataParallel`` does: the parameters are cut into buckets of
 about ``bucket_bytes`` in reverse order (the last layers' gradients are ready first; the first bucket, as
 DDP's, of about 1 MB, so that the all-reduce starts early), and during the last
@@ -20,6 +26,10 @@ as the gradients of all its parameters are final, while the backward goes on thr
 Buckets start in the same order on every replica (a bucket waits for the ones before it); ``REDUCE``
 starts those still waiting (all of them on a replica without a backward in the update, or on a stage that
 keeps its gradients on stashed weight versions) and waits for all.
+
+The sample count rides along with the last bucket, except on CUDA, where it is summed on a gloo group of the
+same replicas (``count_group``) in host memory: the worker needs the count on the host (an update without a
+sample must not step), and reading it off the GPU would make the worker wait for its GPU at every update.
 
 ``STEP`` then clips ``g`` (to a norm over the whole model for synchronous schedules, whose stages step
 together; over the stage for asynchronous ones) and steps the optimizer. An update without a sample on
@@ -51,8 +61,12 @@ class Updater:
         max_grad_norm: clip to this norm, or ``None``.
         clip_whole_model: clip to the whole model's norm (every worker steps at once) instead of the stage's.
         replicas: the stage's replica count (to count each stage once in the whole model's norm).
-        device: where the stage runs (the sample count and norm are reduced there, as NCCL needs).
+        device: where the stage runs (the norm is reduced there, as NCCL needs).
         bucket_bytes: the size of the gradient buckets all-reduced as the backward goes.
+        count_group: a gloo group of the same replicas, to sum the sample count in host memory (``None``: it
+            rides in the last bucket).
+        averaged: the backwards already sum to the update's mean gradient (see the module docstring): only sum
+            over the replicas.
     """
 
     def __init__(
@@ -65,8 +79,11 @@ class Updater:
         replicas: int,
         device: torch.device,
         bucket_bytes: int = BUCKET_BYTES,
+        count_group: dist.ProcessGroup | None = None,
+        averaged: bool = False,
     ) -> None:
         self.module, self.optimizer, self.group, self.device = module, optimizer, group, device
+        self.count_group, self.averaged = count_group, averaged
         self.max_grad_norm, self.clip_whole_model, self.replicas = max_grad_norm, clip_whole_model, replicas
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.samples = 0  # of the update being reduced; 0 after a reduce that found none
@@ -103,9 +120,9 @@ class Updater:
             self.started_in_backward += 1
 
     def _start(self, samples: int) -> None:
-        """Start the next bucket's all-reduce (the last bucket carries the sample count)."""
+        """Start the next bucket's all-reduce (the last bucket carries the sample count, without a count group)."""
         b = len(self._started)
-        extra = [float(samples)] if b == len(self.buckets) - 1 else []
+        extra = [float(samples)] if b == len(self.buckets) - 1 and self.count_group is None else []
         flat = pack_grads([self.params[i] for i in self.buckets[b]], self.dtype, self.device, extra)
         self._started.append((flat, dist.all_reduce(flat, group=self.group, async_op=True)))
 
@@ -113,19 +130,23 @@ class Updater:
         """Sum the gradients and the sample count over the replicas and divide: the update's mean gradient."""
         if self.group is None:
             self.samples = samples
-            for p in self.params:
-                if p.grad is not None and samples:
-                    p.grad.div_(samples)
+            grads = [] if self.averaged or not samples else [p.grad for p in self.params if p.grad is not None]
+            if grads:
+                torch._foreach_div_(grads, float(samples))  # one call for all of them, not one per parameter
             return
         assert self._armed in (None, samples), f"armed for {self._armed} samples, reducing {samples}"
         while len(self._started) < len(self.buckets):
             self._start(samples)
+        count = None
+        if self.count_group is not None:
+            count = torch.tensor([float(samples)], dtype=torch.float64)
+            dist.all_reduce(count, group=self.count_group)
         for _, work in self._started:
             work.wait()
-        self.samples = int(self._started[-1][0][-1].item())
+        self.samples = int((self._started[-1][0][-1] if count is None else count[0]).item())
         for (flat, _), bucket in zip(self._started, self.buckets, strict=True):
             if self.samples:
-                set_mean_grads([self.params[i] for i in bucket], flat, self.samples)
+                set_mean_grads([self.params[i] for i in bucket], flat, 1 if self.averaged else self.samples)
         self._armed, self._ready, self._started = None, [0] * len(self.buckets), []
 
     def step(self) -> None:
@@ -161,12 +182,18 @@ def reduce_dtype(params: Sequence[torch.Tensor]) -> torch.dtype:
 
 
 def pack_grads(
-    params: Sequence[torch.Tensor], dtype: torch.dtype, device: torch.device, extra: Sequence[float] = ()
+    params: Sequence[torch.Tensor],
+    dtype: torch.dtype,
+    device: torch.device,
+    extra: Sequence[float | torch.Tensor] = (),
 ) -> torch.Tensor:
     """One flat tensor of the parameters' gradients (zeros where a parameter has none), then ``extra``
-    (counts that ride along in the same all-reduce)."""
+    (counts, or 0-d tensors on ``device``, that ride along in the same all-reduce)."""
     parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(dtype) for p in params]
-    return torch.cat([*parts, torch.tensor(list(extra), dtype=dtype, device=device)])
+    tail = torch.empty(len(extra), dtype=dtype, device=device)
+    for i, value in enumerate(extra):
+        tail[i] = value  # a fill, or a copy on the device: a copy from host memory would wait for the GPU
+    return torch.cat([*parts, tail])
 
 
 def set_mean_grads(params: Sequence[torch.Tensor], flat: torch.Tensor, samples: float) -> None:
@@ -179,7 +206,9 @@ def set_mean_grads(params: Sequence[torch.Tensor], flat: torch.Tensor, samples: 
         >>> set_mean_grads([w], flat, flat[-1].item()); w.grad
         tensor([1., 2.])
     """
-    grads = flat[: sum(p.numel() for p in params)] / samples
+    grads = flat[: sum(p.numel() for p in params)]
+    if samples != 1:
+        grads = grads / samples
     for p, g in zip(params, grads.split([p.numel() for p in params]), strict=True):
         p.grad = g.view_as(p).to(p.dtype)
 

@@ -143,8 +143,17 @@ def with_communication(
     otherwise), so its backward returns to the replica that ran its forward. A forward on a stage after the
     first receives its input from the previous stage; one before the last sends its output on; backwards
     do the same for gradients in the other direction. Receives sit right before their use, so the
-    executor blocks only on data it needs next; sends are asynchronous.
+    executor blocks only on data it needs next; sends are asynchronous. One stage communicates nothing: its
+    compute order is returned as it is.
     """
+    if len(replicas) == 1:
+        return iter(compute)
+    return _communicating(compute, worker, replicas, route)
+
+
+def _communicating(
+    compute: Iterable[Action], worker: int, replicas: Sequence[int], route: Callable[[int, int], int] | None
+) -> Iterator[Action]:
     workers = stage_workers(replicas)
     stage, last = worker_stages(replicas)[worker], len(replicas) - 1
 

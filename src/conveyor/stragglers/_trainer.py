@@ -41,6 +41,7 @@ the time it waited for the all-reduce (:attr:`FlexiblePipeline.records`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -86,6 +87,7 @@ class StepRecord:
 class _Pending:
     buffer: torch.Tensor  # the gradient sums, then the loss sum and the sample count (pack_grads)
     work: Any  # the all-reduce in flight (None on an unreplicated stage)
+    samples: int  # the batch's: every chunk runs once, on one replica of each stage
 
 
 class FlexiblePipeline(StagePosition):
@@ -103,6 +105,7 @@ class FlexiblePipeline(StagePosition):
         reassign: let replicas take chunks from slow peers (``False``: a fixed split).
         predict: take gradients at the weights predicted ``slack`` updates ahead (see above).
         device: this worker's device; default ``cuda:LOCAL_RANK`` with CUDA, else CPU.
+        autocast: run forwards and the loss under ``torch.autocast`` with this dtype (``torch.bfloat16``).
 
     Example (on every worker of ``conveyor.launch(main, nprocs=4)``: data parallelism)::
 
@@ -130,6 +133,8 @@ class FlexiblePipeline(StagePosition):
         reassign: bool = True,
         predict: bool = True,
         device: torch.device | str | None = None,
+        *,
+        autocast: torch.dtype | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: run under conveyor.launch or torchrun")
@@ -156,6 +161,7 @@ class FlexiblePipeline(StagePosition):
         self.optimizer = optimizer(self.params) if self.params else None
         self._dtype = reduce_dtype(self.params)
         self.loss_fn, self.chunks, self.slack, self.reassign = loss_fn, chunks, slack, reassign
+        self.autocast = autocast
         self.predict = predict and slack > 0
         self.store = dist.distributed_c10d._get_default_store()
         self.router = Router(self.store, self.device)
@@ -195,7 +201,7 @@ class FlexiblePipeline(StagePosition):
         self._runs += 1
         self._previous = None  # W(t - 1) = W(t) until this run's first update: its first gradients are fresh
         pending: deque[_Pending] = deque()
-        losses: list[float] = []
+        losses: list[torch.Tensor] = []  # on the device: read once, at the run's end
         for inputs, targets in batches if batches is not None else self._announced_steps():
             record = StepRecord(self.steps, self.stage, self._replica, 0, 0, 0, 0.0, 0.0)
             pending.append(self._compute(inputs, targets, record))
@@ -210,7 +216,7 @@ class FlexiblePipeline(StagePosition):
         while pending:  # the last s gradients, in order (their waits end the run's last step)
             self.records[-1].wait_s += self._apply(pending.popleft(), losses)
         self.router.wait_sends()
-        return losses if self.is_output else None
+        return torch.stack(losses).tolist() if self.is_output and losses else None
 
     def _step_key(self) -> str:
         """The store keys of this trainer's current run and step (its claims, its queues)."""
@@ -256,17 +262,19 @@ class FlexiblePipeline(StagePosition):
         master = self._predicted() if self.predict else None
         y_parts = split(targets, self.replicas * self.chunks) if self.is_last else None
         in_flight: deque[tuple[Any, Arrival]] = deque()  # forwards sent on whose gradients are not back
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=self._dtype, device=self.device)
         for p in self.params:
             p.grad = None
         for arrival, n in self._chunks(inputs, record):
-            out = self.module(arrival.inputs)
+            with self._mixed():
+                out = self.module(arrival.inputs)
             record.samples, record.chunks = record.samples + n, record.chunks + 1
             if self.is_last:
                 assert y_parts is not None
-                loss = self.loss_fn(out, to_device(y_parts[arrival.chunk], self.device))
+                with self._mixed():
+                    loss = self.loss_fn(out, to_device(y_parts[arrival.chunk], self.device))
                 (loss * n).backward()  # a sum over the chunk's samples
-                loss_sum += float(loss.detach()) * n
+                loss_sum += loss.detach() * n
                 if self.stage > 0:
                     self.router.send_grads(arrival)
                 continue
@@ -284,7 +292,12 @@ class FlexiblePipeline(StagePosition):
         buffer = pack_grads(self.params, self._dtype, self.device, [loss_sum, float(record.samples)])
         record.compute_s = time.perf_counter() - start
         work = dist.all_reduce(buffer, group=self._group, async_op=True) if self._reduces else None
-        return _Pending(buffer, work)
+        # The step's samples, all-reduced or not, are the batch's: a later stage runs every chunk.
+        return _Pending(buffer, work, batch_size(inputs) if self.stage == 0 else record.samples)
+
+    def _mixed(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast`` to the trainer's dtype, or nothing."""
+        return torch.autocast(self.device.type, self.autocast) if self.autocast else contextlib.nullcontext()
 
     @property
     def _reduces(self) -> bool:
@@ -305,14 +318,14 @@ class FlexiblePipeline(StagePosition):
                     p.add_(p - prev, alpha=self.slack)
         return master
 
-    def _apply(self, pending: _Pending, losses: list[float]) -> float:
+    def _apply(self, pending: _Pending, losses: list[torch.Tensor]) -> float:
         """Wait for an all-reduce; step the optimizer with its mean gradient; return the seconds waited."""
         start = time.perf_counter()
         if pending.work is not None:
             pending.work.wait()
         waited = time.perf_counter() - start
-        loss_sum, samples = pending.buffer[-2:].tolist()
-        losses.append(loss_sum / max(samples, 1.0))
+        samples = pending.samples  # (what the all-reduce summed too: read here, it would wait for the device)
+        losses.append(pending.buffer[-2] / max(samples, 1))
         if samples and self.optimizer is not None:
             set_mean_grads(self.params, pending.buffer, samples)
             if self.predict:
@@ -346,9 +359,11 @@ class FlexiblePipeline(StagePosition):
         if self.stage == 0:
             if inputs is None:
                 raise ValueError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
-            out = self.module(to_device(inputs, self.device))
+            with self._mixed():
+                out = self.module(to_device(inputs, self.device))
         else:
-            out = self.module(self.router.receive(f"{queue}{self.stage}", 1, training=False).inputs)
+            with self._mixed():
+                out = self.module(self.router.receive(f"{queue}{self.stage}", 1, training=False).inputs)
         if not self.is_last:
             self.router.send(f"{queue}{self.stage + 1}", out, 0, 1, self._next)
             self.router.wait_sends()

@@ -1,0 +1,35 @@
+"""conveyor bench overhead: one worker of conveyor train and a plain loop on the same job, side by side."""
+
+import json
+import os
+
+import pytest
+
+from conveyor.bench.overhead import Case, OverheadBenchConfig, plot, run
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_report_sets_each_run_beside_the_plain_loop(tmp_path) -> None:
+    cases = {"cpu": {"mlp": Case("mlp", epochs=2)}, "cuda": {}}
+    report = run(OverheadBenchConfig(models=("mlp",), gpu_models=(), contended=False, repeats=1, cases=cases))
+    (result,) = report["results"]
+    assert (result["model"], result["device"], result["contended"]) == ("mlp", "cpu", False)
+    cores = len(os.sched_getaffinity(0))
+    assert set(result["plain_runs"]) == ({"1", str(cores)} if cores > 1 else {"None"})
+    assert result["plain_samples_per_s"] == max(runs[0] for runs in result["plain_runs"].values())
+    assert result["conveyor_samples_per_s"] == result["conveyor_runs"][0] > 0
+    assert result["ratio"] == pytest.approx(result["conveyor_samples_per_s"] / result["plain_samples_per_s"])
+    predicted = result["predicted_samples_per_s"]
+    assert result["prediction_error"] == pytest.approx(result["conveyor_samples_per_s"] / predicted - 1)
+    assert report["goals"]["ratio_met"] == (result["ratio"] >= 0.9) and report["goals"]["gpu_prediction_met"] is None
+    json.dumps(report)
+    plot(report["results"], tmp_path / "overhead.png")
+    assert (tmp_path / "overhead.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_config_is_one_line() -> None:
+    with pytest.raises(ValueError, match=r"unknown gpu models \['vgg19'\]"):
+        OverheadBenchConfig(gpu_models=("vgg19",))
+    with pytest.raises(ValueError, match="epochs at least 2"):
+        OverheadBenchConfig(epochs=1)
