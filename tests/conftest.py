@@ -1,6 +1,11 @@
-"""Shared test fixtures: where the published PipeDream profiles are, if this checkout has them."""
+"""Shared test fixtures: where the published PipeDream profiles are, if this checkout has them; the tiers (markers
+``slow``, ``root``, ``gpu``: skipped, saying why, where the machine lacks what they need; a test of the fast tier
+that starts a process fails, saying to mark it)."""
 
+import multiprocessing.process
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,15 +21,19 @@ def pipedream_profiles() -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` need CUDA: without it they are skipped, saying so (``pytest -m gpu`` runs only them)."""
+    """Tests marked ``gpu`` need CUDA and tests marked ``root`` an emulated cluster (root, namespaces, cgroups):
+    where the machine lacks either, they are skipped, saying why."""
     import torch
+    from emulation import REASON
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    reasons = {
+        "gpu": None if torch.cuda.is_available() else "needs a CUDA GPU (torch.cuda.is_available() is False here)",
+        "root": None if REASON is None else f"cannot emulate a cluster here: {REASON}",
+    }
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, reason in reasons.items():
+            if reason is not None and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True)
@@ -35,3 +44,17 @@ def _cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.M
         monkeypatch.setenv("CONVEYOR_DEVICE", "cpu")
     else:
         monkeypatch.delenv("CONVEYOR_DEVICE", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _the_fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast tier (no ``slow``, ``root`` or ``gpu`` marker) runs in this process: starting a worker process or
+    a command there fails the test at once, saying how to file it."""
+    if any(marker in request.keywords for marker in ("slow", "root", "gpu")):
+        return
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

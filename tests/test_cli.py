@@ -15,6 +15,7 @@ from conveyor.stragglers import MODES
 pytestmark = pytest.mark.timeout(180)
 
 
+@pytest.mark.slow
 def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) -> None:
     ckpt, metrics = tmp_path / "run" / "model.pt", tmp_path / "run" / "metrics.json"
     conveyor = [sys.executable, "-m", "conveyor.cli"]
@@ -58,6 +59,7 @@ def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) 
     assert checkpoint.load(tmp_path / "again.pt")["steps"] == 4 * -(-1437 // 64)
 
 
+@pytest.mark.slow
 def test_train_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     # A synchronous schedule, so that 3 epochs reach the accuracy whichever layout the start-up figures favour
     # (--schedule auto may pick 2bw, whose one-update-old gradients need more epochs on this problem).
@@ -70,6 +72,7 @@ def test_train_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     assert json.loads(metrics.read_text())["accuracy"][-1] > 0.8
 
 
+@pytest.mark.slow
 def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
            "-m", "conveyor.cli", "train", "--stages", "2", "--epochs", "1", "--run-dir", str(tmp_path)]  # fmt: skip
@@ -107,6 +110,12 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         (["bench", "stragglers", "--patterns", "slow-worker"], "the patterns must include none"),
         (["train", "--device", "cpu", "--backend", "nccl"], "NCCL joins GPUs, and this job runs on the CPU: use --"),
         (["bench", "overhead", "--models", "vgg19"], "unknown models ['vgg19']: choose from mlp, vgg16, gpt"),
+        (["train", "--lr", "-1"], "--lr must be above 0 and --momentum in [0, 1); got -1.0 and 0.9"),
+        (["train", "--momentum", "1"], "--lr must be above 0 and --momentum in [0, 1); got 0.05 and 1.0"),
+        (["train", "--batch-size", "5000"], "--batch-size 5000 is more than the 1437 training samples: use at most"),
+        (["train", "--microbatches", "128"], "--microbatches 128 is more than the 64 samples of a batch: use at most"),
+        (["train", "--model", "models.factory"], "(a factory is named with a colon: models:factory)"),
+        (["train", "--resume", "OTHER_MODEL"], "OTHER_MODEL is from another model (missing 0.bias, 0.weight, 2.bias"),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(
@@ -117,7 +126,8 @@ def test_bad_input_is_one_line_without_traceback(
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "NOT_A_CHECKPOINT").write_text("hello")
     (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 4)  # like /etc/hostname: torch.load's message is long
-    paths = {name: str(tmp_path / name) for name in ("NOT_A_CHECKPOINT", "BINARY")}
+    checkpoint.save(tmp_path / "OTHER_MODEL", {"weight": torch.zeros(2)})
+    paths = {name: str(tmp_path / name) for name in ("NOT_A_CHECKPOINT", "BINARY", "OTHER_MODEL")}
     paths["PLAN"] = str(tmp_path / "plan.json")
     assert main([paths.get(a, a) for a in args]) == 2
     err = capsys.readouterr().err
@@ -125,12 +135,23 @@ def test_bad_input_is_one_line_without_traceback(
     assert "Traceback" not in err and err.count("\n") == 1
 
 
-def test_checkpoint_of_another_model_fails_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    other = checkpoint.save(tmp_path / "other.pt", {"weight": torch.zeros(2)})
-    assert main(["train", "--epochs", "1", "--stages", "2", "--resume", str(other), "--run-dir", str(tmp_path)]) == 1
-    err = capsys.readouterr().err
-    assert "CheckpointError" in err and "is from another model" in err
-    assert "Traceback" not in err and err.count("\n") == 1
+def test_help_shows_defaults_and_the_version_is_there(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # the help folds lines at the terminal's width
+    assert "--lr LR learning rate, above 0 (default: 0.05)" in text
+    assert "--seed SEED initial weights, data order and dropout (default: 0)" in text
+    assert "(default: True)" not in text  # a flag's default reads backwards: not shown
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("conveyor 0.")
+
+
+def test_go_on_command_drops_the_old_resume_and_epochs() -> None:
+    from conveyor.cli._train import _without
+
+    argv = ["train", "--epochs", "9", "--resume=a.pt", "--model", "vgg", "--resume", "b.pt", "--epochs=3"]
+    assert _without(argv, "--resume", "--epochs") == ["train", "--model", "vgg"]
 
 
 def test_unknown_schedule_is_rejected_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
@@ -165,6 +186,7 @@ def test_the_straggler_modes_written_out_for_the_parser_are_the_packages() -> No
     assert tuple(stragglers.choices) == MODES
 
 
+@pytest.mark.slow
 def test_bench_schedules_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     args = [

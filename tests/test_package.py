@@ -4,6 +4,7 @@ import importlib
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,7 @@ BLOCK_TORCH = "import sys; sys.modules['torch'] = None\n"
         "from conveyor.cli import main; raise SystemExit(main(['plan', 'PROFILE', '--topology', '2:1e9']))",
     ],
 )
+@pytest.mark.slow
 def test_scheduling_and_planning_work_without_torch(code: str, tmp_path: object) -> None:
     from conveyor.plan import Profile
 
@@ -47,3 +49,12 @@ def test_scheduling_and_planning_work_without_torch(code: str, tmp_path: object)
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_readme_quotes_the_test_command() -> None:
+    """CI runs scripts/test.sh; the README's "Run the tests" shows its command line word for word."""
+    root = Path(__file__).resolve().parents[1]
+    command = (root / "scripts" / "test.sh").read_text().strip().splitlines()[-1]
+    assert command.startswith("pip install torch==2.13.0 && ") and "pytest" in command
+    assert f"```bash\n{command}\n```" in (root / "README.md").read_text()
+    assert "scripts/test.sh" in (root / ".ci" / "run").read_text()

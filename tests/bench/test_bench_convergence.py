@@ -9,6 +9,7 @@ from conveyor.bench.convergence import ConvergenceConfig, epochs_to, run, summar
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow
 def test_report_of_real_runs(tmp_path: Path) -> None:
     cfg = ConvergenceConfig(models=("mlp",), strategies=("dp", "2bw"), seeds=2, workers=2)
     report = run(cfg, plot=str(tmp_path / "c.png"))

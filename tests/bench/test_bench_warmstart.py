@@ -55,6 +55,7 @@ def test_bad_families_and_a_used_folder_are_one_line(tmp_path: Path, capsys: pyt
     assert "exists: give --keep a new folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_small_family_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = Family("mlp", parents=((16, 1),), children=((32, 1),), target=0.8, epochs=3, parent_epochs=6, lr=0.05)

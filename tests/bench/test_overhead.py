@@ -10,6 +10,7 @@ from conveyor.bench.overhead import Case, OverheadBenchConfig, plot, run
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.slow
 def test_report_sets_each_run_beside_the_plain_loop(tmp_path) -> None:
     cases = {"cpu": {"mlp": Case("mlp", epochs=2)}, "cuda": {}}
     report = run(OverheadBenchConfig(models=("mlp",), gpu_models=(), contended=False, repeats=1, cases=cases))

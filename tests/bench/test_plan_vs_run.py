@@ -7,6 +7,7 @@ from conveyor.bench.plan_vs_run import PlanVsRunConfig, run
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.slow
 def test_report_compares_measured_and_predicted_throughput() -> None:
     report = run(PlanVsRunConfig(minibatches=30, repeats=1))
     results = {r["case"]: r for r in report["results"]}

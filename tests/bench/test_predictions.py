@@ -7,6 +7,7 @@ from conveyor.bench.predictions import PredictionsConfig, run
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.slow
 def test_report_sets_each_prediction_against_its_measurement() -> None:
     report = run(PredictionsConfig(models=("mlp",), workers=2, epochs=1, repeats=1, schedules=("auto", "dp")))
     planned, data_parallel = report["results"]

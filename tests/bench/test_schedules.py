@@ -7,6 +7,7 @@ from conveyor.bench.schedules import BenchConfig, run
 pytestmark = pytest.mark.timeout(180)
 
 
+@pytest.mark.slow
 def test_report_is_consistent() -> None:
     cfg = BenchConfig(stages=3, microbatches=3, steps=3, forward_ms=4.0, backward_ms=8.0, repeats=2)
     report = run(cfg)

@@ -10,6 +10,7 @@ from conveyor.bench.tta import TTAConfig, run
 pytestmark = pytest.mark.timeout(400)
 
 
+@pytest.mark.slow
 def test_time_to_accuracy_report(tmp_path: Path) -> None:
     cfg = TTAConfig(workers=2, target=0.8, epochs=8, strategies=("dp", "ddp", "pipedream"))  # (2bw: test_train)
     report = run(cfg, plot=str(tmp_path / "tta.png"))

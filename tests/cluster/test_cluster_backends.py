@@ -66,6 +66,7 @@ def _sleeper(backend: Backend, tmp_path: Path, device_type: str = "slow") -> tup
     return launched, marker
 
 
+@pytest.mark.slow
 def test_local_launch_reports_the_exit_code_and_passes_env(tmp_path: Path) -> None:
     code = "import os, time; print(os.environ['GREETING']); time.sleep(0.3); raise SystemExit(3)"
     with LocalBackend() as backend:
@@ -77,6 +78,7 @@ def test_local_launch_reports_the_exit_code_and_passes_env(tmp_path: Path) -> No
     assert (tmp_path / "logs" / "three.log").read_text() == "hello\n"
 
 
+@pytest.mark.slow
 def test_local_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     with LocalBackend() as backend:
         job, marker = _sleeper(backend, tmp_path)
@@ -93,6 +95,7 @@ def test_local_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
         assert not _pids_with(marker)
 
 
+@pytest.mark.slow
 def test_local_close_stops_what_still_runs(tmp_path: Path) -> None:
     backend = LocalBackend(grace_s=2)
     job, marker = _sleeper(backend, tmp_path)

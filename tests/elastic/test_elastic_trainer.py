@@ -1,7 +1,6 @@
 """Elastic training through revocations and additions: the weights always equal a single-process run of the
 committed steps, nothing committed is lost, and losing the reliable tier is a clear error."""
 
-import multiprocessing
 import os
 import signal
 import time
@@ -14,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conveyor._processes import LauncherOutput, worker_context
 from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, launch_elastic, planned_layouts
-from conveyor.elastic._launch import _worker
+from conveyor.elastic._launch import _ElasticJob, _worker
 from conveyor.plan import Profile
 from conveyor.runtime import WorkerError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 BATCH, EPOCHS = 24, 2
 OPTIMIZER = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
@@ -103,8 +103,17 @@ def run(tmp_path: Path, workers: int, opts: ElasticOptions, kills: dict[int, tup
     args = (str(tmp_path), opts, workers, kills, victim, pipeline, step_s)
     joiner = None
     if join_after_s:  # a worker started by hand (as conveyor train --join would), from outside the launcher
-        joined = (9, None, "127.0.0.1", tmp_path, partial(late, join_after_s), args, None, 1)
-        joiner = multiprocessing.get_context("spawn").Process(target=_worker, args=joined)
+        job = _ElasticJob(
+            host="127.0.0.1",
+            folder=tmp_path,
+            fn=partial(late, join_after_s),
+            args=args,
+            setup=None,
+            threads=1,
+            environment=dict(os.environ),
+            output=LauncherOutput(),
+        )
+        joiner = worker_context().Process(target=_worker, args=(9, None, job))
         joiner.start()
     try:
         results = launch_elastic(work, *args, nprocs=workers, folder=tmp_path, timeout_s=100)

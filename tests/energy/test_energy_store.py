@@ -63,6 +63,7 @@ def _begin_and_hold(path: str, ready: mp.synchronize.Barrier, done: mp.synchroni
     done.wait(60)  # stay alive (running) until every process has begun
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_concurrent_beginnings_take_turns_and_only_one_explores(tmp_path: Path) -> None:
     path = str(tmp_path / "r.sqlite")
@@ -89,6 +90,7 @@ def _begin_and_die(path: str) -> None:
     RecurrenceStore(Path(path)).begin("job", SETTINGS)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_recurrence_whose_process_died_is_abandoned(tmp_path: Path) -> None:
     path = tmp_path / "r.sqlite"

@@ -6,7 +6,7 @@ import pytest
 
 from conveyor.job import TrainConfig, train
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TARGET = 0.93
 MAX_EPOCHS = 12

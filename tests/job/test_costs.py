@@ -10,7 +10,7 @@ from conveyor.job import TrainConfig, model_and_data
 from conveyor.job._costs import Costs, measure_costs
 from conveyor.runtime import launch
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _measure() -> Costs | None:

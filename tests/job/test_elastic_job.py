@@ -27,6 +27,7 @@ def test_options_that_cannot_go_with_elastic_training_fail_in_one_line() -> None
         TrainConfig(reliable=1, elastic_layout="stages")
 
 
+@pytest.mark.slow
 def test_an_elastic_pipeline_plans_from_worker_0s_profile(tmp_path: Path) -> None:
     summary = train(TrainConfig(reliable=1, workers=3, epochs=2, run_dir=str(tmp_path), elastic_layout="pipeline"))
     (start,) = summary["generations"]

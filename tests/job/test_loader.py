@@ -1,10 +1,12 @@
 """Each reading worker's batches: the dataset on the device, indexed there, in the same order as a DataLoader's."""
 
+import pytest
 import torch
 
 from conveyor.job import EpochBatches
 
 
+@pytest.mark.slow
 def test_batches_on_the_device_are_the_loaders_in_the_same_order() -> None:
     x, y = torch.arange(50.0).reshape(25, 2), torch.arange(25)
     on_device = EpochBatches(x, y, batch_size=8, seed=3, device=torch.device("cpu"))

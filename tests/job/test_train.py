@@ -10,7 +10,7 @@ import conveyor.runtime._checkpoint as checkpoint
 from conveyor.job import TrainConfig, closing_notes, train
 from conveyor.plan import layout_file, read_plan_file
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 STEPS_PER_EPOCH = -(-1437 // 64)  # the last batch of an epoch is short, not dropped
 

@@ -44,6 +44,7 @@ def _png_width(path: Path) -> int:
     return width
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_each_epochs_energy_is_the_sum_of_the_workers_replayed_windows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -64,11 +65,12 @@ def test_each_epochs_energy_is_the_sum_of_the_workers_replayed_windows(
         f"worker 1: zeus {VERSION}: replay of {logs}/energy-1.csv (GPU 0, 1)"
     )
     assert "time_to_accuracy_s" not in summary and "energy_to_accuracy_j" not in summary  # no target
-    assert _png_width(run / "accuracy.png") == 1320  # two panels: against time and against energy
+    assert _png_width(run / "accuracy.png") == 2016  # three panels: accuracy and loss by time, accuracy by energy
     out = capsys.readouterr().out
     assert "energy" in out and "0.7 kJ" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_worker_without_a_meter_is_left_out_and_said_so_and_the_target_has_its_time_and_energy(
     tmp_path: Path,
@@ -88,6 +90,7 @@ def test_a_worker_without_a_meter_is_left_out_and_said_so_and_the_target_has_its
     assert [(m["energy_j"], m["energy_total_j"]) for m in _metrics(tmp_path / "run")] == [(101.0, 101.0)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_auto_where_nothing_is_readable_records_null_energy_and_the_reason_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -106,7 +109,7 @@ def test_auto_where_nothing_is_readable_records_null_energy_and_the_reason_once(
     assert note.startswith("no energy meter readable here (") and note.endswith("): energy is not recorded")
     assert summary["time_to_accuracy_s"] > 0 and summary["energy_to_accuracy_j"] is None
     assert [(m["energy_j"], m["energy_total_j"]) for m in _metrics(run)] == [(None, None)]
-    assert _png_width(run / "accuracy.png") == 768  # accuracy against time alone, as before
+    assert _png_width(run / "accuracy.png") == 1392  # accuracy and loss against time, no energy panel
     out = capsys.readouterr().out
     assert "n/a" in out and out.count(note) == 1
 

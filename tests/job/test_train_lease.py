@@ -73,6 +73,7 @@ def test_a_missing_lease_is_a_one_line_error_at_start(tmp_path: Path, capsys: py
     assert not (tmp_path / "run").exists()  # nothing started
 
 
+@pytest.mark.slow
 def test_an_expiring_lease_stops_the_run_which_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     lease, ckpt = tmp_path / "lease.json", tmp_path / "ckpt" / "job.pt"
     write_lease(lease, time.time() + 600)
@@ -100,6 +101,7 @@ def test_an_expiring_lease_stops_the_run_which_resumes_from_its_checkpoint(tmp_p
     assert second["accuracy"][0] > max(0.5, first["accuracy"][-1] - 0.1), (first["accuracy"], second["accuracy"])
 
 
+@pytest.mark.slow
 def test_a_lease_extended_while_running_lets_the_run_finish(tmp_path: Path) -> None:
     """Started with a lease ending a second later (start-up alone takes longer), renewed every 0.1 s to 30 s
     ahead as a scheduler extends a job's lease round after round: the run goes on to its last epoch."""

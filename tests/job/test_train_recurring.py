@@ -31,6 +31,7 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_recurrences_explore_from_the_default_and_record_their_cost(tmp_path: Path) -> None:
     store = tmp_path / "store.sqlite"
@@ -52,6 +53,7 @@ def test_recurrences_explore_from_the_default_and_record_their_cost(tmp_path: Pa
         (64, "finished", runs[0]["cost"]), (32, "finished", runs[1]["cost"])]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_recurrence_past_beta_times_the_least_cost_stops_early(tmp_path: Path) -> None:
     # Two workers (data parallel), each replaying its own meter: both must decide to stop at the same epoch.

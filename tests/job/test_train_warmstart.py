@@ -10,6 +10,8 @@ import pytest
 from conveyor.cli import main
 from conveyor.warmstart import ModelStore
 
+pytestmark = pytest.mark.slow
+
 BASE = ["train", "--workers", "1", "--energy-meter", "off"]
 
 

@@ -63,6 +63,7 @@ def _batchnorm_run() -> dict[str, torch.Tensor] | None:
     return {k: v.clone() for k, v in pipe.module.state_dict().items() if "running" in k}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_batchnorm_statistics_in_a_pipeline_are_those_of_the_microbatches() -> None:
     """Each stage's BatchNorm sees the same 4 microbatches, in order, as an unsplit model would."""

@@ -100,6 +100,7 @@ def _check(
     return per_rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_async_schedules_match_their_update_equations(stages: int) -> None:
     cases = [(s, opt, None, None) for s in ASYNC for opt in OPTIMIZERS]
@@ -112,6 +113,7 @@ def test_async_schedules_match_their_update_equations(stages: int) -> None:
     assert len(losses) == 4 and all(isinstance(v, float) for v in losses)
 
 
+@pytest.mark.slow
 def test_clipping_and_autocast() -> None:
     _check((1, 1, 1), [("2bw", "sgd", 0.05, None), ("flush", "sgd", 0.05, None), ("pipedream", "adam", 0.05, None)])
     # Half precision rounds the runtime's loss scaling (before backward) and the reference's gradient mean
@@ -119,12 +121,14 @@ def test_clipping_and_autocast() -> None:
     _check((1, 1, 1), [("2bw", "sgd", None, torch.bfloat16), ("2bw", "adam", None, torch.float16)], rtol=1e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [(2, 1), (1, 2), (2, 2), (3, 1)])
 def test_replicated_stages_match_their_update_equations(replicas: tuple[int, ...]) -> None:
     opts = ["sgd", "adam"] if replicas == (2, 2) else ["sgd"]
     _check(replicas, [(s, opt, None, None) for s in ("flush", "gpipe", *ASYNC) for opt in opts])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [(3, 1), (1, 2)])
 def test_counts_that_divide_nothing_match_the_update_equations(replicas: tuple[int, ...]) -> None:
     """4 microbatches on 3 replicas, batches of 10, 9, 7 and 3 samples: uneven rounds, a last partial round,
@@ -132,6 +136,7 @@ def test_counts_that_divide_nothing_match_the_update_equations(replicas: tuple[i
     _check(replicas, [(s, "sgd", None, None) for s in ("flush", "gpipe", *ASYNC)], m=4, sizes=UNEVEN)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [(1, 1, 1), (2, 1), (1, 2)])
 def test_stale_gradient_correction_matches_its_equations(replicas: tuple[int, ...]) -> None:
     """Weight prediction over each stage's staleness, and PipeDream's learning rate per sample, as written in
@@ -173,6 +178,7 @@ def _broken() -> None:
     pipe.train(_data())
 
 
+@pytest.mark.slow
 def test_a_broken_stash_is_caught() -> None:
     with pytest.raises(WorkerError) as err:
         launch(_broken, nprocs=2, timeout_s=60)
@@ -190,6 +196,7 @@ def _save_after_async(path: str) -> dict[str, Any]:
     return {"eval": before, "eval_after_load": pipe.evaluate(x), "output": pipe.is_output}
 
 
+@pytest.mark.slow
 def test_evaluate_and_checkpoint_after_an_asynchronous_run(tmp_path: Path) -> None:
     path = tmp_path / "model.pt"
     per_rank = launch(_save_after_async, str(path), nprocs=3, timeout_s=60)
@@ -217,6 +224,7 @@ def _recompute_run(schedule: str) -> dict[bool, dict[str, torch.Tensor]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["2bw", "flush"])
 def test_recomputation_changes_no_weight(schedule: str) -> None:
     """Re-running each forward in the backward (dropout's masks replayed) gives the same training."""

@@ -11,7 +11,7 @@ from models import batches, mlp
 
 from conveyor.runtime import P2P, launch, measure_allreduce, measure_link, measure_overhead
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _measure() -> dict[str, Any]:

@@ -41,6 +41,7 @@ def _load_wrong_model(path: str) -> str:
     return "loaded"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_save_on_4_stages_resume_on_2_and_in_a_plain_module(tmp_path: Path) -> None:
     path = str(tmp_path / "ckpt" / "model.pt")

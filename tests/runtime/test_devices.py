@@ -68,5 +68,6 @@ def _device_type() -> str:
     return devices.default_device().type
 
 
+@pytest.mark.slow
 def test_the_launcher_hands_its_workers_the_device() -> None:
     assert launch(_device_type, nprocs=2, device="cpu", timeout_s=60) == {0: "cpu", 1: "cpu"}

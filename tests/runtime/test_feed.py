@@ -47,6 +47,7 @@ def _long_run(count: int, as_generator: bool) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_a_generator_of_2000_batches_is_read_lazily_and_trains_as_the_list_does() -> None:
     count = 2_000
     lazy = launch(_long_run, count, True, nprocs=2, timeout_s=280)
@@ -77,6 +78,7 @@ def _layouts(replicas: list[int]) -> dict[tuple[str, bool], dict[str, torch.Tens
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [[3, 1], [2, 2]])  # a replicated first stage; replicated first and last
 def test_generators_run_every_schedule_on_any_layout(replicas: list[int]) -> None:
     """An unsized run's length is announced window by window: no layout waits on it forever, and the weights
@@ -117,5 +119,6 @@ def _three_replicas_ahead() -> int:
     return pipe.steps
 
 
+@pytest.mark.slow
 def test_the_next_window_is_announced_before_a_replica_needs_it() -> None:
     assert launch(_three_replicas_ahead, nprocs=4, timeout_s=60) == {r: 7 for r in range(4)}

@@ -2,7 +2,10 @@
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,10 +41,12 @@ def _sleep_long() -> None:
     time.sleep(60)
 
 
+@pytest.mark.slow
 def test_results_come_back_per_rank() -> None:
     assert launch(_rank_sum, nprocs=3, timeout_s=60) == {0: (0, 3.0), 1: (1, 3.0), 2: (2, 3.0)}
 
 
+@pytest.mark.slow
 def test_first_error_is_reported_and_everyone_stops() -> None:
     start = time.monotonic()
     with pytest.raises(WorkerError) as info:
@@ -54,6 +59,7 @@ def test_first_error_is_reported_and_everyone_stops() -> None:
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.slow
 def test_no_worker_outlives_a_failed_job(tmp_path) -> None:
     with pytest.raises(WorkerError, match="RuntimeError: stop"):
         launch(_pids_then_fail, str(tmp_path), nprocs=3, timeout_s=60)
@@ -63,6 +69,7 @@ def test_no_worker_outlives_a_failed_job(tmp_path) -> None:
             os.kill(pid, 0)
 
 
+@pytest.mark.slow
 def test_job_past_its_time_limit_is_killed() -> None:
     with pytest.raises(TimeoutError, match="ran past its 3 s limit"):
         launch(_sleep_long, nprocs=2, timeout_s=3)
@@ -83,3 +90,36 @@ def test_torchrun_is_detected_from_its_variables(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert under_torchrun()
+
+
+def _say(text: str) -> str:
+    print(f"out {text} {dist.get_rank()}", flush=True)
+    print(f"err {text} {dist.get_rank()}", file=sys.stderr, flush=True)
+    return os.environ["CONVEYOR_TEST_VALUE"]
+
+
+_MOVED_OUTPUT = """
+import os, sys
+from conveyor._processes import start_worker_server
+from conveyor.runtime import launch
+from test_launch import _say
+
+start_worker_server()  # with this process's output and environment of now
+os.environ["CONVEYOR_TEST_VALUE"] = "second"
+with open(sys.argv[1], "w") as moved:
+    os.dup2(moved.fileno(), 1)  # then the output moves, as a test run's capture does from one test to the next
+    os.dup2(moved.fileno(), 2)
+    print(launch(_say, "now", nprocs=2), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_workers_get_the_launchers_output_and_environment_of_the_moment(tmp_path: Path) -> None:
+    """Workers fork from a server started earlier, with that moment's output and environment; each launch hands
+    them its own."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "CONVEYOR_TEST_VALUE": "first"}
+    moved = tmp_path / "moved.txt"
+    done = subprocess.run([sys.executable, "-c", _MOVED_OUTPUT, str(moved)], env=env, timeout=60, check=False)
+    assert done.returncode == 0
+    lines = moved.read_text().splitlines()
+    assert {"out now 0", "out now 1", "err now 0", "err now 1", "{0: 'second', 1: 'second'}"} <= set(lines)

@@ -70,6 +70,7 @@ def _merge(per_rank: dict[int, dict], key: tuple[str, str], field: str) -> dict[
     return merged
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [[1, 1], [1, 1, 1, 1], [3, 1], [1, 2]])
 def test_pipelines_match_one_step_on_the_whole_batch(replicas: list[int]) -> None:
     """GPipe and PipeDream-Flush equal gradient accumulation over each batch however it is split: uneven
@@ -117,6 +118,7 @@ def _bad_inputs() -> dict[str, str]:
     return errors
 
 
+@pytest.mark.slow
 def test_bad_inputs_get_errors_that_name_the_fix() -> None:
     per_rank = launch(_bad_inputs, nprocs=2, timeout_s=60)
     assert "3 stages with replicas 1-1-1, which need 3 workers, but 2 were started: start 3" in per_rank[0]["world"]
@@ -133,6 +135,7 @@ def _mismatched() -> None:
     pipe.train([(x, y[:6] if pipe.is_last else y)])
 
 
+@pytest.mark.slow
 def test_inputs_and_targets_of_different_batches_stop_the_job() -> None:
     with pytest.raises(WorkerError, match="microbatch 2 has 2 samples of inputs but 1 targets: give every worker"):
         launch(_mismatched, nprocs=2, timeout_s=60)
@@ -147,12 +150,14 @@ def _traced() -> list[str]:
     return [str(a) for a, start, end in pipe.executor.trace if start <= end]
 
 
+@pytest.mark.slow
 def test_the_executor_runs_exactly_the_schedule() -> None:
     per_rank = launch(_traced, nprocs=2, timeout_s=60)
     assert per_rank[0] == [str(a) for a in flush(2, MICROBATCHES).actions[0]]
     assert per_rank[1] == [str(a) for a in flush(2, MICROBATCHES).actions[1]]
 
 
+@pytest.mark.slow
 def test_a_failing_worker_stops_the_others() -> None:
     with pytest.raises(WorkerError, match="needs the batches' targets"):
         launch(_one_side_missing, nprocs=2, timeout_s=60)

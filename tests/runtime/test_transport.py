@@ -69,6 +69,7 @@ def _check(out: dict[int, tuple[object, set[str]]]) -> None:
     assert torch.equal(grads[1], torch.eye(2, dtype=torch.float64))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("staged", [False, True], ids=["in-place", "through-host"])
 def test_pytrees_and_gradients_arrive_intact(staged: bool) -> None:
     """On the CPU; ``staged`` takes the path CUDA tensors take (a host buffer between the device and gloo)."""

@@ -14,7 +14,7 @@ from models import batches, mlp
 from conveyor.runtime import Pipeline, launch
 from conveyor.runtime._update import Updater
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SGD = partial(torch.optim.SGD, lr=0.05, momentum=0.9)
 SIZES = (12, 12, 7, 2)  # the last batch leaves replicas without a sample

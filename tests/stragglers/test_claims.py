@@ -51,6 +51,7 @@ def _claim_many(steps: int, chunks: int) -> list[list[int]]:
     return out
 
 
+@pytest.mark.slow
 def test_processes_racing_through_the_store_claim_every_chunk_once() -> None:
     per_rank = launch(_claim_many, 20, 3, nprocs=4, timeout_s=100)
     for step in range(20):
@@ -70,6 +71,7 @@ def _killed_mid_claim() -> None:
     ddp.train(batches(n=4, size=12))
 
 
+@pytest.mark.slow
 def test_a_replica_killed_mid_claim_fails_the_job() -> None:
     with pytest.raises(WorkerError, match="worker 1"):
         launch(_killed_mid_claim, nprocs=3, timeout_s=60, collective_timeout_s=30)

@@ -10,7 +10,7 @@ from conveyor.runtime import launch
 from conveyor.stragglers import Router
 from conveyor.stragglers._route import END
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _exchange() -> dict:

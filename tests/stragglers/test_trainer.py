@@ -13,7 +13,7 @@ from models import batches, mlp
 from conveyor.runtime import WorkerError, launch, load_checkpoint
 from conveyor.stragglers import FlexiblePipeline
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 SGD = partial(torch.optim.SGD, lr=0.05, momentum=0.9)
 SIZES = (24, 24, 17, 24, 5, 24)  # a short batch leaves chunks empty

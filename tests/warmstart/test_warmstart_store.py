@@ -50,6 +50,7 @@ def _register(root: str, checkpoint: str, n: int) -> None:
         store.register(checkpoint, "mlp", 0.5 + i / 100, GRAPH)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_concurrent_registrations_lose_nothing(tmp_path: Path) -> None:
     checkpoint = _checkpoint(tmp_path)

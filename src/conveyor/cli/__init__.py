@@ -6,15 +6,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import version
 
 from conveyor.cli import _bench, _cluster, _emulate, _models, _plan, _train
+from conveyor.cli._common import Parser
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="conveyor", description="Pipeline-parallel PyTorch training.")
+    parser = Parser(prog="conveyor", description="Pipeline-parallel PyTorch training.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('conveyor')}")
     sub = parser.add_subparsers(dest="command", required=True)
     _train.add_parser(sub)
     _plan.add_parsers(sub)
@@ -28,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``conveyor`` command; returns the exit status."""
     args = _parser().parse_args(argv)
-    commands = {
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # to say how to go on after an interrupt
+    commands: dict[str, Callable[[argparse.Namespace], int | None]] = {
         "train": _train.run,
         "profile": _plan.profile,
         "plan": _plan.plan,
@@ -38,13 +42,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": _bench.run,
     }
     try:
-        commands[args.command](args)
+        return commands[args.command](args) or 0
+    except KeyboardInterrupt:  # a second Ctrl-C, or one where nothing was running to save
+        print("conveyor: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         status = _report(exc)
         if status is None:
             raise
         return status
-    return 0
 
 
 def _report(exc: Exception) -> int | None:

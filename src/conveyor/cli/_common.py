@@ -11,10 +11,31 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-__all__ = ["config", "console", "finish_report", "names", "positive", "sizes", "write_json"]
+__all__ = ["Parser", "config", "console", "finish_report", "names", "positive", "sizes", "write_json"]
 
 console = Console()
 _C = TypeVar("_C")
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends each option's text with its default, where it has one worth saying (not None, not a flag's)
+    and the text does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        flag = action.nargs == 0  # --x / --no-x: their defaults read backwards
+        if default in (None, argparse.SUPPRESS) or flag or not action.option_strings or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+class Parser(argparse.ArgumentParser):
+    """The ``conveyor`` command's parsers (its subcommands' too): every option's help shows its default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def positive(text: str) -> int:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from conveyor._processes import start_worker_server, under_torchrun
 from conveyor.cli._common import add_emulation, config, console, positive, write_json
 from conveyor.schedule import KINDS
 
@@ -24,7 +26,9 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--dataset", default=None, help="digits, digit-images, text, text:PATH, torchvision:NAME:ROOT")
     train.add_argument("--width", type=positive, default=None, help="scale a zoo model's width")
     train.add_argument("--depth", type=positive, default=None, help="scale a zoo model's depth")
-    train.add_argument("--workers", type=positive, default=None, help="worker processes (default 4 when planning)")
+    train.add_argument(
+        "--workers", type=positive, default=None, help="worker processes (default: one per GPU on CUDA, else 4)"
+    )
     train.add_argument("--schedule", choices=["auto", *sorted(KINDS)], default="auto", help="auto: the planner's")
     train.add_argument("--stages", type=positive, default=None, help="fix the stage count instead of planning")
     train.add_argument("--replicas", default=None, help="fix workers per stage, e.g. 2-1, instead of planning")
@@ -38,9 +42,9 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--batch-size", type=_batch_size, default=64,
                        help="samples per batch, or auto[=B0]: learnt over recurrences of --job from B0 (default "
                        "64), the learning rate scaled with it (linear for SGD, square root for Adam)")  # fmt: skip
-    train.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
-    train.add_argument("--lr", type=float, default=0.05)
-    train.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    train.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="the optimizer every stage uses")
+    train.add_argument("--lr", type=float, default=0.05, help="learning rate, above 0")
+    train.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, in [0, 1)")
     train.add_argument(
         "--no-stale-correction", dest="stale_correction", action="store_false",
         help="run pipedream, pipedream-vs and 2bw by their plain update rules, without weight prediction and "
@@ -56,6 +60,14 @@ def add_parser(sub: Any) -> None:
     train.add_argument("--run-dir", default=None, help="the run folder (default runs/MODEL-TIME)")
     train.add_argument("--checkpoint", default=None, help="write the final model here (default RUN_DIR/checkpoint.pt)")
     train.add_argument(
+        "--checkpoint-every",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="also save the checkpoint every N epochs, so a run killed outright loses at most N (default: at the end, "
+        "and when Ctrl-C or SIGTERM stops it)",
+    )
+    train.add_argument(
         "--resume", default=None,
         help="start from this checkpoint (it may be the --checkpoint path too: it is read before it is replaced)",
     )  # fmt: skip
@@ -66,7 +78,7 @@ def add_parser(sub: Any) -> None:
         "(evaluation included) would end past until, the job stops there, saves its checkpoint and exits 0 "
         '(summary.json: "stopped_by_lease": true). At least one epoch runs; saving takes time beyond until',
     )  # fmt: skip
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=0, help="initial weights, data order and dropout")
     train.add_argument(
         "--device",
         choices=DEVICES,
@@ -171,11 +183,13 @@ def _batch_size(text: str) -> int | tuple[str, int]:
     return positive(text)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> int:
+    if not args.join and not under_torchrun():
+        start_worker_server()  # it imports torch for the workers while this process does for itself
     from conveyor.emulate import Emulation
     from conveyor.job import (
         TrainConfig,
-        closing_notes,
+        check_against_data,
         explicit_workers,
         fixed_layout,
         job_devices,
@@ -184,7 +198,6 @@ def run(args: argparse.Namespace) -> None:
         train,
     )
     from conveyor.plan import EpochFactors
-    from conveyor.runtime import load_checkpoint
 
     if args.join:
         from conveyor.job import join_elastic
@@ -194,17 +207,16 @@ def run(args: argparse.Namespace) -> None:
 
         console.print(f"joining the elastic job at {args.join}")
         join_elastic(args.join, args.run_dir)
-        return
+        return 0
     if args.lease:
         read_lease(args.lease)  # a missing or unreadable lease fails here, with one line
-    if args.resume:
-        load_checkpoint(args.resume)  # fail here, with one line, rather than in every worker
     EpochFactors.load(args.epoch_factors)  # and so does a bad table of epochs
     if isinstance(args.batch_size, tuple):  # --batch-size auto[=B0]
         args.batch_size, args.tune_batch_size = args.batch_size[1], True
     cfg = config(TrainConfig, args)
     _, _, workers = job_devices(cfg)  # a device, backend or worker count this machine cannot run fails here
     model, data = model_and_data(cfg)  # so does an unknown model or dataset, before any worker starts
+    check_against_data(cfg, model, len(data.train_x))  # a batch, microbatches or checkpoint that cannot fit
     fixed_layout(cfg, len(model), cfg.workers or explicit_workers(cfg) or 0)  # and a layout that cannot work
     Emulation(cfg.network, cfg.devices, cfg.faults).check(workers)  # and so on
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
@@ -213,41 +225,78 @@ def run(args: argparse.Namespace) -> None:
         )
     result = train(cfg)
     if result and "generations" in result:
-        table = Table("generation", "why", "stage", "workers", "pipeline", "resumed at step", "steps redone", "seconds")
-        for g in result["generations"]:
-            layout = g.get("layout")  # a pipeline's replicas per stage, PipeDream-style: 2-1
-            pipeline = "-".join(map(str, layout["replicas"])) if layout else "-"
-            table.add_row(str(g["gen"]), g["reason"], str(g["stage"]), str(len(g["compute"])), pipeline,
-                          str(g["resume_step"] + 1), str(g["steps_redone"]), f"{g['recover_s']:.2f}")  # fmt: skip
-        console.print(table)
-        accuracy = result["accuracy"][-1] if result["accuracy"] else float("nan")
-        console.print(f"{result['epochs']} epochs, test accuracy {accuracy:.3f}, {result['seconds']:.1f} s; "
-                      f"run folder {result['run_dir']}")  # fmt: skip
+        _print_elastic(result)
     elif result:
-        table = Table()
-        for name in ("epochs", "test accuracy", "final loss", "seconds", "samples/s", "energy"):
-            table.add_column(name, no_wrap=True)  # a narrow terminal folds the run folder, not these
-        table.add_column("run folder", overflow="fold")
-        energy = "n/a" if result.get("energy_j") is None else f"{result['energy_j'] / 1e3:.1f} kJ"
-        table.add_row(
-            str(result["epochs"]), f"{result['accuracy'][-1]:.3f}", f"{result['loss'][-1]:.3f}",
-            f"{result['seconds']:.1f}", f"{result['samples_per_s']:.0f}", energy, result["run_dir"],
-        )  # fmt: skip
-        console.print(table)
-        if result.get("energy_note"):
-            console.print(result["energy_note"], markup=False, highlight=False)
-        if "recurrence" in result:
-            r = result["recurrence"]
-            console.print(f"recurrence {r['number']} of job {r['job']}: batch size {r['batch_size']} ({r['phase']}), "
-                          f"learning rate {r['lr']:g}, cost {result['cost']:.4g}; target "
-                          f"{'reached' if r['reached'] else 'not reached'}")  # fmt: skip
-        if result.get("registered"):
-            console.print(f"stored the model as {result['registered']} (conveyor models list)")
-        if result.get("power_limit_w"):
-            console.print(f"GPU power limit: {result['power_limit_w']} W")
-        if result.get("power_limit_note"):
-            console.print(result["power_limit_note"], markup=False, highlight=False)
-        for note in closing_notes(result):
-            console.print(note)
+        _print_run(result)
         if args.json:
             write_json(args.json, result)
+        if result["interrupted"]:
+            left = cfg.epochs - result["epochs"]
+            go_on = shlex.join([*_without(args.argv, "--resume", "--epochs"), "--resume", result["checkpoint"]])
+            console.print(
+                f"interrupted after {result['epochs']} epochs; saved to {result['checkpoint']}. The other {left}: "
+                f"conveyor {go_on} --epochs {left}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            return 130  # as a shell reports a command stopped by Ctrl-C
+    return 0
+
+
+def _without(argv: list[str], *options: str) -> list[str]:
+    """``argv`` less ``options`` and their values (``--opt VALUE`` or ``--opt=VALUE``)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif arg.split("=", 1)[0] not in options:
+            kept.append(arg)
+    return kept
+
+
+def _print_elastic(result: dict[str, Any]) -> None:
+    table = Table("generation", "why", "stage", "workers", "pipeline", "resumed at step", "steps redone", "seconds")
+    for g in result["generations"]:
+        layout = g.get("layout")  # a pipeline's replicas per stage, PipeDream-style: 2-1
+        pipeline = "-".join(map(str, layout["replicas"])) if layout else "-"
+        row = (g["gen"], g["reason"], g["stage"], len(g["compute"]), pipeline, g["resume_step"] + 1, g["steps_redone"])
+        table.add_row(*map(str, row), f"{g['recover_s']:.2f}")
+    console.print(table)
+    accuracy = result["accuracy"][-1] if result["accuracy"] else float("nan")
+    console.print(f"{result['epochs']} epochs, test accuracy {accuracy:.3f}, {result['seconds']:.1f} s")
+    console.print(f"run folder: {result['run_dir']}", highlight=False, soft_wrap=True)
+
+
+def _print_run(result: dict[str, Any]) -> None:
+    from conveyor.job import closing_notes
+
+    table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s", "energy")
+    energy = "n/a" if result.get("energy_j") is None else f"{result['energy_j'] / 1e3:.1f} kJ"
+    table.add_row(
+        str(result["epochs"]),
+        f"{result['accuracy'][-1]:.3f}",
+        f"{result['loss'][-1]:.3f}",
+        f"{result['seconds']:.1f}",
+        f"{result['samples_per_s']:.0f}",
+        energy,
+    )
+    console.print(table)
+    console.print(f"run folder: {result['run_dir']}", highlight=False, soft_wrap=True)  # whole, to copy
+    if result.get("energy_note"):
+        console.print(result["energy_note"], markup=False, highlight=False)
+    if "recurrence" in result:
+        r = result["recurrence"]
+        console.print(
+            f"recurrence {r['number']} of job {r['job']}: batch size {r['batch_size']} ({r['phase']}), learning rate "
+            f"{r['lr']:g}, cost {result['cost']:.4g}; target {'reached' if r['reached'] else 'not reached'}"
+        )
+    if result.get("registered"):
+        console.print(f"stored the model as {result['registered']} (conveyor models list)")
+    if result.get("power_limit_w"):
+        console.print(f"GPU power limit: {result['power_limit_w']} W")
+    if result.get("power_limit_note"):
+        console.print(result["power_limit_note"], markup=False, highlight=False)
+    for note in closing_notes(result):
+        console.print(note)

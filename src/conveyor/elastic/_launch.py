@@ -15,9 +15,11 @@ import pickle
 import queue
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor._processes import LauncherOutput, adopt_environment, worker_context
 from conveyor.elastic._membership import connect, listen_for_notice
 from conveyor.emulate import Cluster, Emulation, FaultDriver, address
 from conveyor.runtime._launch import (
@@ -47,15 +49,28 @@ def store_address(folder: Path, timeout_s: float = 120.0) -> tuple[str, int]:
     return host, int(port)
 
 
-def _worker(
-    slot: int, worker: int | None, host: str, folder: Path, fn: Callable[..., Any], args: tuple[Any, ...],
-    setup: Callable[[int], None] | None, threads: int,
-) -> None:  # fmt: skip
+@dataclass(frozen=True, kw_only=True)
+class _ElasticJob:
+    """What every worker process of an elastic job is given."""
+
+    host: str  # where worker 0 serves the store
+    folder: Path
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    setup: Callable[[int], None] | None
+    threads: int
+    environment: dict[str, str]  # the launcher's, as it launches (the worker server's may be older)
+    output: LauncherOutput
+
+
+def _worker(slot: int, worker: int | None, job: _ElasticJob) -> None:
     _set_parent_death_signal()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    adopt_environment(job.environment)
+    job.output.adopt()
     import torch
 
-    torch.set_num_threads(threads)
+    host, folder, fn, args, setup = job.host, job.folder, job.fn, job.args, job.setup
+    torch.set_num_threads(job.threads)
     server = None
     try:
         if setup is not None:
@@ -115,9 +130,17 @@ def _run(
     fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, folder: Path, cluster: Cluster | None, host: str,
     timeout_s: float | None,
 ) -> dict[int, Any]:  # fmt: skip
-    ctx = multiprocessing.get_context("spawn")
-    setup = cluster.worker_setup if cluster is not None else None
-    threads = max(1, len(os.sched_getaffinity(0)) // nprocs)
+    ctx = worker_context()
+    job = _ElasticJob(
+        host=host,
+        folder=folder,
+        fn=fn,
+        args=args,
+        setup=cluster.worker_setup if cluster is not None else None,
+        threads=max(1, len(os.sched_getaffinity(0)) // nprocs),
+        environment={"GLOO_SOCKET_IFNAME": "lo", **os.environ},
+        output=LauncherOutput(),
+    )
     procs: dict[int, Any] = {}  # slot -> its latest process
     everyone: list[Any] = []
     slots: dict[int, int] = {}  # pid -> slot
@@ -125,7 +148,7 @@ def _run(
     added: queue.Queue[int] = queue.Queue()
 
     def start(slot: int, worker: int | None) -> None:
-        proc = ctx.Process(target=_worker, args=(slot, worker, host, folder, fn, args, setup, threads))
+        proc = ctx.Process(target=_worker, args=(slot, worker, job))
         proc.start()
         assert proc.pid is not None
         procs[slot], slots[proc.pid] = proc, slot

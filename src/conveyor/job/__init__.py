@@ -1,6 +1,6 @@
 """The training job behind ``conveyor train``: model zoo, bundled data, measured costs, layout choice, run folder."""
 
-from conveyor.job._config import TrainConfig, explicit_workers, job_devices, loss_and_optimizer
+from conveyor.job._config import TrainConfig, check_against_data, explicit_workers, job_devices, loss_and_optimizer
 from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease, write_lease
@@ -14,6 +14,7 @@ __all__ = [
     "EpochBatches",
     "Layout",
     "TrainConfig",
+    "check_against_data",
     "choose_layout",
     "closing_notes",
     "explicit_workers",

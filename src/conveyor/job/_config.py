@@ -20,9 +20,14 @@ from conveyor.plan import read_plan_file
 from conveyor.runtime import (
     BACKENDS,
     DEVICES,
+    Blocks,
     OptimizerFactory,
+    as_blocks,
+    block_shapes,
+    check_checkpoint,
     check_workers,
     default_workers,
+    load_checkpoint,
     resolve_backend,
     resolve_device,
     under_torchrun,
@@ -30,7 +35,15 @@ from conveyor.runtime import (
 from conveyor.schedule import parse_replicas
 from conveyor.stragglers import mode_settings
 
-__all__ = ["AUTOCAST", "OPTIMIZERS", "TrainConfig", "explicit_workers", "job_devices", "loss_and_optimizer"]
+__all__ = [
+    "AUTOCAST",
+    "OPTIMIZERS",
+    "TrainConfig",
+    "check_against_data",
+    "explicit_workers",
+    "job_devices",
+    "loss_and_optimizer",
+]
 
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 AUTOCAST = {"off": None, "bf16": torch.bfloat16}
@@ -64,6 +77,7 @@ class TrainConfig:
     target_accuracy: float | None = None
     run_dir: str | None = None  # default runs/MODEL-TIME
     checkpoint: str | None = None  # default RUN_DIR/checkpoint.pt
+    checkpoint_every: int | None = None  # also save the checkpoint every N epochs (default: at the end only)
     resume: str | None = None  # a checkpoint to start from; --epochs then counts the epochs still to run
     lease: str | None = None  # a JSON file {"until": UNIX_SECONDS}: stop (and save) before running past it
     seed: int = 0
@@ -112,6 +126,10 @@ class TrainConfig:
             raise ValueError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.loader_workers < 0:
             raise ValueError(f"--loader-workers must be 0 or more, got {self.loader_workers}")
+        if not self.lr > 0 or not 0 <= self.momentum < 1:  # "not >" also refuses NaN
+            raise ValueError(f"--lr must be above 0 and --momentum in [0, 1); got {self.lr} and {self.momentum}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ValueError(f"--checkpoint-every must be at least 1 epoch, got {self.checkpoint_every}")
         if self.epochs < 1:
             raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
         if self.optimizer not in OPTIMIZERS:
@@ -171,3 +189,24 @@ def explicit_workers(cfg: TrainConfig) -> int | None:
     if cfg.replicas:
         return sum(parse_replicas(cfg.replicas, cfg.stages))
     return cfg.stages
+
+
+def check_against_data(cfg: TrainConfig, model: Blocks, samples: int) -> None:
+    """The rules that need the model and the training set's size (``samples``); one line each, before any worker
+    starts (a checkpoint of another model would otherwise fail in every worker after the start-up measurements).
+
+    Raises:
+        ValueError: a batch larger than the training set, more microbatches than samples in a batch, or a
+            ``--resume`` checkpoint missing, unreadable or of another model.
+    """
+    if cfg.batch_size > samples:
+        raise ValueError(
+            f"--batch-size {cfg.batch_size} is more than the {samples} training samples: use at most {samples}"
+        )
+    if (cfg.microbatches or 1) > cfg.batch_size:
+        batch = cfg.batch_size
+        raise ValueError(
+            f"--microbatches {cfg.microbatches} is more than the {batch} samples of a batch: use at most {batch}"
+        )
+    if cfg.resume:
+        check_checkpoint(load_checkpoint(cfg.resume)["model"], block_shapes(as_blocks(model)), cfg.resume)

@@ -49,12 +49,12 @@ def plot_accuracy(
     title: str = "test accuracy",
     target: float | None = None,
 ) -> None:
-    """Write a PNG of accuracy (``"accuracy"``) against seconds (``"seconds"``) for each named run's epochs; when
-    some epochs have their cumulative energy (``"energy_total_j"``, joules), a second panel of accuracy against it
-    (kJ), with the epochs that have it.
+    """Write a PNG of each named run's epochs: accuracy (``"accuracy"``) against seconds (``"seconds"``); beside it
+    the training loss (``"loss"``) against seconds where the epochs have it, and accuracy against the cumulative
+    energy (``"energy_total_j"``, joules, shown in kJ) where some epochs have that.
 
     Example:
-        >>> plot_accuracy({"dp": [{"seconds": 1.0, "accuracy": 0.5}]}, "/tmp/acc.png")  # doctest: +SKIP
+        >>> plot_accuracy({"dp": [{"seconds": 1.0, "accuracy": 0.5, "loss": 1.2}]}, "/tmp/acc.png")  # doctest: +SKIP
     """
     import matplotlib
 
@@ -62,24 +62,22 @@ def plot_accuracy(
     import matplotlib.pyplot as plt
 
     energy = {label: [e for e in epochs if e.get("energy_total_j") is not None] for label, epochs in runs.items()}
-    with_energy = any(energy.values())
-    fig, axes = plt.subplots(1, 2 if with_energy else 1, figsize=(11.0 if with_energy else 6.4, 4.0), squeeze=False)
-    ax = axes[0][0]
-    for label, epochs in runs.items():
-        ax.plot([e["seconds"] for e in epochs], [e["accuracy"] for e in epochs], marker="o", ms=3, label=label)
-    ax.set_xlabel("wall-clock seconds")
-    ax.set_title(title)
-    if with_energy:
-        ax = axes[0][1]
-        for label, epochs in energy.items():
-            ax.plot([e["energy_total_j"] / 1e3 for e in epochs], [e["accuracy"] for e in epochs], marker="o", ms=3,
-                    label=label)  # fmt: skip
-        ax.set_xlabel("energy (kJ, all workers)")
-        ax.set_title(f"{title}, against energy")
-    for ax in axes[0]:
-        if target is not None:
+    panels: list[tuple[str, str, str, str]] = [("seconds", "accuracy", "wall-clock seconds", title)]
+    if any("loss" in e for epochs in runs.values() for e in epochs):
+        panels.append(("seconds", "loss", "wall-clock seconds", "training loss"))
+    if any(energy.values()):
+        panels.append(("energy_total_j", "accuracy", "energy (kJ, all workers)", f"{title}, against energy"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1.2, 4.0), squeeze=False)
+    for ax, (x, y, xlabel, panel_title) in zip(axes[0], panels, strict=True):
+        for label, epochs in (energy if x == "energy_total_j" else runs).items():
+            shown = [e for e in epochs if y in e]
+            scale = 1e3 if x == "energy_total_j" else 1.0
+            ax.plot([e[x] / scale for e in shown], [e[y] for e in shown], marker="o", ms=3, label=label)
+        if target is not None and y == "accuracy":
             ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
-        ax.set_ylabel("test accuracy")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy" if y == "accuracy" else "training loss")
+        ax.set_title(panel_title)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()

@@ -56,6 +56,7 @@ from conveyor.runtime import (
     OptimizerFactory,
     Pipeline,
     default_device,
+    stop_requested,
 )
 from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
 
@@ -153,6 +154,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
         pipe.load(cfg.resume)  # every worker reads it before any writes it (the end may save to the same path)
     done = pipe.steps // steps  # epochs the checkpoint has trained: the data order goes on from there
     until = read_lease(cfg.lease) if cfg.lease and dist.get_rank() == 0 else None  # worker 0 alone reads it
+    checkpoint = cfg.checkpoint or str(folder / "checkpoint.pt")
     stopped_by_lease = False
     cuda = device.type == "cuda"
     batches = None
@@ -179,7 +181,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     energy_total: float | None = None
     equal_steps = cfg.stragglers == "off" and len(set(layout.replicas)) == 1  # every worker: as many updates
     knobs = EpochKnobs(cfg, device.index if cuda else None, equal_steps, updates)
-    stopped_by_cost = False
+    stopped_by_cost = interrupted = False
     with meter, knobs, Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
         disable=not pipe.is_output,
@@ -213,8 +215,16 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             # Summed over workers: the output worker's test accuracy, worker 0's 1 once the lease runs out (each
             # alone sets its own), every worker's joules and whether its meter read them, and the epoch's seconds
             # as a mean, so every worker prices the epoch alike.
+            # and whether any worker was asked to stop (Ctrl-C, SIGTERM).
             flags = torch.tensor(
-                [0.0, 0.0, joules or 0.0, float(joules is not None), (evaluated - began) / dist.get_world_size()],
+                [
+                    0.0,
+                    0.0,
+                    joules or 0.0,
+                    float(joules is not None),
+                    (evaluated - began) / dist.get_world_size(),
+                    float(stop_requested()),
+                ],
                 dtype=torch.float64,
                 device=device,
             )  # NCCL reduces device tensors only
@@ -225,7 +235,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
                     until = read_lease(cfg.lease)
                 flags[1] = float(lease_expires(until, time.perf_counter() - began, time.time()))
             dist.all_reduce(flags, op=dist.ReduceOp.SUM)  # every worker learns the accuracy, lease and energy
-            accuracy, expired, epoch_j, meters_read, epoch_s = flags.tolist()
+            accuracy, expired, epoch_j, meters_read, epoch_s, stop = flags.tolist()
             epoch_energy = epoch_j if meters_read else None
             if epoch_energy is not None:
                 energy_total = (energy_total or 0.0) + epoch_energy
@@ -242,17 +252,20 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             over = knobs.epoch_end(epoch_energy, epoch_s)
             if cfg.target_accuracy is not None and accuracy >= cfg.target_accuracy:
                 break
-            if expired > 0 or over:
-                stopped_by_lease, stopped_by_cost = expired > 0, over
+            if expired > 0 or over or stop > 0:
+                stopped_by_lease, stopped_by_cost, interrupted = expired > 0, over, stop > 0
                 break
+            if cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0 and epoch + 1 < cfg.epochs:
+                pipe.save(checkpoint)  # a run killed later loses at most the epochs since
     statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
     dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
     energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
-    pipe.save(cfg.checkpoint or str(folder / "checkpoint.pt"))
+    pipe.save(checkpoint)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {"history": [asdict(h) for h in history], "peak_rss_bytes": peak, "layout": asdict(layout),
             "started_at": started_at, "stopped_by_lease": stopped_by_lease, "epochs_before": done,
             "energy_meter": energy_meter, "energy_note": energy_note, "stopped_by_cost": stopped_by_cost,
+            "interrupted": interrupted,
             **knobs.summary()}  # fmt: skip
 
 
@@ -293,6 +306,14 @@ def _trainer(
     )  # fmt: skip
 
 
+def _say_stopping() -> None:
+    Console(stderr=True).print(
+        "\nstopping at the end of this epoch, then saving the checkpoint, summary and plot (Ctrl-C again: stop now, "
+        "losing this epoch)",
+        highlight=False,
+    )
+
+
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run ``cfg`` on local workers (or as one worker of a torchrun job); return the run's summary.
 
@@ -301,7 +322,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     worker), ``prediction`` (the predicted training samples/s, its error against the measured one, and the
     figures measured at start-up it rests on), the layout run and ``run_dir``. ``epochs`` counts this run's
     epochs (with ``resume``, ``epochs_before`` those the checkpoint had trained); ``stopped_by_lease`` says
-    whether the lease ended the run before ``cfg.epochs``. Energy: ``energy_j`` (all workers, all epochs) and
+    whether the lease ended the run before ``cfg.epochs``, ``interrupted`` whether a Ctrl-C or SIGTERM did (the
+    workers finish the epoch they are in and save as usual; a second one stops them at once) and ``checkpoint``
+    where the model was saved. Energy: ``energy_j`` (all workers, all epochs) and
     ``epoch_energy_j``, null where no meter read; ``energy_meter`` (what measured it), ``energy_note`` (why
     nothing or not every worker did, else null); once ``cfg.target_accuracy`` is reached, ``time_to_accuracy_s``
     and ``energy_to_accuracy_j``.
@@ -327,8 +350,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     cfg, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
     try:
         with guarded_power_limits(cfg):
-            per_rank = launch_emulated(_worker, cfg, str(run_dir), nprocs=nprocs, emulation=emulation,
-                                       log_dir=run_dir, device=device, backend=backend)  # fmt: skip
+            per_rank = launch_emulated(
+                _worker,
+                cfg,
+                str(run_dir),
+                nprocs=nprocs,
+                emulation=emulation,
+                log_dir=run_dir,
+                device=device,
+                backend=backend,
+                on_interrupt=_say_stopping,
+            )
     except BaseException as exc:
         if recurring is not None:  # an error counts as a missed target; an interruption as nothing
             recurring.fail(interrupted=isinstance(exc, KeyboardInterrupt | SystemExit))
@@ -353,6 +385,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "peak_rss_bytes": [per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
         "layout": out["layout"],
         "run_dir": str(run_dir),
+        "checkpoint": cfg.checkpoint or str(run_dir / "checkpoint.pt"),
+        "interrupted": out["interrupted"],
     }
     plan = out["layout"]["plan_file"]
     predicted = plan["predicted"]["samples_per_s"]

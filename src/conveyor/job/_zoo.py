@@ -177,7 +177,11 @@ MODELS: dict[str, tuple[Callable[[Dataset, int | None, int | None], nn.Sequentia
 def default_dataset(name: str) -> str:
     """The dataset zoo model ``name`` trains on by default."""
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}: use one of {', '.join(sorted(MODELS))}, or package.module:factory")
+        module, dot, factory = name.rpartition(".")
+        hint = f" (a factory is named with a colon: {module}:{factory})" if dot else ""
+        raise ValueError(
+            f"unknown model {name!r}: use one of {', '.join(sorted(MODELS))}, or package.module:factory{hint}"
+        )
     return MODELS[name][1]
 
 

@@ -2,6 +2,7 @@
 
 from conveyor.runtime._calibrate import Link, measure_allreduce, measure_link, measure_overhead
 from conveyor.runtime._checkpoint import CheckpointError
+from conveyor.runtime._checkpoint import check_compatible as check_checkpoint
 from conveyor.runtime._checkpoint import load as load_checkpoint
 from conveyor.runtime._devices import (
     BACKENDS,
@@ -13,10 +14,10 @@ from conveyor.runtime._devices import (
     resolve_backend,
     resolve_device,
 )
-from conveyor.runtime._launch import WorkerError, launch, under_torchrun
+from conveyor.runtime._launch import WorkerError, launch, stop_requested, under_torchrun
 from conveyor.runtime._pipeline import OptimizerFactory, Pipeline, WorldSizeError
 from conveyor.runtime._profiler import profile
-from conveyor.runtime._stage import Blocks, as_blocks, even_balance
+from conveyor.runtime._stage import Blocks, as_blocks, block_shapes, even_balance
 from conveyor.runtime._threads import CoreShare
 from conveyor.runtime._transport import P2P
 from conveyor.runtime._versions import StashError, WeightVersions
@@ -36,6 +37,8 @@ __all__ = [
     "WorkerError",
     "WorldSizeError",
     "as_blocks",
+    "block_shapes",
+    "check_checkpoint",
     "check_workers",
     "default_backend",
     "default_device",
@@ -49,5 +52,6 @@ __all__ = [
     "profile",
     "resolve_backend",
     "resolve_device",
+    "stop_requested",
     "under_torchrun",
 ]

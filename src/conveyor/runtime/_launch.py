@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import multiprocessing.connection
@@ -10,9 +11,10 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -21,15 +23,30 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from conveyor._processes import LauncherOutput, adopt_environment, under_torchrun, worker_context
 from conveyor.runtime._devices import check_workers, local_rank, resolve_backend, resolve_device, use_device
 from conveyor.runtime._transport import host_group
 
-__all__ = ["WorkerError", "launch", "under_torchrun"]
+__all__ = ["WorkerError", "launch", "stop_requested", "under_torchrun"]
 
 # How long a failed job waits for the other workers to report their own errors before terminating them.
 _REPORT_GRACE_S = 2.0
 # How long a worker gets to exit after SIGTERM before it is killed.
 _TERMINATE_GRACE_S = 5.0
+# Set under torchrun when this process is asked to stop where it can (Ctrl-C or SIGTERM).
+_stop_request = threading.Event()
+# A local launcher's workers find this file once their launcher is asked to stop (a file, unlike a signal, cannot
+# arrive before a worker is ready for it).
+_STOP_FILE = "CONVEYOR_STOP_FILE"
+
+
+def stop_requested() -> bool:
+    """Whether this worker's job was asked to stop at its next safe point (a launcher started with
+    ``on_interrupt`` got a Ctrl-C or SIGTERM; under torchrun, this process did). The worker function decides
+    where that is (``conveyor train``: the end of the epoch, after which it saves as usual). A file check: call
+    it at a step or epoch boundary, not per operation."""
+    stop_file = os.environ.get(_STOP_FILE)
+    return _stop_request.is_set() or (stop_file is not None and os.path.exists(stop_file))
 
 
 class WorkerError(RuntimeError):
@@ -61,11 +78,6 @@ class _Report:
     time: float = 0.0
 
 
-def under_torchrun() -> bool:
-    """True when this process was started by torchrun (or any launcher that sets the env:// variables)."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
 def launch(
     fn: Callable[..., Any],
     *args: Any,
@@ -75,6 +87,7 @@ def launch(
     timeout_s: float | None = None,
     collective_timeout_s: float = 300.0,
     setup: Callable[[int], None] | None = None,
+    on_interrupt: Callable[[], None] | None = None,
 ) -> dict[int, Any]:
     """Run ``fn(*args)`` on every worker with the default process group initialised.
 
@@ -95,6 +108,11 @@ def launch(
         collective_timeout_s: how long a communication may wait before it fails instead of hanging.
         setup: called as ``setup(rank)`` first thing in each local worker, before torch.distributed starts
             (to place it in an emulated network or cgroup); must be picklable.
+        on_interrupt: makes the job stoppable without loss. Local workers then ignore Ctrl-C themselves; the
+            launcher's first Ctrl-C or SIGTERM calls ``on_interrupt()`` (to say what happens next) and sets every
+            worker's :func:`stop_requested`, and the workers go on until they return; a second one stops them
+            (``KeyboardInterrupt``). Under torchrun, a Ctrl-C or SIGTERM of this process sets it. Without
+            ``on_interrupt``, an interrupt stops the workers at once.
 
     Returns:
         ``{rank: fn's return value}`` for the workers that ran in this machine's launch.
@@ -116,6 +134,9 @@ def launch(
         check_workers(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), kind, backend)
         use_device(kind)  # this process is the worker: its default_device()
         rank = int(os.environ["RANK"])
+        if on_interrupt is not None:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: _stop_request.set())
         _init_process_group(backend, kind, "env://", rank, int(os.environ["WORLD_SIZE"]), collective_timeout_s)
         try:
             return {rank: fn(*args)}
@@ -125,7 +146,20 @@ def launch(
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
     check_workers(nprocs, kind, backend)
     with tempfile.TemporaryDirectory(prefix="conveyor-launch-") as tmp:
-        return _run_local(fn, args, nprocs, (kind, backend), Path(tmp), timeout_s, collective_timeout_s, setup)
+        job = _LocalJob(
+            fn=fn,
+            args=args,
+            world=nprocs,
+            device=kind,
+            backend=backend,
+            tmp=Path(tmp),
+            collective_timeout_s=collective_timeout_s,
+            setup=setup,
+            graceful=on_interrupt is not None,
+            environment={"GLOO_SOCKET_IFNAME": "lo", **os.environ},  # local workers talk over loopback by default
+            output=LauncherOutput(),
+        )
+        return _run_local(job, timeout_s, on_interrupt)
 
 
 def _init_process_group(backend: str, device: str, init_method: str, rank: int, world: int, timeout_s: float) -> None:
@@ -156,32 +190,45 @@ def _set_parent_death_signal() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _worker(
-    rank: int,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    world: int,
-    device_backend: tuple[str, str],
-    tmp: Path,
-    collective_timeout_s: float,
-    setup: Callable[[int], None] | None,
-) -> None:
+@dataclass(frozen=True, kw_only=True)
+class _LocalJob:
+    """What every local worker process is given: the work, the job's shape, and where to rendezvous and report."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    world: int
+    device: str
+    backend: str
+    tmp: Path
+    collective_timeout_s: float
+    setup: Callable[[int], None] | None
+    graceful: bool  # the launcher alone answers Ctrl-C, and asks the workers to stop through a file in tmp
+    environment: dict[str, str]  # the launcher's, when it launched
+    output: LauncherOutput  # and its standard output and error
+
+
+def _worker(rank: int, job: _LocalJob) -> None:
     _set_parent_death_signal()
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    adopt_environment(job.environment)
+    job.output.adopt()
+    if job.graceful:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches every process of the group
+        os.environ[_STOP_FILE] = str(job.tmp / "stop")
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(job.world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(job.world))
     # Local workers share this machine's cores: one thread each keeps them from oversubscribing it.
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // job.world))
     try:
-        if setup is not None:
-            setup(rank)
-        device, backend = device_backend
-        use_device(device)
-        _init_process_group(backend, device, f"file://{tmp / 'rendezvous'}", rank, world, collective_timeout_s)
-        value = fn(*args)
+        if job.setup is not None:
+            job.setup(rank)
+        use_device(job.device)
+        rendezvous = f"file://{job.tmp / 'rendezvous'}"
+        _init_process_group(job.backend, job.device, rendezvous, rank, job.world, job.collective_timeout_s)
+        value = job.fn(*job.args)
         dist.barrier()  # nobody leaves while a peer may still be receiving from it
         report = _Report(ok=True, value=value)
     except BaseException as exc:  # report everything, KeyboardInterrupt included, to the launcher
         report = failure_report(exc)
-    report_and_exit(tmp / f"report-{rank}.pkl", report)
+    report_and_exit(job.tmp / f"report-{rank}.pkl", report)
 
 
 def failure_report(exc: BaseException) -> _Report:
@@ -201,41 +248,55 @@ def report_and_exit(path: Path, report: _Report) -> NoReturn:
     os._exit(0 if report.ok else 1)
 
 
-def _run_local(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    nprocs: int,
-    device_backend: tuple[str, str],
-    tmp: Path,
-    timeout_s: float | None,
-    collective_timeout_s: float,
-    setup: Callable[[int], None] | None,
-) -> dict[int, Any]:
-    ctx = multiprocessing.get_context("spawn")
-    procs = [
-        ctx.Process(target=_worker, args=(r, fn, args, nprocs, device_backend, tmp, collective_timeout_s, setup))
-        for r in range(nprocs)
-    ]
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local workers talk over loopback only
+def _run_local(job: _LocalJob, timeout_s: float | None, on_interrupt: Callable[[], None] | None) -> dict[int, Any]:
+    ctx = worker_context()
+    procs = [ctx.Process(target=_worker, args=(r, job)) for r in range(job.world)]
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    interrupted = False
     try:
-        for p in procs:
-            p.start()
-        running = {p.sentinel: p for p in procs}
-        while running:
-            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = multiprocessing.connection.wait(list(running), timeout=wait_s)
-            if not ready:
-                raise TimeoutError(f"local job of {nprocs} workers ran past its {timeout_s} s limit")
-            for sentinel in ready:
-                proc = running.pop(sentinel)  # type: ignore[arg-type]  # wait() returns the sentinels given
-                proc.join()
-                if proc.exitcode != 0:
-                    _wait_for_reports(procs, _REPORT_GRACE_S)
-                    raise _first_error(procs, tmp)
-        return {r: _read_report(tmp, r).value for r in range(nprocs)}
+        with _sigterm_interrupts(on_interrupt is not None):
+            for p in procs:
+                p.start()
+            running = {p.sentinel: p for p in procs}
+            while running:
+                wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    ready = multiprocessing.connection.wait(list(running), timeout=wait_s)
+                except KeyboardInterrupt:
+                    if on_interrupt is None or interrupted:
+                        raise
+                    interrupted = True  # the first: the workers stop where they can; a second stops them now
+                    on_interrupt()
+                    (job.tmp / "stop").touch()
+                    continue
+                if not ready:
+                    raise TimeoutError(f"local job of {job.world} workers ran past its {timeout_s} s limit")
+                for sentinel in ready:
+                    proc = running.pop(sentinel)  # type: ignore[arg-type]  # wait() returns the sentinels given
+                    proc.join()
+                    if proc.exitcode != 0:
+                        _wait_for_reports(procs, _REPORT_GRACE_S)
+                        raise _first_error(procs, job.tmp)
+        return {r: _read_report(job.tmp, r).value for r in range(job.world)}
     finally:
         _stop(procs)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts(on: bool) -> Iterator[None]:
+    """While ``on``, SIGTERM interrupts the launcher as Ctrl-C does (where it can: in the main thread)."""
+    if not on or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _wait_for_reports(procs: list[Any], grace_s: float) -> None:
