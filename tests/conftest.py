@@ -2,12 +2,19 @@
 ``slow``, ``root``, ``gpu``: skipped, saying why, where the machine lacks what they need; a test of the fast tier
 that starts a process fails, saying to mark it)."""
 
+import multiprocessing.forkserver
 import multiprocessing.process
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import matplotlib.font_manager  # noqa: F401  # builds the font cache now (fc-list, a process) rather than in a test
 import pytest
+from hypothesis import settings
+
+# Property tests check properties, not speed: no per-example deadline (a loaded CI machine missed 200 ms).
+settings.register_profile("conveyor", deadline=None)
+settings.load_profile("conveyor")
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
 
@@ -32,7 +39,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     }
     for item in items:
         for marker, reason in reasons.items():
-            if reason is not None and marker in item.keywords:
+            if reason is not None and item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
@@ -40,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test not marked ``gpu`` runs its workers on the CPU, also on a machine with GPUs (``auto`` would put
     two workers on one GPU under NCCL, which refuses them): ``CONVEYOR_DEVICE=cpu`` for it and its workers."""
-    if "gpu" not in request.keywords:
+    if not request.node.get_closest_marker("gpu"):
         monkeypatch.setenv("CONVEYOR_DEVICE", "cpu")
     else:
         monkeypatch.delenv("CONVEYOR_DEVICE", raising=False)
@@ -50,7 +57,7 @@ def _cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.M
 def _the_fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast tier (no ``slow``, ``root`` or ``gpu`` marker) runs in this process: starting a worker process or
     a command there fails the test at once, saying how to file it."""
-    if any(marker in request.keywords for marker in ("slow", "root", "gpu")):
+    if any(request.node.get_closest_marker(marker) for marker in ("slow", "root", "gpu")):
         return
 
     def refuse(*_: Any, **__: Any) -> None:
@@ -58,3 +65,5 @@ def _the_fast_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch
 
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    # `conveyor train` starts its worker server before it checks its options: here it need not.
+    monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", lambda: None)

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,7 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         (["train", "--batch-size", "5000"], "--batch-size 5000 is more than the 1437 training samples: use at most"),
         (["train", "--microbatches", "128"], "--microbatches 128 is more than the 64 samples of a batch: use at most"),
         (["train", "--model", "models.factory"], "(a factory is named with a colon: models:factory)"),
+        (["train", "--reliable", "1", "--checkpoint-every", "2"], "--checkpoint-every saves a run of fixed workers"),
         (["train", "--resume", "OTHER_MODEL"], "OTHER_MODEL is from another model (missing 0.bias, 0.weight, 2.bias"),
     ],
 )
@@ -273,3 +275,48 @@ def test_bench_planner_writes_its_report() -> None:
     report = planner.run(layer_counts=(8,), worker_counts=(16,))
     assert report["results"][0]["workers"] == 16 and report["results"][0]["seconds"] > 0
     assert sum(int(r) for r in report["results"][0]["config"].split("-")) == 16
+
+
+def test_every_train_option_is_a_config_field_with_the_same_default() -> None:
+    """argparse writes TrainConfig's defaults out again; this keeps the two the same, option by option."""
+    import dataclasses
+
+    from conveyor.job import TrainConfig
+
+    args = vars(_parser().parse_args(["train"]))
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    run_time_state = {"tune_batch_size", "stop_above", "warm_start_plan"}  # set by the launcher, not options
+    assert set(fields) - set(args) == run_time_state
+    assert set(args) - set(fields) == {"command", "json"}  # the subcommand, and where the CLI writes the summary
+    assert {name: args[name] for name in fields.keys() & args.keys()} == {
+        name: fields[name] for name in fields.keys() & args.keys()
+    }
+
+
+def test_a_bug_keeps_its_traceback_and_bad_input_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only an InputError (or an OSError) is bad input; a ValueError from anything else, torch included, is a bug."""
+    import conveyor.cli._plan as plan_command
+    from conveyor.errors import InputError
+    from conveyor.runtime import WorkerError
+
+    def raising(exc: Exception) -> Callable[[object], None]:
+        def run(_: object) -> None:
+            raise exc
+
+        return run
+
+    monkeypatch.setattr(plan_command, "plan", raising(ValueError("a bug")))
+    with pytest.raises(ValueError, match="a bug"):
+        main(["plan", "PROFILE", "--topology", "2:1e9"])
+    monkeypatch.setattr(plan_command, "plan", raising(InputError("bad --thing: use 3")))
+    assert main(["plan", "PROFILE", "--topology", "2:1e9"]) == 2
+    assert capsys.readouterr().err == "conveyor: error: bad --thing: use 3\n"
+    for bad_input in (True, False):
+        failed = WorkerError(1, "KeyError", "'x'", "Traceback (most recent call last):\n  ...", bad_input=bad_input)
+        monkeypatch.setattr(plan_command, "plan", raising(failed))
+        assert main(["plan", "PROFILE", "--topology", "2:1e9"]) == 1
+        err = capsys.readouterr().err
+        assert err.endswith("conveyor: error: worker 1: KeyError: 'x'\n")
+        assert ("Traceback" in err) is not bad_input  # a worker's bug shows where it happened

@@ -1,10 +1,15 @@
 """How Conveyor starts local worker processes: forked from a server process that imported torch once.
 
 A spawned worker imports torch itself (about 3 s of CPU on a small machine, in every worker of every launch); a
-worker forked from the server starts in a fraction of a second. Nothing but imports has run in the server (no CUDA,
-no threads), so its workers start as clean as spawned ones, and like them receive their function and arguments by
-pickling. This module imports no torch, so a command can start the server first and let it import torch while the
-command itself does (:func:`start_worker_server`).
+worker forked from the server starts in a fraction of a second. Nothing but imports has run in the server (no
+CUDA context, no work), so its workers start as clean as spawned ones, and like them receive their function and
+arguments by pickling. What a worker would otherwise inherit from the server rather than its launcher is put right
+first thing (:func:`become_worker`): the environment, standard output and error, the signals, and the server's
+keep-alive pipe (held by a worker, it would keep the server, and through the parent-death signal the worker, alive
+after its launcher was killed). Known limits: the worker unpickles its function (importing its module) before
+that, with the server's environment (``TORCH_DISTRIBUTED_DEBUG`` and other variables read when torch is imported
+are the server's); an error there is reported as a worker that died. This module imports no torch, so a command
+can start the server first and let it import torch while the command itself does (:func:`start_worker_server`).
 """
 
 from __future__ import annotations
@@ -13,26 +18,73 @@ import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
+import signal
+import threading
 from multiprocessing import reduction
 from typing import Any
 
-__all__ = ["LauncherOutput", "adopt_environment", "start_worker_server", "under_torchrun", "worker_context"]
+__all__ = ["LauncherOutput", "become_worker", "start_worker_server", "under_torchrun", "worker_context"]
 
 _PRELOAD = ["torch", "torch.distributed"]
 
 
 def worker_context() -> multiprocessing.context.ForkServerContext:
-    """The multiprocessing context local workers start from (the server starts on its first use)."""
+    """The multiprocessing context local workers start from, its server running. The server ignores Ctrl-C and
+    SIGTERM (started so from the main thread), so a signal to the whole process group is left to the launcher and
+    its workers, which decide what it means."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()
+        return ctx
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        multiprocessing.forkserver.ensure_running()  # the server inherits the ignored dispositions
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return ctx
 
 
-def adopt_environment(environment: dict[str, str]) -> None:
-    """Make this worker's environment its launcher's ``environment`` of the moment it launched: a worker forked from
-    the server has the server's, of the moment the server started."""
+def become_worker(environment: dict[str, str], output: LauncherOutput, *, graceful: bool = False) -> None:
+    """First thing in a worker forked from the server: its launcher's ``environment`` and ``output`` of the moment
+    it launched, the server's keep-alive pipe let go, and the signals a worker has: Ctrl-C raises
+    ``KeyboardInterrupt`` and SIGTERM ends it, or, ``graceful``, Ctrl-C is left to the launcher and SIGTERM only
+    asks (:func:`stop_requested`)."""
+    server: Any = multiprocessing.forkserver._forkserver  # the stdlib keeps the pipe's end here, nothing public
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
     os.environ.clear()
     os.environ.update(environment)
+    output.adopt()
+    if graceful:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches every process of the group
+        signal.signal(signal.SIGTERM, lambda *_: _stop_request.set())
+    else:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# Set when this worker is asked to stop where it can (a graceful worker's SIGTERM; under torchrun, Ctrl-C too).
+_stop_request = threading.Event()
+# A local launcher's workers find this file once their launcher is asked to stop (a file, unlike a signal, cannot
+# arrive before a worker is ready for it).
+STOP_FILE = "CONVEYOR_STOP_FILE"
+
+
+def request_stop() -> None:
+    """Ask this process's work to stop at its next safe point (a signal handler under torchrun calls it)."""
+    _stop_request.set()
+
+
+def stop_requested() -> bool:
+    """Whether this worker's job was asked to stop at its next safe point (a launcher started with
+    ``on_interrupt`` got a Ctrl-C or SIGTERM, or this worker a SIGTERM; under torchrun, this process a Ctrl-C or
+    SIGTERM). The worker function decides where that is (``conveyor train``: the end of the epoch, after which it
+    saves as usual). A file check: call it at a step or epoch boundary, not per operation."""
+    stop_file = os.environ.get(STOP_FILE)
+    return _stop_request.is_set() or (stop_file is not None and os.path.exists(stop_file))
 
 
 class LauncherOutput:
@@ -50,14 +102,14 @@ class LauncherOutput:
         """In the worker: write to the launcher's output and error from now on."""
         for target, duplicate in zip((1, 2), self._fds or (), strict=False):
             fd = duplicate.detach()
-            os.dup2(fd, target)
-            os.close(fd)
+            if fd != target:  # a spawned worker's duplicates are its own 1 and 2 already
+                os.dup2(fd, target)
+                os.close(fd)
 
 
 def start_worker_server() -> None:
     """Start the server now, so that its import of torch overlaps the caller's own start-up."""
     worker_context()
-    multiprocessing.forkserver.ensure_running()
 
 
 def under_torchrun() -> bool:

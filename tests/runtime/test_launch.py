@@ -123,3 +123,64 @@ def test_workers_get_the_launchers_output_and_environment_of_the_moment(tmp_path
     assert done.returncode == 0
     lines = moved.read_text().splitlines()
     assert {"out now 0", "out now 1", "err now 0", "err now 1", "{0: 'second', 1: 'second'}"} <= set(lines)
+
+
+def test_a_workers_report_says_whether_its_error_was_bad_input() -> None:
+    from conveyor.errors import InputError
+    from conveyor.runtime._launch import failure_report
+
+    for exc, bad_input in (
+        (InputError("--x must be 1"), True),
+        (OSError("disk full"), True),
+        (ValueError("bug"), False),
+    ):
+        try:
+            raise exc
+        except Exception as caught:
+            assert failure_report(caught).bad_input is bad_input
+
+
+def _pid_then_sleep(folder: str) -> None:
+    with open(os.path.join(folder, f"{dist.get_rank()}.pid"), "w") as fh:
+        fh.write(str(os.getpid()))
+    time.sleep(60)
+
+
+_KILLED_LAUNCHER = """
+import sys
+from conveyor.runtime import launch
+from test_launch import _pid_then_sleep
+
+launch(_pid_then_sleep, sys.argv[1], nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_workers_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    """A worker's parent is the worker server, not its launcher: the server must end, and its workers with it,
+    when the launcher is killed outright."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    launcher = subprocess.Popen([sys.executable, "-c", _KILLED_LAUNCHER, str(tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2:
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids):
+            assert time.monotonic() < deadline, f"workers {pids} outlived their killed launcher"
+            time.sleep(0.1)
+    finally:
+        launcher.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended

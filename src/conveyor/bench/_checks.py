@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from conveyor.errors import InputError
+
 __all__ = ["require_known"]
 
 
@@ -14,8 +16,8 @@ def require_known(what: str, given: Iterable[str], known: Iterable[str]) -> None
         >>> require_known("modes", ["off", "fast"], ["off", "flexrr"])
         Traceback (most recent call last):
         ...
-        ValueError: unknown modes ['fast']: choose from off, flexrr
+        conveyor.errors.InputError: unknown modes ['fast']: choose from off, flexrr
     """
     choices = list(known)
     if unknown := set(given) - set(choices):
-        raise ValueError(f"unknown {what} {sorted(unknown)}: choose from {', '.join(choices)}")
+        raise InputError(f"unknown {what} {sorted(unknown)}: choose from {', '.join(choices)}")

@@ -14,6 +14,7 @@ import numpy as np
 from rich.progress import Progress
 
 from conveyor.cluster import Devices, Problem, ThroughputTable, TraceJob, allocate, generate_jobs, simulate
+from conveyor.errors import InputError
 
 __all__ = ["PAPER", "ClusterBenchConfig", "jct_vs_load", "plot", "solve_times", "sustained"]
 
@@ -54,7 +55,7 @@ def parse_cluster(text: str, per_server: int = 4) -> Devices:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, count = part.partition("=")
         if not name or not count.isdigit():
-            raise ValueError(f"cannot read {part!r} of --cluster {text!r}: write TYPE=COUNT, e.g. v100=36,k80=36")
+            raise InputError(f"cannot read {part!r} of --cluster {text!r}: write TYPE=COUNT, e.g. v100=36,k80=36")
         counts[name] = int(count)
     return Devices(counts, per_server)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench._checks import require_known
+from conveyor.errors import InputError
 from conveyor.job import TrainConfig, train
 from conveyor.schedule import KINDS
 
@@ -48,9 +49,9 @@ class ConvergenceConfig:
         require_known("models", self.models, TARGETS)
         require_known("strategies", self.strategies, STRATEGIES)
         if "dp" not in self.strategies:
-            raise ValueError("the strategies must include dp: every other one is measured against it")
+            raise InputError("the strategies must include dp: every other one is measured against it")
         if self.seeds < 1 or self.workers < 2:
-            raise ValueError("give at least one seed and two workers")
+            raise InputError("give at least one seed and two workers")
 
 
 def _config(model: str, strategy: str, seed: int, workers: int, run_dir: Path) -> TrainConfig:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from rich.progress import Progress
 
 from conveyor.emulate import Emulation, cpu_loop_seconds, launch_emulated
+from conveyor.errors import InputError
 from conveyor.plan import Topology, allreduce_s
 from conveyor.plan._cost_model import stage_seconds
 
@@ -53,7 +54,7 @@ class CostsBenchConfig:
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.microbatches < 1 or min(self.replicas) < 2 or min(self.bandwidths) <= 0:
-            raise ValueError("repeats and microbatches must be >= 1, replicas >= 2, bandwidths > 0")
+            raise InputError("repeats and microbatches must be >= 1, replicas >= 2, bandwidths > 0")
 
 
 def _latency() -> float:

@@ -16,6 +16,7 @@ from typing import Any
 
 from conveyor.emulate import Cluster, Emulation, EmulationError, check_cluster
 from conveyor.emulate._privileges import require_netem
+from conveyor.errors import InputError
 
 __all__ = ["EmulateBenchConfig", "run"]
 
@@ -33,7 +34,7 @@ class EmulateBenchConfig:
 
     def __post_init__(self) -> None:
         if self.seconds_per_link <= 0 or self.repeats < 1:
-            raise ValueError("seconds_per_link must be > 0 and repeats >= 1")
+            raise InputError("seconds_per_link must be > 0 and repeats >= 1")
 
 
 def _setup_teardown(network: str, devices: str, workers: int) -> dict[str, Any]:

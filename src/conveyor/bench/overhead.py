@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from conveyor.bench._checks import require_known
+from conveyor.errors import InputError
 from conveyor.job import (
     TrainConfig,
     loss_and_optimizer,
@@ -97,7 +98,7 @@ class OverheadBenchConfig:
         require_known("gpu models", self.gpu_models, self.cases["cuda"])
         require_known("devices", self.devices, ("cpu", "cuda"))
         if self.repeats < 1 or (self.epochs is not None and self.epochs < 2):
-            raise ValueError("repeats must be at least 1 and epochs at least 2 (the first is a warm-up)")
+            raise InputError("repeats must be at least 1 and epochs at least 2 (the first is a warm-up)")
 
 
 def _steady(epoch_seconds: list[float], samples: int) -> float:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
 from conveyor.emulate import Emulation, launch_emulated
+from conveyor.errors import InputError
 from conveyor.plan import Profile, Topology, optimize, stage_times
 from conveyor.runtime import Pipeline
 from conveyor.schedule import make_schedule, simulate
@@ -50,7 +51,7 @@ class PlanVsRunConfig:
 
     def __post_init__(self) -> None:
         if min(self.minibatches, self.repeats, self.batch_size, self.features) < 1:
-            raise ValueError("minibatches, repeats, batch size and features must be at least 1")
+            raise InputError("minibatches, repeats, batch size and features must be at least 1")
 
 
 def profile() -> Profile:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.errors import InputError
 from conveyor.job import TrainConfig, train
 from conveyor.schedule import KINDS
 
@@ -40,10 +41,10 @@ class PredictionsConfig:
 
     def __post_init__(self) -> None:
         if min(self.workers, self.epochs, self.repeats) < 1:
-            raise ValueError("workers, epochs and repeats must be at least 1")
+            raise InputError("workers, epochs and repeats must be at least 1")
         unknown = set(self.schedules) - {"auto", "dp", *KINDS}
         if unknown:
-            raise ValueError(f"unknown schedule {sorted(unknown)[0]!r}: use auto, dp or one of {', '.join(KINDS)}")
+            raise InputError(f"unknown schedule {sorted(unknown)[0]!r}: use auto, dp or one of {', '.join(KINDS)}")
 
 
 def run(cfg: PredictionsConfig) -> dict[str, Any]:

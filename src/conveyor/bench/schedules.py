@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
 from conveyor.emulate import Emulation, launch_emulated
+from conveyor.errors import InputError
 from conveyor.runtime import Pipeline
 from conveyor.schedule import KINDS, make_schedule, simulate, twobw_min_microbatches
 
@@ -49,9 +50,9 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if min(self.stages, self.microbatches, self.steps, self.microbatch_size, self.features, self.repeats) < 1:
-            raise ValueError("stages, microbatches, steps, microbatch size, features and repeats must be at least 1")
+            raise InputError("stages, microbatches, steps, microbatch size, features and repeats must be at least 1")
         if self.forward_ms < 0 or self.backward_ms < 0 or self.forward_ms + self.backward_ms <= 0:
-            raise ValueError("--forward-ms and --backward-ms must be >= 0 and not both 0: they set the stage cost")
+            raise InputError("--forward-ms and --backward-ms must be >= 0 and not both 0: they set the stage cost")
 
 
 def _timed(run: Callable[[], Any]) -> float:

@@ -19,6 +19,7 @@ from conveyor.bench._checks import require_known
 from conveyor.elastic._bidbrain import POLICIES, Outcome, simulate
 from conveyor.elastic._market import BILLINGS, read_markets
 from conveyor.elastic._throughput import Costs, throughput_from_plan
+from conveyor.errors import InputError
 from conveyor.plan import read_graph_txt
 
 __all__ = ["GOALS", "MEASURED", "SHARED", "SpotConfig", "costs_from_elastic", "plot", "run"]
@@ -63,7 +64,7 @@ class SpotConfig:
         require_known("policies", self.policies, POLICIES)
         require_known("billing", [self.billing], BILLINGS)
         if not (self.work > 0 and self.fleet >= 1 and self.reliable >= 1 and self.machines >= 1 and self.batch >= 1):
-            raise ValueError("work, fleet, reliable, machines and batch must be positive")
+            raise InputError("work, fleet, reliable, machines and batch must be positive")
         require_known("measured costs", self.measured, MEASURED)
 
 
@@ -85,7 +86,7 @@ def costs_from_elastic(path: str | Path) -> dict[str, float]:
         report = json.loads(Path(path).read_text())
         conveyor, torchrun = report["conveyor"]["events"], report["torchrun"]["events"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a conveyor bench elastic report ({type(exc).__name__}: {exc})") from None
+        raise InputError(f"{path}: not a conveyor bench elastic report ({type(exc).__name__}: {exc})") from None
 
     def mean(events: list[dict[str, Any]], kind: str, key: str) -> float | None:
         values = [float(e[key]) for e in events if e.get("kind") == kind and e.get(key) is not None]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench._checks import require_known
+from conveyor.errors import InputError
 from conveyor.job import TrainConfig, read_jsonl, train
 from conveyor.plan import Topology
 from conveyor.runtime import WorkerError
@@ -63,10 +64,10 @@ class Case:
         """
         model, layout, *rest = [*text.split(":"), ""] if ":" not in text else text.split(":")
         if not model or not layout or len(rest) > 1 or (rest and not rest[0].isdigit()):
-            raise ValueError(f"case {text!r} is not model:replicas[:batch size], e.g. resnet:4 or vgg:2-1:64")
+            raise InputError(f"case {text!r} is not model:replicas[:batch size], e.g. resnet:4 or vgg:2-1:64")
         replicas = tuple(parse_replicas(layout))
         if not flexible_layout(replicas):
-            raise ValueError(f"case {text!r}: replicate the first stage alone (e.g. 4 or 2-1): its work moves")
+            raise InputError(f"case {text!r}: replicate the first stage alone (e.g. 4 or 2-1): its work moves")
         return cls(model, layout, replicas, int(rest[0]) if rest else batch_size)
 
     @property
@@ -99,7 +100,7 @@ class StragglersConfig:
         require_known("patterns", self.patterns, PATTERNS)
         require_known("modes", self.modes, MODES)
         if "none" not in self.patterns:
-            raise ValueError("the patterns must include none: the ideal is scaled from the no-jitter time")
+            raise InputError("the patterns must include none: the ideal is scaled from the no-jitter time")
 
 
 def mean_capacity(events: list[dict[str, Any]], cores: float, workers: int, start: float, end: float) -> float:

@@ -28,6 +28,7 @@ from typing import Any
 
 from conveyor.bench._checks import require_known
 from conveyor.bench.ddp import train_ddp
+from conveyor.errors import InputError
 from conveyor.job import TrainConfig, plot_accuracy, train
 
 __all__ = ["STRATEGIES", "TTAConfig", "run"]
@@ -57,7 +58,7 @@ class TTAConfig:
     def __post_init__(self) -> None:
         require_known("strategies", self.strategies, STRATEGIES)
         if not 0 < self.target <= 1:
-            raise ValueError(f"the target accuracy must be in (0, 1], got {self.target}")
+            raise InputError(f"the target accuracy must be in (0, 1], got {self.target}")
 
 
 def _config(cfg: TTAConfig, strategy: str, run_dir: Path) -> TrainConfig:

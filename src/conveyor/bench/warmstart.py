@@ -27,6 +27,7 @@ from typing import Any
 from rich.progress import Progress
 
 from conveyor.bench._checks import require_known
+from conveyor.errors import InputError
 from conveyor.job import TrainConfig, train
 from conveyor.job._zoo import gpt, mlp, resnet, vgg
 from conveyor.warmstart import ModelIndex, ModelStore, op_graph
@@ -74,7 +75,7 @@ class WarmStartBenchConfig:
     def __post_init__(self) -> None:
         require_known("families", self.families, self.specs)
         if not self.families or len(set(self.families)) < len(self.families):
-            raise ValueError(f"give each family once, at least one: got {list(self.families)}")
+            raise InputError(f"give each family once, at least one: got {list(self.families)}")
 
 
 def _config(family: Family, width: int, depth: int, epochs: int, store: Path, run_dir: Path, seed: int,
@@ -105,7 +106,7 @@ def _row(name: str, family: Family, width: int, depth: int, warm: bool, summary:
 def run(cfg: WarmStartBenchConfig, keep: Path | None = None) -> list[dict[str, Any]]:
     """Train every family's parents into a fresh store, then each child from scratch and warm-started."""
     if keep is not None and (keep / "store").exists():
-        raise ValueError(f"{keep / 'store'} exists: give --keep a new folder (the benchmark starts with no models)")
+        raise InputError(f"{keep / 'store'} exists: give --keep a new folder (the benchmark starts with no models)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp, Progress() as bar:
         root = keep or Path(tmp)

@@ -7,17 +7,18 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 from conveyor.cli import _bench, _cluster, _emulate, _models, _plan, _train
 from conveyor.cli._common import Parser
+from conveyor.errors import InputError
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="conveyor", description="Pipeline-parallel PyTorch training.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('conveyor')}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _train.add_parser(sub)
     _plan.add_parsers(sub)
@@ -26,6 +27,13 @@ def _parser() -> argparse.ArgumentParser:
     _models.add_parser(sub)
     _bench.add_parser(sub)
     return parser
+
+
+def _version() -> str:
+    try:
+        return version("conveyor")
+    except PackageNotFoundError:  # run from a source tree that pip has not installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,15 +62,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(exc: Exception) -> int | None:
-    """Print an error the user can fix in one line and return the exit status; ``None`` for a bug."""
+    """Print an error the user can fix in one line and return the exit status; ``None`` for a bug (whose traceback
+    Python then prints). Bad input is an :class:`~conveyor.errors.InputError` (or an ``OSError``: a file, a
+    permission, a privilege); any other exception, a ``ValueError`` from PyTorch included, is a bug."""
     # Only a command that ran the runtime (and so imported torch) can raise its errors; planning does not.
     runtime = sys.modules.get("conveyor.runtime")
     if runtime is not None and isinstance(exc, runtime.WorkerError):
-        if os.environ.get("CONVEYOR_TRACEBACK"):
-            print(exc.remote_traceback, file=sys.stderr)
+        if os.environ.get("CONVEYOR_TRACEBACK") or not exc.bad_input:
+            print(exc.remote_traceback, file=sys.stderr)  # a worker's bug: where it happened
         print(f"conveyor: error: worker {exc.rank}: {exc.error_type}: {exc.message}", file=sys.stderr)
         return 1
-    if isinstance(exc, ValueError | OSError) or (runtime is not None and isinstance(exc, runtime.WorldSizeError)):
+    if isinstance(exc, InputError | OSError) or (runtime is not None and isinstance(exc, runtime.WorldSizeError)):
         lines = str(exc).splitlines() or [type(exc).__name__]
         print(f"conveyor: error: {lines[0]}", file=sys.stderr)  # one line; the rest is for CONVEYOR_TRACEBACK
         if os.environ.get("CONVEYOR_TRACEBACK"):

@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Column, Table
 
 from conveyor.cli._common import console, floats, names, positive, write_json
+from conveyor.errors import InputError
 
 __all__ = ["add_parser", "run"]
 
@@ -71,7 +72,7 @@ def _simulate(args: argparse.Namespace) -> None:
 
     for policy in args.policy:
         if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}: choose from {', '.join(sorted(POLICIES))}")
+            raise InputError(f"unknown policy {policy!r}: choose from {', '.join(sorted(POLICIES))}")
     table = ThroughputTable.load(args.throughputs)
     devices = parse_cluster(args.cluster, args.per_server)
     prices = _prices(args.prices)
@@ -134,7 +135,7 @@ def _run(args: argparse.Namespace) -> None:
     from conveyor.emulate import Emulation
 
     if args.trace is None:
-        raise ValueError("conveyor cluster run needs --trace FILE: jobs whose command is a conveyor train line and "
+        raise InputError("conveyor cluster run needs --trace FILE: jobs whose command is a conveyor train line and "
                          "whose steps are epochs (see README, Cluster scheduling)")  # fmt: skip
     jobs = read_trace(args.trace)
     device_types = parse_device_types(args.devices)
@@ -160,7 +161,7 @@ def _prices(text: str) -> dict[str, float]:
         try:
             prices[name.strip()] = float(value)
         except ValueError:
-            raise ValueError(f"cannot read price {part!r}: write TYPE=DOLLARS_PER_HOUR, e.g. v100=3.06") from None
+            raise InputError(f"cannot read price {part!r}: write TYPE=DOLLARS_PER_HOUR, e.g. v100=3.06") from None
     return prices
 
 
@@ -169,7 +170,7 @@ def _window(text: str | None) -> tuple[int, int] | None:
         return None
     start, _, end = text.partition(":")
     if not (start.isdigit() and end.isdigit()) or int(start) >= int(end):
-        raise ValueError(f"--window {text!r}: write START:END job ids with START < END, e.g. 200:400")
+        raise InputError(f"--window {text!r}: write START:END job ids with START < END, e.g. 200:400")
     return int(start), int(end)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from conveyor.cli._common import add_emulation, console, positive, write_json
+from conveyor.errors import InputError
 
 __all__ = ["add_parser", "run"]
 
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> None:
     from conveyor.plan import Topology
 
     if not (args.network or args.devices):
-        raise ValueError("conveyor emulate check needs --network, --devices or both")
+        raise InputError("conveyor emulate check needs --network, --devices or both")
     workers = args.workers or (Topology.parse(args.network).workers if args.network else len(args.devices.split(",")))
     report = check_cluster(Emulation(args.network, args.devices), workers)
     if report["links"]:

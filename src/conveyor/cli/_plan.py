@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from conveyor.cli._common import console, positive, sizes, write_json
+from conveyor.errors import InputError
 from conveyor.plan import COST_MODELS
 from conveyor.schedule import PLANNER_SCHEDULES
 
@@ -91,7 +92,7 @@ def plan(args: argparse.Namespace) -> None:
     profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
     if args.batch_size is not None:
         if args.schedule != "2bw" or args.straight or args.microbatches or args.cost_model != "physical":
-            raise ValueError(
+            raise InputError(
                 "--batch-size runs the 2BW planner: use it with --schedule 2bw, without --straight, --microbatches "
                 "and --cost-model"
             )

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from conveyor._processes import start_worker_server, under_torchrun
 from conveyor.cli._common import add_emulation, config, console, positive, write_json
+from conveyor.errors import InputError
 from conveyor.schedule import KINDS
 
 DEVICES = ("auto", "cpu", "cuda")  # conveyor.runtime.DEVICES and BACKENDS written out: importing them loads torch
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         from conveyor.job import join_elastic
 
         if args.lease:
-            raise ValueError("--lease bounds a conveyor train run of fixed workers: drop --join")
+            raise InputError("--lease bounds a conveyor train run of fixed workers: drop --join")
 
         console.print(f"joining the elastic job at {args.join}")
         join_elastic(args.join, args.run_dir)
@@ -231,16 +232,21 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             write_json(args.json, result)
         if result["interrupted"]:
-            left = cfg.epochs - result["epochs"]
-            go_on = shlex.join([*_without(args.argv, "--resume", "--epochs"), "--resume", result["checkpoint"]])
-            console.print(
-                f"interrupted after {result['epochs']} epochs; saved to {result['checkpoint']}. The other {left}: "
-                f"conveyor {go_on} --epochs {left}",
-                highlight=False,
-                soft_wrap=True,
-            )
+            _print_go_on(args.argv, result, cfg.epochs - result["epochs"], recurring=cfg.tune_batch_size)
             return 130  # as a shell reports a command stopped by Ctrl-C
     return 0
+
+
+def _print_go_on(argv: list[str], result: dict[str, Any], left: int, *, recurring: bool) -> None:
+    """What an interrupted run saved, and the command that trains its other ``left`` epochs (into a new run
+    folder: the old one keeps its logs). A recurrence of ``--batch-size auto`` is not continued: it is recorded
+    as interrupted, and its next run begins the next recurrence."""
+    said = f"interrupted after {result['epochs']} epochs; saved to {result['checkpoint']}"
+    if recurring:
+        console.print(f"{said}. This recurrence counts for nothing; run the job again", highlight=False, soft_wrap=True)
+        return
+    go_on = shlex.join([*_without(argv, "--resume", "--epochs", "--run-dir"), "--resume", result["checkpoint"]])
+    console.print(f"{said}. The other {left}: conveyor {go_on} --epochs {left}", highlight=False, soft_wrap=True)
 
 
 def _without(argv: list[str], *options: str) -> list[str]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self
 
+from conveyor.errors import InputError
+
 __all__ = ["LOST", "Backend", "Launched", "LocalBackend", "RayBackend"]
 
 LOST = 255  # the exit code of a command Ray lost (its worker or node died, or it would not stop)
@@ -245,7 +247,7 @@ class RayBackend(_Tracking):
         try:
             import ray
         except ImportError as exc:
-            raise ValueError(f"the Ray backend needs Ray ({exc}): pip install 'conveyor[ray]'") from None
+            raise InputError(f"the Ray backend needs Ray ({exc}): pip install 'conveyor[ray]'") from None
         self._ray = ray
         self.grace_s = grace_s
         self._owns = not ray.is_initialized()
@@ -270,7 +272,7 @@ class RayBackend(_Tracking):
         """
         total = self._ray.cluster_resources().get(device_type, 0)
         if total < devices:
-            raise ValueError(
+            raise InputError(
                 f"{name}: the Ray cluster has {total:g} {device_type!r} devices, the job needs {devices}: start "
                 f"its nodes with --resources '{{\"{device_type}\": N}}' (RayBackend(resources=...) locally)"
             )

@@ -6,6 +6,7 @@ import numpy as np
 
 from conveyor.cluster._throughputs import ThroughputTable
 from conveyor.cluster._trace import TraceJob
+from conveyor.errors import InputError
 
 __all__ = [
     "DISTRIBUTED_FAMILIES",
@@ -74,7 +75,7 @@ def sample_arrivals(rng: np.random.Generator, n: int, jobs_per_hour: float) -> n
         True
     """
     if not jobs_per_hour >= 0:
-        raise ValueError(f"jobs_per_hour is {jobs_per_hour}: give a rate >= 0 (0: every job arrives at once)")
+        raise InputError(f"jobs_per_hour is {jobs_per_hour}: give a rate >= 0 (0: every job arrives at once)")
     if jobs_per_hour == 0 or n == 0:
         return np.zeros(n)
     gaps = rng.exponential(3600.0 / jobs_per_hour, n - 1)
@@ -122,13 +123,13 @@ def sample_job_types(
         ['A', 'A', 'A']
     """
     if reference not in table.alone_rates:
-        raise ValueError(f"reference device type {reference!r} is not in {table.source} ({list(table.device_types)})")
+        raise InputError(f"reference device type {reference!r} is not in {table.source} ({list(table.device_types)})")
     rates = table.alone_rates[reference]
     out = [""] * len(scale_factors)
     for scale in np.unique(scale_factors):
         candidates = [t for t in table.job_types if rates.get((t, int(scale)), 0.0) > 0]
         if not candidates:
-            raise ValueError(
+            raise InputError(
                 f"no job type of {table.source} runs on {scale} devices of {reference}: generate single-device "
                 "jobs (multi_gpu=False) or use a table with multi-device throughputs"
             )
@@ -176,7 +177,7 @@ def generate_jobs(
         True
     """
     if count < 0:
-        raise ValueError(f"count is {count}: give a number of jobs >= 0")
+        raise InputError(f"count is {count}: give a number of jobs >= 0")
     table = ThroughputTable.load() if table is None else table
     types, scales, durations, arrivals, weights, deadlines = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)

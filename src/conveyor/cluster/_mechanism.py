@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from conveyor.cluster._problem import Allocation, Problem
+from conveyor.errors import InputError
 
 __all__ = ["Device", "Devices", "Rounds"]
 
@@ -41,9 +42,9 @@ class Devices:
 
     def __post_init__(self) -> None:
         if not self.counts or any(n < 0 for n in self.counts.values()):
-            raise ValueError(f"a cluster needs device counts >= 0 per type, e.g. v100=36,p100=36; got {self.counts}")
+            raise InputError(f"a cluster needs device counts >= 0 per type, e.g. v100=36,p100=36; got {self.counts}")
         if self.per_server < 1:
-            raise ValueError(f"devices per server must be at least 1, got {self.per_server}")
+            raise InputError(f"devices per server must be at least 1, got {self.per_server}")
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -97,7 +98,7 @@ class Rounds:
     def set_allocation(self, problem: Problem, allocation: Allocation) -> None:
         """Adopt a new allocation (jobs arrived or left): time counts restart from here."""
         if problem.device_types != self.devices.types:
-            raise ValueError(f"the problem's device types {problem.device_types} are not the cluster's "
+            raise InputError(f"the problem's device types {problem.device_types} are not the cluster's "
                              f"{self.devices.types}")  # fmt: skip
         self.allocation = {tuple(problem.job_ids[i] for i in combo): allocation.fractions[c]
                            for c, combo in enumerate(allocation.combos)}  # fmt: skip

@@ -22,6 +22,7 @@ from conveyor.cluster._policy_time import (
     min_total_duration_perf,
 )
 from conveyor.cluster._problem import Allocation, Problem
+from conveyor.errors import InputError
 
 __all__ = ["POLICIES", "allocate"]
 
@@ -70,7 +71,7 @@ def allocate(name: str, problem: Problem) -> Allocation:
     """
     policy = POLICIES.get(name)
     if policy is None:
-        raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
+        raise InputError(f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
     if problem.jobs == 0:
         return Allocation((), np.zeros((0, len(problem.device_types))))
     return policy(problem)

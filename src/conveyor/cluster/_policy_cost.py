@@ -9,6 +9,7 @@ import scipy.sparse as sp  # type: ignore[import-untyped]
 
 from conveyor.cluster._policy_lp import Block, Layout, finish, isolated_throughputs, singles_layout, solve
 from conveyor.cluster._problem import Allocation, Problem
+from conveyor.errors import InputError
 
 __all__ = ["max_sum_throughput_perf", "max_throughput_per_dollar", "min_cost"]
 
@@ -75,7 +76,7 @@ def _with_slos(
     layout = singles_layout(problem)
     rem, deadline = problem.remaining_steps, problem.deadline_s
     if not np.isfinite(rem).all() or (rem < 0).any():
-        raise ValueError(f"{name}: Problem.remaining_steps must be finite and >= 0")
+        raise InputError(f"{name}: Problem.remaining_steps must be finite and >= 0")
     slo = np.isfinite(deadline) & (rem > 0)
     missed = slo & (deadline <= 0)
     with np.errstate(divide="ignore"):
@@ -157,7 +158,7 @@ def max_throughput_per_dollar(problem: Problem) -> Allocation:
         return _empty(problem)
     prices = problem.prices
     if (prices <= 0).any() or not np.isfinite(prices).all():
-        raise ValueError(
+        raise InputError(
             "max_throughput_per_dollar: Problem.prices must be finite and positive (dollars per "
             "device-hour of each type)"
         )
@@ -189,7 +190,7 @@ def min_cost(problem: Problem) -> Allocation:
         return _empty(problem)
     prices = problem.prices
     if (prices < 0).any() or not np.isfinite(prices).all():
-        raise ValueError("min_cost: Problem.prices must be finite and >= 0 (dollars per device-hour of each type)")
+        raise InputError("min_cost: Problem.prices must be finite and >= 0 (dollars per device-hour of each type)")
     iso = isolated_throughputs(problem.throughputs, problem.scale_factors, problem.capacity)
     rem = problem.remaining_steps
     fallback = np.where(rem > 0, iso, 0.0)

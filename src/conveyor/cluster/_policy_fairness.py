@@ -18,6 +18,7 @@ from conveyor.cluster._policy_lp import (
     solve,
 )
 from conveyor.cluster._problem import Allocation, Problem
+from conveyor.errors import InputError
 
 __all__ = [
     "max_min_fairness",
@@ -33,7 +34,7 @@ _SLACK = 1e-9  # relative slack on levels carried from one LP to the next (HiGHS
 
 def _check_weights(problem: Problem, name: str) -> None:
     if (problem.weights <= 0).any() or not np.isfinite(problem.weights).all():
-        raise ValueError(f"{name}: Problem.weights must be finite and positive; give every job a weight > 0")
+        raise InputError(f"{name}: Problem.weights must be finite and positive; give every job a weight > 0")
 
 
 def _las(problem: Problem, layout: Layout, throughputs: np.ndarray, name: str) -> np.ndarray:
@@ -136,7 +137,7 @@ def _entity_shares(problem: Problem, rising: np.ndarray) -> np.ndarray:
     ids, inverse = np.unique(problem.entities, return_inverse=True)
     entity_weight = np.array([float(problem.entity_weights.get(int(e), 1.0)) for e in ids])
     if (entity_weight <= 0).any() or not np.isfinite(entity_weight).all():
-        raise ValueError("Problem.entity_weights must be finite and positive; give every entity a weight > 0")
+        raise InputError("Problem.entity_weights must be finite and positive; give every entity a weight > 0")
     rising_weight = np.where(rising, problem.weights, 0.0)
     totals = np.bincount(inverse, weights=rising_weight, minlength=len(ids))
     return np.where(rising, entity_weight[inverse] * rising_weight / np.where(totals > 0, totals, 1.0)[inverse], 0.0)

@@ -10,6 +10,7 @@ import scipy.sparse as sp  # type: ignore[import-untyped]
 from scipy.optimize import linprog  # type: ignore[import-untyped]
 
 from conveyor.cluster._problem import Allocation, Problem
+from conveyor.errors import InputError
 
 __all__ = [
     "Block",
@@ -105,11 +106,11 @@ def packed_layout(problem: Problem) -> Layout:
     second = np.array([j for _, j in pairs], dtype=int)
     values = np.array([np.asarray(problem.pair_throughputs[p], dtype=float) for p in pairs])
     if values.shape != (len(pairs), m, 2) or not np.isfinite(values).all() or (values < 0).any():
-        raise ValueError(f"Problem.pair_throughputs: give each pair a finite, non-negative ({m}, 2) array")
+        raise InputError(f"Problem.pair_throughputs: give each pair a finite, non-negative ({m}, 2) array")
     if ((first < 0) | (first >= second) | (second >= n)).any():
-        raise ValueError(f"Problem.pair_throughputs: keys must be row-index pairs (i, j) with 0 <= i < j < {n}")
+        raise InputError(f"Problem.pair_throughputs: keys must be row-index pairs (i, j) with 0 <= i < j < {n}")
     if (problem.scale_factors[first] != problem.scale_factors[second]).any():
-        raise ValueError("Problem.pair_throughputs: only jobs with equal scale factors may share devices")
+        raise InputError("Problem.pair_throughputs: only jobs with equal scale factors may share devices")
     t = problem.throughputs
     allowed = (t[first] > 0) & (t[second] > 0) & (values > 0).all(axis=2)
     p = len(pairs)

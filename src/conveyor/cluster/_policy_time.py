@@ -12,6 +12,7 @@ from conveyor.cluster._policy_lp import (
     singles_layout,
 )
 from conveyor.cluster._problem import Allocation, Problem
+from conveyor.errors import InputError
 
 __all__ = [
     "finish_time_fairness",
@@ -30,9 +31,9 @@ def _empty(problem: Problem) -> Allocation:
 
 def _check_times(problem: Problem, name: str) -> None:
     if not np.isfinite(problem.remaining_steps).all() or (problem.remaining_steps < 0).any():
-        raise ValueError(f"{name}: Problem.remaining_steps must be finite and >= 0")
+        raise InputError(f"{name}: Problem.remaining_steps must be finite and >= 0")
     if not np.isfinite(problem.elapsed_s).all() or (problem.elapsed_s < 0).any():
-        raise ValueError(f"{name}: Problem.elapsed_s must be finite and >= 0")
+        raise InputError(f"{name}: Problem.elapsed_s must be finite and >= 0")
 
 
 def finish_time_ratios(problem: Problem, throughputs: np.ndarray, thr: np.ndarray) -> np.ndarray:

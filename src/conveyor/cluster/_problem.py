@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.errors import InputError
+
 __all__ = ["Allocation", "Problem"]
 
 # Array-like when given (lists are fine); always an np.ndarray once the Problem is built.
@@ -70,13 +72,13 @@ class Problem:
         object.__setattr__(self, "capacity", np.asarray(self.capacity, dtype=float).reshape(m))
         for name in ("weights", "remaining_steps", "elapsed_s", "deadline_s", "arrival_s", "entities"):
             if getattr(self, name).shape != (n,):
-                raise ValueError(f"Problem.{name} has shape {getattr(self, name).shape}; give one value per job ({n})")
+                raise InputError(f"Problem.{name} has shape {getattr(self, name).shape}; give one value per job ({n})")
         if self.prices.shape != (m,):
-            raise ValueError(f"Problem.prices has shape {self.prices.shape}; give one price per device type ({m})")
+            raise InputError(f"Problem.prices has shape {self.prices.shape}; give one price per device type ({m})")
         if (self.throughputs < 0).any() or not np.isfinite(self.throughputs).all():
-            raise ValueError("Problem.throughputs must be finite and non-negative (0: the job cannot run there)")
+            raise InputError("Problem.throughputs must be finite and non-negative (0: the job cannot run there)")
         if n and (self.scale_factors < 1).any():
-            raise ValueError("Problem.scale_factors must be at least 1")
+            raise InputError("Problem.scale_factors must be at least 1")
 
     @property
     def jobs(self) -> int:

@@ -19,6 +19,7 @@ from conveyor.cluster._problem import Problem
 from conveyor.cluster._simulate import JobRecord, Simulation, active_problem
 from conveyor.cluster._throughputs import OnlineThroughputs
 from conveyor.cluster._trace import TraceJob
+from conveyor.errors import InputError
 
 __all__ = ["DeviceTypes", "Launch", "RealRun", "parse_device_types", "run_real"]
 
@@ -49,11 +50,11 @@ def parse_device_types(text: str) -> DeviceTypes:
         try:
             cores[name], counts[name] = float(per), int(count or 1)
         except ValueError:
-            raise ValueError(f"cannot read device type {part!r}: write TYPE=CORES:COUNT, e.g. fast=1.0:2") from None
+            raise InputError(f"cannot read device type {part!r}: write TYPE=CORES:COUNT, e.g. fast=1.0:2") from None
         if not name or cores[name] <= 0 or counts[name] < 1:
-            raise ValueError(f"device type {part!r} needs a name, cores > 0 and a count >= 1, e.g. slow=0.25:2")
+            raise InputError(f"device type {part!r} needs a name, cores > 0 and a count >= 1, e.g. slow=0.25:2")
     if not cores:
-        raise ValueError("no device types given: write e.g. --devices fast=1.0:2,slow=0.25:2")
+        raise InputError("no device types given: write e.g. --devices fast=1.0:2,slow=0.25:2")
     return DeviceTypes(cores, counts)
 
 

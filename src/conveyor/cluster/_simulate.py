@@ -12,6 +12,7 @@ from conveyor.cluster._mechanism import Combo, Devices, Rounds
 from conveyor.cluster._policies import allocate
 from conveyor.cluster._problem import Problem
 from conveyor.cluster._trace import TraceJob
+from conveyor.errors import InputError
 
 __all__ = ["JobRecord", "Simulation", "simulate"]
 
@@ -118,16 +119,16 @@ def simulate(
     price = np.array([prices.get(t, 0.0) for t in types])
     table = np.array([rates(spec) for spec in jobs]).reshape(len(jobs), len(types))
     if len(jobs) and (bad := np.flatnonzero((table <= 0).all(axis=1) | np.isnan(table).any(axis=1))).size:
-        raise ValueError(f"job {int(bad[0])} ({jobs[int(bad[0])].job_type}) cannot run on any device type of "
+        raise InputError(f"job {int(bad[0])} ({jobs[int(bad[0])].job_type}) cannot run on any device type of "
                          f"the cluster: give it a throughput on one of {', '.join(types)}")  # fmt: skip
     for i, spec in enumerate(jobs):
         if not any(spec.scale_factor <= devices.counts[t] and table[i, k] > 0 for k, t in enumerate(types)):
-            raise ValueError(f"job {i} needs {spec.scale_factor} devices of one type but the cluster has "
+            raise InputError(f"job {i} needs {spec.scale_factor} devices of one type but the cluster has "
                              f"{devices.counts}: remove it or add devices")  # fmt: skip
     fastest = table.max(axis=1) if len(jobs) else np.zeros(0)
     restart_by_type = restart_s if isinstance(restart_s, dict) else dict.fromkeys(types, restart_s)
     if missing := set(types) - set(restart_by_type):
-        raise ValueError(f"restart_s has no seconds for device types {sorted(missing)}: give one per type")
+        raise InputError(f"restart_s has no seconds for device types {sorted(missing)}: give one per type")
     records = [JobRecord(i, float(spec.arrival_s)) for i, spec in enumerate(jobs)]
     for i, spec in enumerate(jobs):
         if spec.slo is not None and spec.slo > 0:

@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from conveyor.cluster._trace import TraceJob
+from conveyor.errors import InputError
 from conveyor.plan import COST_MODELS, Level, PlanError, Profile, Topology, optimize
 
 __all__ = [
@@ -78,11 +79,11 @@ class ThroughputTable:
         """
         path = Path(path) if path is not None else default_gavel_path()
         if not path.is_file():
-            raise ValueError(f"no Gavel throughput table at {path}: put {GAVEL_URL} there or give its path")
+            raise InputError(f"no Gavel throughput table at {path}: put {GAVEL_URL} there or give its path")
         try:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not JSON ({exc}): give Gavel's simulation_throughputs.json") from None
+            raise InputError(f"{path} is not JSON ({exc}): give Gavel's simulation_throughputs.json") from None
         return cls.from_dict(raw, str(path), unconsolidated)
 
     @classmethod
@@ -106,7 +107,7 @@ class ThroughputTable:
                             a, b = rate
                             pairs[device][(key, _parse_key(other))] = (float(a), float(b))
             except (AttributeError, TypeError, ValueError, SyntaxError) as exc:
-                raise ValueError(
+                raise InputError(
                     f"{source}: device type {device!r} is not in Gavel's format {{device: {{\"('type', scale)\": "
                     f'{{"null": steps_per_s, ...}}}}}} ({type(exc).__name__}: {exc})'
                 ) from None
@@ -137,16 +138,16 @@ class ThroughputTable:
 
     def _check(self, key: JobKey, device_type: str | None = None) -> None:
         if device_type is not None and device_type not in self.alone_rates:
-            raise ValueError(
+            raise InputError(
                 f"unknown device type {device_type!r}; the throughput table {self.source} has {list(self.device_types)}"
             )
         if not self.has(*key):
             if not self.scale_factors(key[0]):
-                raise ValueError(
+                raise InputError(
                     f"unknown job type {key[0]!r}; the throughput table {self.source} knows {len(self.job_types)} "
                     "types: use one of them or another table"
                 )
-            raise ValueError(
+            raise InputError(
                 f"the throughput table {self.source} has no {key[0]!r} on {key[1]} devices (it has scale factors "
                 f"{list(self.scale_factors(key[0]))}): change the scale factor or the table"
             )
@@ -214,7 +215,7 @@ class ThroughputTable:
 def _parse_key(text: str) -> JobKey:
     value = ast.literal_eval(text)
     if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)):
-        raise ValueError(f"key {text!r} is not a ('job type', scale_factor) tuple")
+        raise InputError(f"key {text!r} is not a ('job type', scale_factor) tuple")
     return value[0], value[1]
 
 
@@ -258,7 +259,7 @@ class OnlineThroughputs:
         prior_weight_s: float = 0.0,
     ) -> None:
         if not (default >= 0 and prior_weight_s >= 0 and (halflife_s is None or halflife_s > 0)):
-            raise ValueError("default and prior_weight_s must be >= 0 and halflife_s > 0 (or None)")
+            raise InputError("default and prior_weight_s must be >= 0 and halflife_s > 0 (or None)")
         self.default, self.halflife_s, self.prior_weight_s = default, halflife_s, prior_weight_s
         self._priors: dict[Hashable, dict[str, float]] = {}
         self._steps: dict[Hashable, dict[str, float]] = {}
@@ -276,14 +277,14 @@ class OnlineThroughputs:
         if rate is None:
             self._priors.get(job_key, {}).pop(device_type, None)
         elif not (math.isfinite(rate) and rate >= 0):
-            raise ValueError(f"prior throughput {rate} of {job_key!r} on {device_type} must be finite and >= 0")
+            raise InputError(f"prior throughput {rate} of {job_key!r} on {device_type} must be finite and >= 0")
         else:
             self._priors.setdefault(job_key, {})[device_type] = float(rate)
 
     def record(self, job_key: Hashable, device_type: str, steps: float, seconds: float) -> None:
         """Add a measurement: ``job_key`` ran ``steps`` steps in ``seconds`` seconds on ``device_type``."""
         if not (steps >= 0 and math.isfinite(steps) and seconds > 0 and math.isfinite(seconds)):
-            raise ValueError(f"a measurement needs steps >= 0 and seconds > 0, finite; got {steps}, {seconds}")
+            raise InputError(f"a measurement needs steps >= 0 and seconds > 0, finite; got {steps}, {seconds}")
         done, spent = self._steps.setdefault(job_key, {}), self._seconds.setdefault(job_key, {})
         decay = 1.0 if self.halflife_s is None else 0.5 ** (seconds / self.halflife_s)
         done[device_type] = done.get(device_type, 0.0) * decay + steps
@@ -373,21 +374,21 @@ def planned_throughputs(
     if batch_size is not None and batch_size in profile.batch_sizes:
         profile = profile.at(batch_size)
     elif batch_size is not None and (profile.batch_size is not None or profile.variants):
-        raise ValueError(
+        raise InputError(
             f"profile {profile.model!r} has no measurements at batch size {batch_size} (it has {profile.batch_sizes}): "
             "give one of those, or profile that batch size"
         )
     if cost_model not in COST_MODELS:
-        raise ValueError(f"unknown cost model {cost_model!r}: use one of {', '.join(COST_MODELS)}")
+        raise InputError(f"unknown cost model {cost_model!r}: use one of {', '.join(COST_MODELS)}")
     if not (bandwidth > 0 and math.isfinite(bandwidth)):
-        raise ValueError(f"bandwidth {bandwidth} must be a finite number of bytes/s > 0")
+        raise InputError(f"bandwidth {bandwidth} must be a finite number of bytes/s > 0")
     scales = sorted(set(scale_factors))
     if not scales or scales[0] < 1:
-        raise ValueError(f"scale factors {scales} must be at least 1 (devices per job)")
+        raise InputError(f"scale factors {scales} must be at least 1 (devices per job)")
     out = {}
     for device, speed in device_speeds.items():
         if not (speed > 0 and math.isfinite(speed)):
-            raise ValueError(f"device type {device!r} has relative speed {speed}: give a finite number > 0")
+            raise InputError(f"device type {device!r} has relative speed {speed}: give a finite number > 0")
         scaled = replace(
             profile,
             layers=tuple(

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conveyor.errors import InputError
+
 if TYPE_CHECKING:
     from conveyor.cluster._throughputs import ThroughputTable
 
@@ -60,31 +62,31 @@ class TraceJob:
         for name in ("job_type", "command", "working_directory", "num_steps_arg"):
             text = getattr(self, name)
             if not text or any(c in text for c in "\t\r\n"):
-                raise ValueError(f"job {name} {text!r} must be non-empty text without tabs or line breaks")
+                raise InputError(f"job {name} {text!r} must be non-empty text without tabs or line breaks")
         # Whole numbers as ints (Gavel's format writes them with %d), the rest as floats, so equal jobs compare equal.
         for name in ("total_steps", "scale_factor"):
             value = getattr(self, name)
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             if not isinstance(value, numbers.Integral):
-                raise ValueError(f"job {self.job_type!r} has {name} {value!r}: give a whole number")
+                raise InputError(f"job {self.job_type!r} has {name} {value!r}: give a whole number")
             object.__setattr__(self, name, int(value))
         for name in ("arrival_s", "priority_weight", "slo", "duration_s"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
         object.__setattr__(self, "needs_data_dir", bool(self.needs_data_dir))
         if self.scale_factor < 1:
-            raise ValueError(
+            raise InputError(
                 f"job {self.job_type!r} has scale factor {self.scale_factor}: a job uses at least 1 device"
             )
         if self.total_steps < 1:
-            raise ValueError(f"job {self.job_type!r} has {self.total_steps} total steps: give at least 1")
+            raise InputError(f"job {self.job_type!r} has {self.total_steps} total steps: give at least 1")
         if not (math.isfinite(self.arrival_s) and self.arrival_s >= 0):
-            raise ValueError(f"job {self.job_type!r} arrives at {self.arrival_s} s: give a finite time >= 0")
+            raise InputError(f"job {self.job_type!r} arrives at {self.arrival_s} s: give a finite time >= 0")
         if not (math.isfinite(self.priority_weight) and self.priority_weight > 0):
-            raise ValueError(f"job {self.job_type!r} has priority weight {self.priority_weight}: give a number > 0")
+            raise InputError(f"job {self.job_type!r} has priority weight {self.priority_weight}: give a number > 0")
         if self.slo is not None and not (math.isfinite(self.slo) and self.slo > 0):
-            raise ValueError(f"job {self.job_type!r} has SLO {self.slo}: give a multiple of its duration > 0, or None")
+            raise InputError(f"job {self.job_type!r} has SLO {self.slo}: give a multiple of its duration > 0, or None")
 
 
 def _number(value: float, fmt: str) -> str:
@@ -122,7 +124,7 @@ def parse_line(line: str, where: str = "trace line") -> TraceJob:
     """
     fields = line.rstrip("\r\n").split("\t")
     if len(fields) != len(FIELDS):
-        raise ValueError(
+        raise InputError(
             f"{where}: {len(fields)} tab-separated fields, Gavel's trace format has {len(FIELDS)} ({', '.join(FIELDS)})"
         )
     job_type, command, working_directory, num_steps_arg = fields[:4]
@@ -132,14 +134,14 @@ def parse_line(line: str, where: str = "trace line") -> TraceJob:
             return kind(fields[index])
         except ValueError:
             noun = "an integer" if kind is int else "a number"
-            raise ValueError(f"{where}: field {FIELDS[index]} is {fields[index]!r}, not {noun}") from None
+            raise InputError(f"{where}: field {FIELDS[index]} is {fields[index]!r}, not {noun}") from None
 
     needs_data_dir = number(4, int)
     if needs_data_dir not in (0, 1):
-        raise ValueError(f"{where}: field needs_data_dir is {fields[4]!r}; write 0 or 1")
+        raise InputError(f"{where}: field needs_data_dir is {fields[4]!r}; write 0 or 1")
     scale_factor = int(number(6, int))
     if scale_factor < 1:
-        raise ValueError(f"{where}: scale factor {scale_factor} < 1; a job uses at least 1 device")
+        raise InputError(f"{where}: scale factor {scale_factor} < 1; a job uses at least 1 device")
     slo = number(8, float)
     try:
         return TraceJob(
@@ -149,7 +151,7 @@ def parse_line(line: str, where: str = "trace line") -> TraceJob:
             needs_data_dir=bool(needs_data_dir),
         )  # fmt: skip
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise InputError(f"{where}: {exc}") from None
 
 
 def read_trace(
@@ -185,13 +187,13 @@ def read_trace(
             job = parse_line(line, f"{path}:{number}")
             if known is not None and job.job_type not in known:
                 example = f" (e.g. {min(known)!r})" if known else ""
-                raise ValueError(
+                raise InputError(
                     f"{path}:{number}: unknown job type {job.job_type!r}; {origin} knows {len(known)} types{example}: "
                     "rename the job or use a table that has it"
                 )
             if table is not None and not table.has(job.job_type, job.scale_factor):
                 scales = table.scale_factors(job.job_type)
-                raise ValueError(
+                raise InputError(
                     f"{path}:{number}: {origin} has no throughput for {job.job_type!r} on {job.scale_factor} devices "
                     f"(it has scale factors {list(scales)}): change the scale factor or the table"
                 )

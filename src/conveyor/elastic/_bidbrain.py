@@ -10,6 +10,7 @@ from typing import Any
 from conveyor.elastic._market import Billing, Market
 from conveyor.elastic._objective import AT_END_S, Offer, paid_left, plan
 from conveyor.elastic._throughput import Costs, Throughput
+from conveyor.errors import InputError
 
 __all__ = ["POLICIES", "Outcome", "simulate"]
 
@@ -151,14 +152,14 @@ def simulate(
         (3600.0, 7.2)
     """
     if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
+        raise InputError(f"unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
     if not markets:
-        raise ValueError("simulate needs at least one market")
+        raise InputError("simulate needs at least one market")
     if not (work > 0 and fleet >= 1 and machines >= 1 and reliable >= 0):
-        raise ValueError(f"need work > 0, fleet >= 1, machines >= 1, reliable >= 0; got {work}, {fleet}, {machines}, "
+        raise InputError(f"need work > 0, fleet >= 1, machines >= 1, reliable >= 0; got {work}, {fleet}, {machines}, "
                          f"{reliable}")  # fmt: skip
     if policy in ("elastic-fixed", "bidbrain") and reliable < 1:
-        raise ValueError(f"{policy} keeps its state on a reliable tier: give reliable >= 1")
+        raise InputError(f"{policy} keeps its state on a reliable tier: give reliable >= 1")
     billing = billing if isinstance(billing, Billing) else Billing(billing)
     if policy == "on-demand":
         return _on_demand(markets, throughput, work, fleet, billing)

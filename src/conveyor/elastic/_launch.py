@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor._processes import LauncherOutput, adopt_environment, worker_context
+from conveyor._processes import LauncherOutput, become_worker, worker_context
 from conveyor.elastic._membership import connect, listen_for_notice
 from conveyor.emulate import Cluster, Emulation, FaultDriver, address
 from conveyor.runtime._launch import (
@@ -65,8 +65,7 @@ class _ElasticJob:
 
 def _worker(slot: int, worker: int | None, job: _ElasticJob) -> None:
     _set_parent_death_signal()
-    adopt_environment(job.environment)
-    job.output.adopt()
+    become_worker(job.environment, job.output)
     import torch
 
     host, folder, fn, args, setup = job.host, job.folder, job.fn, job.args, job.setup
@@ -207,5 +206,5 @@ def _outcome(proc: Any, folder: Path, slot: int, leader: Any) -> _Report | None:
     if not report.ok and leader and leader.exitcode == 0:
         return None
     if not report.ok:
-        raise WorkerError(slot, report.error_type, report.message, report.traceback)
+        raise WorkerError(slot, report.error_type, report.message, report.traceback, bad_input=report.bad_input)
     return report

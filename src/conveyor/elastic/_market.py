@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conveyor.emulate._traces import replay
+from conveyor.errors import InputError
 
 __all__ = ["BILLINGS", "PRICES", "Billing", "Market", "MarketPrice", "read_markets"]
 
@@ -31,9 +32,9 @@ class MarketPrice:
 
     def __post_init__(self) -> None:
         if not (self.on_demand >= 0 and self.spot >= 0):
-            raise ValueError(f"{self.instance}: prices must be >= 0, got {self.on_demand} and {self.spot} $/h")
+            raise InputError(f"{self.instance}: prices must be >= 0, got {self.on_demand} and {self.spot} $/h")
         if not self.speed > 0:
-            raise ValueError(f"{self.instance}: speed must be > 0, got {self.speed}")
+            raise InputError(f"{self.instance}: speed must be > 0, got {self.speed}")
 
 
 # Prices per trace file (its name without the suffix). Sources, and how sure each figure is:
@@ -92,7 +93,7 @@ class Billing:
 
     def __post_init__(self) -> None:
         if self.name not in BILLINGS:
-            raise ValueError(f"unknown billing {self.name!r}: choose from {', '.join(BILLINGS)}")
+            raise InputError(f"unknown billing {self.name!r}: choose from {', '.join(BILLINGS)}")
 
     @property
     def hourly(self) -> bool:
@@ -101,7 +102,7 @@ class Billing:
     def charge(self, price: float, start: float, end: float, revoked: bool = False) -> float:
         """Dollars for one machine held over ``[start, end]`` seconds (see the class docstring)."""
         if price < 0 or end < start:
-            raise ValueError(f"a charge needs a price >= 0 and end >= start, got {price} $/h over [{start}, {end}]")
+            raise InputError(f"a charge needs a price >= 0 and end >= start, got {price} $/h over [{start}, {end}]")
         d = end - start
         if not self.hourly:
             return price / 3600.0 * max(d, 60.0)
@@ -152,13 +153,13 @@ class Market:
         """
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"trace {path} does not exist (see ../shared/spot-traces/README.md)")
+            raise InputError(f"trace {path} does not exist (see ../shared/spot-traces/README.md)")
         name = path.name.split(".")[0]
         if price is None and name not in PRICES:
-            raise ValueError(f"no prices for trace {path.name}: known traces are {', '.join(PRICES)}")
+            raise InputError(f"no prices for trace {path.name}: known traces are {', '.join(PRICES)}")
         events = tuple(replay(path))
         if not any(op == "add" for _, op, _ in events):
-            raise ValueError(f"trace {path.name} never adds a machine")
+            raise InputError(f"trace {path.name} never adds a machine")
         return cls(name, price or PRICES[name], events)
 
     @property
@@ -191,12 +192,12 @@ def read_markets(paths: list[str | Path]) -> list[Market]:
         >>> read_markets(["no-such-trace.csv"])
         Traceback (most recent call last):
         ...
-        ValueError: trace no-such-trace.csv does not exist (see ../shared/spot-traces/README.md)
+        conveyor.errors.InputError: trace no-such-trace.csv does not exist (see ../shared/spot-traces/README.md)
     """
     markets = [Market.from_trace(p) for p in paths]
     names = [m.name for m in markets]
     if len(set(names)) != len(names):
-        raise ValueError(f"a trace is given twice: {names}")
+        raise InputError(f"a trace is given twice: {names}")
     if not markets:
-        raise ValueError("give at least one trace")
+        raise InputError("give at least one trace")
     return markets

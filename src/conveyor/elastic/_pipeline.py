@@ -36,6 +36,7 @@ from torch import nn
 
 from conveyor.elastic._comm import Waiting, Watch
 from conveyor.elastic._tiers import shard_bounds
+from conveyor.errors import InputError
 from conveyor.plan import Profile, Topology, optimize
 
 __all__ = ["Shard", "StageLayout", "StagedStep", "agreed_layouts", "planned_layouts"]
@@ -112,11 +113,11 @@ class StagedStep:
             raise TypeError(f"an elastic pipeline cuts an nn.Sequential between its blocks, got {type(model).__name__}")
         self.blocks = list(model)
         if len(self.blocks) != len(list(model.children())):  # the profile (children) would count fewer blocks
-            raise ValueError("a block appears twice in the nn.Sequential: an elastic pipeline needs each block once "
+            raise InputError("a block appears twice in the nn.Sequential: an elastic pipeline needs each block once "
                              "(make a second instance of it)")  # fmt: skip
         params = [sum(p.numel() for p in b.parameters() if p.requires_grad) for b in self.blocks]
         if sum(params) != sum(p.numel() for p in model.parameters() if p.requires_grad):
-            raise ValueError("a parameter is shared between blocks: an elastic pipeline needs blocks that own theirs")
+            raise InputError("a parameter is shared between blocks: an elastic pipeline needs blocks that own theirs")
         buffers = [sum(b.numel() for b in blk.buffers() if b.is_floating_point()) for blk in self.blocks]
         self.param_at, self.buffer_at = _offsets(params), _offsets(buffers)
         self.microbatches = microbatches
@@ -129,7 +130,7 @@ class StagedStep:
             ValueError: the layout does not cover every block with every computing worker.
         """
         if sum(layout.balance) != len(self.blocks) or sum(layout.replicas) != len(compute):
-            raise ValueError(f"{layout} does not fit {len(self.blocks)} blocks on {len(compute)} workers: plan the "
+            raise InputError(f"{layout} does not fit {len(self.blocks)} blocks on {len(compute)} workers: plan the "
                              "layout from a profile of this model for this many workers")  # fmt: skip
         out, first = [], 0
         for workers, n in zip(layout.stage_workers(compute), layout.balance, strict=True):
@@ -146,7 +147,7 @@ class StagedStep:
             if worker in workers:
                 return s, first, nn.Sequential(*self.blocks[first : first + n])
             first += n
-        raise ValueError(f"worker {worker} computes nothing in {layout}")
+        raise InputError(f"worker {worker} computes nothing in {layout}")
 
     def run(
         self, watch: Watch, group: Any, layout: StageLayout, compute: tuple[int, ...], worker: int,

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from conveyor.errors import InputError
+
 __all__ = ["FlatModel", "ShardOptimizer", "cut_shard", "full_message_numel", "place_shard", "state_layout"]
 
 OptimizerFactory = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
@@ -41,7 +43,7 @@ class FlatModel:
         self.params = [p for p in model.parameters() if p.requires_grad]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
-            raise ValueError(
+            raise InputError(
                 f"elastic training needs parameters of one dtype, this model has {sorted(map(str, dtypes))}"
             )
         self.dtype = dtypes.pop()
@@ -97,7 +99,7 @@ def state_layout(make_optimizer: OptimizerFactory) -> tuple[list[str], list[str]
         elif torch.is_tensor(value) and value.dim() == 0:
             scalars.append(key)
         else:
-            raise ValueError(
+            raise InputError(
                 f"elastic training shards the optimizer's state; {type(optimizer).__name__} keeps {key!r}, which is "
                 "neither per element nor a scalar: use an elementwise optimizer (SGD, Adam, AdamW)"
             )

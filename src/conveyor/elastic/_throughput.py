@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from conveyor.errors import InputError
 from conveyor.plan import Profile, Topology
 from conveyor.plan._cost_model import stage_seconds
 
@@ -110,6 +111,6 @@ class Costs:
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"cost {name} must be a finite number >= 0, got {value}")
+                raise InputError(f"cost {name} must be a finite number >= 0, got {value}")
         if self.checkpoint_every_s <= 0 or self.decide_every_s <= 0 or self.prior_hours <= 0:
-            raise ValueError("checkpoint_every_s, decide_every_s and prior_hours must be > 0")
+            raise InputError("checkpoint_every_s, decide_every_s and prior_hours must be > 0")

@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from conveyor.errors import InputError
+
 __all__ = ["BACKUP_ONLY_MIN", "SYNC_MAX", "Roles", "agile_stage", "roles", "shard_bounds"]
 
 # Ratios (transient / reliable) at which the stage changes, from `conveyor bench elastic --epochs 0
@@ -44,9 +46,9 @@ def agile_stage(
 ) -> int:
     """AgileML's stage (1, 2 or 3) for ``transient`` and ``reliable`` workers (see the module docstring)."""
     if reliable < 1:
-        raise ValueError("an elastic job needs at least one reliable worker (--reliable K, K >= 1)")
+        raise InputError("an elastic job needs at least one reliable worker (--reliable K, K >= 1)")
     if not 0 <= sync_max <= backup_only_min:
-        raise ValueError(
+        raise InputError(
             f"stage thresholds must satisfy 0 <= sync_max <= backup_only_min, got {sync_max}, {backup_only_min}"
         )
     ratio = transient / reliable
@@ -75,7 +77,7 @@ def roles(
     steady = [w for w in members if w in reliable]
     transient = [w for w in members if w not in reliable]
     if not steady:
-        raise ValueError("no reliable worker is left: the reliable tier must outlive the job")
+        raise InputError("no reliable worker is left: the reliable tier must outlive the job")
     stage = agile_stage(len(transient), len(steady), sync_max, backup_only_min) if stage is None else stage
     if not transient:  # nothing is transient: the reliable tier does everything
         stage = 1

@@ -18,6 +18,7 @@ from conveyor.emulate._janitor import start_janitor
 from conveyor.emulate._netns import enter_namespace
 from conveyor.emulate._network import FABRIC_ENV, INTERFACE, Network
 from conveyor.emulate._privileges import require_cgroups, require_netem, require_network
+from conveyor.errors import InputError
 from conveyor.plan import Topology, TopologyError
 
 __all__ = ["Cluster", "Emulation", "WorkerSetup"]
@@ -50,9 +51,9 @@ class Emulation:
         try:
             topology = Topology.parse(self.network)
         except TopologyError as exc:
-            raise ValueError(f"--network: {exc}") from None
+            raise InputError(f"--network: {exc}") from None
         if topology.workers != workers:
-            raise ValueError(f"--network {self.network} has {topology.workers} workers but the job has {workers}")
+            raise InputError(f"--network {self.network} has {topology.workers} workers but the job has {workers}")
         return topology
 
     def device_list(self, workers: int) -> tuple[Device, ...] | None:
@@ -63,7 +64,7 @@ class Emulation:
         per_server = topology.levels[0].count if topology else 1
         faults = parse_faults(self.faults or "", workers, per_server)
         if any(f.kind == "link-down" for f in faults) and (topology is None or len(topology.levels) < 2):
-            raise ValueError("a link-down fault needs --network with at least two levels (servers and what joins them)")
+            raise InputError("a link-down fault needs --network with at least two levels (servers and what joins them)")
         return faults
 
     def check(self, workers: int) -> None:

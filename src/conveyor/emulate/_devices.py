@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from conveyor.errors import InputError
+
 __all__ = ["Device", "parse_devices"]
 
 
@@ -30,7 +32,7 @@ def parse_devices(text: str, workers: int) -> tuple[Device, ...]:
     """
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
-        raise ValueError("--devices is empty: give cores per worker (1,1,0.5,0.5) or types (fast=1.0:2,slow=0.25:2)")
+        raise InputError("--devices is empty: give cores per worker (1,1,0.5,0.5) or types (fast=1.0:2,slow=0.25:2)")
     devices: list[Device] = []
     for part in parts:
         name, named, spec = part.rpartition("=")
@@ -38,15 +40,15 @@ def parse_devices(text: str, workers: int) -> tuple[Device, ...]:
         try:
             cores, count = float(cores_text), int(count_text)
         except ValueError:
-            raise ValueError(
+            raise InputError(
                 f"cannot read device {part!r} of --devices {text!r}: write CORES per worker (0.5) or "
                 "NAME=CORES:COUNT (slow=0.25:2)"
             ) from None
         if not (cores > 0 and math.isfinite(cores)) or count < 1:
-            raise ValueError(f"device {part!r} needs cores > 0 and a count >= 1")
+            raise InputError(f"device {part!r} needs cores > 0 and a count >= 1")
         devices += [Device(name if named else f"{cores:g}-core", cores)] * count
     if len(devices) == 1:
         devices *= workers
     if len(devices) != workers:
-        raise ValueError(f"--devices {text!r} describes {len(devices)} workers but the job has {workers}")
+        raise InputError(f"--devices {text!r} describes {len(devices)} workers but the job has {workers}")
     return tuple(devices)

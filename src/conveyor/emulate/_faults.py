@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.emulate._traces import replay
+from conveyor.errors import InputError
 
 __all__ = ["KINDS", "PATTERNS", "Fault", "parse_faults"]
 
@@ -67,26 +68,26 @@ class Fault:
     def __post_init__(self) -> None:
         # Check here, so that every way of making a Fault (spec, JSON, code) refuses the same nonsense.
         if self.kind not in KINDS:
-            raise ValueError(f"unknown fault kind {self.kind!r}: use one of {', '.join(KINDS)}")
+            raise InputError(f"unknown fault kind {self.kind!r}: use one of {', '.join(KINDS)}")
         for name in ("at", "duration", "cores", "grace"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{self.kind} fault: {name}={value!r} must be a finite number >= 0")
+                raise InputError(f"{self.kind} fault: {name}={value!r} must be a finite number >= 0")
             object.__setattr__(self, name, round(float(value), 6))  # microseconds: clean logs, exact round trips
         if any(type(w) is not int or w < 0 for w in self.workers) or type(self.server) is not int:
-            raise ValueError(f"{self.kind} fault: workers {list(self.workers)} and server {self.server!r} must be ints")
+            raise InputError(f"{self.kind} fault: workers {list(self.workers)} and server {self.server!r} must be ints")
         object.__setattr__(self, "workers", tuple(sorted(set(self.workers))))
         if self.kind == "link-down" and (self.workers or self.server < 0):
-            raise ValueError("link-down fault: give server=S (>= 0) and no workers, e.g. link-down:server=0,at=5,for=2")
+            raise InputError("link-down fault: give server=S (>= 0) and no workers, e.g. link-down:server=0,at=5,for=2")
         if self.kind != "link-down" and (not self.workers or self.server != -1):
-            raise ValueError(f"{self.kind} fault: give the ranks in workers (no server), e.g. {_KEYS[self.kind][1]}")
+            raise InputError(f"{self.kind} fault: give the ranks in workers (no server), e.g. {_KEYS[self.kind][1]}")
         if (self.kind == "slow") != (self.cores > 0):
             problem = "needs cores > 0" if self.kind == "slow" else "takes no cores (only slow faults do)"
-            raise ValueError(f"{self.kind} fault: {problem}, e.g. {_KEYS['slow'][1]}")
+            raise InputError(f"{self.kind} fault: {problem}, e.g. {_KEYS['slow'][1]}")
         if self.grace and self.kind != "revoke":
-            raise ValueError(f"{self.kind} fault: grace goes with revoke faults only, e.g. {_KEYS['revoke'][1]}")
+            raise InputError(f"{self.kind} fault: grace goes with revoke faults only, e.g. {_KEYS['revoke'][1]}")
         if self.duration and self.kind not in _LASTING:
-            raise ValueError(f"{self.kind} fault: an instant event has no duration; drop it")
+            raise InputError(f"{self.kind} fault: an instant event has no duration; drop it")
 
     def to_dict(self) -> dict[str, Any]:
         """This event as a JSON-ready dict (every field; ``workers`` a list), as the run's fault log keeps it."""
@@ -107,14 +108,14 @@ class Fault:
         """
         fields = [f.name for f in dataclasses.fields(cls)]
         if not isinstance(d, dict):
-            raise ValueError(f"a fault must be a JSON object with keys among {', '.join(fields)}, not {d!r}")
+            raise InputError(f"a fault must be a JSON object with keys among {', '.join(fields)}, not {d!r}")
         unknown = sorted(set(d) - set(fields))
         if unknown or "at" not in d or "kind" not in d:
             problem = f"unknown keys {unknown}" if unknown else "missing 'at' or 'kind'"
-            raise ValueError(f"fault {d!r}: {problem}; keys are {', '.join(fields)} (at and kind required)")
+            raise InputError(f"fault {d!r}: {problem}; keys are {', '.join(fields)} (at and kind required)")
         workers = d.get("workers", [])
         if not isinstance(workers, list | tuple):
-            raise ValueError(f"fault {d!r}: workers must be a list of ranks, e.g. [0, 1]")
+            raise InputError(f"fault {d!r}: workers must be a list of ranks, e.g. [0, 1]")
         return cls(**{**d, "workers": tuple(workers)})
 
 
@@ -145,7 +146,7 @@ def parse_faults(text: str, workers: int, per_server: int = 1, horizon_s: float 
         [(2.0, 'slow', (0,)), (10.0, 'revoke', (2, 3))]
     """
     if workers < 1 or per_server < 1 or not horizon_s >= 0:
-        raise ValueError(
+        raise InputError(
             f"parse_faults needs workers, per_server >= 1 and horizon_s >= 0, not {workers}, {per_server}, {horizon_s}"
         )
     events: list[Fault] = []
@@ -162,7 +163,7 @@ def parse_faults(text: str, workers: int, per_server: int = 1, horizon_s: float 
         elif item.endswith(".json"):
             events += _json_faults(item, workers, per_server)
         else:
-            raise ValueError(
+            raise InputError(
                 f"fault spec item {item!r}: unknown kind or pattern {spec.head!r}; an item is a .json file, "
                 f"KIND:key=value,... with KIND one of {', '.join(KINDS)}, or a pattern: {', '.join(PATTERNS)}"
             )
@@ -172,20 +173,20 @@ def parse_faults(text: str, workers: int, per_server: int = 1, horizon_s: float 
 def _json_faults(path: str, workers: int, per_server: int) -> list[Fault]:
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"fault file {path!r} not found: give an existing .json file holding a list of fault dicts")
+        raise InputError(f"fault file {path!r} not found: give an existing .json file holding a list of fault dicts")
     try:
         data = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"fault file {path!r} is not readable JSON ({str(e).splitlines()[0]})") from None
+        raise InputError(f"fault file {path!r} is not readable JSON ({str(e).splitlines()[0]})") from None
     if not isinstance(data, list):
-        raise ValueError(
+        raise InputError(
             f'fault file {path!r} must hold a list of fault dicts: [{{"at": 2, "kind": "pause", "workers": [1]}}]'
         )
     out = []
     for d in data:
         f = Fault.from_dict(d)
         if (f.workers and f.workers[-1] >= workers) or f.server >= -(-workers // per_server):
-            raise ValueError(f"fault file {path!r}: {d!r} names a rank or server beyond this job's {workers} workers")
+            raise InputError(f"fault file {path!r}: {d!r} names a rank or server beyond this job's {workers} workers")
         out.append(f if f.source else dataclasses.replace(f, source=f"json:{file.name}"))
     return out
 
@@ -198,8 +199,8 @@ class _Item:
         self.servers = -(-workers // per_server)
         self.kv: dict[str, str] = {}
 
-    def fail(self, problem: str) -> ValueError:
-        return ValueError(f"fault spec item {self.item!r}: {problem}; write it like {_KEYS[self.head][1]!r}")
+    def fail(self, problem: str) -> InputError:
+        return InputError(f"fault spec item {self.item!r}: {problem}; write it like {_KEYS[self.head][1]!r}")
 
     def parse(self, rest: str, positional: bool = False) -> str:
         """Fill ``self.kv`` from ``key=value,...``; with ``positional``, return the leading value without a key."""
@@ -390,7 +391,7 @@ class _Item:
             if not 1 <= keep <= self.n:
                 raise self.fail(f"machines={keep} must be 1..{self.n} (the job's worker count)")
         elif peak > self.n:
-            raise ValueError(
+            raise InputError(
                 f"trace {file.name}: up to {peak} machines are live at once but the job has {self.n} workers; "
                 f"add machines=M (M <= {self.n}) to keep only the first M machine slots"
             )

@@ -21,6 +21,7 @@ import subprocess
 from dataclasses import dataclass
 
 from conveyor.emulate._netns import Namespace, enter_namespace
+from conveyor.errors import InputError
 from conveyor.plan import Topology
 
 __all__ = ["FABRIC_ENV", "Link", "Network", "ServerTraffic", "address", "between_groups", "links_of", "sent_bytes"]
@@ -66,7 +67,7 @@ def links_of(topology: Topology) -> list[Link]:
     levels = topology.levels
     for inner, outer in itertools.pairwise(levels):
         if outer.latency < inner.latency:
-            raise ValueError(
+            raise InputError(
                 f"topology {topology}: an outer level's latency ({outer.latency:g} s) is below an inner one's "
                 f"({inner.latency:g} s); a message across it crosses the inner links too"
             )

@@ -6,6 +6,8 @@ import datetime
 import heapq
 from pathlib import Path
 
+from conveyor.errors import InputError
+
 __all__ = ["replay"]
 
 
@@ -20,7 +22,7 @@ def replay(file: Path) -> list[tuple[float, str, int]]:
     """
     rows = [[c.strip() for c in line.split(",")] for line in file.read_text().splitlines() if line.strip()]
     if not rows:
-        raise ValueError(f"trace {file.name} is empty")
+        raise InputError(f"trace {file.name} is empty")
     out: list[tuple[float, str, int]] = []
     live: set[int] = set()
     free: list[int] = []  # freed slots below the highest slot ever used, lowest first
@@ -38,7 +40,7 @@ def replay(file: Path) -> list[tuple[float, str, int]]:
                 count = target
         except (IndexError, ValueError):
             expected = "MILLISECONDS,add|remove,NODE or DATE, TIME, COUNT"
-            raise ValueError(f"trace {file.name} line {n} {','.join(row)!r}: expected {expected}") from None
+            raise InputError(f"trace {file.name} line {n} {','.join(row)!r}: expected {expected}") from None
         t0 = t if t0 is None else t0
         t = max(t - t0, out[-1][0] if out else 0.0)
         for op, name in ops:
@@ -50,7 +52,7 @@ def replay(file: Path) -> list[tuple[float, str, int]]:
             else:
                 slot = slots.pop(name, -1) if name else max(live, default=-1)
                 if slot < 0:
-                    raise ValueError(f"trace {file.name} line {n}: removes {name or 'a machine'} that is not live")
+                    raise InputError(f"trace {file.name} line {n}: removes {name or 'a machine'} that is not live")
                 live.discard(slot)
                 heapq.heappush(free, slot)
             out.append((t, op, slot))

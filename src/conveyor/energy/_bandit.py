@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from conveyor.errors import InputError
+
 __all__ = ["BatchSizeSearch", "Choice", "Recurrence", "zeus_cost"]
 
 
@@ -46,7 +48,7 @@ def zeus_cost(energy_j: float, time_s: float, eta: float, max_power_w: float) ->
         2000.0
     """
     if not 0.0 <= eta <= 1.0:
-        raise ValueError(f"eta weighs energy against time and must be in [0, 1], got {eta}")
+        raise InputError(f"eta weighs energy against time and must be in [0, 1], got {eta}")
     return eta * energy_j + (1.0 - eta) * max_power_w * time_s
 
 
@@ -92,11 +94,11 @@ class BatchSizeSearch:
 
     def __post_init__(self) -> None:
         if self.default not in self.sizes:
-            raise ValueError(f"the default batch size {self.default} is not among the candidates {list(self.sizes)}")
+            raise InputError(f"the default batch size {self.default} is not among the candidates {list(self.sizes)}")
         if any(b < 1 for b in self.sizes) or len(set(self.sizes)) != len(self.sizes):
-            raise ValueError(f"candidate batch sizes must be distinct and at least 1, got {list(self.sizes)}")
+            raise InputError(f"candidate batch sizes must be distinct and at least 1, got {list(self.sizes)}")
         if self.rounds < 1 or self.beta <= 1.0 or self.window < 0 or self.window == 1:
-            raise ValueError("rounds must be at least 1, beta greater than 1 and window 0 (all) or at least 2")
+            raise InputError("rounds must be at least 1, beta greater than 1 and window 0 (all) or at least 2")
         object.__setattr__(self, "sizes", tuple(sorted(self.sizes)))
 
     def survivors(self, history: Sequence[Recurrence]) -> tuple[int, ...] | int:
@@ -123,7 +125,7 @@ class BatchSizeSearch:
                     if outcome.cost < best:
                         best, start = outcome.cost, size
             if not good:
-                raise ValueError(f"no batch size reached the target, not even the default {self.default}: raise "
+                raise InputError(f"no batch size reached the target, not even the default {self.default}: raise "
                                  "--epochs or lower --target-accuracy")  # fmt: skip
             candidates = sorted(good)
         return tuple(candidates)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from conveyor.errors import InputError
+
 __all__ = ["Meter", "MeterStatus", "check_meter_spec", "describe_meters", "open_meter"]
 
 ACCEPTED = "auto, off or replay:PATH"
@@ -24,7 +26,7 @@ def _split(spec: str) -> tuple[str, str | None]:
         return spec, None
     if spec.startswith("replay:") and spec.removeprefix("replay:").strip():
         return "replay", spec.removeprefix("replay:")
-    raise ValueError(f"--energy-meter {spec!r}: use {ACCEPTED} (a Zeus CSV log; {RANK} in PATH: one log per worker)")
+    raise InputError(f"--energy-meter {spec!r}: use {ACCEPTED} (a Zeus CSV log; {RANK} in PATH: one log per worker)")
 
 
 def check_meter_spec(spec: str) -> None:
@@ -41,11 +43,11 @@ def check_meter_spec(spec: str) -> None:
         >>> check_meter_spec("joules")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: --energy-meter 'joules': use auto, off or replay:PATH (...)
+        conveyor.errors.InputError: --energy-meter 'joules': use auto, off or replay:PATH (...)
     """
     kind, path = _split(spec)
     if kind == "replay" and path is not None and RANK not in path and not os.path.isfile(path):
-        raise ValueError(f"--energy-meter {spec}: no replay log at {path}")
+        raise InputError(f"--energy-meter {spec}: no replay log at {path}")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from conveyor.errors import InputError
+
 __all__ = ["PowerLimits", "ProfiledLimit", "check_power_limit_spec"]
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ def _parse(spec: str | int) -> str | int:
         return text
     if not isinstance(spec, bool) and text.isascii() and text.isdecimal() and int(text) > 0:
         return int(text)
-    raise ValueError(f"--power-limit must be 'auto', 'max' or a whole number of watts such as 250, got {spec!r}")
+    raise InputError(f"--power-limit must be 'auto', 'max' or a whole number of watts such as 250, got {spec!r}")
 
 
 def check_power_limit_spec(spec: str) -> None:
@@ -38,10 +40,10 @@ def check_power_limit_spec(spec: str) -> None:
     Example:
         >>> for spec in ("auto", "max", "250"):
         ...     check_power_limit_spec(spec)
-        >>> check_power_limit_spec("250W")
+        >>> check_power_limit_spec("250W")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: --power-limit must be 'auto', 'max' or a whole number of watts such as 250, got '250W'
+        conveyor.errors.InputError: --power-limit must be 'auto', 'max' or a whole number of watts ..., got '250W'
     """
     _parse(spec)
 
@@ -147,12 +149,12 @@ class PowerLimits:
     ) -> None:
         self.spec = _parse(spec)
         if not 0.0 <= eta <= 1.0:
-            raise ValueError(f"eta weighs energy against time and must lie in [0, 1], got {eta}")
+            raise InputError(f"eta weighs energy against time and must lie in [0, 1], got {eta}")
         for name, value, least in (("warmup_steps", warmup_steps, 1), ("profile_steps", profile_steps, 1)):
             if value < least:
-                raise ValueError(f"{name} must be at least {least}, got {value}")
+                raise InputError(f"{name} must be at least {least}, got {value}")
         if pl_step_w < 1 or wait_steps < 0:
-            raise ValueError(f"pl_step_w must be >= 1 and wait_steps >= 0, got {pl_step_w} and {wait_steps}")
+            raise InputError(f"pl_step_w must be >= 1 and wait_steps >= 0, got {pl_step_w} and {wait_steps}")
         if not torch.cuda.is_available():
             raise RuntimeError(_NO_GPU)
         from zeus.device.gpu import ZeusBaseGPUError
@@ -164,7 +166,7 @@ class PowerLimits:
         except ZeusBaseGPUError as err:  # NVML missing or failing (not a missing privilege: that is re-raised)
             raise RuntimeError(f"{_NO_GPU} ({_flat(err)})") from err
         if not 0 <= gpu_index < len(self._gpus):
-            raise ValueError(f"GPU index {gpu_index} does not exist: NVML sees {len(self._gpus)} GPU(s)")
+            raise InputError(f"GPU index {gpu_index} does not exist: NVML sees {len(self._gpus)} GPU(s)")
         self.gpu_index = gpu_index
         try:
             low_mw, high_mw = self._gpus.get_power_management_limit_constraints(gpu_index)
@@ -172,7 +174,7 @@ class PowerLimits:
         except ZeusBaseGPUError as err:  # e.g. a GPU without power management
             raise RuntimeError(f"GPU {gpu_index} reports no power limits ({_flat(err)}): drop --power-limit") from err
         if isinstance(self.spec, int) and not math.ceil(low_mw / 1000) <= self.spec <= high_mw // 1000:
-            raise ValueError(
+            raise InputError(
                 f"--power-limit {self.spec} W is outside GPU {gpu_index}'s allowed range "
                 f"{math.ceil(low_mw / 1000)}..{high_mw // 1000} W: pick a wattage in it, or 'max' or 'auto'"
             )
@@ -199,7 +201,7 @@ class PowerLimits:
 
                         monitor = ZeusMonitor(gpu_indices=[gpu_index], cpu_indices=[])
                     if list(monitor.gpu_indices) != [gpu_index]:
-                        raise ValueError(f"monitor watches GPUs {monitor.gpu_indices}; it must watch [{gpu_index}]")
+                        raise InputError(f"monitor watches GPUs {monitor.gpu_indices}; it must watch [{gpu_index}]")
                     self._optimizer = zpl.GlobalPowerLimitOptimizer(
                         monitor,
                         optimum_selector=zpl.ZeusCost(eta, world_size),

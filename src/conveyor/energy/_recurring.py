@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from conveyor.energy._bandit import zeus_cost
 from conveyor.energy._store import JobSettings, RecurrenceStore, Started
+from conveyor.errors import InputError
 
 __all__ = ["CostMeter", "Recurring", "candidate_sizes", "scaled_lr"]
 
@@ -49,7 +50,7 @@ class CostMeter:
 
     def add_epoch(self, energy_j: float | None, seconds: float) -> None:
         if energy_j is None and self.eta > 0:
-            raise ValueError("the cost needs energy (eta > 0) but no meter read any: use --eta 0 (time alone)")
+            raise InputError("the cost needs energy (eta > 0) but no meter read any: use --eta 0 (time alone)")
         self.last = zeus_cost(energy_j or 0.0, seconds, self.eta, self.max_power_w)
         self.cost += self.last
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from conveyor.energy._bandit import BatchSizeSearch, Recurrence, zeus_cost
+from conveyor.errors import InputError
 
 __all__ = ["Outcome", "Workload", "WorkloadTrace", "load_traces", "replay"]
 
@@ -100,7 +101,7 @@ def load_traces(folder: Path, workloads: list[Workload], gpu: str) -> list[Workl
                 table[int(row["batch_size"])][int(row["power_limit"])] = (float(row["time_per_epoch"]),
                                                                           float(row["average_power"]))  # fmt: skip
         if not epochs or not table:
-            raise ValueError(f"the traces have no {w.name} ({w.optimizer}, target {w.target}) on {gpu}")
+            raise InputError(f"the traces have no {w.name} ({w.optimizer}, target {w.target}) on {gpu}")
         out.append(WorkloadTrace(w, gpu, dict(epochs), dict(table)))
     return out
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from conveyor._paths import data_dir
 from conveyor.energy._bandit import BatchSizeSearch, Recurrence
+from conveyor.errors import InputError
 
 __all__ = ["JobSettings", "RecurrenceStore", "Started", "default_store_path"]
 
@@ -105,7 +106,7 @@ class RecurrenceStore:
             elif (
                 old := JobSettings(**{**json.loads(row[0]), "sizes": tuple(json.loads(row[0])["sizes"])})
             ) != settings:
-                raise ValueError(f"job {job!r} was recorded with {_differences(old, settings)}: give the same, or "
+                raise InputError(f"job {job!r} was recorded with {_differences(old, settings)}: give the same, or "
                                  "a new --job name")  # fmt: skip
             self._abandon_dead(db, job)
             history = _history(db, job)

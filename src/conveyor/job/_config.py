@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.energy import check_meter_spec
+from conveyor.errors import InputError
 from conveyor.job._energy import check_energy_options
 from conveyor.plan import read_plan_file
 from conveyor.runtime import (
@@ -115,46 +116,48 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches or 1) < 1:
-            raise ValueError("--batch-size and --microbatches must be at least 1")
+            raise InputError("--batch-size and --microbatches must be at least 1")
         if self.device not in DEVICES or self.backend not in BACKENDS or self.autocast not in AUTOCAST:
-            raise ValueError(
+            raise InputError(
                 f"--device is one of {', '.join(DEVICES)}, --backend one of {', '.join(BACKENDS)} and "
                 f"--autocast one of {', '.join(AUTOCAST)}; got {self.device}, {self.backend}, "
                 f"{self.autocast}"
             )
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
-            raise ValueError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
+            raise InputError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.loader_workers < 0:
-            raise ValueError(f"--loader-workers must be 0 or more, got {self.loader_workers}")
+            raise InputError(f"--loader-workers must be 0 or more, got {self.loader_workers}")
         if not self.lr > 0 or not 0 <= self.momentum < 1:  # "not >" also refuses NaN
-            raise ValueError(f"--lr must be above 0 and --momentum in [0, 1); got {self.lr} and {self.momentum}")
+            raise InputError(f"--lr must be above 0 and --momentum in [0, 1); got {self.lr} and {self.momentum}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise ValueError(f"--checkpoint-every must be at least 1 epoch, got {self.checkpoint_every}")
+            raise InputError(f"--checkpoint-every must be at least 1 epoch, got {self.checkpoint_every}")
         if self.epochs < 1:
-            raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
+            raise InputError(f"--epochs must be at least 1, got {self.epochs}")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+            raise InputError(f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
         if self.plan and (self.stages or self.replicas):
-            raise ValueError("give either --plan or --stages/--replicas, not both")
+            raise InputError("give either --plan or --stages/--replicas, not both")
         if self.chunks < 1:
-            raise ValueError(f"--chunks must be at least 1, got {self.chunks}")
+            raise InputError(f"--chunks must be at least 1, got {self.chunks}")
         mode_settings(self.stragglers, self.slack)
         if self.reliable is not None and (self.stragglers != "off" or self.stages or self.replicas or self.plan):
-            raise ValueError(
+            raise InputError(
                 "--reliable plans its own layouts (--elastic-layout): drop --stragglers, --stages, --replicas, --plan"
             )
         if self.elastic_layout not in ("data", "pipeline"):
-            raise ValueError(f"--elastic-layout {self.elastic_layout!r}: use data or pipeline")
+            raise InputError(f"--elastic-layout {self.elastic_layout!r}: use data or pipeline")
+        if self.checkpoint_every is not None and (self.reliable is not None or self.join):
+            raise InputError("--checkpoint-every saves a run of fixed workers; elastic jobs keep their own backups")
         if self.lease and (self.reliable is not None or self.join):
-            raise ValueError("--lease bounds a conveyor train run of fixed workers: drop --reliable and --join")
+            raise InputError("--lease bounds a conveyor train run of fixed workers: drop --reliable and --join")
         if self.lost_s <= 0 or self.backup_every < 1:
-            raise ValueError("--lost-s must be > 0 and --backup-every at least 1")
+            raise InputError("--lost-s must be > 0 and --backup-every at least 1")
         check_meter_spec(self.energy_meter)
         check_energy_options(self)
         if (self.warm_start or self.register) and (self.reliable is not None or self.join):
-            raise ValueError("--warm-start and --register apply to fixed workers: drop --reliable and --join")
+            raise InputError("--warm-start and --register apply to fixed workers: drop --reliable and --join")
         if self.warm_start and self.resume:
-            raise ValueError(
+            raise InputError(
                 "--warm-start starts a new model from a parent's weights; --resume continues one: pick one"
             )
 
@@ -199,13 +202,13 @@ def check_against_data(cfg: TrainConfig, model: Blocks, samples: int) -> None:
         ValueError: a batch larger than the training set, more microbatches than samples in a batch, or a
             ``--resume`` checkpoint missing, unreadable or of another model.
     """
-    if cfg.batch_size > samples:
-        raise ValueError(
+    if cfg.batch_size > samples and not cfg.tune_batch_size:  # auto=B0 may start above: the tuner shrinks it
+        raise InputError(
             f"--batch-size {cfg.batch_size} is more than the {samples} training samples: use at most {samples}"
         )
     if (cfg.microbatches or 1) > cfg.batch_size:
         batch = cfg.batch_size
-        raise ValueError(
+        raise InputError(
             f"--microbatches {cfg.microbatches} is more than the {batch} samples of a batch: use at most {batch}"
         )
     if cfg.resume:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from conveyor.errors import InputError
+
 __all__ = ["DATASETS", "Dataset", "load"]
 
 DATASETS = (
@@ -79,9 +81,9 @@ def _text(path: str | None, context: int, seed: int, limit: int = 4000) -> Datas
         try:
             text, name = Path(path).expanduser().read_text(encoding="utf-8"), f"text:{path}"
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read the text corpus {path}: {exc}; give a UTF-8 text file") from exc
+            raise InputError(f"cannot read the text corpus {path}: {exc}; give a UTF-8 text file") from exc
     if len(text) < 2 * (context + 1):
-        raise ValueError(f"the text corpus {name} has {len(text)} characters; it needs at least {2 * (context + 1)}")
+        raise InputError(f"the text corpus {name} has {len(text)} characters; it needs at least {2 * (context + 1)}")
     vocab = sorted(set(text))
     index = {c: i for i, c in enumerate(vocab)}
     ids = torch.tensor([index[c] for c in text])
@@ -95,16 +97,16 @@ def _torchvision(name: str, root: str) -> Dataset:
         datasets = importlib.import_module("torchvision.datasets")
         transforms = importlib.import_module("torchvision.transforms")
     except ImportError as exc:
-        raise ValueError(f"torchvision:{name} needs torchvision installed ({exc})") from exc
+        raise InputError(f"torchvision:{name} needs torchvision installed ({exc})") from exc
     cls = getattr(datasets, name, None)
     if cls is None:
-        raise ValueError(f"torchvision has no dataset {name!r}")
+        raise InputError(f"torchvision has no dataset {name!r}")
     parts = []
     for train in (True, False):
         try:
             ds = cls(Path(root).expanduser(), train=train, download=False, transform=transforms.ToTensor())
         except (RuntimeError, OSError) as exc:
-            raise ValueError(f"cannot load torchvision {name} from {root}: {exc} (no download at run time)") from exc
+            raise InputError(f"cannot load torchvision {name} from {root}: {exc} (no download at run time)") from exc
         loader = torch.utils.data.DataLoader(ds, batch_size=len(ds))
         parts += list(next(iter(loader)))
     classes = int(max(parts[1].max(), parts[3].max())) + 1
@@ -150,4 +152,4 @@ def load(spec: str, seed: int = 0, context: int = 32) -> Dataset:
     if spec.startswith("torchvision:") and spec.count(":") == 2:
         _, name, root = spec.split(":")
         return _torchvision(name, root)
-    raise ValueError(f"unknown dataset {spec!r}: use one of {', '.join(DATASETS)}")
+    raise InputError(f"unknown dataset {spec!r}: use one of {', '.join(DATASETS)}")

@@ -36,6 +36,7 @@ from conveyor.elastic import (
     planned_layouts,
 )
 from conveyor.emulate import Emulation
+from conveyor.errors import InputError
 from conveyor.job._config import TrainConfig, loss_and_optimizer
 from conveyor.job._layout import PIPELINE_MICROBATCHES
 from conveyor.job._report import plot_accuracy, read_jsonl
@@ -58,11 +59,11 @@ def check_faults(cfg: TrainConfig, workers: int) -> None:
     """Refuse, in one line, a fault plan that revokes a reliable worker."""
     assert cfg.reliable is not None
     if not 1 <= cfg.reliable <= workers:
-        raise ValueError(f"--reliable {cfg.reliable}: give 1 to {workers} (the job's workers)")
+        raise InputError(f"--reliable {cfg.reliable}: give 1 to {workers} (the job's workers)")
     emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
     for fault in emulation.fault_list(workers) if emulation.faults else []:
         if fault.kind == "revoke" and min(fault.workers) < cfg.reliable:
-            raise ValueError(
+            raise InputError(
                 f"--faults revokes worker {min(fault.workers)}, which is reliable (--reliable {cfg.reliable}): "
                 f"revoke transient workers ({cfg.reliable} to {workers - 1}) only"
             )
@@ -141,7 +142,7 @@ def join_elastic(address: str, run_dir: str | None = None) -> dict[str, Any]:
     """Join the elastic job whose store is at ``HOST:PORT`` from this process, with that job's configuration."""
     host, _, port_text = address.rpartition(":")
     if not host or not port_text.isdigit():
-        raise ValueError(f"--join {address!r}: give HOST:PORT, as the job's worker 0 printed it")
+        raise InputError(f"--join {address!r}: give HOST:PORT, as the job's worker 0 printed it")
     store = connect(host, int(port_text), is_leader=False, timeout_s=30)
     cfg = TrainConfig(**{**json.loads(store.get("config")), "join": None})
     folder = Path(run_dir or f"runs/join-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -28,6 +28,7 @@ from conveyor.energy import (
     open_meter,
     scaled_lr,
 )
+from conveyor.errors import InputError
 
 if TYPE_CHECKING:
     from conveyor.job._config import TrainConfig
@@ -38,20 +39,20 @@ __all__ = ["EpochKnobs", "check_energy_options", "finish_recurrence", "guarded_p
 def check_energy_options(cfg: TrainConfig) -> None:
     """One-line errors for energy options that do not go together (no GPU is touched)."""
     if not 0.0 <= cfg.eta <= 1.0:
-        raise ValueError(f"--eta weighs energy against time and must be in [0, 1], got {cfg.eta}")
+        raise InputError(f"--eta weighs energy against time and must be in [0, 1], got {cfg.eta}")
     if cfg.beta <= 1.0 or (cfg.max_power is not None and cfg.max_power <= 0):
-        raise ValueError("--beta must be greater than 1 and --max-power above 0")
+        raise InputError("--beta must be greater than 1 and --max-power above 0")
     if cfg.power_limit is not None:
         check_power_limit_spec(cfg.power_limit)
     if cfg.tune_batch_size and (cfg.job is None or cfg.target_accuracy is None):
-        raise ValueError("--batch-size auto learns across recurrences of a job to a target: give --job NAME and "
+        raise InputError("--batch-size auto learns across recurrences of a job to a target: give --job NAME and "
                          "--target-accuracy")  # fmt: skip
     if cfg.job is not None and not cfg.tune_batch_size:
-        raise ValueError("--job names a recurring job whose batch size is tuned: add --batch-size auto")
+        raise InputError("--job names a recurring job whose batch size is tuned: add --batch-size auto")
     if (cfg.tune_batch_size or cfg.power_limit) and (cfg.reliable is not None or cfg.join):
-        raise ValueError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
+        raise InputError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
     if cfg.tune_batch_size and (cfg.lease or cfg.resume):
-        raise ValueError("a recurrence of --batch-size auto runs whole, from scratch: drop --lease and --resume")
+        raise InputError("a recurrence of --batch-size auto runs whole, from scratch: drop --lease and --resume")
 
 
 @contextlib.contextmanager
@@ -99,7 +100,7 @@ def max_power_w(cfg: TrainConfig, workers: int) -> float:
         return _gpus_max_power(workers)
     if cfg.eta in (0.0, 1.0):
         return 1.0
-    raise ValueError(f"pricing time with --eta {cfg.eta} needs a maximum power and this machine has no GPU: give "
+    raise InputError(f"pricing time with --eta {cfg.eta} needs a maximum power and this machine has no GPU: give "
                      "--max-power WATTS (e.g. the CPUs' TDP) or --eta 0 (time to accuracy alone)")  # fmt: skip
 
 
@@ -113,19 +114,19 @@ def start_recurrence(
     from conveyor.runtime import under_torchrun
 
     if cfg.power_limit is not None and not torch.cuda.is_available():
-        raise ValueError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
+        raise InputError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", workers)) if under_torchrun() else workers
     if cfg.power_limit is not None and local > (gpus := torch.cuda.device_count()):
-        raise ValueError(f"--power-limit needs a GPU per worker, but {local} workers share {gpus} GPUs here: use "
+        raise InputError(f"--power-limit needs a GPU per worker, but {local} workers share {gpus} GPUs here: use "
                          f"--workers {gpus}")  # fmt: skip
     if not cfg.tune_batch_size:
         return cfg, None
     if under_torchrun():  # every process would begin a recurrence of its own
-        raise ValueError("--batch-size auto runs on the local launcher, not under torchrun: drop it there")
+        raise InputError("--batch-size auto runs on the local launcher, not under torchrun: drop it there")
     if cfg.eta > 0:
         with open_meter(cfg.energy_meter, gpu_index=0 if torch.cuda.is_available() else None) as probe:
             if not probe.available:
-                raise ValueError(f"--batch-size auto with --eta {cfg.eta} prices energy, but {probe.reason}: use "
+                raise InputError(f"--batch-size auto with --eta {cfg.eta} prices energy, but {probe.reason}: use "
                                  "--eta 0 (time to accuracy alone) or an --energy-meter that reads")  # fmt: skip
     assert cfg.job is not None and cfg.target_accuracy is not None  # TrainConfig checks both
     watts = max_power_w(cfg, workers)
@@ -183,7 +184,7 @@ class EpochKnobs:
             if gpu_index is None:
                 raise RuntimeError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
             if cfg.power_limit.lower() == "auto" and not equal_steps:
-                raise ValueError("--power-limit auto profiles every worker's steps together, so each must run as "
+                raise InputError("--power-limit auto profiles every worker's steps together, so each must run as "
                                  "many steps per epoch: use equal replicas per stage, or a fixed limit")  # fmt: skip
             warmup, profile = profiling_window(steps_per_epoch)
             self.power = PowerLimits(cfg.power_limit, eta=cfg.eta, gpu_index=gpu_index, warmup_steps=warmup,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from conveyor.errors import InputError
 from conveyor.job._costs import Costs
 from conveyor.plan import (
     EpochFactors,
@@ -80,12 +81,12 @@ def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
     if cfg.plan:
         spec = read_plan_file(cfg.plan)
         if spec.workers != workers:
-            raise ValueError(
+            raise InputError(
                 f"the plan {cfg.plan} is for {spec.workers} workers but the job has {workers}: start "
                 f"{spec.workers} (--workers {spec.workers}) or plan again for {workers}"
             )
         if spec.layers != blocks:
-            raise ValueError(f"the plan {cfg.plan} splits {spec.layers} layers but {cfg.model} has {blocks} blocks")
+            raise InputError(f"the plan {cfg.plan} splits {spec.layers} layers but {cfg.model} has {blocks} blocks")
         schedule = spec.schedule if cfg.schedule == "auto" else cfg.schedule
         return Layout(schedule, spec.balance, spec.replicas, spec.microbatches, spec.recompute, f"plan {cfg.plan}")
     if cfg.stages or cfg.replicas:

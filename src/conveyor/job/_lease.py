@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from conveyor.errors import InputError
+
 __all__ = ["lease_expires", "read_lease", "write_lease"]
 
 
@@ -20,11 +22,11 @@ def read_lease(path: str | os.PathLike[str]) -> float:
         until = json.loads(Path(path).read_text())["until"]
     except (OSError, ValueError, TypeError, KeyError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
-        raise ValueError(
+        raise InputError(
             f'--lease {path}: cannot read the lease ({why}): write JSON {{"until": UNIX_SECONDS}}'
         ) from None
     if isinstance(until, bool) or not isinstance(until, int | float):
-        raise ValueError(f'--lease {path}: "until" is {until!r}, not a number: write JSON {{"until": UNIX_SECONDS}}')
+        raise InputError(f'--lease {path}: "until" is {until!r}, not a number: write JSON {{"until": UNIX_SECONDS}}')
     return float(until)
 
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conveyor.errors import InputError
 from conveyor.job._data import Dataset
 from conveyor.runtime import Blocks
 
@@ -154,7 +155,7 @@ def gpt(
 
 def _images(d: Dataset) -> tuple[int, int]:
     if d.train_x.dim() != 4:
-        raise ValueError(f"this model needs images (N, C, H, W); dataset {d.name} has shape {tuple(d.train_x.shape)}")
+        raise InputError(f"this model needs images (N, C, H, W); dataset {d.name} has shape {tuple(d.train_x.shape)}")
     return d.train_x.shape[1], d.train_x.shape[-1]
 
 
@@ -179,7 +180,7 @@ def default_dataset(name: str) -> str:
     if name not in MODELS:
         module, dot, factory = name.rpartition(".")
         hint = f" (a factory is named with a colon: {module}:{factory})" if dot else ""
-        raise ValueError(
+        raise InputError(
             f"unknown model {name!r}: use one of {', '.join(sorted(MODELS))}, or package.module:factory{hint}"
         )
     return MODELS[name][1]
@@ -193,12 +194,12 @@ def build(name: str, dataset: Dataset, width: int | None = None, depth: int | No
     """
     default_dataset(name)  # an unknown name fails here
     if name in ("gpt", "gpt2") and not dataset.sequence:
-        raise ValueError(
+        raise InputError(
             f"{name} is a language model: train it on a text dataset (text, text:PATH, synthetic-text), not "
             f"{dataset.name}"
         )
     if name not in ("gpt", "gpt2") and dataset.sequence:
-        raise ValueError(f"{name} classifies samples; {dataset.name} is text: use gpt for it")
+        raise InputError(f"{name} classifies samples; {dataset.name} is text: use gpt for it")
     return MODELS[name][0](dataset, width, depth)
 
 
@@ -215,7 +216,7 @@ def resolve(spec: str, batch_size: int) -> tuple[Blocks, Any]:
         return build(spec, data), data.train_x[:batch_size]
     result = load_factory(spec)(batch_size)
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module | list)):
-        raise ValueError(
+        raise InputError(
             f"the factory {spec!r} returned {type(result).__name__}: it must return (model, example_batch) "
             "for the batch size it is given"
         )
@@ -228,4 +229,4 @@ def load_factory(spec: str) -> Callable[[int], Any]:
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load the model factory {spec!r}: {exc}") from exc
+        raise InputError(f"cannot load the model factory {spec!r}: {exc}") from exc

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.errors import InputError
 from conveyor.plan._topology import Topology
 
 __all__ = ["COST_MODELS", "allreduce_s", "check_cost_model", "stage_seconds"]
@@ -59,7 +60,7 @@ COST_MODELS = ("physical", "pipedream")
 def check_cost_model(name: str) -> None:
     """Raise ``ValueError`` with the choices for an unknown model name."""
     if name not in COST_MODELS:
-        raise ValueError(f"unknown cost model {name!r}: use one of {', '.join(COST_MODELS)}")
+        raise InputError(f"unknown cost model {name!r}: use one of {', '.join(COST_MODELS)}")
 
 
 def allreduce_s(nbytes: Any, replicas: int, latency: float, bandwidth: float) -> Any:

@@ -23,6 +23,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from conveyor.errors import InputError
+
 __all__ = ["EpochFactors"]
 
 SHIPPED = Path(__file__).with_name("epoch_factors.json")
@@ -62,7 +64,7 @@ class EpochFactors:
             report = json.loads(file.read_text())
             table = {m: {s: float(f) for s, f in per.items()} for m, per in report["epoch_factors"].items()}
         except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
-            raise ValueError(
+            raise InputError(
                 f"cannot read epoch factors from {file}: {exc}; give a report of conveyor bench convergence --json"
             ) from exc
         return cls(table, str(report.get("source", file)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from conveyor.errors import InputError
 from conveyor.plan._profiles import Profile
 from conveyor.schedule import PLANNER_SCHEDULES, Kind, kind
 
@@ -31,7 +32,7 @@ def planned_kind(schedule: str) -> Kind:
         ValueError: a schedule the planner does not know.
     """
     if schedule not in PLANNER_SCHEDULES:
-        raise ValueError(f"the planner knows schedules {', '.join(PLANNER_SCHEDULES)}, not {schedule!r}")
+        raise InputError(f"the planner knows schedules {', '.join(PLANNER_SCHEDULES)}, not {schedule!r}")
     return kind(schedule)
 
 

@@ -31,6 +31,7 @@ from typing import TypeAlias
 
 import numpy as np
 
+from conveyor.errors import InputError
 from conveyor.plan._cost_model import check_cost_model, stage_seconds
 from conveyor.plan._cuts import cuts_of
 from conveyor.plan._memory import planned_kind, stage_bytes
@@ -45,7 +46,7 @@ __all__ = ["Plan", "PlanError", "PlannedStage", "optimize", "step_microbatches"]
 Index: TypeAlias = "np.ndarray | int"
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """No configuration satisfies the constraints."""
 
 

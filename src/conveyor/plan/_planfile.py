@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.errors import InputError
 from conveyor.plan._epochs import EpochFactors
 from conveyor.plan._optimizer import Plan, PlannedStage, step_microbatches
 from conveyor.plan._predict import RuntimeCosts, predict
@@ -32,7 +33,7 @@ from conveyor.schedule import kind, stage_workers
 __all__ = ["PlanFileError", "PlanSpec", "layout_file", "plan_file", "read_plan_file"]
 
 
-class PlanFileError(ValueError):
+class PlanFileError(InputError):
     """A plan file that cannot be read or does not describe a runnable plan."""
 
 

@@ -27,10 +27,12 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
+from conveyor.errors import InputError
+
 __all__ = ["Layer", "Profile", "ProfileError", "read_graph_txt"]
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError):
     """A profile that cannot be read or does not describe a valid layer graph."""
 
 

@@ -30,12 +30,14 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from conveyor.errors import InputError
+
 __all__ = ["Level", "Topology", "TopologyError"]
 
 _UNITS = {"s": Decimal(1), "ms": Decimal("1e-3"), "us": Decimal("1e-6")}
 
 
-class TopologyError(ValueError):
+class TopologyError(InputError):
     """A topology string that does not parse or describes no workers."""
 
 
@@ -66,7 +68,7 @@ class Topology:
             span *= level.count
             if a // span == b // span:
                 return level
-        raise ValueError(f"workers {a} and {b} are not both below {self.workers}")
+        raise InputError(f"workers {a} and {b} are not both below {self.workers}")
 
     def bandwidth_between(self, a: int, b: int) -> float:
         """The rate of a message between workers ``a`` and ``b``: the slowest level it crosses."""
@@ -90,7 +92,7 @@ class Topology:
             bandwidth, _, latency = link.partition("/")
             try:
                 if not sep:
-                    raise ValueError("no ':'")
+                    raise InputError("no ':'")
                 level = Level(int(count), float(bandwidth), _seconds(latency) if latency else 0.0)
             except ValueError as exc:
                 raise TopologyError(
@@ -113,5 +115,5 @@ def _seconds(text: str) -> float:
     except InvalidOperation:
         value = None
     if match is None or value is None:
-        raise ValueError(f"latency {text!r} is not a time like 50us, 0.1ms or 2e-4")
+        raise InputError(f"latency {text!r} is not a time like 50us, 0.1ms or 2e-4")
     return float(value * _UNITS[match.group(2) or "s"])  # in decimal, so 50us is exactly 5e-05

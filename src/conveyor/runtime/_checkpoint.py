@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from conveyor.errors import InputError
+
 __all__ = [
     "CheckpointError",
     "check_compatible",
@@ -38,7 +40,7 @@ FORMAT = "conveyor.checkpoint"
 VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that cannot be read, or that belongs to another model."""
 
 

@@ -17,10 +17,10 @@ that for every test not marked ``gpu``).
 Example:
     >>> resolve_device("cpu"), resolve_backend("auto", "cpu")
     ('cpu', 'gloo')
-    >>> resolve_backend("nccl", "cpu")
+    >>> resolve_backend("nccl", "cpu")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: NCCL joins GPUs, and this job runs on the CPU: use --backend gloo (or auto), or --device cuda
+    conveyor.errors.InputError: NCCL joins GPUs, and this job runs on the CPU: use --backend gloo (or auto), or ...
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import os
 
 import torch
 import torch.distributed as dist
+
+from conveyor.errors import InputError
 
 __all__ = [
     "BACKENDS",
@@ -56,11 +58,11 @@ def resolve_device(device: str | None) -> str:
     """
     name = (device or "auto").lower()
     if name not in DEVICES:
-        raise ValueError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
+        raise InputError(f"unknown device {device!r}: use one of {', '.join(DEVICES)}")
     if name == "auto":
         name = os.environ.get(_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: this machine has no CUDA GPU that PyTorch can use: use --device cpu")
+        raise InputError("--device cuda: this machine has no CUDA GPU that PyTorch can use: use --device cpu")
     return name
 
 
@@ -72,15 +74,15 @@ def resolve_backend(backend: str | None, device: str) -> str:
     """
     name = (backend or "auto").lower()
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        raise InputError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if name == "auto":
         name = "nccl" if device == "cuda" else "gloo"
     if name == "nccl" and device != "cuda":
-        raise ValueError(
+        raise InputError(
             "NCCL joins GPUs, and this job runs on the CPU: use --backend gloo (or auto), or --device cuda"
         )
     if name == "nccl" and not dist.is_nccl_available():
-        raise ValueError("this PyTorch build has no NCCL: use --backend gloo (workers share the GPUs) or --device cpu")
+        raise InputError("this PyTorch build has no NCCL: use --backend gloo (workers share the GPUs) or --device cpu")
     return name
 
 
@@ -95,7 +97,7 @@ def check_workers(local_workers: int, device: str, backend: str) -> None:
         return
     gpus = torch.cuda.device_count()
     if local_workers > gpus:
-        raise ValueError(
+        raise InputError(
             f"{local_workers} workers on this machine but {gpus} GPU(s): NCCL needs a GPU per worker: use --workers "
             f"{gpus}, --device cpu, or --backend gloo (workers share the GPUs: for tests and one-GPU machines)"
         )

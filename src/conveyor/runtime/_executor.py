@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
+from conveyor.errors import InputError
 from conveyor.runtime._microbatch import to_device
 from conveyor.runtime._transport import P2P, PendingRecv, differentiable_leaves
 from conveyor.runtime._update import Updater
@@ -184,7 +185,7 @@ class Executor:
             if self.first:
                 state.inputs, state.samples = to_device(inputs, self.device), samples
             elif samples != state.samples:
-                raise ValueError(
+                raise InputError(
                     f"microbatch {k} has {state.samples} samples of inputs but {samples} targets: give every worker "
                     "the same batches in the same order"
                 )

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from conveyor.errors import InputError
 from conveyor.runtime._microbatch import batch_size, split
 
 __all__ = ["BatchSource", "RunLength", "read_ahead"]
@@ -70,7 +71,7 @@ class BatchSource:
         """
         b = k // self._m
         if not self.fill(b):
-            raise ValueError(
+            raise InputError(
                 f"worker {self._worker}'s batches end after {self.read}, but the run has at least {b + 1}: give every "
                 "worker the same batches in the same order"
             )
@@ -87,15 +88,15 @@ class BatchSource:
 
     def _cut(self, item: tuple[Any, Any]) -> tuple[list[Any] | None, list[Any] | None, list[int]]:
         if not isinstance(item, tuple | list) or len(item) != 2:
-            raise ValueError(f"a batch must be an (inputs, targets) pair, got {type(item).__name__}")
+            raise InputError(f"a batch must be an (inputs, targets) pair, got {type(item).__name__}")
         parts = []
         for wanted, value, what in ((self._inputs, item[0], "inputs"), (self._targets, item[1], "targets")):
             if wanted and value is None:
-                raise ValueError(f"worker {self._worker} needs the batches' {what}: pass them on this worker")
+                raise InputError(f"worker {self._worker} needs the batches' {what}: pass them on this worker")
             parts.append(split(value, self._m) if wanted else None)
         sizes = [batch_size(p) for p in (parts[0] or parts[1] or [])]
         if not sum(sizes):
-            raise ValueError(f"batch {self.read} has no samples: leave empty batches out")
+            raise InputError(f"batch {self.read} has no samples: leave empty batches out")
         return parts[0], parts[1], sizes
 
 
@@ -127,7 +128,7 @@ class RunLength:
         announced = int(self._store.get(f"{prefix}/length"))
         self._known = None if announced < 0 else announced
         if own is not None and announced >= 0 and own != announced:
-            raise ValueError(
+            raise InputError(
                 f"this worker's batches have len() {own} but worker 0's have {announced}: give every worker the "
                 "same batches"
             )

@@ -23,7 +23,16 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from conveyor._processes import LauncherOutput, adopt_environment, under_torchrun, worker_context
+from conveyor._processes import (
+    STOP_FILE,
+    LauncherOutput,
+    become_worker,
+    request_stop,
+    stop_requested,
+    under_torchrun,
+    worker_context,
+)
+from conveyor.errors import InputError
 from conveyor.runtime._devices import check_workers, local_rank, resolve_backend, resolve_device, use_device
 from conveyor.runtime._transport import host_group
 
@@ -33,20 +42,6 @@ __all__ = ["WorkerError", "launch", "stop_requested", "under_torchrun"]
 _REPORT_GRACE_S = 2.0
 # How long a worker gets to exit after SIGTERM before it is killed.
 _TERMINATE_GRACE_S = 5.0
-# Set under torchrun when this process is asked to stop where it can (Ctrl-C or SIGTERM).
-_stop_request = threading.Event()
-# A local launcher's workers find this file once their launcher is asked to stop (a file, unlike a signal, cannot
-# arrive before a worker is ready for it).
-_STOP_FILE = "CONVEYOR_STOP_FILE"
-
-
-def stop_requested() -> bool:
-    """Whether this worker's job was asked to stop at its next safe point (a launcher started with
-    ``on_interrupt`` got a Ctrl-C or SIGTERM; under torchrun, this process did). The worker function decides
-    where that is (``conveyor train``: the end of the epoch, after which it saves as usual). A file check: call
-    it at a step or epoch boundary, not per operation."""
-    stop_file = os.environ.get(_STOP_FILE)
-    return _stop_request.is_set() or (stop_file is not None and os.path.exists(stop_file))
 
 
 class WorkerError(RuntimeError):
@@ -56,13 +51,18 @@ class WorkerError(RuntimeError):
         rank: the global rank of the worker that failed first.
         error_type: the class name of the original exception.
         remote_traceback: the original traceback, formatted in the worker.
+        bad_input: whether the original was an :class:`~conveyor.errors.InputError` or an ``OSError`` (the
+            command line says it in one line; anything else is a bug, shown with its traceback).
     """
 
-    def __init__(self, rank: int, error_type: str, message: str, remote_traceback: str) -> None:
+    def __init__(
+        self, rank: int, error_type: str, message: str, remote_traceback: str, *, bad_input: bool = False
+    ) -> None:
         self.rank = rank
         self.error_type = error_type
         self.message = message
         self.remote_traceback = remote_traceback
+        self.bad_input = bad_input
         super().__init__(f"worker {rank} failed with {error_type}: {message}\n\n{remote_traceback}")
 
 
@@ -76,6 +76,7 @@ class _Report:
     message: str = ""
     traceback: str = ""
     time: float = 0.0
+    bad_input: bool = False  # an InputError or OSError, not a bug
 
 
 def launch(
@@ -136,14 +137,14 @@ def launch(
         rank = int(os.environ["RANK"])
         if on_interrupt is not None:
             for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: _stop_request.set())
+                signal.signal(sig, lambda *_: request_stop())
         _init_process_group(backend, kind, "env://", rank, int(os.environ["WORLD_SIZE"]), collective_timeout_s)
         try:
             return {rank: fn(*args)}
         finally:
             dist.destroy_process_group()
     if nprocs < 1:
-        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+        raise InputError(f"nprocs must be at least 1, got {nprocs}")
     check_workers(nprocs, kind, backend)
     with tempfile.TemporaryDirectory(prefix="conveyor-launch-") as tmp:
         job = _LocalJob(
@@ -209,11 +210,9 @@ class _LocalJob:
 
 def _worker(rank: int, job: _LocalJob) -> None:
     _set_parent_death_signal()
-    adopt_environment(job.environment)
-    job.output.adopt()
+    become_worker(job.environment, job.output, graceful=job.graceful)
     if job.graceful:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches every process of the group
-        os.environ[_STOP_FILE] = str(job.tmp / "stop")
+        os.environ[STOP_FILE] = str(job.tmp / "stop")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(job.world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(job.world))
     # Local workers share this machine's cores: one thread each keeps them from oversubscribing it.
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // job.world))
@@ -234,7 +233,8 @@ def _worker(rank: int, job: _LocalJob) -> None:
 def failure_report(exc: BaseException) -> _Report:
     """What a worker that raised ``exc`` (inside its ``except``) tells its launcher."""
     message = str(exc).splitlines()[0] if str(exc) else ""
-    return _Report(False, None, type(exc).__name__, message, traceback.format_exc(), time.time())
+    bad_input = isinstance(exc, InputError | OSError)
+    return _Report(False, None, type(exc).__name__, message, traceback.format_exc(), time.time(), bad_input)
 
 
 def report_and_exit(path: Path, report: _Report) -> NoReturn:
@@ -279,7 +279,7 @@ def _run_local(job: _LocalJob, timeout_s: float | None, on_interrupt: Callable[[
                         raise _first_error(procs, job.tmp)
         return {r: _read_report(job.tmp, r).value for r in range(job.world)}
     finally:
-        _stop(procs)
+        _stop(procs, ask_first=not job.graceful)  # a graceful worker takes SIGTERM as a request
 
 
 @contextlib.contextmanager
@@ -305,12 +305,13 @@ def _wait_for_reports(procs: list[Any], grace_s: float) -> None:
         p.join(max(0.0, end - time.monotonic()))
 
 
-def _stop(procs: list[Any]) -> None:
+def _stop(procs: list[Any], ask_first: bool = True) -> None:
     procs = [p for p in procs if p.pid is not None]  # a failed start leaves later processes unstarted
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    _wait_for_reports(procs, _TERMINATE_GRACE_S)
+    if ask_first:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        _wait_for_reports(procs, _TERMINATE_GRACE_S)
     for p in procs:
         if p.is_alive():
             p.kill()
@@ -333,4 +334,4 @@ def _first_error(procs: list[Any], tmp: Path) -> WorkerError:
     if rep.error_type == "WorkerDied":
         code = procs[rank].exitcode
         rep.message = f"exited with code {code} without a Python error (killed, or out of memory?)"
-    return WorkerError(rank, rep.error_type, rep.message, rep.traceback)
+    return WorkerError(rank, rep.error_type, rep.message, rep.traceback, bad_input=rep.bad_input)

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from conveyor.errors import InputError
+
 __all__ = ["batch_size", "split", "to_device"]
 
 
@@ -27,12 +29,12 @@ def batch_size(batch: Any) -> int:
         return int(batch.shape[0])
     tensors = [t for t in pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
     if not tensors:
-        raise ValueError("the batch holds no tensor: pass a tensor or a tuple/list/dict of tensors")
+        raise InputError("the batch holds no tensor: pass a tensor or a tuple/list/dict of tensors")
     if any(t.dim() == 0 for t in tensors):
-        raise ValueError("a tensor in the batch is 0-d: every tensor needs a batch dimension first")
+        raise InputError("a tensor in the batch is 0-d: every tensor needs a batch dimension first")
     sizes = {int(t.shape[0]) for t in tensors}
     if len(sizes) > 1:
-        raise ValueError(f"tensors in the batch have different first dimensions {sorted(sizes)}: they must agree")
+        raise InputError(f"tensors in the batch have different first dimensions {sorted(sizes)}: they must agree")
     return sizes.pop()
 
 
@@ -46,7 +48,7 @@ def split(batch: Any, microbatches: int) -> list[Any]:
         ValueError: ``microbatches`` is below 1, or the batch is not a pytree of tensors with one batch size.
     """
     if microbatches < 1:
-        raise ValueError(f"a batch is split into at least 1 microbatch, got {microbatches}")
+        raise InputError(f"a batch is split into at least 1 microbatch, got {microbatches}")
     batch_size(batch)
     if isinstance(batch, torch.Tensor):
         return [batch] if microbatches == 1 else list(batch.tensor_split(microbatches))

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import conveyor.runtime._checkpoint as checkpoint
+from conveyor.errors import InputError
 from conveyor.runtime._devices import default_device
 from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
@@ -258,7 +259,7 @@ class Pipeline(StagePosition):
         source = None
         if self.is_first or self.is_last:
             if batches is None:
-                raise ValueError(f"stage {self.stage} reads the batches: pass them on worker {self.worker}")
+                raise InputError(f"stage {self.stage} reads the batches: pass them on worker {self.worker}")
             source = BatchSource(batches, self.microbatches, self.is_first, self.is_last, self.worker)
         self._runs += 1
         window = read_ahead(len(self.worker_stage), self.microbatches)
@@ -275,7 +276,7 @@ class Pipeline(StagePosition):
         will_use = self._pinned_versions(length)
         out = self.executor.run(actions, source, True, self._stashing, will_use, stepped, self._predict)
         if self.worker == 0 and source is not None and source.fill(length.total):
-            raise ValueError(f"the batches on worker 0 yielded more than their len() of {length.total}")
+            raise InputError(f"the batches on worker 0 yielded more than their len() of {length.total}")
         self.steps += length.total
         return self._batch_losses(out.loss_values(), length.total)
 
@@ -334,7 +335,7 @@ class Pipeline(StagePosition):
         feed = None
         if self.worker == 0:
             if inputs is None:
-                raise ValueError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
+                raise InputError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
             feed = _Parts(split(inputs, self.microbatches))
         out = self.executor.run(self._eval_schedule.actions[self.worker], feed, training=False)
         if not self.is_output:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from conveyor.errors import InputError
 from conveyor.plan import Layer, Profile
 from conveyor.runtime._devices import default_device
 from conveyor.runtime._microbatch import batch_size
@@ -141,7 +142,7 @@ def profile(
     """
     full = batch_size(example)
     if any(not 1 <= b <= full for b in batch_sizes):
-        raise ValueError(f"batch sizes {list(batch_sizes)} must be between 1 and the example's batch size {full}")
+        raise InputError(f"batch sizes {list(batch_sizes)} must be between 1 and the example's batch size {full}")
     if batch_sizes:
         others = sorted(set(batch_sizes) - {full})
         rows = [pytree.tree_map_only(torch.Tensor, partial(_rows, count=b), example) for b in others]
@@ -160,7 +161,7 @@ def profile(
 
         return replace(measure(example), variants=tuple(measure(x) for x in rows))
     if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+        raise InputError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     device = torch.device(device) if device is not None else default_device()
     x = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), example)
     layers = []

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from conveyor.errors import InputError
+
 __all__ = ["Blocks", "StagePosition", "as_blocks", "block_shapes", "build_stage", "even_balance", "stage_ranges"]
 
 Blocks = nn.Sequential | Sequence[nn.Module]
@@ -53,16 +55,16 @@ def stage_ranges(balance: Sequence[int], num_blocks: int) -> list[tuple[int, int
         ValueError: a stage gets no block, or the counts do not add up to the model's blocks.
     """
     if not balance:
-        raise ValueError("balance is empty: give the number of blocks of each stage, e.g. [2, 2]")
+        raise InputError("balance is empty: give the number of blocks of each stage, e.g. [2, 2]")
     if len(balance) > num_blocks:
-        raise ValueError(
+        raise InputError(
             f"{len(balance)} stages but the model has only {num_blocks} blocks: use at most {num_blocks} "
             "stages, or split the model into more blocks"
         )
     if any(n < 1 for n in balance):
-        raise ValueError(f"balance {list(balance)} gives a stage no block: every stage needs at least one")
+        raise InputError(f"balance {list(balance)} gives a stage no block: every stage needs at least one")
     if sum(balance) != num_blocks:
-        raise ValueError(
+        raise InputError(
             f"balance {list(balance)} covers {sum(balance)} blocks but the model has {num_blocks}: "
             "the counts must add up to the number of blocks"
         )
@@ -80,7 +82,7 @@ def even_balance(blocks: int, stages: int) -> list[int]:
         ValueError: fewer blocks than stages, or no stage.
     """
     if not 1 <= stages <= blocks:
-        raise ValueError(f"cannot cut {blocks} blocks into {stages} stages: use 1 to {blocks} stages")
+        raise InputError(f"cannot cut {blocks} blocks into {stages} stages: use 1 to {blocks} stages")
     return [blocks // stages + (1 if s < blocks % stages else 0) for s in range(stages)]
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from conveyor.errors import InputError
+
 __all__ = ["Action", "Op"]
 
 
@@ -59,14 +61,14 @@ class Action:
     def mb(self) -> int:
         """The microbatch of an action that concerns one (all but ``REDUCE`` and ``STEP``)."""
         if self.microbatch is None:
-            raise ValueError(f"{self} concerns no microbatch")
+            raise InputError(f"{self} concerns no microbatch")
         return self.microbatch
 
     @property
     def to(self) -> int:
         """The worker on the other end of a send or receive."""
         if self.peer is None:
-            raise ValueError(f"{self} has no peer")
+            raise InputError(f"{self} has no peer")
         return self.peer
 
     def __str__(self) -> str:
@@ -87,7 +89,7 @@ class Action:
                     return cls(op, _number(mb), _number(peer), _number(version))
                 except ValueError:
                     break
-        raise ValueError(f"cannot parse action {text!r}; expected e.g. 'F0', 'F5@1', 'RECV_B2<1', 'REDUCE', 'STEP'")
+        raise InputError(f"cannot parse action {text!r}; expected e.g. 'F0', 'F5@1', 'RECV_B2<1', 'REDUCE', 'STEP'")
 
 
 def _number(text: str) -> int | None:

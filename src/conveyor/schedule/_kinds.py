@@ -35,6 +35,8 @@ from typing import Literal
 
 import numpy as np
 
+from conveyor.errors import InputError
+
 __all__ = ["KINDS", "PLANNER_SCHEDULES", "Kind", "kind", "warmup"]
 
 Count = int | np.ndarray
@@ -134,7 +136,7 @@ class Kind:
     def weight_versions(self, replicas: Count, downstream: Count) -> Count:
         """Copies of a stage's weights a worker holds at its peak (arrays broadcast)."""
         if self.weights == "entry":
-            raise ValueError(f"the planner has no memory model for {self.name}: plan it as {self.plan_as}")
+            raise InputError(f"the planner has no memory model for {self.name}: plan it as {self.plan_as}")
         if self.weights == "stashed":
             return warmup(replicas, downstream)
         shape = np.broadcast_shapes(np.shape(replicas), np.shape(downstream))
@@ -175,5 +177,5 @@ def kind(name: str) -> Kind:
         ValueError: an unknown name.
     """
     if name not in KINDS:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(sorted(KINDS))}")
+        raise InputError(f"unknown schedule {name!r}; choose one of {', '.join(sorted(KINDS))}")
     return KINDS[name]

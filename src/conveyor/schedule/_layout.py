@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from conveyor.errors import InputError
+
 __all__ = ["check_replicas", "parse_replicas", "stage_workers", "worker_stages"]
 
 
@@ -34,7 +36,7 @@ def check_replicas(stages: int, replicas: Sequence[int] | None) -> tuple[int, ..
     """
     counts = tuple(replicas) if replicas is not None else (1,) * stages
     if len(counts) != stages or min(counts, default=0) < 1:
-        raise ValueError(f"replicas must give each of the {stages} stages a count >= 1, got {list(counts)}")
+        raise InputError(f"replicas must give each of the {stages} stages a count >= 1, got {list(counts)}")
     return counts
 
 
@@ -46,10 +48,10 @@ def parse_replicas(text: str, stages: int | None = None) -> list[int]:
     """
     parts = text.split("-")
     if not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"--replicas {text!r} is not a list of counts like 2-1")
+        raise InputError(f"--replicas {text!r} is not a list of counts like 2-1")
     counts = [int(p) for p in parts]
     if (stages is not None and len(counts) != stages) or min(counts) < 1:
         n = stages or len(counts)
         example = "-".join(["2"] + ["1"] * (n - 1))
-        raise ValueError(f"--replicas {text} must give each of the {n} stages a worker count >= 1, e.g. {example}")
+        raise InputError(f"--replicas {text} must give each of the {n} stages a worker count >= 1, e.g. {example}")
     return counts

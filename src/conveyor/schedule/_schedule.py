@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from conveyor.errors import InputError
 from conveyor.schedule._actions import Action, Op
 from conveyor.schedule._generate import Batches, with_communication, worker_actions
 from conveyor.schedule._kinds import KINDS, Kind, kind
@@ -169,7 +170,7 @@ def make_schedule(
     schedule = _materialize(record, microbatches, steps, reps)
     if record.weights == "previous" and not _two_versions_suffice(schedule):
         need = twobw_min_microbatches(reps, microbatches + 1)
-        raise ValueError(
+        raise InputError(
             f"PipeDream-2BW with {microbatches} microbatches per step on replicas {list(reps)} would need more "
             f"than two weight versions: use at least {need} microbatches per step"
         )
@@ -184,11 +185,11 @@ def _materialize(record: Kind, microbatches: int, steps: int, replicas: Sequence
 
 def _check_sizes(stages: int, microbatches: int, steps: int = 1) -> None:
     if stages < 1:
-        raise ValueError(f"a pipeline needs at least 1 stage, got {stages}")
+        raise InputError(f"a pipeline needs at least 1 stage, got {stages}")
     if microbatches < 1:
-        raise ValueError(f"a step needs at least 1 microbatch, got {microbatches}")
+        raise InputError(f"a step needs at least 1 microbatch, got {microbatches}")
     if steps < 1:
-        raise ValueError(f"a run needs at least 1 step, got {steps}")
+        raise InputError(f"a run needs at least 1 step, got {steps}")
 
 
 def gpipe(stages: int, microbatches: int, steps: int = 1, replicas: Sequence[int] | None = None) -> Schedule:

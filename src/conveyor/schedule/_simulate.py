@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from conveyor.errors import InputError
 from conveyor.schedule._actions import Action, Op
 from conveyor.schedule._grid import action_grid
 from conveyor.schedule._schedule import Schedule
@@ -30,7 +31,7 @@ from conveyor.schedule._schedule import Schedule
 __all__ = ["DeadlockError", "ScheduleError", "SimResult", "simulate"]
 
 
-class ScheduleError(ValueError):
+class ScheduleError(InputError):
     """An action list that cannot run as written (a receive with no matching send, wrong order, ...)."""
 
 
@@ -66,7 +67,7 @@ def _per_item(value: float | Sequence[float], n: int, what: str) -> list[float]:
         return [float(value)] * n
     values = [float(v) for v in value]
     if len(values) != n:
-        raise ValueError(f"{what} needs {n} values (or one number for all), got {len(values)}")
+        raise InputError(f"{what} needs {n} values (or one number for all), got {len(values)}")
     return values
 
 
@@ -252,11 +253,11 @@ def simulate(
         Op.STEP: _per_item(step_s, n, "step_s"),
     }
     if cores is not None and cores < 1:
-        raise ValueError(f"cores must be at least 1, got {cores}")
+        raise InputError(f"cores must be at least 1, got {cores}")
     hop = _per_item(transfer_s, max(n - 1, 0), "transfer_s")
     delay = _per_item(latency_s, max(n - 1, 0), "latency_s")
     if min([*(c for values in costs.values() for c in values), *hop, *delay, send_s, recv_s]) < 0:
-        raise ValueError("times must be >= 0: a negative one would run the clock backwards")
+        raise InputError("times must be >= 0: a negative one would run the clock backwards")
     run = _Run(schedule, costs, hop, delay, send_s, recv_s, cores)
     run.run()
     stuck = [i for i, w in enumerate(run.workers) if w.pc < len(schedule.actions[i])]

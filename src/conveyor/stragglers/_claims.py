@@ -21,6 +21,8 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
+from conveyor.errors import InputError
+
 __all__ = ["Claim", "StepClaims"]
 
 
@@ -50,7 +52,7 @@ class StepClaims:
         self, store: dist.Store, prefix: str, replica: int, replicas: int, chunks: int, reassign: bool = True
     ) -> None:
         if not 0 < chunks < _TAIL - 1:  # the owner's last, refused claim must not carry into the tail count
-            raise ValueError(f"a replica's share has 1 to {_TAIL - 2} chunks, got {chunks}")
+            raise InputError(f"a replica's share has 1 to {_TAIL - 2} chunks, got {chunks}")
         self.store, self.prefix, self.replica = store, prefix, replica
         self.replicas, self.chunks, self.reassign = replicas, chunks, reassign
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from conveyor.errors import InputError
+
 __all__ = ["MODES", "flexible_layout", "mode_settings"]
 
 MODES = ("flexrr", "slack", "reassign", "off")  # FlexRR is both (Harlap et al., SoCC 2016)
@@ -18,9 +20,9 @@ def mode_settings(mode: str, slack: int) -> tuple[int, bool]:
         [(2, True), (2, False), (0, True), (0, False)]
     """
     if mode not in MODES:
-        raise ValueError(f"unknown straggler mode {mode!r}: use one of {', '.join(MODES)}")
+        raise InputError(f"unknown straggler mode {mode!r}: use one of {', '.join(MODES)}")
     if slack < 1 and mode in ("flexrr", "slack"):
-        raise ValueError(f"--stragglers {mode} needs --slack of at least 1, got {slack}")
+        raise InputError(f"--stragglers {mode} needs --slack of at least 1, got {slack}")
     return (slack if mode in ("flexrr", "slack") else 0), mode in ("flexrr", "reassign")
 
 

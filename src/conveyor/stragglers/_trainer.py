@@ -55,6 +55,7 @@ import torch.distributed as dist
 from torch import nn
 
 import conveyor.runtime._checkpoint as checkpoint
+from conveyor.errors import InputError
 from conveyor.runtime import OptimizerFactory, WorldSizeError, as_blocks, default_device
 from conveyor.runtime._microbatch import batch_size, split, to_device
 from conveyor.runtime._stage import StagePosition, block_shapes, build_stage, stage_ranges
@@ -139,14 +140,14 @@ class FlexiblePipeline(StagePosition):
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: run under conveyor.launch or torchrun")
         if chunks < 1 or slack < 0:
-            raise ValueError(f"chunks must be at least 1 and slack at least 0, got chunks={chunks}, slack={slack}")
+            raise InputError(f"chunks must be at least 1 and slack at least 0, got chunks={chunks}, slack={slack}")
         blocks = as_blocks(model)
         ranges = stage_ranges(balance if balance is not None else [len(blocks)], len(blocks))
         world = dist.get_world_size()
         counts = check_replicas(len(ranges), replicas if replicas is not None or len(ranges) > 1 else [world])
         layout = "-".join(map(str, counts))
         if max(counts[1:], default=1) > 1:
-            raise ValueError(f"only the first stage may be replicated here, got {layout}: put the replicas on "
+            raise InputError(f"only the first stage may be replicated here, got {layout}: put the replicas on "
                              "stage 0 (e.g. 2-1), or run the layout with --stragglers off")  # fmt: skip
         if sum(counts) != world:
             raise WorldSizeError(f"replicas {layout} need {sum(counts)} workers but {world} were started: start "
@@ -196,7 +197,7 @@ class FlexiblePipeline(StagePosition):
             Each batch's mean loss on the output worker (:attr:`is_output`), ``None`` elsewhere.
         """
         if batches is None and (self.is_first or self.is_last):
-            raise ValueError(f"worker {self.worker} runs stage {self.stage}, which reads the batches: pass them")
+            raise InputError(f"worker {self.worker} runs stage {self.stage}, which reads the batches: pass them")
         self.module.train()
         self._runs += 1
         self._previous = None  # W(t - 1) = W(t) until this run's first update: its first gradients are fresh
@@ -358,7 +359,7 @@ class FlexiblePipeline(StagePosition):
             return None
         if self.stage == 0:
             if inputs is None:
-                raise ValueError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
+                raise InputError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
             with self._mixed():
                 out = self.module(to_device(inputs, self.device))
         else:

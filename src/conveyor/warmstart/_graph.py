@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 from torch import nn
 
+from conveyor.errors import InputError
+
 __all__ = ["KEPT_FUNCTIONS", "OpGraph", "OpNode", "op_graph"]
 
 # Functions and methods kept as nodes (after stripping "i"-prefixed in-place forms such as iadd): arithmetic that joins
@@ -92,7 +94,7 @@ class OpGraph:
             ]  # fmt: skip
             return cls(nodes, str(data.get("note", "")))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"not an OpGraph JSON: {exc!r}") from exc
+            raise InputError(f"not an OpGraph JSON: {exc!r}") from exc
 
 
 def _own_params(module: nn.Module) -> dict[str, tuple[int, ...]]:

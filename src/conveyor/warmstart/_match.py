@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from conveyor.errors import InputError
 from conveyor.warmstart._graph import OpGraph, OpNode
 
 __all__ = ["SIGNATURE_OPS", "Alignment", "Match", "ModelIndex", "align", "pair_score", "signature"]
@@ -226,9 +227,9 @@ class ModelIndex:
             ValueError: the id is already stored, or the accuracy is outside [0, 1].
         """
         if model_id in self.ids:
-            raise ValueError(f"model {model_id!r} is already in the index")
+            raise InputError(f"model {model_id!r} is already in the index")
         if not 0.0 <= accuracy <= 1.0:
-            raise ValueError(f"accuracy of {model_id!r} must lie in [0, 1], not {accuracy}")
+            raise InputError(f"accuracy of {model_id!r} must lie in [0, 1], not {accuracy}")
         self.ids.append(model_id)
         self.graphs.append(graph)
         self.accuracies.append(float(accuracy))

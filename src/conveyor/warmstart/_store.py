@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor._paths import data_dir
+from conveyor.errors import InputError
 
 __all__ = ["ModelEntry", "ModelStore", "default_model_store"]
 
@@ -73,7 +74,7 @@ class ModelStore:
         if not checkpoint.is_file():
             raise FileNotFoundError(f"no checkpoint at {checkpoint} to store: train first, or give its path")
         if not 0.0 <= accuracy <= 1.0:
-            raise ValueError(f"a stored model's accuracy must be in [0, 1], got {accuracy}")
+            raise InputError(f"a stored model's accuracy must be in [0, 1], got {accuracy}")
         self.root.mkdir(parents=True, exist_ok=True)
         created = time.time()
         model_id = f"{name.replace('/', '-').replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -104,7 +105,7 @@ class ModelStore:
         """The model ``model_id``."""
         entry = self._read(self.root / model_id)
         if entry is None:
-            raise ValueError(f"no model {model_id!r} in {self.root}: `conveyor models list` shows the stored ones")
+            raise InputError(f"no model {model_id!r} in {self.root}: `conveyor models list` shows the stored ones")
         return entry
 
     def checkpoint(self, model_id: str) -> Path:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from conveyor.errors import InputError
+
 __all__ = ["TransformReport", "identity_init", "transform", "widen_linear_pair"]
 
 _PRODUCERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -261,7 +263,7 @@ def transform(
     modules = dict(child.named_modules())
     unknown = sorted(set(to_parent) - set(modules))
     if unknown:
-        raise ValueError(f"pairs name modules the child does not have: {', '.join(unknown)}")
+        raise InputError(f"pairs name modules the child does not have: {', '.join(unknown)}")
     report = TransformReport()
     identity_blocks = [
         n

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from conveyor.errors import InputError
 from conveyor.warmstart._graph import OpGraph, op_graph
 from conveyor.warmstart._match import ModelIndex
 from conveyor.warmstart._store import ModelStore
@@ -86,5 +87,5 @@ def _state(path: Path) -> dict[str, Any]:
             raise FileNotFoundError(f"no checkpoint at {path} to warm-start from: check the path") from None
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-            raise ValueError(f"{path} is neither a Conveyor checkpoint nor a state dict: give one") from None
+            raise InputError(f"{path} is neither a Conveyor checkpoint nor a state dict: give one") from None
         return state
