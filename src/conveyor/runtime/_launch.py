@@ -254,7 +254,7 @@ def _run_local(job: _LocalJob, timeout_s: float | None, on_interrupt: Callable[[
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     interrupted = False
     try:
-        with _sigterm_interrupts(on_interrupt is not None):
+        with _interrupts(on_interrupt is not None):
             for p in procs:
                 p.start()
             running = {p.sentinel: p for p in procs}
@@ -283,8 +283,10 @@ def _run_local(job: _LocalJob, timeout_s: float | None, on_interrupt: Callable[[
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts(on: bool) -> Iterator[None]:
-    """While ``on``, SIGTERM interrupts the launcher as Ctrl-C does (where it can: in the main thread)."""
+def _interrupts(on: bool) -> Iterator[None]:
+    """While ``on``, Ctrl-C and SIGTERM interrupt the launcher (``KeyboardInterrupt``), where it can: in the main
+    thread. Ctrl-C too, because a process started in the background by a shell without job control inherits it
+    ignored, and Python then leaves it so: a SIGINT sent on purpose would do nothing."""
     if not on or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -292,11 +294,12 @@ def _sigterm_interrupts(on: bool) -> Iterator[None]:
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _wait_for_reports(procs: list[Any], grace_s: float) -> None:
