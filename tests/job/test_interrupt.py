@@ -73,3 +73,23 @@ def test_a_second_ctrl_c_stops_at_once_and_the_periodic_checkpoint_is_kept(tmp_p
         while time.monotonic() < deadline:
             os.killpg(proc.pid, 0)  # no process of the job left behind
             time.sleep(0.1)
+
+
+def test_an_interrupted_recurrence_counts_for_nothing_and_registers_nothing(tmp_path: Path) -> None:
+    from conveyor.energy import RecurrenceStore
+    from conveyor.warmstart import ModelStore
+
+    run_dir, recurrences, models = tmp_path / "run", tmp_path / "recurrences.sqlite", tmp_path / "models"
+    proc = _start(
+        run_dir,
+        *("--batch-size", "auto", "--job", "nightly", "--target-accuracy", "0.999", "--eta", "0"),
+        *("--recurrences", str(recurrences), "--register", "--store", str(models)),
+    )
+    _wait_for_epochs(run_dir, proc, 1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "This recurrence counts for nothing" in " ".join(out.split()) and "--resume" not in out
+    assert json.loads((run_dir / "summary.json").read_text())["interrupted"]
+    assert [row["state"] for row in RecurrenceStore(recurrences).rows("nightly")] == ["abandoned"]
+    assert ModelStore(models).list() == []
