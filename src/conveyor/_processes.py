@@ -23,7 +23,14 @@ import threading
 from multiprocessing import reduction
 from typing import Any
 
-__all__ = ["LauncherOutput", "become_worker", "start_worker_server", "under_torchrun", "worker_context"]
+__all__ = [
+    "LauncherOutput",
+    "become_worker",
+    "launcher_environment",
+    "start_worker_server",
+    "under_torchrun",
+    "worker_context",
+]
 
 _PRELOAD = ["torch", "torch.distributed"]
 
@@ -44,6 +51,12 @@ def worker_context() -> multiprocessing.context.ForkServerContext:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return ctx
+
+
+def launcher_environment() -> dict[str, str]:
+    """What a worker's environment will be (:func:`become_worker`): the launcher's now, local workers talking over
+    loopback unless it says otherwise."""
+    return {"GLOO_SOCKET_IFNAME": "lo", **os.environ}
 
 
 def become_worker(environment: dict[str, str], output: LauncherOutput, *, graceful: bool = False) -> None:

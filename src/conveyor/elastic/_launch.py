@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor._processes import LauncherOutput, become_worker, worker_context
+from conveyor._processes import LauncherOutput, become_worker, launcher_environment, worker_context
 from conveyor.elastic._membership import connect, listen_for_notice
 from conveyor.emulate import Cluster, Emulation, FaultDriver, address
 from conveyor.runtime._launch import (
@@ -137,7 +137,7 @@ def _run(
         args=args,
         setup=cluster.worker_setup if cluster is not None else None,
         threads=max(1, len(os.sched_getaffinity(0)) // nprocs),
-        environment={"GLOO_SOCKET_IFNAME": "lo", **os.environ},
+        environment=launcher_environment(),
         output=LauncherOutput(),
     )
     procs: dict[int, Any] = {}  # slot -> its latest process

@@ -398,15 +398,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     summary |= energy_summary(history, out["energy_meter"], out["energy_note"], cfg.target_accuracy)
     keys = ("stopped_by_cost", "cost", "power_limit_w", "power_profile", "power_limit_note")
     summary |= {k: out[k] for k in keys if k in out}
-    if summary["interrupted"]:  # a stopped run has no outcome to learn from, nor a finished model to keep
-        if recurring is not None:
-            recurring.fail(interrupted=True)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy")
-        return summary | warm
-    finish_recurrence(recurring, summary, cfg)
+    stopped = summary["interrupted"]  # a stopped run has no outcome to learn from, nor a finished model to keep
+    if stopped and recurring is not None:
+        recurring.fail(interrupted=True)
+    elif not stopped:
+        finish_recurrence(recurring, summary, cfg)
     summary |= warm
-    register_model(cfg, summary, lambda: model_and_data(dataclasses.replace(cfg, warm_start_plan=None))[0])
+    if not stopped:
+        register_model(cfg, summary, lambda: model_and_data(dataclasses.replace(cfg, warm_start_plan=None))[0])
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy")
     return summary

@@ -27,6 +27,7 @@ from conveyor._processes import (
     STOP_FILE,
     LauncherOutput,
     become_worker,
+    launcher_environment,
     request_stop,
     stop_requested,
     under_torchrun,
@@ -157,7 +158,7 @@ def launch(
             collective_timeout_s=collective_timeout_s,
             setup=setup,
             graceful=on_interrupt is not None,
-            environment={"GLOO_SOCKET_IFNAME": "lo", **os.environ},  # local workers talk over loopback by default
+            environment=launcher_environment(),
             output=LauncherOutput(),
         )
         return _run_local(job, timeout_s, on_interrupt)
