@@ -33,8 +33,8 @@ def test_links_and_allreduces_are_measured_on_both_workers() -> None:
     assert out[0]["busy"].latency < 0.1  # the work's own time is taken out of the round trips
     for key in ("allreduce", "loaded"):
         for rank in (0, 1):  # a collective: both workers measure it
-            latency, bandwidth = out[rank][key]
-            assert 0 < latency < 0.1 and 1e6 < bandwidth < 1e12
+            latency, bandwidth = out[rank][key]  # the same floor: half a megabyte per worker in a microsecond
+            assert 0 < latency < 0.1 and 1e6 < bandwidth <= 1.1e12
 
 
 def _overhead(compute_s: float) -> tuple[float, float]:

@@ -38,6 +38,11 @@ class Link:
     bandwidth: float
 
 
+# A noisy host can make the big message no slower than the small one: the bytes are then taken to cost a
+# microsecond, so a measurement of loopback never reads as faster than any real link.
+_SHORTEST_S = 1e-6
+
+
 def measure_link(
     p2p: P2P,
     peer: int,
@@ -87,7 +92,7 @@ def measure_link(
     ping_pong(big, 2, None)
     big_message, _ = ping_pong(big, max(repeats // 4, 3), None)
     latency = max(per_message - send_s - recv_s, 0.0)
-    bandwidth = nbytes / max(big_message - idle, 1e-6)  # what the bytes add to a message, on idle cores
+    bandwidth = nbytes / max(big_message - idle, _SHORTEST_S)  # what the bytes add to a message, on idle cores
     return Link(send_s, recv_s, latency, bandwidth)
 
 
@@ -149,7 +154,7 @@ def measure_allreduce(
     device = default_device()  # NCCL reduces only tensors on the GPU
     latency = seconds(torch.zeros(1, device=device)) / steps
     per_step = seconds(torch.zeros(nbytes // 4, device=device)) / steps
-    return latency, nbytes / world / max(per_step - latency, 1e-9)
+    return latency, nbytes / world / max(per_step - latency, _SHORTEST_S)
 
 
 def measure_overhead(
