@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor._paths import data_dir
+from conveyor.paths import data_dir
 
 
 def test_data_dir_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

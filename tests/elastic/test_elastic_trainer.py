@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conveyor._processes import LauncherOutput, worker_context
 from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, launch_elastic, planned_layouts
 from conveyor.elastic._launch import _ElasticJob, _worker
 from conveyor.plan import Profile
+from conveyor.processes import LauncherOutput, worker_context
 from conveyor.runtime import WorkerError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -100,13 +100,13 @@ def _say(text: str) -> str:
 
 _MOVED_OUTPUT = """
 import os, sys
-from conveyor._processes import start_worker_server
+from conveyor.processes import start_worker_server
 from conveyor.runtime import launch
 from test_launch import _say
 
 start_worker_server()  # with this process's output and environment of now
 os.environ["CONVEYOR_TEST_VALUE"] = "second"
-with open(sys.argv[1], "w") as moved:
+with open(sys.argv[1], "a") as moved:  # appended: three processes write it
     os.dup2(moved.fileno(), 1)  # then the output moves, as a test run's capture does from one test to the next
     os.dup2(moved.fileno(), 2)
     print(launch(_say, "now", nprocs=2), flush=True)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from conveyor.job._zoo import gpt, mlp, resnet, vgg
+from conveyor.job import gpt, mlp, resnet, vgg
 from conveyor.warmstart._graph import OpGraph, OpNode, op_graph
 
 

@@ -7,7 +7,7 @@ import pytest
 from torch import nn
 
 import conveyor.warmstart._match as match_module
-from conveyor.job._zoo import gpt, mlp, resnet, vgg
+from conveyor.job import gpt, mlp, resnet, vgg
 from conveyor.warmstart._graph import OpGraph, OpNode, op_graph
 from conveyor.warmstart._match import ModelIndex, align, pair_score, signature
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conveyor.job._zoo import mlp
-from conveyor.runtime._checkpoint import save as save_checkpoint
+from conveyor.job import mlp
+from conveyor.runtime import save_checkpoint
 from conveyor.warmstart import ModelStore, WarmStart, apply_warm_start, op_graph, plan_warm_start
 
 

@@ -21,8 +21,7 @@ import torch
 import torch.distributed as dist
 
 from conveyor.job import TrainConfig, loss_and_optimizer, model_and_data
-from conveyor.runtime import load_checkpoint
-from conveyor.runtime._checkpoint import save
+from conveyor.runtime import load_checkpoint, save_checkpoint
 
 
 def main() -> None:
@@ -84,7 +83,7 @@ def main() -> None:
         with (args.folder / "steps.jsonl").open("a") as f:
             f.write(json.dumps({"step": t, "wall": time.time(), "restart": restart}) + "\n")
         if (t + 1) % args.checkpoint_every == 0:
-            save(path, model.state_dict(), optimizer=optimizer.state_dict(), step=t)  # atomically
+            save_checkpoint(path, model.state_dict(), optimizer=optimizer.state_dict(), step=t)  # atomically
         if i == per_epoch - 1:
             model.eval()
             with torch.no_grad():

@@ -32,8 +32,7 @@ from rich.progress import Progress
 
 from conveyor.emulate import Emulation, cpu_loop_seconds, launch_emulated
 from conveyor.errors import InputError
-from conveyor.plan import Topology, allreduce_s
-from conveyor.plan._cost_model import stage_seconds
+from conveyor.plan import Topology, allreduce_s, stage_seconds
 
 __all__ = ["CostsBenchConfig", "run"]
 

@@ -16,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench._checks import require_known
-from conveyor.elastic._bidbrain import POLICIES, Outcome, simulate
-from conveyor.elastic._market import BILLINGS, read_markets
-from conveyor.elastic._throughput import Costs, throughput_from_plan
+from conveyor.elastic import BILLINGS, POLICIES, Costs, Outcome, read_markets, simulate, throughput_from_plan
 from conveyor.errors import InputError
 from conveyor.plan import read_graph_txt
 

@@ -28,8 +28,7 @@ from rich.progress import Progress
 
 from conveyor.bench._checks import require_known
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, train
-from conveyor.job._zoo import gpt, mlp, resnet, vgg
+from conveyor.job import TrainConfig, gpt, mlp, resnet, train, vgg
 from conveyor.warmstart import ModelIndex, ModelStore, op_graph
 
 __all__ = ["FAMILIES", "GOALS", "Family", "WarmStartBenchConfig", "measure_matching", "plot", "report", "run"]

@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from conveyor.warmstart._store import ModelStore
+    from conveyor.warmstart import ModelStore
 
     store = ModelStore(args.store)
     if args.action == "list":

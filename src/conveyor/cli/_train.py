@@ -10,9 +10,9 @@ from typing import Any
 
 from rich.table import Table
 
-from conveyor._processes import start_worker_server, under_torchrun
 from conveyor.cli._common import add_emulation, config, console, positive, write_json
 from conveyor.errors import InputError
+from conveyor.processes import start_worker_server, under_torchrun
 from conveyor.schedule import KINDS
 
 DEVICES = ("auto", "cpu", "cuda")  # conveyor.runtime.DEVICES and BACKENDS written out: importing them loads torch

@@ -19,18 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor._processes import LauncherOutput, become_worker, launcher_environment, worker_context
 from conveyor.elastic._membership import connect, listen_for_notice
 from conveyor.emulate import Cluster, Emulation, FaultDriver, address
-from conveyor.runtime._launch import (
-    WorkerError,
-    _Report,
-    _set_parent_death_signal,
-    _stop,
-    _wait_for_reports,
+from conveyor.processes import (
+    LauncherOutput,
+    WorkerReport,
+    become_worker,
     failure_report,
+    launcher_environment,
     report_and_exit,
+    set_parent_death_signal,
+    stop_workers,
+    wait_for_exit,
+    worker_context,
 )
+from conveyor.runtime import WorkerError
 
 __all__ = ["launch_elastic", "store_address"]
 
@@ -64,7 +67,7 @@ class _ElasticJob:
 
 
 def _worker(slot: int, worker: int | None, job: _ElasticJob) -> None:
-    _set_parent_death_signal()
+    set_parent_death_signal()
     become_worker(job.environment, job.output)
     import torch
 
@@ -81,7 +84,7 @@ def _worker(slot: int, worker: int | None, job: _ElasticJob) -> None:
             port = server.port
         else:
             host, port = store_address(folder)
-        report = _Report(ok=True, value=fn(worker, host, port, *args))
+        report = WorkerReport(ok=True, value=fn(worker, host, port, *args))
     except BaseException as exc:  # every error goes to the launcher, as the runtime's launcher does
         report = failure_report(exc)
     report_and_exit(folder / f"report-{os.getpid()}.pkl", report)
@@ -180,7 +183,7 @@ def _run(
             for proc in everyone:
                 if proc.exitcode is not None and proc.pid not in results:
                     results[proc.pid] = _outcome(proc, folder, slots[proc.pid], proc.pid in joiners and procs[0])
-        _wait_for_reports(everyone, _FINISH_S)  # worker 0 finished last: the others are on their way out
+        wait_for_exit(everyone, _FINISH_S)  # worker 0 finished last: the others are on their way out
         for proc in everyone:
             if proc.pid not in results:
                 results[proc.pid] = _outcome(proc, folder, slots[proc.pid], proc.pid in joiners and procs[0])
@@ -191,17 +194,17 @@ def _run(
     finally:
         if driver is not None:
             driver.stop()
-        _stop(everyone)
+        stop_workers(everyone)
 
 
-def _outcome(proc: Any, folder: Path, slot: int, leader: Any) -> _Report | None:
+def _outcome(proc: Any, folder: Path, slot: int, leader: Any) -> WorkerReport | None:
     """A finished worker's report (``None``: killed without one, i.e. revoked); a raised error stops the job,
     unless the worker joined and the job had ended well before it could (``leader``: worker 0's process)."""
     path = folder / f"report-{proc.pid}.pkl"
     if not path.exists():
         return None
     with open(path, "rb") as fh:
-        report: _Report = pickle.load(fh)
+        report: WorkerReport = pickle.load(fh)
     path.unlink()
     if not report.ok and leader and leader.exitcode == 0:
         return None

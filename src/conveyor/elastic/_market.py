@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from conveyor.emulate._traces import replay
+from conveyor.emulate import replay_trace
 from conveyor.errors import InputError
 
 __all__ = ["BILLINGS", "PRICES", "Billing", "Market", "MarketPrice", "read_markets"]
@@ -157,7 +157,7 @@ class Market:
         name = path.name.split(".")[0]
         if price is None and name not in PRICES:
             raise InputError(f"no prices for trace {path.name}: known traces are {', '.join(PRICES)}")
-        events = tuple(replay(path))
+        events = tuple(replay_trace(path))
         if not any(op == "add" for _, op, _ in events):
             raise InputError(f"trace {path.name} never adds a machine")
         return cls(name, price or PRICES[name], events)

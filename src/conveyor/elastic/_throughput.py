@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from conveyor.errors import InputError
-from conveyor.plan import Profile, Topology
-from conveyor.plan._cost_model import stage_seconds
+from conveyor.plan import Profile, Topology, stage_seconds
 
 __all__ = ["Costs", "Throughput", "throughput_from_plan"]
 

@@ -37,7 +37,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import conveyor.runtime._checkpoint as checkpoint
 from conveyor.elastic._comm import Waiting, Watch
 from conveyor.elastic._handover import Handover, Left
 from conveyor.elastic._membership import (
@@ -52,6 +51,7 @@ from conveyor.elastic._membership import (
 from conveyor.elastic._pipeline import Shard, StagedStep, StageLayout
 from conveyor.elastic._state import FlatModel, ShardOptimizer, full_message_numel, state_layout
 from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, shard_bounds
+from conveyor.runtime import save_checkpoint
 
 __all__ = ["ElasticJob", "ElasticOptions", "ElasticTrainer"]
 
@@ -273,7 +273,7 @@ class ElasticTrainer(Handover):
     def _finish(self) -> None:
         if self.log_dir is not None:
             state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-            checkpoint.save(self.log_dir / "checkpoint.pt", state, steps=self.done + 1)
+            save_checkpoint(self.log_dir / "checkpoint.pt", state, steps=self.done + 1)
         self.store.set("finished", str(self.done))
 
     def _wait_for_members(self) -> None:

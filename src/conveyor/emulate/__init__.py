@@ -33,7 +33,8 @@ if TYPE_CHECKING:
         links_of,
         sent_bytes,
     )
-    from conveyor.emulate._privileges import EmulationError
+    from conveyor.emulate._privileges import EmulationError, require_netem
+    from conveyor.emulate._traces import replay_trace
 
 # Imported on first use: the janitor process and fault planning need none of torch.
 _HOME = {
@@ -45,15 +46,39 @@ _HOME = {
     "_faults": ("Fault", "parse_faults"),
     "_launch": ("WorkerRevoked", "launch_emulated"),
     "_network": ("Link", "Network", "ServerTraffic", "address", "between_groups", "links_of", "sent_bytes"),
-    "_privileges": ("EmulationError",),
+    "_privileges": ("EmulationError", "require_netem"),
+    "_traces": ("replay_trace",),
 }
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
-    "CgroupError", "Cluster", "Device", "Emulation", "EmulationError", "Fault", "FaultDriver", "Link", "Network",
-    "ServerTraffic", "WorkerCgroup", "WorkerRevoked", "WorkerSetup", "address", "between_groups", "check_cluster",
-    "cpu_loop", "cpu_loop_seconds", "launch_emulated", "link_pairs", "links_of", "parse_devices", "parse_faults",
-    "remove_stale_jobs", "sent_bytes",
-]  # fmt: skip
+    "CgroupError",
+    "Cluster",
+    "Device",
+    "Emulation",
+    "EmulationError",
+    "Fault",
+    "FaultDriver",
+    "Link",
+    "Network",
+    "ServerTraffic",
+    "WorkerCgroup",
+    "WorkerRevoked",
+    "WorkerSetup",
+    "address",
+    "between_groups",
+    "check_cluster",
+    "cpu_loop",
+    "cpu_loop_seconds",
+    "launch_emulated",
+    "link_pairs",
+    "links_of",
+    "parse_devices",
+    "parse_faults",
+    "remove_stale_jobs",
+    "replay_trace",
+    "require_netem",
+    "sent_bytes",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.emulate._traces import replay
+from conveyor.emulate._traces import replay_trace
 from conveyor.errors import InputError
 
 __all__ = ["KINDS", "PATTERNS", "Fault", "parse_faults"]
@@ -372,7 +372,7 @@ class _Item:
     def trace(self, rest: str) -> list[Fault]:
         """Revocations and additions that replay a spot-availability trace onto worker slots (ranks).
 
-        Machines map to slots as :func:`replay` says. Job time ``(t - offset) / time-scale`` for trace time ``t``
+        Machines map to slots as :func:`replay_trace` says. Job time ``(t - offset) / time-scale`` for trace time ``t``
         (seconds from the trace's first line): the fleet live at ``offset`` is the one the job starts on (no
         events); a later removal revokes its slot's rank (with ``grace``), a later addition emits ``add``.
         Slots the trace has no machine for at the start are revoked at time 0 with no grace. The trace governs
@@ -384,7 +384,7 @@ class _Item:
             raise self.fail(f"trace file {path!r} not found" if path else "missing the trace file's path")
         scale, offset = self.num("time-scale", 1.0, positive=True), self.num("offset", 0.0)
         grace = self.num("grace", 0.0)
-        steps = replay(file)
+        steps = replay_trace(file)
         peak = max((slot + 1 for _, _, slot in steps), default=0)
         if "machines" in self.kv:
             keep = self.whole("machines")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from conveyor.errors import InputError
 
-__all__ = ["replay"]
+__all__ = ["replay_trace"]
 
 
-def replay(file: Path) -> list[tuple[float, str, int]]:
+def replay_trace(file: Path) -> list[tuple[float, str, int]]:
     """A trace's events as ``(seconds, "add"|"remove", slot)``, seconds counted from the trace's first event.
 
     Two formats (see ``../shared/spot-traces/README.md``): ``MILLISECONDS,add|remove,NODE`` lines, where an

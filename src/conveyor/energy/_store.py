@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from conveyor._paths import data_dir
 from conveyor.energy._bandit import BatchSizeSearch, Recurrence
 from conveyor.errors import InputError
+from conveyor.paths import data_dir
 
 __all__ = ["JobSettings", "RecurrenceStore", "Started", "default_store_path"]
 

@@ -8,7 +8,7 @@ from conveyor.job._loader import EpochBatches
 from conveyor.job._report import closing_notes, plot_accuracy, read_jsonl
 from conveyor.job._trace import torch_profiled
 from conveyor.job._train import model_and_data, train
-from conveyor.job._zoo import resolve
+from conveyor.job._zoo import gpt, mlp, resnet, resolve, vgg, vgg16
 
 __all__ = [
     "EpochBatches",
@@ -19,17 +19,22 @@ __all__ = [
     "closing_notes",
     "explicit_workers",
     "fixed_layout",
+    "gpt",
     "job_devices",
     "join_elastic",
     "lease_expires",
     "loss_and_optimizer",
+    "mlp",
     "model_and_data",
     "plot_accuracy",
     "read_jsonl",
     "read_lease",
+    "resnet",
     "resolve",
     "torch_profiled",
     "train",
     "train_elastic",
+    "vgg",
+    "vgg16",
     "write_lease",
 ]

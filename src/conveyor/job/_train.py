@@ -36,7 +36,7 @@ from torch import nn
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
 from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
-from conveyor.energy._meter import MeterStatus, describe_meters, open_meter
+from conveyor.energy import MeterStatus, describe_meters, open_meter
 from conveyor.job._config import AUTOCAST, TrainConfig, job_devices, loss_and_optimizer
 from conveyor.job._costs import measure_costs
 from conveyor.job._energy import (

@@ -1,6 +1,6 @@
 """Planning: profiles, cluster topologies, per-worker memory, PipeDream's and 2BW's planners, plan files (no torch)."""
 
-from conveyor.plan._cost_model import COST_MODELS, allreduce_s
+from conveyor.plan._cost_model import COST_MODELS, allreduce_s, stage_seconds
 from conveyor.plan._epochs import EpochFactors
 from conveyor.plan._memory import in_flight, stage_bytes, weight_versions, worker_bytes
 from conveyor.plan._optimizer import Plan, PlanError, PlannedStage, optimize, step_microbatches
@@ -37,6 +37,7 @@ __all__ = [
     "read_graph_txt",
     "read_plan_file",
     "stage_bytes",
+    "stage_seconds",
     "stage_times",
     "step_microbatches",
     "weight_versions",

@@ -1,9 +1,10 @@
 """The runtime: pipelines over torch.distributed, their executor, transport, weight versions, checkpoints, launcher."""
 
 from conveyor.runtime._calibrate import Link, measure_allreduce, measure_link, measure_overhead
-from conveyor.runtime._checkpoint import CheckpointError
+from conveyor.runtime._checkpoint import CheckpointError, load_stage, save_stages
 from conveyor.runtime._checkpoint import check_compatible as check_checkpoint
 from conveyor.runtime._checkpoint import load as load_checkpoint
+from conveyor.runtime._checkpoint import save as save_checkpoint
 from conveyor.runtime._devices import (
     BACKENDS,
     DEVICES,
@@ -15,11 +16,22 @@ from conveyor.runtime._devices import (
     resolve_device,
 )
 from conveyor.runtime._launch import WorkerError, launch, stop_requested, under_torchrun
+from conveyor.runtime._microbatch import batch_size, to_device
+from conveyor.runtime._microbatch import split as split_batch
 from conveyor.runtime._pipeline import OptimizerFactory, Pipeline, WorldSizeError
 from conveyor.runtime._profiler import profile
-from conveyor.runtime._stage import Blocks, as_blocks, block_shapes, even_balance
+from conveyor.runtime._stage import (
+    Blocks,
+    StagePosition,
+    as_blocks,
+    block_shapes,
+    build_stage,
+    even_balance,
+    stage_ranges,
+)
 from conveyor.runtime._threads import CoreShare
-from conveyor.runtime._transport import P2P
+from conveyor.runtime._transport import P2P, differentiable_leaves
+from conveyor.runtime._update import pack_grads, reduce_dtype, set_mean_grads
 from conveyor.runtime._versions import StashError, WeightVersions
 
 __all__ = [
@@ -32,26 +44,39 @@ __all__ = [
     "Link",
     "OptimizerFactory",
     "Pipeline",
+    "StagePosition",
     "StashError",
     "WeightVersions",
     "WorkerError",
     "WorldSizeError",
     "as_blocks",
+    "batch_size",
     "block_shapes",
+    "build_stage",
     "check_checkpoint",
     "check_workers",
     "default_backend",
     "default_device",
     "default_workers",
+    "differentiable_leaves",
     "even_balance",
     "launch",
     "load_checkpoint",
+    "load_stage",
     "measure_allreduce",
     "measure_link",
     "measure_overhead",
+    "pack_grads",
     "profile",
+    "reduce_dtype",
     "resolve_backend",
     "resolve_device",
+    "save_checkpoint",
+    "save_stages",
+    "set_mean_grads",
+    "split_batch",
+    "stage_ranges",
     "stop_requested",
+    "to_device",
     "under_torchrun",
 ]

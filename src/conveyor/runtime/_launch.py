@@ -3,37 +3,40 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
 import signal
-import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from conveyor._processes import (
+from conveyor.errors import InputError
+from conveyor.processes import (
     STOP_FILE,
     LauncherOutput,
+    WorkerReport,
     become_worker,
+    failure_report,
     launcher_environment,
+    report_and_exit,
     request_stop,
+    set_parent_death_signal,
     stop_requested,
+    stop_workers,
     under_torchrun,
+    wait_for_exit,
     worker_context,
 )
-from conveyor.errors import InputError
 from conveyor.runtime._devices import check_workers, local_rank, resolve_backend, resolve_device, use_device
 from conveyor.runtime._transport import host_group
 
@@ -41,8 +44,6 @@ __all__ = ["WorkerError", "launch", "stop_requested", "under_torchrun"]
 
 # How long a failed job waits for the other workers to report their own errors before terminating them.
 _REPORT_GRACE_S = 2.0
-# How long a worker gets to exit after SIGTERM before it is killed.
-_TERMINATE_GRACE_S = 5.0
 
 
 class WorkerError(RuntimeError):
@@ -65,19 +66,6 @@ class WorkerError(RuntimeError):
         self.remote_traceback = remote_traceback
         self.bad_input = bad_input
         super().__init__(f"worker {rank} failed with {error_type}: {message}\n\n{remote_traceback}")
-
-
-@dataclass
-class _Report:
-    """What a worker leaves behind: its result, or the error it raised and when."""
-
-    ok: bool
-    value: Any = None
-    error_type: str = ""
-    message: str = ""
-    traceback: str = ""
-    time: float = 0.0
-    bad_input: bool = False  # an InputError or OSError, not a bug
 
 
 def launch(
@@ -185,13 +173,6 @@ def _init_process_group(backend: str, device: str, init_method: str, rank: int, 
             host_group()
 
 
-def _set_parent_death_signal() -> None:
-    """Ask Linux to kill this worker if the launching process dies, so no worker outlives its job."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
 @dataclass(frozen=True, kw_only=True)
 class _LocalJob:
     """What every local worker process is given: the work, the job's shape, and where to rendezvous and report."""
@@ -210,7 +191,7 @@ class _LocalJob:
 
 
 def _worker(rank: int, job: _LocalJob) -> None:
-    _set_parent_death_signal()
+    set_parent_death_signal()
     become_worker(job.environment, job.output, graceful=job.graceful)
     if job.graceful:
         os.environ[STOP_FILE] = str(job.tmp / "stop")
@@ -225,28 +206,10 @@ def _worker(rank: int, job: _LocalJob) -> None:
         _init_process_group(job.backend, job.device, rendezvous, rank, job.world, job.collective_timeout_s)
         value = job.fn(*job.args)
         dist.barrier()  # nobody leaves while a peer may still be receiving from it
-        report = _Report(ok=True, value=value)
+        report = WorkerReport(ok=True, value=value)
     except BaseException as exc:  # report everything, KeyboardInterrupt included, to the launcher
         report = failure_report(exc)
     report_and_exit(job.tmp / f"report-{rank}.pkl", report)
-
-
-def failure_report(exc: BaseException) -> _Report:
-    """What a worker that raised ``exc`` (inside its ``except``) tells its launcher."""
-    message = str(exc).splitlines()[0] if str(exc) else ""
-    bad_input = isinstance(exc, InputError | OSError)
-    return _Report(False, None, type(exc).__name__, message, traceback.format_exc(), time.time(), bad_input)
-
-
-def report_and_exit(path: Path, report: _Report) -> NoReturn:
-    """Write a worker's report where its launcher reads it, and end the worker process."""
-    with open(path, "wb") as fh:
-        pickle.dump(report, fh)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Exit without tearing down the process group: its threads can abort the interpreter's shutdown
-    # ("terminate called without an active exception") after the work is done and reported.
-    os._exit(0 if report.ok else 1)
 
 
 def _run_local(job: _LocalJob, timeout_s: float | None, on_interrupt: Callable[[], None] | None) -> dict[int, Any]:
@@ -276,11 +239,11 @@ def _run_local(job: _LocalJob, timeout_s: float | None, on_interrupt: Callable[[
                     proc = running.pop(sentinel)  # type: ignore[arg-type]  # wait() returns the sentinels given
                     proc.join()
                     if proc.exitcode != 0:
-                        _wait_for_reports(procs, _REPORT_GRACE_S)
+                        wait_for_exit(procs, _REPORT_GRACE_S)
                         raise _first_error(procs, job.tmp)
         return {r: _read_report(job.tmp, r).value for r in range(job.world)}
     finally:
-        _stop(procs, ask_first=not job.graceful)  # a graceful worker takes SIGTERM as a request
+        stop_workers(procs, ask_first=not job.graceful)  # a graceful worker takes SIGTERM as a request
 
 
 @contextlib.contextmanager
@@ -303,30 +266,11 @@ def _interrupts(on: bool) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _wait_for_reports(procs: list[Any], grace_s: float) -> None:
-    end = time.monotonic() + grace_s
-    for p in procs:
-        p.join(max(0.0, end - time.monotonic()))
-
-
-def _stop(procs: list[Any], ask_first: bool = True) -> None:
-    procs = [p for p in procs if p.pid is not None]  # a failed start leaves later processes unstarted
-    if ask_first:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        _wait_for_reports(procs, _TERMINATE_GRACE_S)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
-def _read_report(tmp: Path, rank: int) -> _Report:
+def _read_report(tmp: Path, rank: int) -> WorkerReport:
     path = tmp / f"report-{rank}.pkl"
     if not path.exists():
         # Died without a Python error (killed, out of memory): the likely root cause of what others saw.
-        return _Report(ok=False, error_type="WorkerDied", message="exited without a report", time=-float("inf"))
+        return WorkerReport(ok=False, error_type="WorkerDied", message="exited without a report", time=-float("inf"))
     with open(path, "rb") as fh:
         return pickle.load(fh)
 

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from conveyor.runtime import P2P
-from conveyor.runtime._transport import differentiable_leaves
+from conveyor.runtime import P2P, differentiable_leaves
 
 __all__ = ["Arrival", "Router"]
 

@@ -54,12 +54,25 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import conveyor.runtime._checkpoint as checkpoint
 from conveyor.errors import InputError
-from conveyor.runtime import OptimizerFactory, WorldSizeError, as_blocks, default_device
-from conveyor.runtime._microbatch import batch_size, split, to_device
-from conveyor.runtime._stage import StagePosition, block_shapes, build_stage, stage_ranges
-from conveyor.runtime._update import pack_grads, reduce_dtype, set_mean_grads
+from conveyor.runtime import (
+    OptimizerFactory,
+    StagePosition,
+    WorldSizeError,
+    as_blocks,
+    batch_size,
+    block_shapes,
+    build_stage,
+    default_device,
+    load_stage,
+    pack_grads,
+    reduce_dtype,
+    save_stages,
+    set_mean_grads,
+    split_batch,
+    stage_ranges,
+    to_device,
+)
 from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._claims import StepClaims
 from conveyor.stragglers._route import END, Arrival, Router
@@ -241,7 +254,7 @@ class FlexiblePipeline(StagePosition):
         """This worker's chunks of the step, each with its sample count: claimed on the first stage,
         received on the others."""
         if self.stage == 0:
-            parts = split(inputs, self.replicas * self.chunks)
+            parts = split_batch(inputs, self.replicas * self.chunks)
             count = sum(1 for x in parts if batch_size(x))
             claims = StepClaims(self.store, self._step_key(), self.worker, self.replicas, self.chunks, self.reassign)
             for j, taken in claims:
@@ -261,7 +274,7 @@ class FlexiblePipeline(StagePosition):
         """Run this worker's chunks of one batch; start the all-reduce of their gradient sums."""
         start = time.perf_counter()
         master = self._predicted() if self.predict else None
-        y_parts = split(targets, self.replicas * self.chunks) if self.is_last else None
+        y_parts = split_batch(targets, self.replicas * self.chunks) if self.is_last else None
         in_flight: deque[tuple[Any, Arrival]] = deque()  # forwards sent on whose gradients are not back
         loss_sum = torch.zeros((), dtype=self._dtype, device=self.device)
         for p in self.params:
@@ -383,9 +396,9 @@ class FlexiblePipeline(StagePosition):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the whole model and optimizer to ``path`` (worker 0 writes; every worker must call it)."""
         self._average_buffers()
-        checkpoint.save_stages(path, self.module, self.optimizer, self._replica == 0, self.steps)
+        save_stages(path, self.module, self.optimizer, self._replica == 0, self.steps)
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint of this model (saved by this class, a :class:`~conveyor.runtime.Pipeline` or a
         plain model), whatever its split."""
-        self.steps = checkpoint.load_stage(path, self.module, self.optimizer, self._model_shapes)
+        self.steps = load_stage(path, self.module, self.optimizer, self._model_shapes)

@@ -137,7 +137,7 @@ def op_graph(model: nn.Module) -> OpGraph:
         The graph, nodes in fx's (topological) order.
 
     Example:
-        >>> from conveyor.job._zoo import resnet
+        >>> from conveyor.job import resnet
         >>> g = op_graph(resnet(width=4, depth=1))
         >>> [n.op for n in g.nodes][:6], g.nodes[3].name, g.nodes[3].params
         (['Conv2d', 'BatchNorm2d', 'ReLU', 'Conv2d', 'BatchNorm2d', 'relu'], '3.conv1', {'weight': (4, 4, 3, 3)})

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conveyor._paths import data_dir
 from conveyor.errors import InputError
+from conveyor.paths import data_dir
 
 __all__ = ["ModelEntry", "ModelStore", "default_model_store"]
 

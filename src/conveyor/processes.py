@@ -14,25 +14,45 @@ can start the server first and let it import torch while the command itself does
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
+import pickle
 import signal
+import sys
 import threading
+import time
+import traceback
+from dataclasses import dataclass
 from multiprocessing import reduction
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
+
+from conveyor.errors import InputError
 
 __all__ = [
     "LauncherOutput",
+    "WorkerReport",
     "become_worker",
+    "failure_report",
     "launcher_environment",
+    "report_and_exit",
+    "request_stop",
+    "set_parent_death_signal",
     "start_worker_server",
+    "stop_requested",
+    "stop_workers",
     "under_torchrun",
+    "wait_for_exit",
     "worker_context",
 ]
 
 _PRELOAD = ["torch", "torch.distributed"]
+
+# How long a worker gets to exit after SIGTERM before it is killed.
+_TERMINATE_GRACE_S = 5.0
 
 
 def worker_context() -> multiprocessing.context.ForkServerContext:
@@ -128,3 +148,62 @@ def start_worker_server() -> None:
 def under_torchrun() -> bool:
     """True when this process was started by torchrun (or any launcher that sets the env:// variables)."""
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+@dataclass
+class WorkerReport:
+    """What a worker leaves behind: its result, or the error it raised and when."""
+
+    ok: bool
+    value: Any = None
+    error_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    time: float = 0.0
+    bad_input: bool = False  # an InputError or OSError, not a bug
+
+
+def set_parent_death_signal() -> None:
+    """Ask Linux to kill this worker if the launching process dies, so no worker outlives its job."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def failure_report(exc: BaseException) -> WorkerReport:
+    """What a worker that raised ``exc`` (inside its ``except``) tells its launcher."""
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    bad_input = isinstance(exc, InputError | OSError)
+    return WorkerReport(False, None, type(exc).__name__, message, traceback.format_exc(), time.time(), bad_input)
+
+
+def report_and_exit(path: Path, report: WorkerReport) -> NoReturn:
+    """Write a worker's report where its launcher reads it, and end the worker process."""
+    with open(path, "wb") as fh:
+        pickle.dump(report, fh)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exit without tearing down the process group: its threads can abort the interpreter's shutdown
+    # ("terminate called without an active exception") after the work is done and reported.
+    os._exit(0 if report.ok else 1)
+
+
+def wait_for_exit(procs: list[Any], grace_s: float) -> None:
+    """Give the started ``procs`` up to ``grace_s`` seconds in all to exit (their reports are written by then)."""
+    end = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+
+
+def stop_workers(procs: list[Any], ask_first: bool = True) -> None:
+    """End whichever of ``procs`` still run: SIGTERM first (``ask_first``) and a grace period, then SIGKILL."""
+    procs = [p for p in procs if p.pid is not None]  # a failed start leaves later processes unstarted
+    if ask_first:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        wait_for_exit(procs, _TERMINATE_GRACE_S)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
