@@ -65,9 +65,25 @@ def test_train_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     # A synchronous schedule, so that 3 epochs reach the accuracy whichever layout the start-up figures favour
     # (--schedule auto may pick 2bw, whose one-update-old gradients need more epochs on this problem).
     metrics = tmp_path / "metrics.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "conveyor.cli", "train", "--epochs", "3", "--schedule", "flush", "--json", str(metrics),
-           "--run-dir", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "conveyor.cli",
+        "train",
+        "--epochs",
+        "3",
+        "--schedule",
+        "flush",
+        "--json",
+        str(metrics),
+        "--run-dir",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(metrics.read_text())["accuracy"][-1] > 0.8
@@ -75,8 +91,23 @@ def test_train_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-           "-m", "conveyor.cli", "train", "--stages", "2", "--epochs", "1", "--run-dir", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "3",
+        "-m",
+        "conveyor.cli",
+        "train",
+        "--stages",
+        "2",
+        "--epochs",
+        "1",
+        "--run-dir",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("conveyor: error:")]
@@ -263,7 +294,9 @@ def test_bad_plan_and_profile_input(
 ) -> None:
     from conveyor.plan._profiles import Profile
 
-    Profile.chain("five", [1.0] * 5, [1.0] * 5, [1] * 5, [1] * 5).save(tmp_path / "p.json")
+    Profile.chain("five", forward_s=[1.0] * 5, backward_s=[1.0] * 5, output_bytes=[1] * 5, param_bytes=[1] * 5).save(
+        tmp_path / "p.json"
+    )
     assert main([a.replace("PROFILE", str(tmp_path / "p.json")) for a in args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1

@@ -43,11 +43,16 @@ def test_scheduling_and_planning_work_without_torch(code: str, tmp_path: object)
     from conveyor.plan import Profile
 
     profile = f"{tmp_path}/p.json"
-    Profile.chain("five", [1.0] * 5, [1.0] * 5, [1] * 5, [1] * 5).save(profile)
+    Profile.chain("five", forward_s=[1.0] * 5, backward_s=[1.0] * 5, output_bytes=[1] * 5, param_bytes=[1] * 5).save(
+        profile
+    )
     done = subprocess.run(
         [sys.executable, "-c", BLOCK_TORCH + code.replace("PROFILE", profile)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -34,14 +34,33 @@ if TYPE_CHECKING:
 
 _HOME = {
     "conveyor.schedule": (
-        "Action", "DeadlockError", "Op", "Schedule", "ScheduleError", "SimResult", "flush", "forward_only", "gpipe",
-        "make_schedule", "pipedream", "simulate", "twobw", "validate",
+        "Action",
+        "DeadlockError",
+        "Op",
+        "Schedule",
+        "ScheduleError",
+        "SimResult",
+        "flush",
+        "forward_only",
+        "gpipe",
+        "make_schedule",
+        "pipedream",
+        "simulate",
+        "twobw",
+        "validate",
     ),
     "conveyor.plan": ("Plan", "Profile", "Topology", "optimize"),
-    "conveyor.runtime": ("CheckpointError", "Pipeline", "StashError", "WeightVersions", "WorkerError", "launch",
-                         "profile"),
+    "conveyor.runtime": (
+        "CheckpointError",
+        "Pipeline",
+        "StashError",
+        "WeightVersions",
+        "WorkerError",
+        "launch",
+        "profile",
+    ),
     "conveyor.job": ("TrainConfig", "train"),
-}  # fmt: skip
+}
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 
 __all__ = [

@@ -16,8 +16,11 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "gavel"
 
 def _rows() -> list[dict]:
     jcts = {"max_min_fairness": [40.0, 50.0, 200.0], "max_min_fairness_perf": [20.0, 30.0, 60.0]}
-    return [{"policy": p, "jobs_per_hour": r, "average_jct_s": j * 3600, "utilization": 0.5}
-            for p, js in jcts.items() for r, j in zip((1.0, 2.0, 3.0), js, strict=True)]  # fmt: skip
+    return [
+        {"policy": p, "jobs_per_hour": r, "average_jct_s": j * 3600, "utilization": 0.5}
+        for p, js in jcts.items()
+        for r, j in zip((1.0, 2.0, 3.0), js, strict=True)
+    ]
 
 
 def test_report_judges_the_goals_from_the_rows() -> None:
@@ -78,17 +81,46 @@ def test_solve_times_on_the_study_cluster_and_on_gavels_sweep_cluster(
 
 def test_simulate_writes_json_a_trace_and_a_plot(tmp_path: Path, gavel_table: Path) -> None:
     out = tmp_path / "out.json"
-    argv = ["cluster", "simulate", "--jobs", "12", "--jobs-per-hour", "2,4", "--cluster", "v100=4,p100=4,k80=4",
-            "--policy", "max_min_fairness,max_min_fairness_perf", "--json", str(out), "--plot", str(tmp_path / "p.png"),
-            "--write-trace", str(tmp_path / "t.trace"), "--throughputs", str(gavel_table)]  # fmt: skip
+    argv = [
+        "cluster",
+        "simulate",
+        "--jobs",
+        "12",
+        "--jobs-per-hour",
+        "2,4",
+        "--cluster",
+        "v100=4,p100=4,k80=4",
+        "--policy",
+        "max_min_fairness,max_min_fairness_perf",
+        "--json",
+        str(out),
+        "--plot",
+        str(tmp_path / "p.png"),
+        "--write-trace",
+        str(tmp_path / "t.trace"),
+        "--throughputs",
+        str(gavel_table),
+    ]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 4 and all(r["average_jct_s"] > 0 and 0 < r["utilization"] <= 1 for r in rows)
     assert (tmp_path / "t-2.trace").exists() and (tmp_path / "t-4.trace").exists() and (tmp_path / "p.png").exists()
     # the written trace replays to the same results
     again = tmp_path / "again.json"
-    argv = ["cluster", "simulate", "--trace", str(tmp_path / "t-2.trace"), "--cluster", "v100=4,p100=4,k80=4",
-            "--policy", "max_min_fairness_perf", "--json", str(again), "--throughputs", str(gavel_table)]  # fmt: skip
+    argv = [
+        "cluster",
+        "simulate",
+        "--trace",
+        str(tmp_path / "t-2.trace"),
+        "--cluster",
+        "v100=4,p100=4,k80=4",
+        "--policy",
+        "max_min_fairness_perf",
+        "--json",
+        str(again),
+        "--throughputs",
+        str(gavel_table),
+    ]
     assert main(argv) == 0
     assert json.loads(again.read_text())["rows"][0]["average_jct_s"] == pytest.approx(rows[1]["average_jct_s"])
 
@@ -117,9 +149,20 @@ def test_an_infeasible_slo_is_reported_then_solved_without_it(
     trace = tmp_path / "slo.trace"
     jobs = [TraceJob("ResNet-18 (batch size 16)", total_steps=50_000, scale_factor=1, arrival_s=0.0, slo=1.05)] * 2
     write_trace(jobs, trace)
-    argv = ["cluster", "simulate", "--trace", str(trace), "--cluster", "v100=1", "--policy",
-            "max_throughput_per_dollar", "--throughputs", str(gavel_table),
-            "--json", str(tmp_path / "o.json")]  # fmt: skip
+    argv = [
+        "cluster",
+        "simulate",
+        "--trace",
+        str(trace),
+        "--cluster",
+        "v100=1",
+        "--policy",
+        "max_throughput_per_dollar",
+        "--throughputs",
+        str(gavel_table),
+        "--json",
+        str(tmp_path / "o.json"),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "SLO" in out

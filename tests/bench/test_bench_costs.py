@@ -13,9 +13,14 @@ pytestmark = [needs_root, pytest.mark.timeout(300)]
 
 def test_report_sets_each_measurement_beside_its_model() -> None:
     cfg = CostsBenchConfig(
-        bandwidths=(1.25e7,), replicas=(2,), sizes_mb=(1.0,), transfer_mb=0.5, microbatches=4, layouts=("1-1", "2-1"),
+        bandwidths=(1.25e7,),
+        replicas=(2,),
+        sizes_mb=(1.0,),
+        transfer_mb=0.5,
+        microbatches=4,
+        layouts=("1-1", "2-1"),
         repeats=1,
-    )  # fmt: skip
+    )
     report = run(cfg)
     cases = [(r["network"], r["workers"]) for r in report["allreduce"]]
     assert cases == [("2:1.25e+07", 2), ("2:1.25e+08,2:1.25e+07", 4)]

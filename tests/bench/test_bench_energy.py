@@ -17,8 +17,19 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "zeus-traces"
 def _rows() -> list[dict]:
     energy = {"default": 100.0, "conveyor": 60.0, "zeus": 62.0, "oracle": 55.0}
     cost = {"default": 200.0, "conveyor": 120.0, "zeus": 110.0, "oracle": 100.0}
-    return [{"workload": "w/net", "gpu": "v100", "policy": p, "energy_j": energy[p], "time_s": 1.0, "cost": cost[p],
-             "regret": cost[p] - 100.0, "default_batch_size": 32} for p in energy]  # fmt: skip
+    return [
+        {
+            "workload": "w/net",
+            "gpu": "v100",
+            "policy": p,
+            "energy_j": energy[p],
+            "time_s": 1.0,
+            "cost": cost[p],
+            "regret": cost[p] - 100.0,
+            "default_batch_size": 32,
+        }
+        for p in energy
+    ]
 
 
 def test_report_judges_the_goals() -> None:
@@ -27,8 +38,10 @@ def test_report_judges_the_goals() -> None:
     assert check["energy_reduction"] == pytest.approx(0.4) and check["within_paper_range"]  # 15.3% <= 40% <= 75.8%
     assert check["zeus_energy_reduction"] == pytest.approx(0.38)
     assert check["cost_vs_zeus"] == pytest.approx(120 / 110 - 1) and check["cost_within_10pct_of_zeus"]
-    assert out["goals"] == {"energy_reduction_in_paper_range_everywhere": True,
-                            "cost_within_10pct_of_zeus_everywhere": True}  # fmt: skip
+    assert out["goals"] == {
+        "energy_reduction_in_paper_range_everywhere": True,
+        "cost_within_10pct_of_zeus_everywhere": True,
+    }
     far = [dict(r, cost=140.0) if r["policy"] == "conveyor" else r for r in _rows()]
     assert not report(EnergyBenchConfig(traces="x"), far)["goals"]["cost_within_10pct_of_zeus_everywhere"]
 
@@ -57,8 +70,27 @@ def test_one_workload_every_policy(traces: Path) -> None:
 
 def test_command_line(traces: Path, tmp_path: Path) -> None:
     out = tmp_path / "e.json"
-    assert main(["bench", "energy", "--traces", str(traces), "--gpus", "v100", "--recurrences", "10", "--seeds", "1",
-                 "--json", str(out), "--plot", str(tmp_path / "e.png")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "energy",
+                "--traces",
+                str(traces),
+                "--gpus",
+                "v100",
+                "--recurrences",
+                "10",
+                "--seeds",
+                "1",
+                "--json",
+                str(out),
+                "--plot",
+                str(tmp_path / "e.png"),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     assert {r["policy"] for r in data["results"]} == {"default", "conveyor", "oracle", "zeus"}
     assert {"workload", "gpu", "policy", "energy_j", "time_s", "cost", "regret"} <= set(data["results"][0])

@@ -35,9 +35,18 @@ def test_a_failed_run_is_reported_and_the_others_still_run(monkeypatch, tmp_path
             raise WorkerError(1, "RuntimeError", "timed out", "Traceback ...")
         seconds = {"none": 10.0, "slow-worker": 15.0}[pattern] * (1.2 if mode == "off" else 1.0)
         capacity = {"none": 1.8, "slow-worker": 1.5}[pattern]
-        return {"model": case.model, "layout": case.layout, "pattern": pattern, "mode": mode, "seconds": seconds,
-                "final_accuracy": 0.9, "samples_moved": 0, "wait_s": None, "mean_capacity_cores": capacity,
-                "workers": case.workers}  # fmt: skip
+        return {
+            "model": case.model,
+            "layout": case.layout,
+            "pattern": pattern,
+            "mode": mode,
+            "seconds": seconds,
+            "final_accuracy": 0.9,
+            "samples_moved": 0,
+            "wait_s": None,
+            "mean_capacity_cores": capacity,
+            "workers": case.workers,
+        }
 
     monkeypatch.setattr(stragglers, "_run_one", fake_run)
     cfg = StragglersConfig(cases=("mlp:4",), patterns=("slow-worker", "none"), modes=("flexrr", "off"))
@@ -69,8 +78,9 @@ def test_bad_cases_say_what_is_wrong(cases: tuple[str, ...], match: str) -> None
 def test_a_small_run_reports_every_pattern_and_mode(tmp_path) -> None:
     # A pipeline case only (data parallelism is the one-stage case of the same trainer, tested in
     # tests/stragglers), to keep the suite short.
-    cfg = StragglersConfig(cases=("mlp:2-1:32",), epochs=1, batch_size=64, period=1.0,
-                           patterns=("slow-worker", "none"), modes=("flexrr",))  # fmt: skip
+    cfg = StragglersConfig(
+        cases=("mlp:2-1:32",), epochs=1, batch_size=64, period=1.0, patterns=("slow-worker", "none"), modes=("flexrr",)
+    )
     report = run(cfg, str(tmp_path / "ratios.png"), keep=str(tmp_path / "runs"))
     runs = [(r["layout"], r["pattern"], r["mode"]) for r in report["results"]]
     assert runs == [("2-1", p, "flexrr") for p in ("slow-worker", "none")]

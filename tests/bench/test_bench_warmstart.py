@@ -12,10 +12,19 @@ from conveyor.cli import main
 
 
 def _row(model: str, warm: bool, seconds: float | None, final: float, family: str = "mlp") -> dict:
-    return {"family": family, "model": model, "warm_start": warm, "parent": "p" if warm else None,
-            "seconds_to_target": seconds, "epochs_to_target": None if seconds is None else 2, "final_accuracy": final,
-            "last3_accuracy": final, "coverage": 0.8 if warm else 0.0, "accuracy": [final],
-            "epoch_seconds": [10.0]}  # fmt: skip
+    return {
+        "family": family,
+        "model": model,
+        "warm_start": warm,
+        "parent": "p" if warm else None,
+        "seconds_to_target": seconds,
+        "epochs_to_target": None if seconds is None else 2,
+        "final_accuracy": final,
+        "last3_accuracy": final,
+        "coverage": 0.8 if warm else 0.0,
+        "accuracy": [final],
+        "epoch_seconds": [10.0],
+    }
 
 
 def test_report_speedups_medians_and_goals() -> None:
@@ -34,8 +43,11 @@ def test_report_speedups_medians_and_goals() -> None:
     assert out["families"]["mlp"]["median_speedup"] == pytest.approx(2.0)
     assert out["families"]["mlp"]["worst_accuracy_change"] == pytest.approx(-0.02)
     assert out["families"]["mlp"]["worst_last3_accuracy_change"] == pytest.approx(-0.02)
-    assert out["goals"] == {"median_speedup_per_family": True, "accuracy_within_one_point": False,
-                            "match_1000_under_1s": True}  # fmt: skip
+    assert out["goals"] == {
+        "median_speedup_per_family": True,
+        "accuracy_within_one_point": False,
+        "match_1000_under_1s": True,
+    }
     never = [_row("a", False, 6.0, 0.95), _row("a", True, None, 0.95)]  # a warm start that never reached the target
     assert report(WarmStartBenchConfig(families=("mlp",)), never, 2.0)["goals"] == {
         "median_speedup_per_family": False,
@@ -65,8 +77,15 @@ def test_a_small_family_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert main(["bench", "warmstart", "--families", "tiny", *files]) == 0
     result = json.loads(out.read_text())
     scratch, warm = result["results"]
-    assert {k for k in scratch} >= {"family", "model", "warm_start", "seconds_to_target", "epochs_to_target",
-                                    "final_accuracy", "coverage"}  # fmt: skip
+    assert {k for k in scratch} >= {
+        "family",
+        "model",
+        "warm_start",
+        "seconds_to_target",
+        "epochs_to_target",
+        "final_accuracy",
+        "coverage",
+    }
     assert (scratch["warm_start"], warm["warm_start"]) == (False, True) and scratch["coverage"] == 0.0
     assert warm["parent"].startswith("mlp-") and warm["parent_model"] == "mlp w16 d1"
     assert warm["coverage"] == 1.0  # widened 16 -> 32: every weight set

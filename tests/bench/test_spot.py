@@ -43,9 +43,15 @@ def test_a_short_run_on_two_real_traces(shared: Path, billing: str, tmp_path: Pa
 
 def test_measured_costs_come_from_a_bench_elastic_report(tmp_path: Path) -> None:
     ev = {"workers": 1, "notice": 0}
-    report = {"conveyor": {"events": [{"kind": "revoke", "recovery_s": 3.0, "steps_redone": 2, **ev},
-                                      {"kind": "add", "recovery_s": 1.0, "steps_redone": 0, **ev}]},
-              "torchrun": {"events": [{"kind": "revoke", "recovery_s": 40.0, "steps_redone": 0, **ev}]}}  # fmt: skip
+    report = {
+        "conveyor": {
+            "events": [
+                {"kind": "revoke", "recovery_s": 3.0, "steps_redone": 2, **ev},
+                {"kind": "add", "recovery_s": 1.0, "steps_redone": 0, **ev},
+            ]
+        },
+        "torchrun": {"events": [{"kind": "revoke", "recovery_s": 40.0, "steps_redone": 0, **ev}]},
+    }
     path = tmp_path / "elastic.json"
     path.write_text(json.dumps(report))
     costs = costs_from_elastic(path)

@@ -34,8 +34,9 @@ def test_time_to_accuracy_report(tmp_path: Path) -> None:
 @needs_root
 def test_on_an_emulated_network_the_links_are_counted(tmp_path: Path) -> None:
     """Two servers of one worker: data parallelism all-reduces across the slow link, PipeDream sends activations."""
-    cfg = TTAConfig(workers=2, target=0.8, epochs=6, strategies=("dp", "pipedream"), network="1:1.25e9,2:1.25e8",
-                    local_epochs=1)  # fmt: skip
+    cfg = TTAConfig(
+        workers=2, target=0.8, epochs=6, strategies=("dp", "pipedream"), network="1:1.25e9,2:1.25e8", local_epochs=1
+    )
     results = run(cfg)["results"]
     for name, r in results.items():
         assert r["bytes_between_servers_per_sample"] > 0, name

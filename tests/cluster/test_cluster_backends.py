@@ -61,7 +61,9 @@ def _wait(backend: Backend, launched: Launched, timeout_s: float = 30.0) -> int:
 def _sleeper(backend: Backend, tmp_path: Path, device_type: str = "slow") -> tuple[Launched, str]:
     """A sleeping command and its child, both running once this returns."""
     marker = f"conveyor-test-{uuid.uuid4().hex}"
-    launched = backend.launch("sleeper", [sys.executable, "-c", SLEEPER, marker], device_type, 1, tmp_path / "s.log")
+    launched = backend.launch(
+        "sleeper", [sys.executable, "-c", SLEEPER, marker], device_type=device_type, devices=1, log=tmp_path / "s.log"
+    )
     _until(lambda: len(_pids_with(marker)) == 2)
     return launched, marker
 
@@ -70,8 +72,14 @@ def _sleeper(backend: Backend, tmp_path: Path, device_type: str = "slow") -> tup
 def test_local_launch_reports_the_exit_code_and_passes_env(tmp_path: Path) -> None:
     code = "import os, time; print(os.environ['GREETING']); time.sleep(0.3); raise SystemExit(3)"
     with LocalBackend() as backend:
-        job = backend.launch("three", [sys.executable, "-c", code], "cpu", 1, tmp_path / "logs" / "three.log",
-                             env={"GREETING": "hello"})  # fmt: skip
+        job = backend.launch(
+            "three",
+            [sys.executable, "-c", code],
+            device_type="cpu",
+            devices=1,
+            log=tmp_path / "logs" / "three.log",
+            env={"GREETING": "hello"},
+        )
         assert backend.poll(job) is None
         assert _wait(backend, job) == 3 and job.returncode == 3
         assert backend.stop(job) == 3  # stopping what has ended only reports it
@@ -87,7 +95,9 @@ def test_local_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
         _until(lambda: not _pids_with(marker), 5)
         # One that ignores SIGTERM gets SIGKILL once the grace period is over.
         code = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
-        stubborn = backend.launch("stubborn", [sys.executable, "-c", code, marker], "cpu", 1, tmp_path / "x.log")
+        stubborn = backend.launch(
+            "stubborn", [sys.executable, "-c", code, marker], device_type="cpu", devices=1, log=tmp_path / "x.log"
+        )
         _until(lambda: bool(_pids_with(marker)))
         time.sleep(0.3)  # let it install its handler
         began = time.monotonic()
@@ -122,13 +132,19 @@ def test_ray_runs_a_command_where_its_devices_are(ray_backend: RayBackend, tmp_p
     marker = tmp_path / "marker"
     code = "import os, pathlib, sys; pathlib.Path(sys.argv[1]).write_text('ran'); print(os.environ['GREETING'])"
     argv = [sys.executable, "-c", code, str(marker)]
-    job = ray_backend.launch("marker", argv, "fast", 1, tmp_path / "m.log", env={"GREETING": "hello"})
+    job = ray_backend.launch(
+        "marker", argv, device_type="fast", devices=1, log=tmp_path / "m.log", env={"GREETING": "hello"}
+    )
     assert _wait(ray_backend, job) == 0
     assert marker.read_text() == "ran" and (tmp_path / "m.log").read_text() == "hello\n"
     with pytest.raises(ValueError, match=r"has 0 'tpu' devices, the job needs 1: start its nodes with --resources"):
-        ray_backend.launch("nowhere", [sys.executable, "-c", "pass"], "tpu", 1, tmp_path / "n.log")
+        ray_backend.launch(
+            "nowhere", [sys.executable, "-c", "pass"], device_type="tpu", devices=1, log=tmp_path / "n.log"
+        )
     with pytest.raises(ValueError, match="has 1 'fast' devices, the job needs 2"):
-        ray_backend.launch("too-big", [sys.executable, "-c", "pass"], "fast", 2, tmp_path / "n.log")
+        ray_backend.launch(
+            "too-big", [sys.executable, "-c", "pass"], device_type="fast", devices=2, log=tmp_path / "n.log"
+        )
 
 
 @pytest.mark.timeout(90)
@@ -137,10 +153,18 @@ def test_ray_jobs_wait_for_devices_of_their_type(ray_backend: RayBackend, tmp_pa
     (the first and it wait for each other: were they serialised, neither would end)."""
     a, b, c = (str(tmp_path / name) for name in "abc")
     first = ray_backend.launch(
-        "a", [sys.executable, "-c", TIMED, a, c + ".start", "0.3"], "fast", 1, tmp_path / "a.log"
+        "a",
+        [sys.executable, "-c", TIMED, a, c + ".start", "0.3"],
+        device_type="fast",
+        devices=1,
+        log=tmp_path / "a.log",
     )
-    second = ray_backend.launch("b", [sys.executable, "-c", TIMED, b, "", "0"], "fast", 1, tmp_path / "b.log")
-    beside = ray_backend.launch("c", [sys.executable, "-c", TIMED, c, a + ".start", "0"], "slow", 1, tmp_path / "c.log")
+    second = ray_backend.launch(
+        "b", [sys.executable, "-c", TIMED, b, "", "0"], device_type="fast", devices=1, log=tmp_path / "b.log"
+    )
+    beside = ray_backend.launch(
+        "c", [sys.executable, "-c", TIMED, c, a + ".start", "0"], device_type="slow", devices=1, log=tmp_path / "c.log"
+    )
     assert [_wait(ray_backend, job) for job in (first, second, beside)] == [0, 0, 0], (tmp_path / "a.log").read_text()
     assert float(Path(b + ".start").read_text()) >= float(Path(a + ".end").read_text())
 
@@ -150,11 +174,15 @@ def test_ray_stop_kills_the_command_and_its_children(ray_backend: RayBackend, tm
     job, marker = _sleeper(ray_backend, tmp_path, "slow")
     assert ray_backend.poll(job) is None
     # A job queued behind it for the slow device is taken out of the queue: it never starts.
-    queued = ray_backend.launch("queued", [sys.executable, "-c", SLEEPER, marker + "q"], "slow", 1, tmp_path / "q.log")
+    queued = ray_backend.launch(
+        "queued", [sys.executable, "-c", SLEEPER, marker + "q"], device_type="slow", devices=1, log=tmp_path / "q.log"
+    )
     assert ray_backend.poll(queued) is None
     assert ray_backend.stop(queued, grace_s=2) == -15
     assert ray_backend.stop(job, grace_s=2) == -15
     _until(lambda: not _pids_with(marker), 10)
     # The device is free again: a stop frees it as an exit does.
-    again = ray_backend.launch("again", [sys.executable, "-c", "pass"], "slow", 1, tmp_path / "again.log")
+    again = ray_backend.launch(
+        "again", [sys.executable, "-c", "pass"], device_type="slow", devices=1, log=tmp_path / "again.log"
+    )
     assert _wait(ray_backend, again) == 0

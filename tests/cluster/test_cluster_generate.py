@@ -51,7 +51,7 @@ def test_scale_factors_follow_philly(many: list) -> None:
     single = Counter(j.job_type for j in many if j.scale_factor == 1)
     assert set(single) == set(GAVEL_JOB_TYPES)  # uniform over all 26 on one device
     assert max(single.values()) / min(single.values()) < 1.25
-    assert {j.scale_factor for j in generate_jobs(500, 10.0, multi_gpu=False, table=SYNTHETIC)} == {1}
+    assert {j.scale_factor for j in generate_jobs(500, jobs_per_hour=10.0, multi_gpu=False, table=SYNTHETIC)} == {1}
 
 
 def test_durations_follow_the_mixture(many: list) -> None:
@@ -86,7 +86,7 @@ def test_priorities_and_slos(many: list) -> None:
     assert set(slos) == {1.2, 2.0, 10.0}
     for slo, p in {1.2: 0.33, 2.0: 0.34, 10.0: 0.33}.items():
         assert abs(slos[slo] / N - p) < 0.02
-    plain = generate_jobs(N, 12.0, seed=7, table=SYNTHETIC)
+    plain = generate_jobs(N, jobs_per_hour=12.0, seed=7, table=SYNTHETIC)
     assert {j.priority_weight for j in plain} == {1.0} and {j.slo for j in plain} == {None}
     # Each draw has its own stream: turning priorities and SLOs on changes nothing else.
     same = [(j.job_type, j.scale_factor, j.total_steps, j.arrival_s) for j in plain]
@@ -94,33 +94,33 @@ def test_priorities_and_slos(many: list) -> None:
 
 
 def test_deterministic_by_seed(tmp_path: Path) -> None:
-    a = generate_jobs(300, 30.0, seed=3, slos=True, table=SYNTHETIC)
-    assert a == generate_jobs(300, 30.0, seed=3, slos=True, table=SYNTHETIC)
-    assert a != generate_jobs(300, 30.0, seed=4, slos=True, table=SYNTHETIC)
+    a = generate_jobs(300, jobs_per_hour=30.0, seed=3, slos=True, table=SYNTHETIC)
+    assert a == generate_jobs(300, jobs_per_hour=30.0, seed=3, slos=True, table=SYNTHETIC)
+    assert a != generate_jobs(300, jobs_per_hour=30.0, seed=4, slos=True, table=SYNTHETIC)
     write_trace(a, tmp_path / "t.txt")  # a generated trace round-trips, less the durations it does not store
     assert [j.total_steps for j in read_trace(tmp_path / "t.txt", table=SYNTHETIC)] == [j.total_steps for j in a]
 
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="jobs_per_hour is -1: give a rate >= 0"):
-        generate_jobs(3, -1, table=SYNTHETIC)
+        generate_jobs(3, jobs_per_hour=-1, table=SYNTHETIC)
     with pytest.raises(ValueError, match="count is -1: give a number of jobs >= 0"):
-        generate_jobs(-1, 1, table=SYNTHETIC)
+        generate_jobs(-1, jobs_per_hour=1, table=SYNTHETIC)
     single = ThroughputTable.from_dict({"v100": {"('A3C', 1)": {"null": 1.0}}}, source="single.json")
     with pytest.raises(
         ValueError, match=r"no job type of single.json runs on [248] devices of v100: .*multi_gpu=False"
     ):
-        generate_jobs(100, 1, table=single)
+        generate_jobs(100, jobs_per_hour=1, table=single)
     with pytest.raises(ValueError, match=r"reference device type 'k80' is not in single.json \(\['v100'\]\)"):
-        generate_jobs(1, 1, table=single, reference="k80")
-    assert generate_jobs(0, 1, table=single) == []
+        generate_jobs(1, jobs_per_hour=1, table=single, reference="k80")
+    assert generate_jobs(0, jobs_per_hour=1, table=single) == []
 
 
 def test_with_gavels_table() -> None:
     if not GAVEL.is_file():
         pytest.skip(f"Gavel's throughput table not found at {GAVEL} (only CI and developer machines have ../shared)")
     table = ThroughputTable.load(GAVEL)
-    jobs = generate_jobs(2000, 6.0, seed=0, table=table)
+    jobs = generate_jobs(2000, jobs_per_hour=6.0, seed=0, table=table)
     assert {j.job_type for j in jobs} == set(GAVEL_JOB_TYPES) == set(table.job_types)
     assert all(distributed(j.job_type) for j in jobs if j.scale_factor > 1)
     for j in jobs[:50]:

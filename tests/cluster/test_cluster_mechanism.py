@@ -11,8 +11,13 @@ from conveyor.cluster import Allocation, Devices, Problem, Rounds
 
 
 def _problem(jobs: int, types: tuple[str, ...], scale: list[int] | None = None, capacity: list[int] | None = None):
-    return Problem(tuple(range(100, 100 + jobs)), types, np.ones((jobs, len(types))), scale or [1] * jobs,
-                   capacity or [1] * len(types))  # fmt: skip
+    return Problem(
+        tuple(range(100, 100 + jobs)),
+        types,
+        np.ones((jobs, len(types))),
+        scale or [1] * jobs,
+        capacity or [1] * len(types),
+    )
 
 
 def _shares(rounds: Rounds, problem: Problem, count: int) -> np.ndarray:

@@ -92,8 +92,9 @@ def test_finish_time_fairness_matches_hand_optima() -> None:
     rho = finish_time_ratios(ABC, ABC.throughputs, a.effective_throughputs(ABC))
     assert rho.max() == pytest.approx(17 / 18, abs=1e-6)
     # each job alone on its fast type: rho = (10 + 20/4) / (10 + 20/2.5) = 5/6 for A, 5/8 for B: A bounds it
-    p = Problem((1, 2), ("a", "b"), [[4.0, 1.0], [1.0, 4.0]], [1, 1], [1, 1], remaining_steps=[20, 20],
-                elapsed_s=[10, 0])  # fmt: skip
+    p = Problem(
+        (1, 2), ("a", "b"), [[4.0, 1.0], [1.0, 4.0]], [1, 1], [1, 1], remaining_steps=[20, 20], elapsed_s=[10, 0]
+    )
     a = allocate("finish_time_fairness_perf", p)
     assert a.effective_throughputs(p)[0] == pytest.approx(4.0, abs=1e-6)
     assert np.nanmax(finish_time_ratios(p, p.throughputs, a.effective_throughputs(p))) == pytest.approx(5 / 6)
@@ -124,8 +125,15 @@ def test_finish_time_fairness_matches_bisection_with_elapsed_time() -> None:
     rng = np.random.default_rng(3)
     for _ in range(3):
         t = rng.uniform(0.5, 4.0, size=(6, 3)) * np.array([1.0, 2.0, 3.0])
-        p = Problem(tuple(range(6)), ("k80", "p100", "v100"), t, rng.choice([1, 2], 6), [2, 2, 1],
-                    remaining_steps=rng.uniform(10, 1000, 6), elapsed_s=rng.uniform(0, 500, 6))  # fmt: skip
+        p = Problem(
+            tuple(range(6)),
+            ("k80", "p100", "v100"),
+            t,
+            rng.choice([1, 2], 6),
+            [2, 2, 1],
+            remaining_steps=rng.uniform(10, 1000, 6),
+            elapsed_s=rng.uniform(0, 500, 6),
+        )
         a = allocate("finish_time_fairness_perf", p)
         rho = np.nanmax(finish_time_ratios(p, p.throughputs, a.effective_throughputs(p)))
         assert rho == pytest.approx(bisected_ftf(p), abs=1e-7)
@@ -139,8 +147,16 @@ def test_max_sum_throughput_normalises_by_each_jobs_best_type() -> None:
 
 def test_min_cost_buys_the_cheapest_throughput_and_keeps_others_at_their_isolated_rate() -> None:
     # job 1: SLO 0.5 steps/s: 1/8 V100 ($3 * 1/8) beats 1/2 K80 ($1 * 1/2). Job 2: no SLO, isolated rate.
-    p = Problem((1, 2), ("v100", "k80"), [[4.0, 1.0], [4.0, 1.0]], [1, 1], [2, 2], prices=[3.0, 1.0],
-                remaining_steps=[100, 100], deadline_s=[200, math.inf])  # fmt: skip
+    p = Problem(
+        (1, 2),
+        ("v100", "k80"),
+        [[4.0, 1.0], [4.0, 1.0]],
+        [1, 1],
+        [2, 2],
+        prices=[3.0, 1.0],
+        remaining_steps=[100, 100],
+        deadline_s=[200, math.inf],
+    )
     a = allocate("min_cost", p)
     check_valid(p, a)
     thr = a.effective_throughputs(p)
@@ -153,8 +169,16 @@ def test_min_cost_buys_the_cheapest_throughput_and_keeps_others_at_their_isolate
 @pytest.mark.parametrize("name", ["max_throughput_per_dollar", "min_cost"])
 def test_infeasible_slo_is_noted_and_the_others_still_hold(name: str) -> None:
     # job 7 would need 1000 steps/s (it can do 4 at most); job 8's SLO (1 step/s) is easy
-    p = Problem((7, 8, 9), ("v100", "k80"), [[4.0, 1.0]] * 3, [1, 1, 1], [1, 2], prices=[3.0, 1.0],
-                remaining_steps=[1000, 100, 50], deadline_s=[1, 100, math.inf])  # fmt: skip
+    p = Problem(
+        (7, 8, 9),
+        ("v100", "k80"),
+        [[4.0, 1.0]] * 3,
+        [1, 1, 1],
+        [1, 2],
+        prices=[3.0, 1.0],
+        remaining_steps=[1000, 100, 50],
+        deadline_s=[1, 100, math.inf],
+    )
     a = allocate(name, p)
     check_valid(p, a)
     assert len(a.notes) == 1 and "job 7 " in a.notes[0] and "8" not in a.notes[0].split("hold")[0]
@@ -162,16 +186,25 @@ def test_infeasible_slo_is_noted_and_the_others_still_hold(name: str) -> None:
 
 
 def test_feasible_slos_are_met_by_max_throughput_per_dollar() -> None:
-    p = Problem((1, 2, 3), ("v100", "k80"), [[4.0, 1.0], [3.0, 2.0], [2.0, 0.0]], [1, 1, 1], [1, 1],
-                prices=[3.0, 1.0], remaining_steps=[300, 100, 100], deadline_s=[100, 100, math.inf])  # fmt: skip
+    p = Problem(
+        (1, 2, 3),
+        ("v100", "k80"),
+        [[4.0, 1.0], [3.0, 2.0], [2.0, 0.0]],
+        [1, 1, 1],
+        [1, 1],
+        prices=[3.0, 1.0],
+        remaining_steps=[300, 100, 100],
+        deadline_s=[100, 100, math.inf],
+    )
     a = allocate("max_throughput_per_dollar", p)
     assert a.notes == ()
     assert (a.effective_throughputs(p)[:2] >= np.array([3.0, 1.0]) - 1e-6).all()
 
 
 def test_fifo_follows_arrival_order_and_fifo_perf_picks_the_fastest_type() -> None:
-    p = Problem((1, 2, 3), ("k80", "v100"), [[1.0, 3.0], [1.0, 2.0], [1.0, 5.0]], [1, 1, 1], [1, 1],
-                arrival_s=[5.0, 0.0, 9.0])  # fmt: skip
+    p = Problem(
+        (1, 2, 3), ("k80", "v100"), [[1.0, 3.0], [1.0, 2.0], [1.0, 5.0]], [1, 1, 1], [1, 1], arrival_s=[5.0, 0.0, 9.0]
+    )
     # arrival order: job 2, job 1, job 3. Agnostic: the first type with room; aware: the fastest free type
     assert allocate("fifo", p).fractions.tolist() == [[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]
     assert allocate("fifo_perf", p).fractions.tolist() == [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
@@ -215,8 +248,9 @@ def test_water_filling_fills_what_the_max_min_lp_leaves_idle() -> None:
 
 def test_water_filling_is_hierarchical_over_entities() -> None:
     # entity 0 (weight 3) has 2 jobs, entity 1 (weight 1) has 2: 3/4 and 1/4 of the 2 devices
-    p = Problem((1, 2, 3, 4), ("v100",), [[1.0]] * 4, [1] * 4, [2], entities=[0, 0, 1, 1],
-                entity_weights={0: 3.0, 1: 1.0})  # fmt: skip
+    p = Problem(
+        (1, 2, 3, 4), ("v100",), [[1.0]] * 4, [1] * 4, [2], entities=[0, 0, 1, 1], entity_weights={0: 3.0, 1: 1.0}
+    )
     assert allocate("max_min_fairness_water_filling", p).fractions.ravel() == pytest.approx([0.75, 0.75, 0.25, 0.25])
     # one job per entity, capped at its whole time: the other entity's jobs share what it cannot use
     q = Problem((1, 2, 3), ("v100",), [[1.0]] * 3, [1, 1, 1], [2], entities=[0, 1, 1], entity_weights={0: 3.0})
@@ -258,7 +292,11 @@ def problems(draw: st.DrawFn) -> Problem:
             if scale[i] == scale[j] and draw(st.booleans()):
                 pairs[(i, j)] = np.array(draw(st.lists(st.tuples(speed, speed), min_size=m, max_size=m)))
     return Problem(
-        tuple(range(100, 100 + n)), tuple(f"t{k}" for k in range(m)), t, scale, capacity,
+        tuple(range(100, 100 + n)),
+        tuple(f"t{k}" for k in range(m)),
+        t,
+        scale,
+        capacity,
         weights=draw(st.lists(st.floats(0.5, 4.0), min_size=n, max_size=n)),
         remaining_steps=draw(st.lists(st.one_of(st.just(0.0), st.floats(1.0, 1e4)), min_size=n, max_size=n)),
         elapsed_s=draw(st.lists(st.one_of(st.just(0.0), st.floats(1.0, 1e3)), min_size=n, max_size=n)),
@@ -268,7 +306,7 @@ def problems(draw: st.DrawFn) -> Problem:
         entities=draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)),
         entity_weights={e: draw(st.floats(0.5, 3.0)) for e in range(3)},
         pair_throughputs=pairs,
-    )  # fmt: skip
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -342,8 +380,14 @@ def test_water_filling_matches_textbook_progressive_filling() -> None:
         n = 6
         t = rng.uniform(0.5, 4.0, size=(n, 3)) * (rng.random((n, 3)) > 0.3)
         t[np.arange(n), rng.integers(0, 3, n)] = rng.uniform(0.5, 4.0, n)  # every job runs somewhere
-        p = Problem(tuple(range(n)), ("k80", "p100", "v100"), t, rng.choice([1, 2], n), [2, 1, 3],
-                    weights=rng.uniform(0.5, 2.0, n))  # fmt: skip
+        p = Problem(
+            tuple(range(n)),
+            ("k80", "p100", "v100"),
+            t,
+            rng.choice([1, 2], n),
+            [2, 1, 3],
+            weights=rng.uniform(0.5, 2.0, n),
+        )
         wf = allocate("max_min_fairness_water_filling_perf", p)
         teq = equal_share_throughputs(p.throughputs, p.capacity)
         assert wf.effective_throughputs(p) / teq == pytest.approx(reference_water_filling(p), abs=1e-6)

@@ -16,8 +16,9 @@ COMMAND = "conveyor train --model mlp --batch-size 64"
 
 
 def _job(epochs: int, arrival: float = 0.0, command: str = COMMAND) -> TraceJob:
-    return TraceJob("mlp", total_steps=epochs, scale_factor=1, arrival_s=arrival, command=command,
-                    num_steps_arg="--epochs")  # fmt: skip
+    return TraceJob(
+        "mlp", total_steps=epochs, scale_factor=1, arrival_s=arrival, command=command, num_steps_arg="--epochs"
+    )
 
 
 def _epochs(folder: Path, job: int) -> int:
@@ -27,8 +28,9 @@ def _epochs(folder: Path, job: int) -> int:
 def test_two_jobs_on_two_emulated_devices(tmp_path: Path) -> None:
     jobs = [_job(3), _job(2, arrival=2.0)]
     with LocalBackend() as backend:
-        run = run_real(jobs, parse_device_types("fast=1.0:1,slow=0.5:1"), "max_min_fairness_perf", backend, tmp_path,
-                       round_s=20.0)  # fmt: skip
+        run = run_real(
+            jobs, parse_device_types("fast=1.0:1,slow=0.5:1"), "max_min_fairness_perf", backend, tmp_path, round_s=20.0
+        )
     for i, record in enumerate(run.simulation.jobs):
         assert record.finish_s is not None and record.jct_s > 0
         assert _epochs(tmp_path, i) == jobs[i].total_steps  # every epoch run exactly once

@@ -62,8 +62,9 @@ def test_late_arrivals_and_a_window() -> None:
 
 
 def test_prices_give_the_cost() -> None:
-    sim = simulate([_job(3600, scale=2)], lambda job: np.array([1.0]), Devices({"v100": 2}), "fifo",
-                   prices={"v100": 3.0})  # fmt: skip
+    sim = simulate(
+        [_job(3600, scale=2)], lambda job: np.array([1.0]), Devices({"v100": 2}), "fifo", prices={"v100": 3.0}
+    )
     assert sim.cost == pytest.approx(2 * 3.0)  # two devices for an hour
 
 

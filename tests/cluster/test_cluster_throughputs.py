@@ -67,9 +67,13 @@ def test_every_type_on_every_device(gavel: ThroughputTable) -> None:
 
 def test_matrix_and_pairs_fill_a_problem(gavel: ThroughputTable) -> None:
     jobs: list[JobKey | TraceJob] = [
-        TraceJob("ResNet-18 (batch size 16)", 100, 1, 0.0), ("ResNet-18 (batch size 64)", 1), ("A3C", 1),
-        ("LM (batch size 20)", 2), ("Transformer (batch size 32)", 2), ("ResNet-50 (batch size 128)", 4),
-    ]  # fmt: skip
+        TraceJob("ResNet-18 (batch size 16)", 100, 1, 0.0),
+        ("ResNet-18 (batch size 64)", 1),
+        ("A3C", 1),
+        ("LM (batch size 20)", 2),
+        ("Transformer (batch size 32)", 2),
+        ("ResNet-50 (batch size 128)", 4),
+    ]
     types = ("v100", "k80")
     matrix = gavel.matrix(jobs, types)
     assert matrix.shape == (6, 2) and matrix[0, 0] == 32.353384328946916 and matrix[5, 1] == 0.0
@@ -80,7 +84,7 @@ def test_matrix_and_pairs_fill_a_problem(gavel: ThroughputTable) -> None:
     assert pairs[(0, 1)][0].tolist() == [32.353384328946916, 24.093231895382736]
     problem = Problem(
         tuple(range(6)), types, matrix, np.array([1, 1, 1, 2, 2, 4]), capacity=np.array([8, 8]), pair_throughputs=pairs
-    )  # fmt: skip
+    )
     assert problem.throughputs.shape == (6, 2)
     assert gavel.matrix(jobs).shape == (6, 3)
 
@@ -110,9 +114,15 @@ def test_load_errors(tmp_path: Path) -> None:
 
 def test_pairs_that_can_never_share_are_left_out() -> None:
     t = ThroughputTable.from_dict(
-        {"v100": {"('A', 1)": {"null": 1.0, "('B', 1)": [0.0, 0.0], "('C', 1)": [0.5, 0.4]},
-                  "('B', 1)": {"null": 1.0}, "('C', 1)": {"null": 1.0}, "('D', 2)": {"null": 1.0}}}
-    )  # fmt: skip
+        {
+            "v100": {
+                "('A', 1)": {"null": 1.0, "('B', 1)": [0.0, 0.0], "('C', 1)": [0.5, 0.4]},
+                "('B', 1)": {"null": 1.0},
+                "('C', 1)": {"null": 1.0},
+                "('D', 2)": {"null": 1.0},
+            }
+        }
+    )
     pairs = t.pairs([("A", 1), ("B", 1), ("C", 1), ("D", 2)])
     assert list(pairs) == [(0, 2)] and pairs[(0, 2)].tolist() == [[0.5, 0.4]]
     assert t.colocated(("B", 1), ("C", 1), "v100") is None
@@ -175,7 +185,9 @@ def test_from_gavels_table(gavel: ThroughputTable) -> None:
     assert est.get(("A3C", 1), "k80") == 3.4387678290723933
 
 
-PROFILE = Profile.chain("toy", [0.01] * 6, [0.02] * 6, [4_000_000] * 6, [40_000_000] * 6)
+PROFILE = Profile.chain(
+    "toy", forward_s=[0.01] * 6, backward_s=[0.02] * 6, output_bytes=[4_000_000] * 6, param_bytes=[40_000_000] * 6
+)
 
 
 def test_planned_throughputs_are_faster_on_faster_devices_and_more_devices() -> None:
@@ -202,7 +214,9 @@ def test_planned_throughputs_options() -> None:
         planned_throughputs(PROFILE, {"k80": 1.0}, bandwidth=0)
     with pytest.raises(ValueError, match="unknown cost model 'fast'"):
         planned_throughputs(PROFILE, {"k80": 1.0}, cost_model="fast")
-    measured = Profile.chain("b32", [0.01], [0.02], [8], [8], batch_size=32)
+    measured = Profile.chain(
+        "b32", forward_s=[0.01], backward_s=[0.02], output_bytes=[8], param_bytes=[8], batch_size=32
+    )
     with pytest.raises(ValueError, match=r"no measurements at batch size 64 \(it has \[32\]\)"):
         planned_throughputs(measured, {"v100": 1.0}, (1,), batch_size=64)
     assert planned_throughputs(measured, {"v100": 1.0}, (1,), batch_size=32)[(1, "v100")] == pytest.approx(1 / 0.03)

@@ -61,17 +61,33 @@ def test_lines_we_write_are_what_gavel_writes_and_reads() -> None:
 def test_a_line_in_gavels_format_parses(tmp_path: Path) -> None:
     # Built the way Gavel's Job.__str__ and scripts/utils/generate_trace.py write a job (fields, then arrival).
     fields = (
-        "ResNet-18 (batch size 16)", "python3 main.py --data_dir=/data/cifar10 --batch_size 16",
-        "image_classification/cifar10", "--num_steps", True, 161766.9, 4, 1.0, -1,
-    )  # fmt: skip
+        "ResNet-18 (batch size 16)",
+        "python3 main.py --data_dir=/data/cifar10 --batch_size 16",
+        "image_classification/cifar10",
+        "--num_steps",
+        True,
+        161766.9,
+        4,
+        1.0,
+        -1,
+    )
     line = "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%f" % fields + "\t%d\n" % 1234.9  # noqa: UP031
     path = tmp_path / "gavel.trace"
     path.write_text(line + line.replace("\t-1.000000\t", "\t2.000000\t"))
     first, second = read_trace(path, table=TABLE.from_dict({"v100": {"('ResNet-18 (batch size 16)', 4)": {"null": 1}}}))
     assert first == TraceJob(
-        "ResNet-18 (batch size 16)", 161766, 4, 1234.0, 1.0, None, None,
-        "python3 main.py --data_dir=/data/cifar10 --batch_size 16", "image_classification/cifar10", "--num_steps", True,
-    )  # fmt: skip
+        "ResNet-18 (batch size 16)",
+        161766,
+        4,
+        1234.0,
+        1.0,
+        None,
+        None,
+        "python3 main.py --data_dir=/data/cifar10 --batch_size 16",
+        "image_classification/cifar10",
+        "--num_steps",
+        True,
+    )
     assert second.slo == 2.0
     assert path.read_text() == "".join(format_line(j) + "\n" for j in (first, second))  # the same bytes back
     assert parse_line("A3C\tc\tw\t-n\t0\t10\t1\t1\t-1\t17.25\r\n").arrival_s == 17.25  # a float arrival time
@@ -118,15 +134,21 @@ def test_malformed_lines_say_where_and_how_to_fix(tmp_path: Path, line: str, mes
 def test_unknown_types_and_missing_scale_factors(tmp_path: Path) -> None:
     path = tmp_path / "t.txt"
     write_trace([TraceJob("A3C", 10, 1, 0.0), TraceJob("LM (batch size 5)", 10, 1, 0.0)], path)
-    with pytest.raises(ValueError, match=r"t.txt:2: unknown job type 'LM \(batch size 5\)'; the throughput table "
-                       r"tiny.json knows 2 types .*use a table that has it"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"t.txt:2: unknown job type 'LM \(batch size 5\)'; the throughput table "
+        r"tiny.json knows 2 types .*use a table that has it",
+    ):
         read_trace(path, table=TABLE)
     with pytest.raises(ValueError, match=r"t.txt:1: unknown job type 'A3C'; the given known_types knows 1 types"):
         read_trace(path, known_types=["CycleGAN"])
     assert len(read_trace(path, known_types=["A3C", "LM (batch size 5)"])) == 2
     write_trace([TraceJob("A3C", 10, 1, 0.0), TraceJob("ResNet-18 (batch size 16)", 10, 8, 0.0)], path)
-    with pytest.raises(ValueError, match=r"t.txt:2: the throughput table tiny.json has no throughput for "
-                       r"'ResNet-18 \(batch size 16\)' on 8 devices \(it has scale factors \[1\]\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"t.txt:2: the throughput table tiny.json has no throughput for "
+        r"'ResNet-18 \(batch size 16\)' on 8 devices \(it has scale factors \[1\]\)",
+    ):
         read_trace(path, table=TABLE)
 
 

@@ -46,8 +46,7 @@ def test_checkpoint_restart_loses_exactly_the_work_since_the_last_checkpoint() -
 def test_elastic_fixed_continues_with_the_survivors_and_takes_replacements() -> None:
     events = [(0.0, "add", 0), (0.0, "add", 1), (1000.0, "remove", 1), (2000.0, "add", 1)]
     costs = Costs(revocation_s=10.0, addition_s=5.0, steps_redone=1.0)
-    out = simulate("elastic-fixed", [market("m", events)], ONE, 10_000.0, fleet=2, reliable=1, machines=2,
-                   costs=costs)  # fmt: skip
+    out = simulate("elastic-fixed", [market("m", events)], ONE, 10_000.0, fleet=2, reliable=1, machines=2, costs=costs)
     assert (out.revocations, out.additions) == (1, 3)
     assert out.work_lost == pytest.approx(3.0)  # one step of three machines' samples
     # 5 s pause, 3/s to 1000 (2985), 10 s pause, 2/s to 2000 (1980, minus 3 redone), 5 s pause, then 3/s
@@ -136,12 +135,12 @@ def test_a_machine_with_50_minutes_paid_is_free_to_keep() -> None:
     rel = Offer(price=3.6, speed=1.0, rate=0.0, paid=(0.5,))
     for billing in (HOURLY, Billing("per-second")):
         paid = Offer(price=100.0, speed=1.0, rate=0.0, paid=(50 / 60,))
-        assert plan(ONE, 1800.0, [paid], rel, ONE_FREE, billing) == [1]
+        assert plan(ONE, 1800.0, offers=[paid], reliable=rel, costs=ONE_FREE, billing=billing) == [1]
     over = Offer(price=100.0, speed=1.0, rate=0.0, paid=(0.0,))
-    assert plan(ONE, 1800.0, [over], rel, ONE_FREE, HOURLY) == [0]
+    assert plan(ONE, 1800.0, offers=[over], reliable=rel, costs=ONE_FREE, billing=HOURLY) == [0]
     # even when the job outlasts its paid time, a machine within its hour is never given back before its end
     long = Offer(price=100.0, speed=1.0, rate=0.0, paid=(50 / 60,))
-    assert plan(ONE, 1e6, [long], rel, ONE_FREE, HOURLY) == [1]
+    assert plan(ONE, 1e6, offers=[long], reliable=rel, costs=ONE_FREE, billing=HOURLY) == [1]
 
 
 def test_with_10_minutes_of_work_left_no_new_hour_is_started_on_8_machines() -> None:
@@ -149,10 +148,17 @@ def test_with_10_minutes_of_work_left_no_new_hour_is_started_on_8_machines() -> 
     # 8 free machines would finish in 1800 / (3 + j) s but start j hours at $0.36: J rises; per second they pay
     spot = Offer(price=0.36, speed=1.0, rate=0.0, paid=(40 / 60, 40 / 60), free=8)
     rel = Offer(price=3.6, speed=1.0, rate=0.0, paid=(40 / 60,))
-    assert plan(ONE, 1800.0, [spot], rel, ONE_FREE, HOURLY) == [2]
+    assert plan(ONE, 1800.0, offers=[spot], reliable=rel, costs=ONE_FREE, billing=HOURLY) == [2]
     now = Offer(price=0.36, speed=1.0, rate=0.0, paid=(0.0, 0.0), free=8)
     # per second: (3.6 + 0.36 h) * 1800 / (1 + h) s falls with h, so all 10
-    assert plan(ONE, 1800.0, [now], Offer(3.6, 1.0, 0.0, paid=(0.0,)), ONE_FREE, Billing("per-second")) == [10]
+    assert plan(
+        ONE,
+        1800.0,
+        offers=[now],
+        reliable=Offer(3.6, 1.0, 0.0, paid=(0.0,)),
+        costs=ONE_FREE,
+        billing=Billing("per-second"),
+    ) == [10]
 
 
 def test_new_hours_are_bought_only_as_far_as_the_remaining_work_needs() -> None:
@@ -161,7 +167,7 @@ def test_new_hours_are_bought_only_as_far_as_the_remaining_work_needs() -> None:
     # j = 2 (360 s) $4.32, j = 4 $1.44, all 8 $2.88
     spot = Offer(price=0.36, speed=1.0, rate=0.0, paid=(40 / 60, 40 / 60), free=8)
     rel = Offer(price=3.6, speed=1.0, rate=0.0, paid=(5.5 / 60,))
-    assert plan(ONE, 1800.0, [spot], rel, ONE_FREE, HOURLY) == [5]
+    assert plan(ONE, 1800.0, offers=[spot], reliable=rel, costs=ONE_FREE, billing=HOURLY) == [5]
 
 
 def test_a_revocation_prone_market_is_cheaper_hourly_only() -> None:
@@ -172,8 +178,11 @@ def test_a_revocation_prone_market_is_cheaper_hourly_only() -> None:
     steady_, risky = (Offer(price=1.0, speed=1.0, rate=r, free=1) for r in (0.0, 0.7))
     rel = Offer(price=1.0, speed=0.5, rate=0.0, paid=(0.0,))
     costs = Costs(revocation_s=30.0, addition_s=0.0, steps_redone=0.0)
-    assert plan(ONE, 3600.0, [steady_, risky], rel, costs, HOURLY) == [0, 1]
-    assert plan(ONE, 3600.0, [steady_, risky], rel, costs, Billing("per-second")) == [1, 1]
+    assert plan(ONE, 3600.0, offers=[steady_, risky], reliable=rel, costs=costs, billing=HOURLY) == [0, 1]
+    assert plan(ONE, 3600.0, offers=[steady_, risky], reliable=rel, costs=costs, billing=Billing("per-second")) == [
+        1,
+        1,
+    ]
 
 
 @settings(max_examples=20, deadline=None)

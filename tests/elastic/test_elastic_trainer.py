@@ -25,8 +25,14 @@ BATCH, EPOCHS = 24, 2
 OPTIMIZER = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
 # A profile on which the planner's layouts for 4, 3, 2 workers are 3 stages with 2 replicas of the last, 3
 # stages, 2 stages (heavy weights, light activations: replicas cost more than stages).
-PROFILE = Profile.chain("mlp", [1e-3, 1e-4, 1e-3, 1e-4, 1e-3], [2e-3, 2e-4, 2e-3, 2e-4, 2e-3], [1000] * 5,
-                        [40_000_000, 0, 40_000_000, 0, 400_000], batch_size=BATCH)  # fmt: skip
+PROFILE = Profile.chain(
+    "mlp",
+    forward_s=[1e-3, 1e-4, 1e-3, 1e-4, 1e-3],
+    backward_s=[2e-3, 2e-4, 2e-3, 2e-4, 2e-3],
+    output_bytes=[1000] * 5,
+    param_bytes=[40_000_000, 0, 40_000_000, 0, 400_000],
+    batch_size=BATCH,
+)
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,15 +79,35 @@ class DiesMidStep(ElasticTrainer):
         super()._step(t)
 
 
-def work(worker: int | None, host: str, port: int, folder: str, opts: ElasticOptions, workers: int,
-         kills: dict[int, tuple[int, int]], victim: int | None, pipeline: bool,
-         step_s: float) -> dict[str, Any]:  # fmt: skip
+def work(
+    worker: int | None,
+    host: str,
+    port: int,
+    folder: str,
+    opts: ElasticOptions,
+    workers: int,
+    kills: dict[int, tuple[int, int]],
+    victim: int | None,
+    pipeline: bool,
+    step_s: float,
+) -> dict[str, Any]:
     x, y = data()
     cls = ElasticTrainer
     if victim is not None and worker == abs(victim):
         cls = Victim if victim >= 0 else DiesMidStep
     layout = planned_layouts(PROFILE, 1e9, 4) if pipeline else None
-    trainer = cls(model(), F.cross_entropy, OPTIMIZER, worker, host, port, opts, workers, Path(folder), layout)
+    trainer = cls(
+        model(),
+        loss_fn=F.cross_entropy,
+        make_optimizer=OPTIMIZER,
+        worker=worker,
+        host=host,
+        port=port,
+        options=opts,
+        workers=workers,
+        log_dir=Path(folder),
+        layout=layout,
+    )
 
     def on_step(t: int) -> None:
         time.sleep(step_s)  # steps long enough for faults (and a joiner) to land mid-run
@@ -96,9 +122,15 @@ def late(delay_s: float, *args: Any) -> dict[str, Any]:
     return work(*args)
 
 
-def run(tmp_path: Path, workers: int, opts: ElasticOptions, kills: dict[int, tuple[int, int]],
-        victim: int | None = None, join_after_s: float = 0.0,
-        pipeline: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+def run(
+    tmp_path: Path,
+    workers: int,
+    opts: ElasticOptions,
+    kills: dict[int, tuple[int, int]],
+    victim: int | None = None,
+    join_after_s: float = 0.0,
+    pipeline: bool = False,
+) -> list[dict[str, Any]]:
     step_s = 0.05 if pipeline or join_after_s else 0.02  # a joiner takes seconds to start on a busy machine
     args = (str(tmp_path), opts, workers, kills, victim, pipeline, step_s)
     joiner = None
@@ -198,9 +230,11 @@ def test_pipeline_is_replanned_shorter_from_a_surviving_replica_and_a_notice(tmp
     results = run(tmp_path, 4, opts, {3: (5, signal.SIGKILL), 2: (12, signal.SIGTERM)}, pipeline=True)
     check_weights(results)
     gens = generations(tmp_path)
-    assert [g["layout"] for g in gens] == [{"balance": [1, 2, 2], "replicas": [1, 1, 2]},
-                                           {"balance": [1, 2, 2], "replicas": [1, 1, 1]},
-                                           {"balance": [2, 3], "replicas": [1, 1]}]  # fmt: skip
+    assert [g["layout"] for g in gens] == [
+        {"balance": [1, 2, 2], "replicas": [1, 1, 2]},
+        {"balance": [1, 2, 2], "replicas": [1, 1, 1]},
+        {"balance": [2, 3], "replicas": [1, 1]},
+    ]
     assert gens[1]["reason"] == "lost [3]" and gens[1]["from"] == "owners" and gens[1]["steps_redone"] <= 1
     assert gens[2]["planned"] and gens[2]["from"] == "owners" and gens[2]["steps_redone"] == 0
 

@@ -33,8 +33,9 @@ def beat(store: dist.Store, workers: list[int], seconds: float) -> None:
 def test_generations_from_heartbeats_notices_and_joins() -> None:
     server = connect("127.0.0.1", 0, is_leader=True)
     store = connect("127.0.0.1", server.port, is_leader=False)
-    coordinator = Coordinator("127.0.0.1", server.port, initial=4, reliable=2, lost_s=0.5, sync_max=0.5,
-                              backup_only_min=8.0)  # fmt: skip
+    coordinator = Coordinator(
+        "127.0.0.1", server.port, initial=4, reliable=2, lost_s=0.5, sync_max=0.5, backup_only_min=8.0
+    )
     try:
         start = latest(store)
         assert start.members == (0, 1, 2, 3) and start.roles.stage == 2 and start.planned

@@ -53,7 +53,15 @@ def test_a_shard_moves_whole_through_the_full_state(name: str) -> None:
     source = [ShardOptimizer(flat, make, b) for b in bounds]
     for s in source:  # give the state something to carry
         s.step(torch.randn(s.size, generator=torch.Generator().manual_seed(s.bounds[0])))
-        place_shard(full, s.message(), s.bounds, flat.numel, len(vectors), (0, flat.buffer_numel), len(scalars))
+        place_shard(
+            full,
+            s.message(),
+            bounds=s.bounds,
+            numel=flat.numel,
+            vectors=len(vectors),
+            buffers=(0, flat.buffer_numel),
+            scalars=len(scalars),
+        )
     for s in source:
         moved = ShardOptimizer(flat, make, s.bounds)
         moved.load(cut_shard(full, s.bounds, flat.numel, len(vectors)))

@@ -24,8 +24,17 @@ def test_a_100_mbit_link_carries_50_mb_in_4_s() -> None:
 def test_a_worker_reaches_only_the_emulated_network() -> None:
     tables = launch_emulated(routes, nprocs=2, emulation=Emulation(network="2:1.25e9"))
     for table in tables.values():  # one route, to the job's own subnet, on its one interface: no way out
-        assert table.split() == ["10.77.0.0/16", "dev", "eth0", "proto", "kernel", "scope", "link", "src",
-                                 table.split()[-1]]  # fmt: skip
+        assert table.split() == [
+            "10.77.0.0/16",
+            "dev",
+            "eth0",
+            "proto",
+            "kernel",
+            "scope",
+            "link",
+            "src",
+            table.split()[-1],
+        ]
         assert table.split()[-1] in ("10.77.0.1", "10.77.0.2")
 
 
@@ -65,8 +74,9 @@ def test_a_quarter_core_is_four_times_slower_than_a_whole_one() -> None:
     assert slow[0] / fast[0] == pytest.approx(4.0, rel=0.25)
 
 
-@pytest.mark.parametrize(("fault", "slowdown"), [("slow:worker=1,at=1.5,for=3,cores=0.25", 4.0),
-                                                 ("load:worker=1,at=1.5,for=3", 2.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fault", "slowdown"), [("slow:worker=1,at=1.5,for=3,cores=0.25", 4.0), ("load:worker=1,at=1.5,for=3", 2.0)]
+)
 def test_a_straggler_runs_slower_for_its_period(fault: str, slowdown: float, tmp_path) -> None:
     # A quota cut to a quarter core makes a loop 4x slower; a competing busy process in the worker's
     # cgroup (FlexRR's disrupted machine) takes half of its core's time. A loop is slowed when its share of

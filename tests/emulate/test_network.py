@@ -12,8 +12,13 @@ from conveyor.plan import Topology
 def test_every_worker_and_every_group_below_the_top_gets_a_link() -> None:
     links = links_of(Topology.parse("2:1e9/1ms,2:1e8/3ms,2:1e7/7ms"))
     assert [(link.level, link.group) for link in links] == [(0, r) for r in range(8)] + [
-        (1, 0), (1, 1), (1, 2), (1, 3), (2, 0), (2, 1),
-    ]  # fmt: skip
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (2, 0),
+        (2, 1),
+    ]
     # One-way latency of a message joined at level k is latency_k: each link adds half the step, both ends.
     delay = {link.level: link.delay_s for link in links}
     assert 2 * delay[0] == pytest.approx(1e-3)

@@ -29,8 +29,13 @@ def test_a_count_trace_removes_the_highest_slots_and_fills_the_lowest(tmp_path: 
     )
     # The repeated count stamped earlier changes nothing; a change is never placed before the one before it.
     assert replay_trace(trace) == [
-        (0.0, "add", 0), (0.0, "add", 1), (0.0, "add", 2), (60.0, "remove", 2), (60.0, "remove", 1), (180.0, "add", 1),
-    ]  # fmt: skip
+        (0.0, "add", 0),
+        (0.0, "add", 1),
+        (0.0, "add", 2),
+        (60.0, "remove", 2),
+        (60.0, "remove", 1),
+        (180.0, "add", 1),
+    ]
 
 
 @pytest.mark.parametrize(

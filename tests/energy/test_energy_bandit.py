@@ -64,8 +64,12 @@ def test_thompson_sampling_draws_from_the_posterior() -> None:
     # After pruning (all reach, costs equal per size), 32 and 64 have rewards with spread; the sample for
     # each is Normal(mean, 1 / precision): the share of picks of 64 matches P(sample64 > sample32).
     search = BatchSizeSearch((32, 64), default=32)
-    history = [Recurrence(32, 10.0, True), Recurrence(64, 11.0, True), Recurrence(32, 12.0, True),
-               Recurrence(64, 13.0, True)]  # fmt: skip
+    history = [
+        Recurrence(32, 10.0, True),
+        Recurrence(64, 11.0, True),
+        Recurrence(32, 12.0, True),
+        Recurrence(64, 13.0, True),
+    ]
     assert search.survivors(history) == (32, 64)
     (m32, p32), (m64, p64) = search.posterior(history, 32), search.posterior(history, 64)
     assert (m32, p32, m64, p64) == (-11.0, 2.0, -12.0, 2.0)  # variance 1 each, two rewards
@@ -97,8 +101,10 @@ def test_early_stopping_threshold_and_best() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(SIZES), st.floats(1.0, 100.0), st.booleans()), max_size=30),
-       st.sampled_from(SIZES))  # fmt: skip
+@given(
+    st.lists(st.tuples(st.sampled_from(SIZES), st.floats(1.0, 100.0), st.booleans()), max_size=30),
+    st.sampled_from(SIZES),
+)
 def test_any_history_gives_a_candidate_or_a_one_line_error(raw: list[tuple[int, float, bool]], default: int) -> None:
     search = BatchSizeSearch(SIZES, default=default)
     history = [Recurrence(*r) for r in raw]

@@ -39,7 +39,16 @@ def _pipelines(replicas: tuple[int, ...], schedules: tuple[str, ...], folder: st
     losses; the last pipeline saves a checkpoint."""
     out: dict[str, Any] = {}
     for schedule in schedules:
-        pipe = Pipeline(mlp(), BALANCE[len(replicas)], 4, F.cross_entropy, SGD, schedule, replicas, debug=True)
+        pipe = Pipeline(
+            mlp(),
+            BALANCE[len(replicas)],
+            microbatches=4,
+            loss_fn=F.cross_entropy,
+            optimizer=SGD,
+            schedule=schedule,
+            replicas=replicas,
+            debug=True,
+        )
         losses = pipe.train([(x.to(pipe.device), y.to(pipe.device)) for x, y in _data()])
         out[schedule] = {"params": _on_cpu(pipe.module), "device": pipe.device.type, "losses": losses}
         logits = pipe.evaluate(_data()[0][0])
@@ -95,7 +104,7 @@ def test_pipelines_on_the_gpu_follow_their_update_equations(
 
 
 def _stragglers() -> dict[str, torch.Tensor]:
-    pipe = FlexiblePipeline(mlp(), F.cross_entropy, SGD, chunks=2, slack=1)
+    pipe = FlexiblePipeline(mlp(), loss_fn=F.cross_entropy, optimizer=SGD, chunks=2, slack=1)
     pipe.train([(x.to(pipe.device), y.to(pipe.device)) for x, y in _data()])
     assert pipe.device.type == "cuda" and dist.get_world_size() == 2
     return _on_cpu(pipe.module)

@@ -17,7 +17,9 @@ def _measure() -> Costs | None:
     model, data = model_and_data(TrainConfig())
     sample = [(data.train_x[i * 64 : (i + 1) * 64], data.train_y[i * 64 : (i + 1) * 64]) for i in range(3)]
     sgd = partial(torch.optim.SGD, lr=0.05)
-    return measure_costs(model, sample, 4, F.cross_entropy, sgd, "mlp", device=torch.device("cpu"))
+    return measure_costs(
+        model, sample, microbatches=4, loss_fn=F.cross_entropy, optimizer=sgd, name="mlp", device=torch.device("cpu")
+    )
 
 
 def test_every_worker_measures_and_the_first_keeps_the_figures() -> None:

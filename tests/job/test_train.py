@@ -26,8 +26,9 @@ def _check_run_folder(run: Path, epochs: int) -> None:
 
 
 # 2BW's one-stale updates start slower on this problem (see test_convergence): it gets more epochs.
-@pytest.mark.parametrize(("schedule", "epochs"), [("gpipe", 4), ("flush", 4), ("pipedream", 4), ("pipedream-vs", 4),
-                                                  ("2bw", 7)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("schedule", "epochs"), [("gpipe", 4), ("flush", 4), ("pipedream", 4), ("pipedream-vs", 4), ("2bw", 7)]
+)
 def test_every_schedule_learns_and_writes_its_run_folder(schedule: str, epochs: int, tmp_path: Path) -> None:
     summary = train(TrainConfig(stages=2, schedule=schedule, epochs=epochs, run_dir=str(tmp_path)))
     assert summary["accuracy"][-1] > 0.8, summary["accuracy"]
@@ -41,8 +42,12 @@ def test_planned_run_its_plan_file_and_resuming(tmp_path: Path) -> None:
     assert plan["predicted"]["samples_per_s"] > 0 and sum(s["replicas"] for s in plan["stages"]) == 2
     _check_run_folder(tmp_path / "a", 2)
     # The same plan file, run as is, from the checkpoint: training goes on where it stopped.
-    cfg = TrainConfig(plan=str(tmp_path / "a" / "plan.json"), epochs=1, resume=str(tmp_path / "a" / "checkpoint.pt"),
-                      run_dir=str(tmp_path / "b"))  # fmt: skip
+    cfg = TrainConfig(
+        plan=str(tmp_path / "a" / "plan.json"),
+        epochs=1,
+        resume=str(tmp_path / "a" / "checkpoint.pt"),
+        run_dir=str(tmp_path / "b"),
+    )
     second = train(cfg)
     assert second["layout"]["replicas"] == first["layout"]["replicas"]
     assert checkpoint.load(tmp_path / "b" / "checkpoint.pt")["steps"] == 3 * STEPS_PER_EPOCH

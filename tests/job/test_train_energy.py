@@ -76,8 +76,9 @@ def test_a_worker_without_a_meter_is_left_out_and_said_so_and_the_target_has_its
     tmp_path: Path,
 ) -> None:
     spec = _write_logs(tmp_path / "logs", [0])  # worker 1 has no log, hence no meter
-    cfg = TrainConfig(stages=1, replicas="2", epochs=3, target_accuracy=0.05, energy_meter=spec,
-                      run_dir=str(tmp_path / "run"))  # fmt: skip
+    cfg = TrainConfig(
+        stages=1, replicas="2", epochs=3, target_accuracy=0.05, energy_meter=spec, run_dir=str(tmp_path / "run")
+    )
     summary = train(cfg)
     assert summary["epochs"] == 1  # any model beats 5% after an epoch
     assert summary["energy_j"] == 101.0 and summary["epoch_energy_j"] == [101.0]

@@ -39,8 +39,24 @@ def test_recurrences_explore_from_the_default_and_record_their_cost(tmp_path: Pa
     runs = []
     for i in range(2):
         run = tmp_path / f"r{i}"
-        assert main([*QUICK, "--job", "digits", "--recurrences", str(store), "--eta", "1", "--energy-meter", meter,
-                     "--run-dir", str(run)]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    *QUICK,
+                    "--job",
+                    "digits",
+                    "--recurrences",
+                    str(store),
+                    "--eta",
+                    "1",
+                    "--energy-meter",
+                    meter,
+                    "--run-dir",
+                    str(run),
+                ]
+            )
+            == 0
+        )
         runs.append(_summary(run))
     first, second = (s["recurrence"] for s in runs)
     assert (first["batch_size"], first["phase"], first["number"], first["lr"]) == (64, "explore", 1, 0.05)
@@ -50,7 +66,9 @@ def test_recurrences_explore_from_the_default_and_record_their_cost(tmp_path: Pa
         assert summary["cost"] == summary["energy_j"] == 50.0 * summary["epochs"]
     rows = RecurrenceStore(store).rows("digits")
     assert [(r["batch_size"], r["state"], r["cost"]) for r in rows] == [
-        (64, "finished", runs[0]["cost"]), (32, "finished", runs[1]["cost"])]  # fmt: skip
+        (64, "finished", runs[0]["cost"]),
+        (32, "finished", runs[1]["cost"]),
+    ]
 
 
 @pytest.mark.slow
@@ -61,24 +79,39 @@ def test_a_recurrence_past_beta_times_the_least_cost_stops_early(tmp_path: Path)
     common = [*QUICK[:2], "2", *QUICK[3:], *two, "--job", "digits", "--recurrences", str(store), "--eta", "1"]
     for rank in (0, 1):
         _replay(tmp_path / f"cheap{rank}", 5.0)
-    assert main([*common, "--run-dir", str(tmp_path / "r0"),
-                 "--energy-meter", f"replay:{tmp_path}/cheap{{rank}}/energy.csv"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                *common,
+                "--run-dir",
+                str(tmp_path / "r0"),
+                "--energy-meter",
+                f"replay:{tmp_path}/cheap{{rank}}/energy.csv",
+            ]
+        )
+        == 0
+    )
     first = _summary(tmp_path / "r0")
     assert first["recurrence"]["reached"] and first["cost"] == 10.0 * first["epochs"]
     threshold = 2 * first["cost"]  # beta x the least cost that reached
     per_epoch = threshold / 1.5  # one epoch fits under it, two do not
     for rank in (0, 1):
         _replay(tmp_path / f"dear{rank}", per_epoch / 2)
-    assert main([*common, "--run-dir", str(tmp_path / "r1"),
-                 "--energy-meter", f"replay:{tmp_path}/dear{{rank}}/energy.csv"]) == 0  # fmt: skip
+    assert (
+        main(
+            [*common, "--run-dir", str(tmp_path / "r1"), "--energy-meter", f"replay:{tmp_path}/dear{{rank}}/energy.csv"]
+        )
+        == 0
+    )
     summary = _summary(tmp_path / "r1")
     assert summary["stopped_by_cost"] and summary["epochs"] == 1 and summary["cost"] == pytest.approx(per_epoch)
     assert not summary["recurrence"]["reached"] and summary["recurrence"]["stop_above"] == threshold
     assert RecurrenceStore(store).history("digits")[-1].reached is False
 
 
-@pytest.mark.parametrize(("error", "state"), [(RuntimeError("out of memory"), "failed"),
-                                              (KeyboardInterrupt(), "abandoned")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("error", "state"), [(RuntimeError("out of memory"), "failed"), (KeyboardInterrupt(), "abandoned")]
+)
 def test_a_failed_run_counts_as_a_miss_and_an_interrupted_one_as_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException, state: str
 ) -> None:
@@ -86,8 +119,15 @@ def test_a_failed_run_counts_as_a_miss_and_an_interrupted_one_as_nothing(
         raise error
 
     monkeypatch.setattr(train_module, "launch_emulated", broken)
-    cfg = TrainConfig(workers=1, tune_batch_size=True, job="digits", target_accuracy=0.9, eta=0.0,
-                      recurrences=str(tmp_path / "s.sqlite"), run_dir=str(tmp_path / "run"))  # fmt: skip
+    cfg = TrainConfig(
+        workers=1,
+        tune_batch_size=True,
+        job="digits",
+        target_accuracy=0.9,
+        eta=0.0,
+        recurrences=str(tmp_path / "s.sqlite"),
+        run_dir=str(tmp_path / "run"),
+    )
     with pytest.raises(type(error)):
         train(cfg)
     assert [r["state"] for r in RecurrenceStore(tmp_path / "s.sqlite").rows("digits")] == [state]
@@ -97,8 +137,14 @@ def test_not_under_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     import conveyor.runtime as runtime
 
     monkeypatch.setattr(runtime, "under_torchrun", lambda: True)  # every process would begin a recurrence
-    cfg = TrainConfig(workers=1, tune_batch_size=True, job="digits", target_accuracy=0.9, eta=0.0,
-                      recurrences=str(tmp_path / "s.sqlite"))  # fmt: skip
+    cfg = TrainConfig(
+        workers=1,
+        tune_batch_size=True,
+        job="digits",
+        target_accuracy=0.9,
+        eta=0.0,
+        recurrences=str(tmp_path / "s.sqlite"),
+    )
     with pytest.raises(ValueError, match="--batch-size auto runs on the local launcher, not under torchrun"):
         start_recurrence(cfg, lambda: 1437, 1)
     assert not (tmp_path / "s.sqlite").exists() or not RecurrenceStore(tmp_path / "s.sqlite").rows("digits")

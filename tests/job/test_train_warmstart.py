@@ -45,8 +45,10 @@ def test_a_wider_model_warm_starts_from_the_stored_one(tmp_path: Path, capsys: p
 @pytest.mark.timeout(120)
 def test_an_empty_store_trains_from_scratch_and_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "r"
-    assert main([*BASE, "--epochs", "1", "--warm-start", "auto", "--store", str(tmp_path / "none"),
-                 "--run-dir", str(run)]) == 0  # fmt: skip
+    assert (
+        main([*BASE, "--epochs", "1", "--warm-start", "auto", "--store", str(tmp_path / "none"), "--run-dir", str(run)])
+        == 0
+    )
     assert "no warm start: " in capsys.readouterr().out and _summary(run)["warm_start"]["parent"] is None
     assert main([*BASE, "--warm-start", "auto", "--resume", str(tmp_path / "x.pt"), "--run-dir", str(run)]) == 2
     assert "conveyor: error:" in capsys.readouterr().err

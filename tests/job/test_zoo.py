@@ -58,7 +58,9 @@ def _batchnorm_run() -> dict[str, torch.Tensor] | None:
 
     data = load("digit-images")
     torch.manual_seed(0)
-    pipe = Pipeline(build("resnet", data, width=4, depth=1), [4, 4], 4, torch.nn.functional.cross_entropy)
+    pipe = Pipeline(
+        build("resnet", data, width=4, depth=1), [4, 4], microbatches=4, loss_fn=torch.nn.functional.cross_entropy
+    )
     pipe.train([(data.train_x[:16], data.train_y[:16])])
     return {k: v.clone() for k, v in pipe.module.state_dict().items() if "running" in k}
 

@@ -21,10 +21,16 @@ def graphs(draw: st.DrawFn, max_layers: int = 6) -> Profile:
         for a in draw(st.sets(st.integers(0, b - 1), min_size=1, max_size=2)):
             edges.add((a, b))
     layers = tuple(
-        Layer(str(i), "", draw(st.floats(1e-3, 1.0)), draw(st.floats(1e-3, 1.0)), draw(st.integers(0, 10**9)),
-              draw(st.integers(0, 10**9)))
+        Layer(
+            str(i),
+            "",
+            draw(st.floats(1e-3, 1.0)),
+            draw(st.floats(1e-3, 1.0)),
+            draw(st.integers(0, 10**9)),
+            draw(st.integers(0, 10**9)),
+        )
         for i in range(n)
-    )  # fmt: skip
+    )
     return Profile("dag", layers, tuple(sorted(edges)))
 
 
@@ -53,14 +59,22 @@ def test_cuts_are_down_sets_grown_from_the_first_layer(p: Profile) -> None:
 
 
 def test_a_chain_is_cut_at_its_prefixes() -> None:
-    p = Profile.chain("c", [1.0] * 3, [1.0] * 3, [1] * 3, [1] * 3)
+    p = Profile.chain("c", forward_s=[1.0] * 3, backward_s=[1.0] * 3, output_bytes=[1] * 3, param_bytes=[1] * 3)
     assert cuts_of(p).sets == tuple(frozenset(range(k)) for k in range(4))
 
 
 def test_published_profiles_have_pipedreams_state_counts(pipedream_profiles: Path) -> None:
     # "Total number of states" printed by PipeDream's optimizer (msr-fiddle/pipedream, run on these files).
-    expected = {"alexnet": 22, "vgg16": 40, "resnet18": 100, "resnet50": 240, "densenet121": 430, "gnmt": 99,
-                "squeezenet1_0": 99, "resnet101": 410}  # fmt: skip
+    expected = {
+        "alexnet": 22,
+        "vgg16": 40,
+        "resnet18": 100,
+        "resnet50": 240,
+        "densenet121": 430,
+        "gnmt": 99,
+        "squeezenet1_0": 99,
+        "resnet101": 410,
+    }
     for model, states in expected.items():
         assert len(cuts_of(Profile.load(pipedream_profiles / model)).sets) == states + 1, model  # + the empty set
 
@@ -125,6 +139,6 @@ def test_cutting_between_branches_beats_every_prefix_of_one_order() -> None:
 
 
 def test_an_impossible_straight_pipeline_is_refused() -> None:
-    p = Profile.chain("c", [1.0], [1.0], [1], [1])
+    p = Profile.chain("c", forward_s=[1.0], backward_s=[1.0], output_bytes=[1], param_bytes=[1])
     with pytest.raises(PlanError, match="no straight pipeline"):
         optimize(p, Topology.parse("2:1e9"), straight=True)

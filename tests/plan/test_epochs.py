@@ -21,8 +21,13 @@ def test_the_shipped_table_covers_every_schedule_on_every_zoo_model() -> None:
 
 
 def test_lookups_and_fallbacks(tmp_path: Path) -> None:
-    report = {"source": "a test", "epoch_factors": {"a": {"dp": 1.0, "2bw": 1.5, "2bw/plain": 3.0},
-                                                    "b": {"dp": 1.0, "2bw": 1.1, "2bw/plain": 2.0}}}  # fmt: skip
+    report = {
+        "source": "a test",
+        "epoch_factors": {
+            "a": {"dp": 1.0, "2bw": 1.5, "2bw/plain": 3.0},
+            "b": {"dp": 1.0, "2bw": 1.1, "2bw/plain": 2.0},
+        },
+    }
     (tmp_path / "r.json").write_text(json.dumps(report))
     factors = EpochFactors.load(tmp_path / "r.json")
     assert factors.source == "a test"

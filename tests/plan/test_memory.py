@@ -12,13 +12,19 @@ def test_stage_bytes_adds_versions_gradients_optimizer_and_stash() -> None:
     p = Profile("m", layers, ((0, 1),))
     # PipeDream, one replica, 3 workers from here on: 3 versions + 1 gradient of 110 B, 220 B of optimizer
     # state, 3 microbatches of 33 B saved.
-    assert stage_bytes(p, 0, 2, "pipedream", 1, 3, 8) == 4 * 110 + 220 + 3 * 33
-    assert stage_bytes(p, 0, 2, "gpipe", 2, 3, 8) == 2 * 110 + 220 + 4 * 33
+    assert (
+        stage_bytes(p, first=0, stop=2, schedule="pipedream", replicas=1, downstream=3, microbatches=8)
+        == 4 * 110 + 220 + 3 * 33
+    )
+    assert (
+        stage_bytes(p, first=0, stop=2, schedule="gpipe", replicas=2, downstream=3, microbatches=8)
+        == 2 * 110 + 220 + 4 * 33
+    )
 
 
 def test_output_bytes_stand_in_when_saved_bytes_were_not_measured() -> None:
-    p = Profile.chain("m", [0.0, 0.0], [0.0, 0.0], [5, 6], [0, 0])
-    assert stage_bytes(p, 0, 2, "flush", 1, 1, 4) == 11
+    p = Profile.chain("m", forward_s=[0.0, 0.0], backward_s=[0.0, 0.0], output_bytes=[5, 6], param_bytes=[0, 0])
+    assert stage_bytes(p, first=0, stop=2, schedule="flush", replicas=1, downstream=1, microbatches=4) == 11
 
 
 def test_unknown_schedule() -> None:

@@ -36,7 +36,10 @@ def _fits(p: Profile, stages: list[tuple[int, int]], reps: tuple[int, ...], memo
         return True
     downstream = list(itertools.accumulate(reps[::-1]))[::-1]
     return all(
-        stage_bytes(p, i, j, memory.schedule, r, d, memory.microbatches) <= memory.limit
+        stage_bytes(
+            p, first=i, stop=j, schedule=memory.schedule, replicas=r, downstream=d, microbatches=memory.microbatches
+        )
+        <= memory.limit
         for (i, j), r, d in zip(stages, reps, downstream, strict=True)
     )
 
@@ -84,9 +87,13 @@ def test_optimum_of_the_cost_model(p: Profile, workers: int, bandwidth: float, s
 
 @settings(max_examples=150, deadline=None)
 @given(
-    profiles, st.integers(1, 5), st.floats(1e8, 1e11), st.sampled_from(PLANNER_SCHEDULES), st.floats(1e8, 8e9),
+    profiles,
+    st.integers(1, 5),
+    st.floats(1e8, 1e11),
+    st.sampled_from(PLANNER_SCHEDULES),
+    st.floats(1e8, 8e9),
     st.integers(1, 6),
-)  # fmt: skip
+)
 def test_optimum_under_a_memory_limit(
     p: Profile, workers: int, bandwidth: float, schedule: str, limit: float, microbatches: int
 ) -> None:
@@ -127,7 +134,9 @@ def test_an_outer_level_of_one_unit_changes_nothing(p: Profile, inner: int, bw: 
 
 def test_fast_links_inside_slow_links_outside() -> None:
     # Two equal layers, heavy weights: across the slow level, replicating costs more than pipelining.
-    p = Profile.chain("two", [1.0, 1.0], [1.0, 1.0], [1000, 1000], [10**9, 10**9])
+    p = Profile.chain(
+        "two", forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], output_bytes=[1000, 1000], param_bytes=[10**9, 10**9]
+    )
     plan = optimize(p, Topology.parse("2:1e12,2:1e8"))
     assert plan.config == "2-2"
     assert [(s.first_layer, s.last_layer) for s in plan.stages] == [(0, 0), (1, 1)]
@@ -137,7 +146,7 @@ def test_fast_links_inside_slow_links_outside() -> None:
 
 
 def test_straight_pipeline_with_more_workers_than_layers_is_reported() -> None:
-    p = Profile.chain("two", [1.0, 1.0], [1.0, 1.0], [1, 1], [1, 1])
+    p = Profile.chain("two", forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], output_bytes=[1, 1], param_bytes=[1, 1])
     with pytest.raises(PlanError, match="use at most 2 workers"):
         optimize(p, Topology.parse("3:1e9"), straight=True)
 
@@ -161,6 +170,6 @@ def test_vgg16_that_fits_nowhere_says_how_much_would(pipedream_profiles: Path) -
 
 
 def test_unknown_schedule_is_reported() -> None:
-    p = Profile.chain("one", [1.0], [1.0], [1], [1])
+    p = Profile.chain("one", forward_s=[1.0], backward_s=[1.0], output_bytes=[1], param_bytes=[1])
     with pytest.raises(PlanError, match="the planner knows schedules pipedream, 2bw, flush, gpipe, not 'zb'"):
         optimize(p, Topology.parse("1:1e9"), schedule="zb")

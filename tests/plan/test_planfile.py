@@ -44,7 +44,13 @@ def test_long_asynchronous_runs_approach_the_planners_steady_state(
 def test_replicas_wait_for_each_other_at_the_all_reduce() -> None:
     """2-1-1: the two first-stage replicas finish their backwards a second apart (the next stage serves
     them in turn) and every update waits for both; the simulator shows the 2/3 the steady state misses."""
-    p = Profile.chain("r", [1.0, 0.5, 0.5], [1.0, 0.5, 0.5], [0, 0, 0], [0, 75_000_001, 25_000_000])
+    p = Profile.chain(
+        "r",
+        forward_s=[1.0, 0.5, 0.5],
+        backward_s=[1.0, 0.5, 0.5],
+        output_bytes=[0, 0, 0],
+        param_bytes=[0, 75_000_001, 25_000_000],
+    )
     topology = Topology.parse("4:1e8")
     plan = optimize(p, topology)
     assert plan.config == "2-1-1" and plan.seconds_per_minibatch == pytest.approx(1.0)
@@ -56,7 +62,9 @@ def test_a_busy_link_falls_short_of_the_steady_state() -> None:
     the other way): the link is the bottleneck, but 1F1B sends a gradient only after its backward and the
     next activation only after that forward, so the link idles between them and the run falls short of one
     minibatch per 3.3 s."""
-    p = Profile.chain("link", [1.0] * 4, [1.0] * 4, [0, 2 * 651537052, 0, 0], [0] * 4)
+    p = Profile.chain(
+        "link", forward_s=[1.0] * 4, backward_s=[1.0] * 4, output_bytes=[0, 2 * 651537052, 0, 0], param_bytes=[0] * 4
+    )
     topology = Topology.parse("4:389387262.0")
     plan = optimize(p, topology, straight=True)
     link_s = 2 * 651537052 / 389387262.0
@@ -65,7 +73,7 @@ def test_a_busy_link_falls_short_of_the_steady_state() -> None:
 
 
 def test_flush_pays_a_bubble_every_step() -> None:
-    p = Profile.chain("four", [1.0] * 4, [2.0] * 4, [0] * 4, [0] * 4)
+    p = Profile.chain("four", forward_s=[1.0] * 4, backward_s=[2.0] * 4, output_bytes=[0] * 4, param_bytes=[0] * 4)
     topology = Topology.parse("4:1e9")
     plan = optimize(p, topology, straight=True, schedule="flush", microbatches=4)
     sim = predict(plan, p, topology, minibatches=400)
@@ -75,10 +83,17 @@ def test_flush_pays_a_bubble_every_step() -> None:
 
 @pytest.mark.parametrize("schedule", PLANNER_SCHEDULES)
 def test_plan_file_round_trip(schedule: str, tmp_path: Path) -> None:
-    p = Profile.chain("five", [1.0, 3.0, 1.0, 1.0, 1.0], [2.0] * 5, [100] * 5, [10, 10, 10, 10, 10**9], batch_size=8)
+    p = Profile.chain(
+        "five",
+        forward_s=[1.0, 3.0, 1.0, 1.0, 1.0],
+        backward_s=[2.0] * 5,
+        output_bytes=[100] * 5,
+        param_bytes=[10, 10, 10, 10, 10**9],
+        batch_size=8,
+    )
     topology = Topology.parse("4:1e9")
     plan = optimize(p, topology, schedule=schedule)
-    data = plan_file(plan, p, topology)
+    data = plan_file(plan, p, topology=topology)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
     spec = read_plan_file(path)
@@ -92,10 +107,12 @@ def test_plan_file_round_trip(schedule: str, tmp_path: Path) -> None:
 
 
 def test_a_baseline_that_does_not_fit_has_no_speedup() -> None:
-    p = Profile.chain("big", [1.0, 1.0], [1.0, 1.0], [1, 1], [10**9, 10**9])
+    p = Profile.chain(
+        "big", forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], output_bytes=[1, 1], param_bytes=[10**9, 10**9]
+    )
     topology = Topology.parse("2:1e12")
     plan = optimize(p, topology, schedule="flush", memory=2.5e9)  # one layer per worker fits, both do not
-    data = plan_file(plan, p, topology)
+    data = plan_file(plan, p, topology=topology)
     assert data["predicted"]["speedup_vs_dp"] is None and data["predicted"]["speedup_vs_single"] is None
     assert plan.config == "1-1"
 

@@ -20,7 +20,14 @@ def _profile(n: int, per_sample: list[float], weights: list[int], acts: list[int
 
     def at(b: int) -> Profile:
         fwd = [1e-3 + t * b for t in per_sample]
-        return Profile.chain("m", fwd, [2 * f for f in fwd], [a * b for a in acts], weights, batch_size=b)
+        return Profile.chain(
+            "m",
+            forward_s=fwd,
+            backward_s=[2 * f for f in fwd],
+            output_bytes=[a * b for a in acts],
+            param_bytes=weights,
+            batch_size=b,
+        )
 
     first, *rest = sizes
     return replace(at(first), variants=tuple(at(b) for b in rest))

@@ -5,7 +5,14 @@ import pytest
 from conveyor.plan import Plan, PlannedStage, Profile, RuntimeCosts, Topology, allreduce_s, predict
 
 # Two layers of 1 s forward and 2 s backward, 8 samples a microbatch, 100 MB of weights each, 4 MB between.
-PROFILE = Profile.chain("two", [1.0, 1.0], [2.0, 2.0], [4e6, 4e6], [10**8, 10**8], batch_size=8)
+PROFILE = Profile.chain(
+    "two",
+    forward_s=[1.0, 1.0],
+    backward_s=[2.0, 2.0],
+    output_bytes=[4e6, 4e6],
+    param_bytes=[10**8, 10**8],
+    batch_size=8,
+)
 
 
 def _plan(replicas: list[int], schedule: str = "flush", microbatches: int = 4) -> Plan:

@@ -59,12 +59,14 @@ def test_published_profiles_all_load(pipedream_profiles: Path) -> None:
     [
         ("node1 -- X -- forward_compute_time=1.0\n", "node line lacks 'backward_compute_time'"),
         ("this is not a profile\n", "neither a node nor an edge"),
-        (GRAPH.replace("activation_size=800.0, parameter_size=96", "activation_size=big, parameter_size=96"),
-         "not a number"),
+        (
+            GRAPH.replace("activation_size=800.0, parameter_size=96", "activation_size=big, parameter_size=96"),
+            "not a number",
+        ),
         (GRAPH + "\tnode4 -- node9\n", "not defined"),
         (GRAPH + "\tnode4 -- node2\n", "has a cycle"),
     ],
-)  # fmt: skip
+)
 def test_bad_graph_txt_says_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "graph.txt").write_text(text)
     with pytest.raises(ProfileError, match=message):
@@ -94,7 +96,14 @@ def test_inconsistent_profiles_are_rejected() -> None:
 
 def test_variants_at_other_batch_sizes_round_trip(tmp_path: Path) -> None:
     def at(b: int) -> Profile:
-        return Profile.chain("m", [b * 1e-3, b * 2e-3], [b * 2e-3, b * 4e-3], [b * 10, b * 20], [5, 5], batch_size=b)
+        return Profile.chain(
+            "m",
+            forward_s=[b * 1e-3, b * 2e-3],
+            backward_s=[b * 2e-3, b * 4e-3],
+            output_bytes=[b * 10, b * 20],
+            param_bytes=[5, 5],
+            batch_size=b,
+        )
 
     p = replace(at(8), variants=(at(2), at(4)))
     p.save(tmp_path / "p.json")
@@ -106,8 +115,10 @@ def test_variants_at_other_batch_sizes_round_trip(tmp_path: Path) -> None:
 
 
 def test_a_variant_must_match_the_layers() -> None:
-    p = Profile.chain("m", [1.0, 1.0], [1.0, 1.0], [1, 1], [1, 1], batch_size=2)
-    other = Profile.chain("m", [1.0], [1.0], [1], [1], batch_size=1)
+    p = Profile.chain(
+        "m", forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], output_bytes=[1, 1], param_bytes=[1, 1], batch_size=2
+    )
+    other = Profile.chain("m", forward_s=[1.0], backward_s=[1.0], output_bytes=[1], param_bytes=[1], batch_size=1)
     with pytest.raises(ProfileError, match="same 2 layers and edges"):
         replace(p, variants=(other,))
     with pytest.raises(ProfileError, match="lists a batch size twice"):

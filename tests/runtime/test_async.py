@@ -49,9 +49,18 @@ def _run(
     for case in cases:
         schedule, opt, clip, autocast = case
         pipe = Pipeline(
-            mlp(), BALANCE[len(replicas)], m, F.cross_entropy, OPTIMIZERS[opt], schedule, replicas,
-            max_grad_norm=clip, autocast=autocast, correct_staleness=correct, debug=True,
-        )  # fmt: skip
+            mlp(),
+            BALANCE[len(replicas)],
+            microbatches=m,
+            loss_fn=F.cross_entropy,
+            optimizer=OPTIMIZERS[opt],
+            schedule=schedule,
+            replicas=replicas,
+            max_grad_norm=clip,
+            autocast=autocast,
+            correct_staleness=correct,
+            debug=True,
+        )
         losses = pipe.train(_data(sizes))
         out[case] = {
             "params": {k: v.detach().clone() for k, v in pipe.module.named_parameters()},
@@ -173,7 +182,15 @@ class _InPlaceVersions(WeightVersions):
 
 
 def _broken() -> None:
-    pipe = Pipeline(mlp(), BALANCE[2], MICROBATCHES, F.cross_entropy, OPTIMIZERS["sgd"], "pipedream", debug=True)
+    pipe = Pipeline(
+        mlp(),
+        BALANCE[2],
+        microbatches=MICROBATCHES,
+        loss_fn=F.cross_entropy,
+        optimizer=OPTIMIZERS["sgd"],
+        schedule="pipedream",
+        debug=True,
+    )
     pipe.executor.weights = _InPlaceVersions(pipe.module, debug=True)
     pipe.train(_data())
 
@@ -188,7 +205,15 @@ def test_a_broken_stash_is_caught() -> None:
 
 def _save_after_async(path: str) -> dict[str, Any]:
     x = _data()[0][0]
-    pipe = Pipeline(mlp(), BALANCE[2], MICROBATCHES, F.cross_entropy, OPTIMIZERS["adam"], "pipedream", (2, 1))
+    pipe = Pipeline(
+        mlp(),
+        BALANCE[2],
+        microbatches=MICROBATCHES,
+        loss_fn=F.cross_entropy,
+        optimizer=OPTIMIZERS["adam"],
+        schedule="pipedream",
+        replicas=(2, 1),
+    )
     pipe.train(_data())
     pipe.save(path)
     before = pipe.evaluate(x)
@@ -216,8 +241,14 @@ def _recompute_run(schedule: str) -> dict[bool, dict[str, torch.Tensor]]:
         torch.manual_seed(0)
         model = torch.nn.Sequential(*mlp(), torch.nn.Dropout(0.3), torch.nn.Linear(4, 4))
         pipe = Pipeline(
-            model, [3, 4], MICROBATCHES, F.cross_entropy, OPTIMIZERS["sgd"], schedule, recompute=recompute
-        )  # fmt: skip
+            model,
+            [3, 4],
+            microbatches=MICROBATCHES,
+            loss_fn=F.cross_entropy,
+            optimizer=OPTIMIZERS["sgd"],
+            schedule=schedule,
+            recompute=recompute,
+        )
         torch.manual_seed(1 + pipe.worker)  # the same dropout masks in both runs
         pipe.train(_data())
         out[recompute] = {k: v.detach().clone() for k, v in pipe.module.named_parameters()}

@@ -39,8 +39,15 @@ def test_links_and_allreduces_are_measured_on_both_workers() -> None:
 
 def _overhead(compute_s: float) -> tuple[float, float]:
     data = batches(n=4, size=8)
-    return measure_overhead(mlp(), data, F.cross_entropy, partial(torch.optim.SGD, lr=0.1), 2, compute_s,
-                            torch.device("cpu"))  # fmt: skip
+    return measure_overhead(
+        mlp(),
+        data,
+        loss_fn=F.cross_entropy,
+        optimizer=partial(torch.optim.SGD, lr=0.1),
+        microbatches=2,
+        compute_s=compute_s,
+        device=torch.device("cpu"),
+    )
 
 
 def test_the_executors_own_time_is_what_a_batch_takes_beyond_its_compute() -> None:

@@ -17,14 +17,14 @@ ADAM = partial(torch.optim.Adam, lr=0.01)
 
 
 def _train_and_save(path: str, balance: list[int], steps: int) -> None:
-    pipe = Pipeline(mlp(), balance, 4, F.cross_entropy, ADAM)
+    pipe = Pipeline(mlp(), balance, microbatches=4, loss_fn=F.cross_entropy, optimizer=ADAM)
     for x, y in batches(steps):
         pipe.train_step(x, y)
     pipe.save(path)
 
 
 def _resume_and_train(path: str, balance: list[int]) -> dict[str, torch.Tensor]:
-    pipe = Pipeline(mlp(), balance, 4, F.cross_entropy, ADAM)
+    pipe = Pipeline(mlp(), balance, microbatches=4, loss_fn=F.cross_entropy, optimizer=ADAM)
     pipe.load(path)
     assert pipe.steps == 2
     x, y = batches(3)[2]
@@ -33,7 +33,7 @@ def _resume_and_train(path: str, balance: list[int]) -> dict[str, torch.Tensor]:
 
 
 def _load_wrong_model(path: str) -> str:
-    pipe = Pipeline(branchy(), [2, 2], 4, F.cross_entropy)
+    pipe = Pipeline(branchy(), [2, 2], microbatches=4, loss_fn=F.cross_entropy)
     try:
         pipe.load(path)
     except CheckpointError as exc:

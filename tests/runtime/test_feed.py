@@ -28,7 +28,14 @@ def _model() -> nn.Sequential:
 def _long_run(count: int, as_generator: bool) -> dict[str, Any]:
     """2 stages, PipeDream (an update per batch): each worker counts its stage's forwards, and its generator
     records how far it was pulled ahead of them at every pull."""
-    pipe = Pipeline(_model(), [2, 1], 1, F.cross_entropy, partial(torch.optim.SGD, lr=0.01), "pipedream")
+    pipe = Pipeline(
+        _model(),
+        [2, 1],
+        microbatches=1,
+        loss_fn=F.cross_entropy,
+        optimizer=partial(torch.optim.SGD, lr=0.01),
+        schedule="pipedream",
+    )
     forwards = [0]
     pipe.module[0].register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     ahead: list[int] = []
@@ -72,7 +79,15 @@ def _layouts(replicas: list[int]) -> dict[tuple[str, bool], dict[str, torch.Tens
     sgd = partial(torch.optim.SGD, lr=0.05)
     for schedule in SCHEDULES:
         for as_generator in (True, False):
-            pipe = Pipeline(_model(), balance, 3, F.cross_entropy, sgd, schedule, replicas)
+            pipe = Pipeline(
+                _model(),
+                balance,
+                microbatches=3,
+                loss_fn=F.cross_entropy,
+                optimizer=sgd,
+                schedule=schedule,
+                replicas=replicas,
+            )
             pipe.train(iter(data) if as_generator else data)
             out[(schedule, as_generator)] = {k: v.clone() for k, v in pipe.module.state_dict().items()}
     return out
@@ -114,7 +129,15 @@ def test_an_empty_batch_is_refused() -> None:
 def _three_replicas_ahead() -> int:
     """PipeDream on 3-1 with 4 microbatches per batch: replica 2 of stage 0 asks about batch 5 (window 1) while
     worker 0, one round behind at its all-reduce, still works in window 0."""
-    pipe = Pipeline(_model(), [2, 1], 4, F.cross_entropy, partial(torch.optim.SGD, lr=0.05), "pipedream", [3, 1])
+    pipe = Pipeline(
+        _model(),
+        [2, 1],
+        microbatches=4,
+        loss_fn=F.cross_entropy,
+        optimizer=partial(torch.optim.SGD, lr=0.05),
+        schedule="pipedream",
+        replicas=[3, 1],
+    )
     pipe.train(iter([_batch(i, size=10) for i in range(7)]))
     return pipe.steps
 

@@ -48,10 +48,12 @@ def _pipelined(replicas: list[int]) -> dict[tuple[str, str], dict[str, Any]]:
         for schedule in ("gpipe", "flush"):
             first = _data()[0]
             layout = {"schedule": schedule, "replicas": replicas}
-            grad_pipe = Pipeline(factory(), balance, MICROBATCHES, F.cross_entropy, **layout)
+            grad_pipe = Pipeline(factory(), balance, microbatches=MICROBATCHES, loss_fn=F.cross_entropy, **layout)
             grad_pipe.train_step(*first)
             grads = {n: p.grad.clone() for n, p in grad_pipe.module.named_parameters()}
-            pipe = Pipeline(factory(), balance, MICROBATCHES, F.cross_entropy, SGD, **layout)
+            pipe = Pipeline(
+                factory(), balance, microbatches=MICROBATCHES, loss_fn=F.cross_entropy, optimizer=SGD, **layout
+            )
             losses = [pipe.train_step(x, y) for x, y in _data()]
             out[(model_name, schedule)] = {
                 "grads": grads,
@@ -85,8 +87,9 @@ def test_pipelines_match_one_step_on_the_whole_batch(replicas: list[int]) -> Non
             for rank, result in per_rank.items():
                 for field in ("grads", "params"):
                     for name, value in result[key][field].items():
-                        torch.testing.assert_close(value, ref[field][name], rtol=1e-5, atol=1e-6,
-                                                   msg=f"{key} rank {rank} {field} {name}")  # fmt: skip
+                        torch.testing.assert_close(
+                            value, ref[field][name], rtol=1e-5, atol=1e-6, msg=f"{key} rank {rank} {field} {name}"
+                        )
             assert _merge(per_rank, key, "params").keys() == ref["params"].keys()
             assert output[key]["losses"] == pytest.approx(ref["losses"], rel=1e-5)
             torch.testing.assert_close(output[key]["eval"], ref["eval"], rtol=1e-5, atol=1e-6)
@@ -104,10 +107,10 @@ def _bad_inputs() -> dict[str, str]:
 
     errors = {}
     try:
-        Pipeline(mlp(), [2, 2, 1], MICROBATCHES, F.cross_entropy)
+        Pipeline(mlp(), [2, 2, 1], microbatches=MICROBATCHES, loss_fn=F.cross_entropy)
     except RuntimeError as exc:
         errors["world"] = str(exc)
-    pipe = Pipeline(mlp(), [3, 2], MICROBATCHES, F.cross_entropy)
+    pipe = Pipeline(mlp(), [3, 2], microbatches=MICROBATCHES, loss_fn=F.cross_entropy)
     x = batches()[0][0]
     for name, bad in (("missing", [(None, None)]), ("pair", [x])):
         try:
@@ -130,7 +133,7 @@ def test_bad_inputs_get_errors_that_name_the_fix() -> None:
 def _mismatched() -> None:
     from models import mlp
 
-    pipe = Pipeline(mlp(), [3, 2], MICROBATCHES, F.cross_entropy)
+    pipe = Pipeline(mlp(), [3, 2], microbatches=MICROBATCHES, loss_fn=F.cross_entropy)
     x, y = batches()[0]
     pipe.train([(x, y[:6] if pipe.is_last else y)])
 
@@ -144,7 +147,7 @@ def test_inputs_and_targets_of_different_batches_stop_the_job() -> None:
 def _traced() -> list[str]:
     from models import mlp
 
-    pipe = Pipeline(mlp(), [3, 2], MICROBATCHES, F.cross_entropy)
+    pipe = Pipeline(mlp(), [3, 2], microbatches=MICROBATCHES, loss_fn=F.cross_entropy)
     pipe.executor.trace = []
     pipe.train_step(*batches()[0])
     return [str(a) for a, start, end in pipe.executor.trace if start <= end]
@@ -166,7 +169,7 @@ def test_a_failing_worker_stops_the_others() -> None:
 def _one_side_missing() -> None:
     from models import mlp
 
-    pipe = Pipeline(mlp(), [3, 2], MICROBATCHES, F.cross_entropy)
+    pipe = Pipeline(mlp(), [3, 2], microbatches=MICROBATCHES, loss_fn=F.cross_entropy)
     pipe.train([(batches()[0][0], None)])
 
 
@@ -174,4 +177,4 @@ def test_pipeline_needs_torch_distributed() -> None:
     from models import mlp
 
     with pytest.raises(RuntimeError, match=r"conveyor\.launch"):
-        Pipeline(mlp(), [5], MICROBATCHES, F.cross_entropy)
+        Pipeline(mlp(), [5], microbatches=MICROBATCHES, loss_fn=F.cross_entropy)

@@ -25,7 +25,16 @@ def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _run(replicas: int, bucket_bytes: int) -> dict[str, Any]:
-    pipe = Pipeline(mlp(), [5], 4, F.cross_entropy, SGD, "flush", [replicas], bucket_bytes=bucket_bytes)
+    pipe = Pipeline(
+        mlp(),
+        [5],
+        microbatches=4,
+        loss_fn=F.cross_entropy,
+        optimizer=SGD,
+        schedule="flush",
+        replicas=[replicas],
+        bucket_bytes=bucket_bytes,
+    )
     pipe.train(_data())
     updater = pipe.executor.updater
     return {
@@ -61,7 +70,16 @@ def _reduce_with_counts(count_on_host: bool) -> tuple[int, list[torch.Tensor]]:
         p.grad = torch.full_like(p, 6.0 * (1 - rank))  # replica 1 ran nothing
     group = dist.new_group([0, 1])
     count_group = group if count_on_host else None
-    updater = Updater(module, None, group, None, False, 2, torch.device("cpu"), count_group=count_group)
+    updater = Updater(
+        module,
+        None,
+        group=group,
+        max_grad_norm=None,
+        clip_whole_model=False,
+        replicas=2,
+        device=torch.device("cpu"),
+        count_group=count_group,
+    )
     updater.reduce(3 if rank == 0 else 0)
     return updater.samples, [p.grad.clone() for p in module.parameters()]
 

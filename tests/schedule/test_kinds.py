@@ -50,8 +50,13 @@ def test_vertical_sync_stashes_wherever_a_long_run_keeps_two_versions(replicas: 
 
 
 def test_versions_are_the_ones_the_action_lists_use() -> None:
-    for name, replicas, m in [("2bw", [1, 1, 1], 4), ("2bw", [2, 1], 3), ("pipedream-vs", [2, 1], 1),
-                              ("pipedream-vs", [1, 3, 2], 2), ("pipedream", [3, 1], 2)]:  # fmt: skip
+    for name, replicas, m in [
+        ("2bw", [1, 1, 1], 4),
+        ("2bw", [2, 1], 3),
+        ("pipedream-vs", [2, 1], 1),
+        ("pipedream-vs", [1, 3, 2], 2),
+        ("pipedream", [3, 1], 2),
+    ]:
         record = KINDS[name]
         s = make_schedule(name, len(replicas), m, 6, replicas)
         for w in range(s.workers):

@@ -28,7 +28,7 @@ def test_threads_racing_claim_every_chunk_once(replicas: int, chunks: int, reass
 
     def claim(w: int) -> None:
         barrier.wait()  # all at once
-        claimed[w] = list(StepClaims(store, "step0", w, replicas, chunks, reassign))
+        claimed[w] = list(StepClaims(store, "step0", replica=w, replicas=replicas, chunks=chunks, reassign=reassign))
 
     threads = [threading.Thread(target=claim, args=(w,)) for w in range(replicas)]
     for t in threads:
@@ -47,7 +47,7 @@ def _claim_many(steps: int, chunks: int) -> list[list[int]]:
     out = []
     for step in range(steps):
         dist.barrier()
-        out.append([j for j, _ in StepClaims(store, f"race/{step}", w, n, chunks)])
+        out.append([j for j, _ in StepClaims(store, f"race/{step}", replica=w, replicas=n, chunks=chunks)])
     return out
 
 
@@ -67,7 +67,7 @@ def _killed_mid_claim() -> None:
         time.sleep(0.05)  # the others are slower, so replica 1 claims its own head chunk before they could
         return F.cross_entropy(out, y)
 
-    ddp = FlexiblePipeline(mlp(), loss, partial(torch.optim.SGD, lr=0.1), chunks=2, slack=0)
+    ddp = FlexiblePipeline(mlp(), loss_fn=loss, optimizer=partial(torch.optim.SGD, lr=0.1), chunks=2, slack=0)
     ddp.train(batches(n=4, size=12))
 
 

@@ -69,15 +69,28 @@ def _train(layout: str, slack: int, reassign: bool, predict: bool, straggler: in
     if straggler is not None and torch.distributed.get_rank() == straggler:  # a slow replica: 30 ms per chunk
         model[0].register_forward_pre_hook(lambda *_: time.sleep(0.03))
     balance, replicas = LAYOUTS[layout]
-    pipe = FlexiblePipeline(model, F.cross_entropy, SGD, balance, replicas, chunks=3, slack=slack, reassign=reassign,
-                            predict=predict)  # fmt: skip
+    pipe = FlexiblePipeline(
+        model,
+        loss_fn=F.cross_entropy,
+        optimizer=SGD,
+        balance=balance,
+        replicas=replicas,
+        chunks=3,
+        slack=slack,
+        reassign=reassign,
+        predict=predict,
+    )
     feed = _data() if pipe.is_first or pipe.is_last else None
     losses = pipe.train(feed)
     pipe.train(feed[:4] if feed else None)  # a second run (epoch) goes on from the first's weights and optimizer
     records = pipe.gather_records()
     pipe.save(path)  # one file of the whole model, whatever the split
-    return {"params": {k: v.detach().clone() for k, v in pipe.module.named_parameters()}, "losses": losses,
-            "records": records, "output": pipe.is_output}  # fmt: skip
+    return {
+        "params": {k: v.detach().clone() for k, v in pipe.module.named_parameters()},
+        "losses": losses,
+        "records": records,
+        "output": pipe.is_output,
+    }
 
 
 @pytest.mark.parametrize(
@@ -129,13 +142,13 @@ def test_only_the_first_stage_may_be_replicated() -> None:
 
 
 def _only_first() -> None:
-    FlexiblePipeline(mlp(), F.cross_entropy, SGD, [3, 2], [1, 2])
+    FlexiblePipeline(mlp(), loss_fn=F.cross_entropy, optimizer=SGD, balance=[3, 2], replicas=[1, 2])
 
 
 def _slack_lets_replicas_run_ahead(slack: int) -> float:
     """The fastest replica's time to its last step's compute, with replica 2 pausing 0.3 s at step 2."""
     torch.set_num_threads(1)
-    ddp = FlexiblePipeline(mlp(), F.cross_entropy, SGD, chunks=1, slack=slack, reassign=False)
+    ddp = FlexiblePipeline(mlp(), loss_fn=F.cross_entropy, optimizer=SGD, chunks=1, slack=slack, reassign=False)
     start, reached = time.perf_counter(), 0.0
 
     def on_step(step: int) -> None:

@@ -11,8 +11,12 @@ from conveyor.warmstart._graph import OpGraph, OpNode, op_graph
 def test_mlp_graph_is_a_chain_of_its_modules() -> None:
     g = op_graph(mlp(inputs=8, classes=3, width=4, depth=2))
     assert [(n.name, n.op) for n in g.nodes] == [
-        ("0", "Linear"), ("1", "ReLU"), ("2", "Linear"), ("3", "ReLU"), ("4", "Linear"),
-    ]  # fmt: skip
+        ("0", "Linear"),
+        ("1", "ReLU"),
+        ("2", "Linear"),
+        ("3", "ReLU"),
+        ("4", "Linear"),
+    ]
     assert g.nodes[0].params == {"weight": (4, 8), "bias": (4,)}
     assert g.nodes[1].params == {}
     assert [n.inputs for n in g.nodes] == [[], [0], [1], [2], [3]]
@@ -75,7 +79,11 @@ class Untraceable(nn.Module):
 def test_untraceable_model_falls_back_to_a_chain_of_leaf_modules() -> None:
     g = op_graph(Untraceable())
     assert "fx could not trace Untraceable" in g.note
-    assert [(n.name, n.op) for n in g.nodes] == [("a", "Linear"), ("b", "Linear"), ("block.0", "ReLU"),
-                                                 ("block.1", "LayerNorm")]  # fmt: skip
+    assert [(n.name, n.op) for n in g.nodes] == [
+        ("a", "Linear"),
+        ("b", "Linear"),
+        ("block.0", "ReLU"),
+        ("block.1", "LayerNorm"),
+    ]
     assert [n.inputs for n in g.nodes] == [[], [0], [1], [2]]
     assert OpNode("x", "ReLU").size == 0

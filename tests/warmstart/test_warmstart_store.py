@@ -11,8 +11,12 @@ import torch
 from conveyor.cli import main
 from conveyor.warmstart._store import ModelStore, default_model_store
 
-GRAPH = {"nodes": [{"name": "0", "op": "Linear", "params": {"weight": [16, 64], "bias": [16]}, "inputs": []},
-                   {"name": "1", "op": "ReLU", "params": {}, "inputs": [0]}]}  # fmt: skip
+GRAPH = {
+    "nodes": [
+        {"name": "0", "op": "Linear", "params": {"weight": [16, 64], "bias": [16]}, "inputs": []},
+        {"name": "1", "op": "ReLU", "params": {}, "inputs": [0]},
+    ]
+}
 
 
 def _checkpoint(folder: Path) -> Path:

@@ -51,8 +51,9 @@ def test_widened_conv_batchnorm_chain_computes_the_same_function() -> None:
     torch.manual_seed(0)
 
     def net(width: int) -> nn.Sequential:
-        return nn.Sequential(nn.Conv2d(2, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-                             nn.Conv2d(width, 3, 3, padding=1))  # fmt: skip
+        return nn.Sequential(
+            nn.Conv2d(2, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.Conv2d(width, 3, 3, padding=1)
+        )
 
     parent, child = net(4), net(7)
     _randomise_bn(parent)
@@ -66,8 +67,9 @@ def test_widened_conv_through_flatten_into_linear() -> None:
     torch.manual_seed(0)
 
     def net(width: int) -> nn.Sequential:
-        return nn.Sequential(nn.Conv2d(1, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                             nn.Linear(width * 4, 5))  # fmt: skip
+        return nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(width * 4, 5)
+        )
 
     parent, child = net(3), net(8)
     report = transform(parent.state_dict(), child, [("0", "0"), ("4", "4")])
@@ -95,8 +97,13 @@ def test_deeper_and_wider_mlp_keeps_its_output() -> None:
 def test_inserted_identity_conv_keeps_its_output() -> None:
     torch.manual_seed(0)
     parent = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1))
-    child = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
-                          nn.Conv2d(4, 2, 3, padding=1))  # fmt: skip
+    child = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 2, 3, padding=1),
+    )
     report = transform(parent.state_dict(), child, [("0", "0"), ("2", "4")])
     assert report.actions["2"] == "identity"
     assert _same(parent, child, torch.randn(3, 1, 5, 5))
@@ -175,7 +182,7 @@ def test_widened_resnet_computes_the_same_function(width: int, depth: int) -> No
 
 def test_wider_transformer_models_fall_back_to_slicing() -> None:
     torch.manual_seed(0)
-    parent, child, x = gpt(11, 8, 16, depth=1), gpt(11, 8, 32, depth=2), torch.randint(0, 11, (2, 8))
+    parent, child, x = gpt(11, 8, width=16, depth=1), gpt(11, 8, width=32, depth=2), torch.randint(0, 11, (2, 8))
     names = [n for n, m in parent.named_modules() if list(m.parameters(recurse=False))]
     renamed = {"2": "3", "3": "4"}
     report = transform(parent.state_dict(), child, [(n, renamed.get(n, n)) for n in names])
@@ -187,7 +194,7 @@ def test_wider_transformer_models_fall_back_to_slicing() -> None:
 
 def test_new_transformer_block_is_zero_initialised_and_unknown_names_fail() -> None:
     torch.manual_seed(0)
-    parent, child = gpt(11, 8, 16, depth=1, dropout=0.0), gpt(11, 8, 16, depth=2, dropout=0.0)
+    parent, child = gpt(11, 8, width=16, depth=1, dropout=0.0), gpt(11, 8, width=16, depth=2, dropout=0.0)
     names = [n for n, m in parent.named_modules() if list(m.parameters(recurse=False))]
     renamed = {"2": "3", "3": "4"}
     report = transform(parent.state_dict(), child, [(n, renamed.get(n, n)) for n in names])

@@ -36,8 +36,9 @@ def main() -> None:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     # The agent's store, under a prefix per attempt: env:// reused the previous attempt's gloo addresses (torch
     # 2.13), and a restarted group failed to connect to workers that were gone.
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False,
-                          timeout=timedelta(seconds=120))  # fmt: skip
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False, timeout=timedelta(seconds=120)
+    )
     dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{restart}", agent), rank=rank, world_size=world)
     (args.folder / f"pid-{rank}").write_text(str(os.getpid()))
     model, data = model_and_data(cfg)

@@ -23,8 +23,11 @@ __all__ = ["PAPER", "ClusterBenchConfig", "jct_vs_load", "plot", "solve_times", 
 # (policy runtime; the "Gavel" LAS line of the plot file notebooks/figures/evaluation/solver_scaling/
 # multi_gpu_las.pdf in github.com/stanford-futuredata/gavel, read from the plot's coordinates): seconds per
 # allocation by job count, on its sweep's cluster of n/4 devices of each of three types.
-PAPER = {"jct_improvement_up_to": 3.5, "sustained_load_up_to": 1.5,
-         "figure12_solve_s": {"32": 0.0084, "128": 0.013, "512": 0.032, "1024": 0.046, "2048": 0.083}}  # fmt: skip
+PAPER = {
+    "jct_improvement_up_to": 3.5,
+    "sustained_load_up_to": 1.5,
+    "figure12_solve_s": {"32": 0.0084, "128": 0.013, "512": 0.032, "1024": 0.046, "2048": 0.083},
+}
 
 
 @dataclass(frozen=True)
@@ -63,15 +66,29 @@ def parse_cluster(text: str, per_server: int = 4) -> Devices:
 def _one_point(cfg: ClusterBenchConfig, policy: str, rate: float) -> dict[str, Any]:
     table = ThroughputTable.load(cfg.throughputs)
     devices = parse_cluster(cfg.cluster)
-    jobs = generate_jobs(2 * cfg.window[1], rate, seed=cfg.seed, table=table)
+    jobs = generate_jobs(2 * cfg.window[1], jobs_per_hour=rate, seed=cfg.seed, table=table)
     began = time.perf_counter()
-    sim = simulate(jobs, lambda job: table.matrix([job], devices.types)[0], devices, policy, round_s=cfg.round_s,
-                   window=cfg.window, max_s=jobs[cfg.window[1] - 1].arrival_s + cfg.max_hours * 3600)  # fmt: skip
-    return {"policy": policy, "jobs_per_hour": rate, "average_jct_s": sim.average_jct_s(cfg.window),
-            "utilization": sim.utilization, "rounds": sim.rounds, "allocations": len(sim.solves),
-            "finished_in_window": sum(1 for r in sim.jobs if cfg.window[0] <= r.job_id < cfg.window[1]
-                                      and r.finish_s is not None),
-            "wall_s": time.perf_counter() - began}  # fmt: skip
+    sim = simulate(
+        jobs,
+        lambda job: table.matrix([job], devices.types)[0],
+        devices,
+        policy,
+        round_s=cfg.round_s,
+        window=cfg.window,
+        max_s=jobs[cfg.window[1] - 1].arrival_s + cfg.max_hours * 3600,
+    )
+    return {
+        "policy": policy,
+        "jobs_per_hour": rate,
+        "average_jct_s": sim.average_jct_s(cfg.window),
+        "utilization": sim.utilization,
+        "rounds": sim.rounds,
+        "allocations": len(sim.solves),
+        "finished_in_window": sum(
+            1 for r in sim.jobs if cfg.window[0] <= r.job_id < cfg.window[1] and r.finish_s is not None
+        ),
+        "wall_s": time.perf_counter() - began,
+    }
 
 
 def jct_vs_load(cfg: ClusterBenchConfig, processes: int = 2) -> list[dict[str, Any]]:
@@ -110,10 +127,15 @@ def solve_times(
         for n in cfg.solve_sizes:
             if sweep_cluster:
                 devices = Devices(dict.fromkeys(devices.types, max(n // 4, 1)))
-            jobs = generate_jobs(n, 0.0, seed=cfg.seed, table=table)
-            problem = Problem(tuple(range(n)), devices.types, table.matrix(jobs, devices.types),
-                              [j.scale_factor for j in jobs], [devices.counts[t] for t in devices.types],
-                              remaining_steps=[j.total_steps for j in jobs])  # fmt: skip
+            jobs = generate_jobs(n, jobs_per_hour=0.0, seed=cfg.seed, table=table)
+            problem = Problem(
+                tuple(range(n)),
+                devices.types,
+                table.matrix(jobs, devices.types),
+                [j.scale_factor for j in jobs],
+                [devices.counts[t] for t in devices.types],
+                remaining_steps=[j.total_steps for j in jobs],
+            )
             times = []
             for _ in range(repeats):
                 began = time.perf_counter()
@@ -145,9 +167,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def report(cfg: ClusterBenchConfig, rows: list[dict[str, Any]], solves: dict[str, dict[str, float]],
-           fidelity: dict[str, Any] | None,
-           sweep_solves: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
+def report(
+    cfg: ClusterBenchConfig,
+    rows: list[dict[str, Any]],
+    solves: dict[str, dict[str, float]],
+    fidelity: dict[str, Any] | None,
+    sweep_solves: dict[str, dict[str, float]] | None = None,
+) -> dict[str, Any]:
     """The JSON report, with the goals judged; ``sweep_solves``: solve times on Gavel's sweep cluster, beside
     its Figure 12's.
 
@@ -157,9 +183,16 @@ def report(cfg: ClusterBenchConfig, rows: list[dict[str, Any]], solves: dict[str
     """
     agnostic, aware = cfg.policies[0], cfg.policies[-1]
     goals: dict[str, Any] = {}
-    out: dict[str, Any] = {"config": asdict(cfg), "jct_vs_load": rows, "solve_s": solves.get(aware, {}),
-                           "solve_s_by_policy": solves, "solve_s_sweep_cluster": sweep_solves or {},
-                           "fidelity": fidelity, "paper": PAPER, "goals": goals}  # fmt: skip
+    out: dict[str, Any] = {
+        "config": asdict(cfg),
+        "jct_vs_load": rows,
+        "solve_s": solves.get(aware, {}),
+        "solve_s_by_policy": solves,
+        "solve_s_sweep_cluster": sweep_solves or {},
+        "fidelity": fidelity,
+        "paper": PAPER,
+        "goals": goals,
+    }
     if rows:
         base = _jct(rows, aware, min(cfg.rates))
         sustained_by = {str(m): sustained(rows, m * base) for m in (2, 3, 4)}
@@ -188,10 +221,16 @@ def fidelity_jobs() -> list[TraceJob]:
     are epochs, about 0.1 s each on a whole core: jobs of 36 s to 96 s alone on the fast device, so they span
     rounds and are preempted and resumed)."""
     return [
-        TraceJob("mlp-w16", total_steps=steps, scale_factor=1, arrival_s=arrival,
-                 command="conveyor train --model mlp --width 16 --batch-size 32", num_steps_arg="--epochs")
+        TraceJob(
+            "mlp-w16",
+            total_steps=steps,
+            scale_factor=1,
+            arrival_s=arrival,
+            command="conveyor train --model mlp --width 16 --batch-size 32",
+            num_steps_arg="--epochs",
+        )
         for steps, arrival in ((960, 0.0), (600, 0.0), (720, 60.0), (360, 120.0))
-    ]  # fmt: skip
+    ]
 
 
 def fidelity(cfg: ClusterBenchConfig, folder: Path) -> dict[str, Any]:
@@ -206,14 +245,26 @@ def fidelity(cfg: ClusterBenchConfig, folder: Path) -> dict[str, Any]:
         real = run_real(jobs, device_types, policy, backend, folder, round_s=cfg.fidelity_round_s)
     restart = real.restart_s()
     index = {id(job): i for i, job in enumerate(jobs)}
-    sim = simulate(jobs, lambda job: real.rates(index[id(job)]), device_types.devices, policy,
-                   round_s=cfg.fidelity_round_s, restart_s=restart)  # fmt: skip
-    return {"policy": policy, "devices": cfg.fidelity_devices, "round_s": cfg.fidelity_round_s,
-            "real_jct_s": real.simulation.average_jct_s(), "simulated_jct_s": sim.average_jct_s(),
-            "real_jobs_jct_s": [r.jct_s for r in real.simulation.jobs],
-            "simulated_jobs_jct_s": [r.jct_s for r in sim.jobs],
-            "measured_epochs_per_s": [list(real.rates(i)) for i in range(len(jobs))], "restart_s": restart,
-            "launches": len(real.launches)}  # fmt: skip
+    sim = simulate(
+        jobs,
+        lambda job: real.rates(index[id(job)]),
+        device_types.devices,
+        policy,
+        round_s=cfg.fidelity_round_s,
+        restart_s=restart,
+    )
+    return {
+        "policy": policy,
+        "devices": cfg.fidelity_devices,
+        "round_s": cfg.fidelity_round_s,
+        "real_jct_s": real.simulation.average_jct_s(),
+        "simulated_jct_s": sim.average_jct_s(),
+        "real_jobs_jct_s": [r.jct_s for r in real.simulation.jobs],
+        "simulated_jobs_jct_s": [r.jct_s for r in sim.jobs],
+        "measured_epochs_per_s": [list(real.rates(i)) for i in range(len(jobs))],
+        "restart_s": restart,
+        "launches": len(real.launches),
+    }
 
 
 def load_report(path: Path) -> dict[str, Any]:

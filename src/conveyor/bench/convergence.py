@@ -63,9 +63,14 @@ def _config(model: str, strategy: str, seed: int, workers: int, run_dir: Path) -
         else {"stages": workers, "schedule": schedule}
     )
     return TrainConfig(
-        model=model, epochs=cap, target_accuracy=target, seed=seed, stale_correction=not plain,
-        run_dir=str(run_dir / f"{model}-{strategy.replace('/', '-')}-{seed}"), **layout,
-    )  # fmt: skip
+        model=model,
+        epochs=cap,
+        target_accuracy=target,
+        seed=seed,
+        stale_correction=not plain,
+        run_dir=str(run_dir / f"{model}-{strategy.replace('/', '-')}-{seed}"),
+        **layout,
+    )
 
 
 def epochs_to(accuracy: list[float], target: float) -> int | None:
@@ -98,8 +103,13 @@ def run(
                     if progress is not None:
                         progress(f"{model} {strategy} seed {seed}")
                     summary = train(_config(model, strategy, seed, cfg.workers, Path(tmp)))
-                    runs.append({"seed": seed, "epochs_to_target": epochs_to(summary["accuracy"], target),
-                                 "accuracy": summary["accuracy"]})  # fmt: skip
+                    runs.append(
+                        {
+                            "seed": seed,
+                            "epochs_to_target": epochs_to(summary["accuracy"], target),
+                            "accuracy": summary["accuracy"],
+                        }
+                    )
                 median = summarise([r["epochs_to_target"] for r in runs], cap)
                 results[model][strategy] = {"median_epochs": median, "reached": median <= cap, "runs": runs}
             dp = results[model]["dp"]["median_epochs"]
@@ -109,8 +119,14 @@ def run(
     factors = {m: {s: r["factor"] for s, r in per.items()} for m, per in results.items()}
     models = ",".join(cfg.models)
     source = f"conveyor bench convergence --models {models} --seeds {cfg.seeds}, {time.strftime('%Y-%m-%d')}"
-    report = {"source": source, "config": asdict(cfg), "targets": {m: TARGETS[m] for m in cfg.models}, "goal": GOAL,
-              "results": results, "epoch_factors": factors}  # fmt: skip
+    report = {
+        "source": source,
+        "config": asdict(cfg),
+        "targets": {m: TARGETS[m] for m in cfg.models},
+        "goal": GOAL,
+        "results": results,
+        "epoch_factors": factors,
+    }
     if plot:
         _plot(report, plot)
     return report

@@ -150,9 +150,18 @@ def _allreduce_rows(cfg: CostsBenchConfig, network: str, workers: int) -> list[d
     for i, size in enumerate(sizes):
         model = allreduce_s(size, workers, out["latency_s"], bandwidth)
         for repeat, seconds in enumerate(out["seconds"][i * cfg.repeats : (i + 1) * cfg.repeats]):
-            rows.append({"network": network, "workers": workers, "bytes": size, "repeat": repeat,
-                         "latency_s": out["latency_s"], "model_s": model, "measured_s": seconds,
-                         "error": seconds / model - 1})  # fmt: skip
+            rows.append(
+                {
+                    "network": network,
+                    "workers": workers,
+                    "bytes": size,
+                    "repeat": repeat,
+                    "latency_s": out["latency_s"],
+                    "model_s": model,
+                    "measured_s": seconds,
+                    "error": seconds / model - 1,
+                }
+            )
     return rows
 
 
@@ -165,12 +174,27 @@ def _transfer_rows(cfg: CostsBenchConfig, bandwidth: float, stages: list[int]) -
     )[0]
     cuts = [0, *[nbytes] * (len(stages) - 1), 0]
     per_minibatch = max(
-        float(stage_seconds("physical", topology, 0, 0.0, 0.0, cuts[s], cuts[s + 1], r)) for s, r in enumerate(stages)
+        float(
+            stage_seconds(
+                "physical", topology, k=0, inner=0.0, weights=0.0, cut_in=cuts[s], cut_out=cuts[s + 1], units=r
+            )
+        )
+        for s, r in enumerate(stages)
     )
     model = per_minibatch * cfg.microbatches
-    return [{"network": network, "stages": "-".join(map(str, stages)), "bytes": nbytes,
-             "microbatches": cfg.microbatches, "repeat": repeat, "model_s": model, "measured_s": seconds,
-             "error": seconds / model - 1} for repeat, seconds in enumerate(runs)]  # fmt: skip
+    return [
+        {
+            "network": network,
+            "stages": "-".join(map(str, stages)),
+            "bytes": nbytes,
+            "microbatches": cfg.microbatches,
+            "repeat": repeat,
+            "model_s": model,
+            "measured_s": seconds,
+            "error": seconds / model - 1,
+        }
+        for repeat, seconds in enumerate(runs)
+    ]
 
 
 def _overlap_rows(cfg: CostsBenchConfig, bandwidth: float) -> list[dict[str, Any]]:
@@ -184,9 +208,20 @@ def _overlap_rows(cfg: CostsBenchConfig, bandwidth: float) -> list[dict[str, Any
     rows = []
     for repeat, (alone, both) in enumerate(zip(out["alone_s"], out["both_s"], strict=True)):
         model = max(alone, transfer)
-        rows.append({"network": network, "bytes": nbytes, "microbatches": cfg.microbatches, "repeat": repeat,
-                     "compute_s": alone, "transfer_s": transfer, "model_s": model, "summed_s": alone + transfer,
-                     "measured_s": both, "error": both / model - 1})  # fmt: skip
+        rows.append(
+            {
+                "network": network,
+                "bytes": nbytes,
+                "microbatches": cfg.microbatches,
+                "repeat": repeat,
+                "compute_s": alone,
+                "transfer_s": transfer,
+                "model_s": model,
+                "summed_s": alone + transfer,
+                "measured_s": both,
+                "error": both / model - 1,
+            }
+        )
     return rows
 
 
@@ -210,6 +245,12 @@ def run(cfg: CostsBenchConfig) -> dict[str, Any]:
             progress.advance(task)
     errors = [abs(row["error"]) for row in allreduces + transfers + overlap]
     within = sum(e <= 0.1 for e in errors)
-    return {"config": asdict(cfg), "allreduce": allreduces, "transfers": transfers, "overlap": overlap,
-            "worst_error": max(errors),
-            "within_10_percent": within, "cases": len(errors)}  # fmt: skip
+    return {
+        "config": asdict(cfg),
+        "allreduce": allreduces,
+        "transfers": transfers,
+        "overlap": overlap,
+        "worst_error": max(errors),
+        "within_10_percent": within,
+        "cases": len(errors),
+    }

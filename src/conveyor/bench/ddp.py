@@ -53,9 +53,16 @@ def _worker(cfg: TrainConfig) -> dict[str, Any]:
                 accuracy[0] = (model(data.test_x).argmax(-1) == data.test_y).float().mean()
         dist.broadcast(accuracy, src=0)
         samples = (epoch + 1) * len(data.train_x)
-        history.append({"seconds": time.perf_counter() - start, "train_seconds": train_seconds, "samples": samples,
-                        "samples_per_s": samples / train_seconds, "accuracy": float(accuracy),
-                        "bytes_between_servers": traffic.total})  # fmt: skip
+        history.append(
+            {
+                "seconds": time.perf_counter() - start,
+                "train_seconds": train_seconds,
+                "samples": samples,
+                "samples_per_s": samples / train_seconds,
+                "accuracy": float(accuracy),
+                "bytes_between_servers": traffic.total,
+            }
+        )
         if cfg.target_accuracy is not None and float(accuracy) >= cfg.target_accuracy:
             break
     return {"history": history, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
@@ -69,8 +76,9 @@ def train_ddp(cfg: TrainConfig, workers: int, run_dir: str | Path | None = None)
         ``samples`` trained, ``bytes_between_servers`` while training (``None`` off an emulated network),
         ``peak_rss_bytes`` per worker and ``layout``.
     """
-    per_rank = launch_emulated(_worker, cfg, nprocs=workers, emulation=Emulation(cfg.network, cfg.devices),
-                               log_dir=run_dir)  # fmt: skip
+    per_rank = launch_emulated(
+        _worker, cfg, nprocs=workers, emulation=Emulation(cfg.network, cfg.devices), log_dir=run_dir
+    )
     history = per_rank[0]["history"]
     return {
         "accuracy": [h["accuracy"] for h in history],

@@ -64,9 +64,18 @@ class ElasticBenchConfig:
 
 
 def _train_config(cfg: ElasticBenchConfig, folder: Path, faults: str | None) -> TrainConfig:
-    return TrainConfig(model=cfg.model, workers=cfg.workers, reliable=cfg.reliable, epochs=cfg.epochs,
-                       batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, run_dir=str(folder),
-                       faults=faults, elastic_layout=cfg.elastic_layout)  # fmt: skip
+    return TrainConfig(
+        model=cfg.model,
+        workers=cfg.workers,
+        reliable=cfg.reliable,
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        run_dir=str(folder),
+        faults=faults,
+        elastic_layout=cfg.elastic_layout,
+    )
 
 
 def _faults(cfg: ElasticBenchConfig, train_s: float) -> tuple[str, list[tuple[str, bool, float]]]:
@@ -91,15 +100,29 @@ def _conveyor_events(folder: Path, phases: list[tuple[str, bool, float]], victim
     for kind, notice, at in phases:
         wall = next((f["wall"] for f in faults if f["kind"] == kind and f["at"] == at), None)
         if wall is None:  # the run ended before this phase's fault (it ran faster than the uninterrupted one)
-            events.append({"kind": kind, "workers": victims, "notice": notice and kind == "revoke",
-                           "recovery_s": None, "steps_redone": 0, "missed": "the run ended first"})  # fmt: skip
+            events.append(
+                {
+                    "kind": kind,
+                    "workers": victims,
+                    "notice": notice and kind == "revoke",
+                    "recovery_s": None,
+                    "steps_redone": 0,
+                    "missed": "the run ended first",
+                }
+            )
             continue
         answer = next((d for d in decided if d["wall"] >= wall and ("joined" in d["reason"]) == (kind == "add")), None)
         after = next((r for r in resumed if answer is not None and r["gen"] >= answer["gen"]), None)
         span = [g for g in gens.values() if g["wall"] >= wall and (after is None or g["gen"] <= after["gen"])]
-        events.append({"kind": kind, "workers": victims, "notice": notice and kind == "revoke",
-                       "recovery_s": None if after is None else round(after["wall"] - wall, 3),
-                       "steps_redone": sum(g["steps_redone"] for g in span)})  # fmt: skip
+        events.append(
+            {
+                "kind": kind,
+                "workers": victims,
+                "notice": notice and kind == "revoke",
+                "recovery_s": None if after is None else round(after["wall"] - wall, 3),
+                "steps_redone": sum(g["steps_redone"] for g in span),
+            }
+        )
     return events
 
 
@@ -114,11 +137,26 @@ def _torchrun(cfg: ElasticBenchConfig, folder: Path, events: list[tuple[str, boo
     _, data = model_and_data(TrainConfig(model=cfg.model, seed=cfg.seed))
     per_epoch = -(-len(data.train_x) // cfg.batch_size)
     every = cfg.checkpoint_every or per_epoch
-    config = json.dumps(asdict(TrainConfig(model=cfg.model, epochs=cfg.epochs, batch_size=cfg.batch_size,
-                                           lr=cfg.lr, seed=cfg.seed)))  # fmt: skip
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.workers}",
-               f"--max-restarts={cfg.max_restarts}", "--monitor-interval=0.1", "-m", "conveyor.bench._restart",
-               "--config", config, "--folder", str(folder), "--checkpoint-every", str(every)]  # fmt: skip
+    config = json.dumps(
+        asdict(TrainConfig(model=cfg.model, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed))
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={cfg.workers}",
+        f"--max-restarts={cfg.max_restarts}",
+        "--monitor-interval=0.1",
+        "-m",
+        "conveyor.bench._restart",
+        "--config",
+        config,
+        "--folder",
+        str(folder),
+        "--checkpoint-every",
+        str(every),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     began = time.time()
     log = (folder / "torchrun.log").open("w")
@@ -157,11 +195,21 @@ def _torchrun(cfg: ElasticBenchConfig, folder: Path, events: list[tuple[str, boo
         after = next((s for s in steps if s["restart"] > restart), None)
         redone = (before[-1]["step"] - after["step"] + 1) if before and after else 0
         recovery = None if after is None else round(after["wall"] - wall, 3)
-        out.append({"kind": kind, "workers": list(range(cfg.workers - cfg.revoke, cfg.workers)), "notice": notice,
-                    "recovery_s": recovery, "steps_redone": redone})  # fmt: skip
+        out.append(
+            {
+                "kind": kind,
+                "workers": list(range(cfg.workers - cfg.revoke, cfg.workers)),
+                "notice": notice,
+                "recovery_s": recovery,
+                "steps_redone": redone,
+            }
+        )
     metrics = read_jsonl(folder / "metrics.jsonl")
-    return {"events": out, "final_accuracy": metrics[-1]["accuracy"] if metrics else None,
-            "seconds": round((steps[-1]["wall"] if steps else time.time()) - began, 3)}  # fmt: skip
+    return {
+        "events": out,
+        "final_accuracy": metrics[-1]["accuracy"] if metrics else None,
+        "seconds": round((steps[-1]["wall"] if steps else time.time()) - began, 3),
+    }
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -182,14 +230,29 @@ def measure_stages(cfg: ElasticBenchConfig, folder: Path) -> list[dict[str, Any]
     for workers in cfg.stage_workers:
         for stage, (sync_max, backup_only_min) in _FORCED.items():
             run_dir = folder / f"stage{stage}-{workers}"
-            job = TrainConfig(model=cfg.model, workers=workers, reliable=cfg.reliable, epochs=cfg.stage_epochs,
-                              batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, run_dir=str(run_dir),
-                              sync_max=sync_max, backup_only_min=backup_only_min)  # fmt: skip
+            job = TrainConfig(
+                model=cfg.model,
+                workers=workers,
+                reliable=cfg.reliable,
+                epochs=cfg.stage_epochs,
+                batch_size=cfg.batch_size,
+                lr=cfg.lr,
+                seed=cfg.seed,
+                run_dir=str(run_dir),
+                sync_max=sync_max,
+                backup_only_min=backup_only_min,
+            )
             summary = train(job)
             seconds = summary["epoch_seconds"][-1] - summary["epoch_seconds"][0]
             samples = len(data.train_x) * (len(summary["epoch_seconds"]) - 1)
-            rows.append({"workers": workers, "transient_per_reliable": (workers - cfg.reliable) / cfg.reliable,
-                         "stage": stage, "samples_per_s": round(samples / seconds, 1)})  # fmt: skip
+            rows.append(
+                {
+                    "workers": workers,
+                    "transient_per_reliable": (workers - cfg.reliable) / cfg.reliable,
+                    "stage": stage,
+                    "samples_per_s": round(samples / seconds, 1),
+                }
+            )
     return rows
 
 
@@ -230,8 +293,11 @@ def _goals(report: dict[str, Any]) -> dict[str, Any]:
     theirs = [e for e in report["torchrun"]["events"] if e["kind"] == "revoke"]
     missed = [e["kind"] for e in report["conveyor"]["events"] if "missed" in e]  # faults the run ended before
     worst = max((e["recovery_s"] for e in ours if e["recovery_s"] is not None), default=None)
-    pairs = [(a["recovery_s"], b["recovery_s"]) for a, b in zip(ours, theirs, strict=False)
-             if a["recovery_s"] and b["recovery_s"]]  # fmt: skip
+    pairs = [
+        (a["recovery_s"], b["recovery_s"])
+        for a, b in zip(ours, theirs, strict=False)
+        if a["recovery_s"] and b["recovery_s"]
+    ]
     speedup = min((b / a for a, b in pairs), default=None)
     acc, base = report["conveyor"]["final_accuracy"], report["uninterrupted"]["final_accuracy"]
     points = None if acc is None else round(100 * (base - acc), 2)
@@ -244,4 +310,4 @@ def _goals(report: dict[str, Any]) -> dict[str, Any]:
         "committed_steps_lost_met": report["conveyor"]["committed_steps_lost"] == 0,
         "accuracy_points_below_uninterrupted": points,
         "accuracy_met": points is not None and points <= GOALS["accuracy_points"],
-    }  # fmt: skip
+    }

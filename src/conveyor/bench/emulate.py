@@ -41,8 +41,12 @@ def _setup_teardown(network: str, devices: str, workers: int) -> dict[str, Any]:
         start = time.perf_counter()
         with Cluster(Emulation(network, devices), workers, Path(tmp)):
             built = time.perf_counter()
-        return {"workers": workers, "network": network, "setup_s": built - start,
-                "teardown_s": time.perf_counter() - built}  # fmt: skip
+        return {
+            "workers": workers,
+            "network": network,
+            "setup_s": built - start,
+            "teardown_s": time.perf_counter() - built,
+        }
 
 
 def run(cfg: EmulateBenchConfig) -> dict[str, Any]:
@@ -69,5 +73,11 @@ def run(cfg: EmulateBenchConfig) -> dict[str, Any]:
     except EmulationError as exc:
         latency = f"not emulated: {exc}"
     setup = [_setup_teardown("2:1.25e9,2:1.25e7", "0.5", 4), _setup_teardown("4:1.25e9,4:1.25e7", "0.1", 16)]
-    return {"config": asdict(cfg), "ceiling_bytes_per_s": ceiling, "latency": latency, "links": links,
-            "devices": devices, "setup": setup}  # fmt: skip
+    return {
+        "config": asdict(cfg),
+        "ceiling_bytes_per_s": ceiling,
+        "latency": latency,
+        "links": links,
+        "devices": devices,
+        "setup": setup,
+    }

@@ -69,8 +69,14 @@ def _zeus(trace: WorkloadTrace, cfg: EnergyBenchConfig, seed: int) -> dict[str, 
     folder, w = Path(cfg.traces), trace.workload
     power = pd.read_csv(folder / f"summary_power_{trace.gpu}.csv")
     power = power[(power.dataset == w.dataset) & (power.optimizer == w.optimizer)]  # its merge keeps one optimizer
-    sim = Simulator(pd.read_csv(folder / "summary_train.csv"), power, PruningGTSBatchSizeOptimizer(seed=seed,
-                    verbose=False), JITPowerLimitOptimizer(verbose=False), seed=seed, verbose=False)  # fmt: skip
+    sim = Simulator(
+        pd.read_csv(folder / "summary_train.csv"),
+        power,
+        PruningGTSBatchSizeOptimizer(seed=seed, verbose=False),
+        JITPowerLimitOptimizer(verbose=False),
+        seed=seed,
+        verbose=False,
+    )
     job = Job(w.dataset, w.network, w.optimizer, w.target, w.max_epochs, w.default_batch_size)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints as it goes, whatever verbose says
         history = sim.simulate_one_job(job, cfg.recurrences, cfg.beta, cfg.eta)
@@ -84,10 +90,29 @@ def run_workload(trace: WorkloadTrace, cfg: EnergyBenchConfig) -> list[dict[str,
     w, top = trace.workload, int(trace.max_power)
     totals: dict[str, list[dict[str, float]]] = {"default": [], "conveyor": [], "oracle": [], "zeus": []}
     for seed in cfg.seeds:
-        default = replay(trace, _always(w.default_batch_size), cfg.recurrences, cfg.eta, None, seed, _always(top))
-        ours = replay(trace, search_policy(trace, cfg.beta, seed), cfg.recurrences, cfg.eta, cfg.beta, seed)
-        fixed = [replay(trace, _always(b), cfg.recurrences, cfg.eta, None, seed, _always(p))
-                 for b in trace.batch_sizes if _always_reaches(trace, b) for p in trace.power[b]]  # fmt: skip
+        default = replay(
+            trace,
+            _always(w.default_batch_size),
+            recurrences=cfg.recurrences,
+            eta=cfg.eta,
+            beta=None,
+            seed=seed,
+            limit=_always(top),
+        )
+        ours = replay(
+            trace,
+            search_policy(trace, cfg.beta, seed),
+            recurrences=cfg.recurrences,
+            eta=cfg.eta,
+            beta=cfg.beta,
+            seed=seed,
+        )
+        fixed = [
+            replay(trace, _always(b), recurrences=cfg.recurrences, eta=cfg.eta, beta=None, seed=seed, limit=_always(p))
+            for b in trace.batch_sizes
+            if _always_reaches(trace, b)
+            for p in trace.power[b]
+        ]
         oracle = min(fixed, key=lambda o: o.cost)
         for name, out in (("default", default), ("conveyor", ours), ("oracle", oracle)):
             totals[name].append({"energy_j": out.energy_j, "time_s": out.time_s, "cost": out.cost})
@@ -98,8 +123,16 @@ def run_workload(trace: WorkloadTrace, cfg: EnergyBenchConfig) -> list[dict[str,
     for policy, runs in totals.items():
         if runs:
             mean = {k: float(np.mean([r[k] for r in runs])) for k in ("energy_j", "time_s", "cost")}
-            rows.append({"workload": w.name, "gpu": trace.gpu, "policy": policy, **mean,
-                         "regret": mean["cost"] - oracle_cost, "default_batch_size": w.default_batch_size})  # fmt: skip
+            rows.append(
+                {
+                    "workload": w.name,
+                    "gpu": trace.gpu,
+                    "policy": policy,
+                    **mean,
+                    "regret": mean["cost"] - oracle_cost,
+                    "default_batch_size": w.default_batch_size,
+                }
+            )
     return rows
 
 
@@ -136,8 +169,12 @@ def report(cfg: EnergyBenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any]
         default, ours = by[(workload, gpu, "default")], by[(workload, gpu, "conveyor")]
         theirs = by.get((workload, gpu, "zeus"))
         reduction = 1 - ours["energy_j"] / default["energy_j"]
-        check: dict[str, Any] = {"workload": workload, "gpu": gpu, "energy_reduction": reduction,
-                                 "within_paper_range": low <= reduction <= high}  # fmt: skip
+        check: dict[str, Any] = {
+            "workload": workload,
+            "gpu": gpu,
+            "energy_reduction": reduction,
+            "within_paper_range": low <= reduction <= high,
+        }
         if theirs is not None:
             check["zeus_energy_reduction"] = 1 - theirs["energy_j"] / default["energy_j"]
             check["cost_vs_zeus"] = ours["cost"] / theirs["cost"] - 1

@@ -72,7 +72,13 @@ def _worker(cfg: PlanVsRunConfig, forward_s: list[float], backward_s: list[float
     set_timer_slack_1us()
     stages = [FixedLatencyStage(f, b) for f, b in zip(forward_s, backward_s, strict=True)]
     pipe = Pipeline(
-        stages, [1] * len(stages), 1, mse, partial(torch.optim.SGD, lr=1e-6), schedule="pipedream", replicas=replicas
+        stages,
+        [1] * len(stages),
+        microbatches=1,
+        loss_fn=mse,
+        optimizer=partial(torch.optim.SGD, lr=1e-6),
+        schedule="pipedream",
+        replicas=replicas,
     )
     x, y = torch.randn(cfg.batch_size, cfg.features), torch.zeros(cfg.batch_size, cfg.features)
     pipe.train([(x, y)] * 2 * math.lcm(*replicas))  # warm-up, untimed

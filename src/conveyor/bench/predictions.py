@@ -54,15 +54,22 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
         for model, schedule, repeat in itertools.product(cfg.models, cfg.schedules, range(cfg.repeats)):
             run_dir = Path(tmp) / f"{model}-{schedule}-{repeat}"
             layout_options: dict[str, Any] = (
-                {"stages": 1, "replicas": str(cfg.workers), "schedule": "flush"} if schedule == "dp"
+                {"stages": 1, "replicas": str(cfg.workers), "schedule": "flush"}
+                if schedule == "dp"
                 else {"schedule": schedule}
-            )  # fmt: skip
+            )
             summary = train(
                 TrainConfig(
-                    model=model, workers=cfg.workers, epochs=cfg.epochs, run_dir=str(run_dir),
-                    network=cfg.network, devices=cfg.devices, faults=cfg.faults, **layout_options,
+                    model=model,
+                    workers=cfg.workers,
+                    epochs=cfg.epochs,
+                    run_dir=str(run_dir),
+                    network=cfg.network,
+                    devices=cfg.devices,
+                    faults=cfg.faults,
+                    **layout_options,
                 )
-            )  # fmt: skip
+            )
             layout = summary["layout"]
             results.append(
                 {

@@ -101,9 +101,11 @@ def _worker(cfg: BenchConfig) -> dict[str, Any]:
     pipes = {}
     for name in _conveyor_schedules(cfg):
         if name == "dp":
-            pipe = Pipeline(stages, [p], cfg.microbatches, mse, optimizer=sgd, schedule="flush", replicas=[p])
+            pipe = Pipeline(
+                stages, [p], microbatches=cfg.microbatches, loss_fn=mse, optimizer=sgd, schedule="flush", replicas=[p]
+            )
         else:
-            pipe = Pipeline(stages, [1] * p, cfg.microbatches, mse, optimizer=sgd, schedule=name)
+            pipe = Pipeline(stages, [1] * p, microbatches=cfg.microbatches, loss_fn=mse, optimizer=sgd, schedule=name)
         pipes[f"conveyor/{name}"] = pipe
         if name != "dp" and not KINDS[name].synchronous:  # one run over all batches: one fill, one drain
             runs[f"conveyor/{name}"] = partial(pipe.train, [(x, y)] * cfg.steps)

@@ -146,11 +146,28 @@ def run(cfg: SpotConfig, plot_path: str | None = None) -> dict[str, Any]:
     """Replay every policy; return the JSON-ready report (and write the plot)."""
     markets = read_markets(list(cfg.traces))
     profile = read_graph_txt(Path(cfg.profile) / "graph.txt")
-    x = throughput_from_plan(profile, cfg.batch, cfg.bandwidth, max_machines=cfg.machines * len(markets) + cfg.fleet
-                             + cfg.reliable, reliable=cfg.reliable)  # fmt: skip
+    x = throughput_from_plan(
+        profile,
+        batch=cfg.batch,
+        bandwidth=cfg.bandwidth,
+        max_machines=cfg.machines * len(markets) + cfg.fleet + cfg.reliable,
+        reliable=cfg.reliable,
+    )
     costs = Costs(**cfg.measured, checkpoint_every_s=cfg.checkpoint_every_s, decide_every_s=cfg.decide_every_s)
-    outcomes = [simulate(p, markets, x, cfg.work, fleet=cfg.fleet, reliable=cfg.reliable, machines=cfg.machines,
-                         billing=cfg.billing, costs=costs) for p in cfg.policies]  # fmt: skip
+    outcomes = [
+        simulate(
+            p,
+            markets,
+            x,
+            cfg.work,
+            fleet=cfg.fleet,
+            reliable=cfg.reliable,
+            machines=cfg.machines,
+            billing=cfg.billing,
+            costs=costs,
+        )
+        for p in cfg.policies
+    ]
     results = [o.report() for o in outcomes]
     if plot_path:
         plot(outcomes, plot_path)

@@ -133,14 +133,27 @@ def mean_capacity(events: list[dict[str, Any]], cores: float, workers: int, star
 
 
 def _train_config(cfg: StragglersConfig, case: Case, pattern: str, mode: str, run_dir: Path) -> TrainConfig:
-    faults = PATTERNS[pattern].format(period=cfg.period, seed=cfg.seed, cores=cfg.cores, pause=cfg.pause,
-                                      among=case.replicas[0])  # fmt: skip
+    faults = PATTERNS[pattern].format(
+        period=cfg.period, seed=cfg.seed, cores=cfg.cores, pause=cfg.pause, among=case.replicas[0]
+    )
     return TrainConfig(
-        model=case.model, workers=case.workers, stages=len(case.replicas), replicas=case.layout, schedule="flush",
-        epochs=cfg.epochs, batch_size=case.batch_size, lr=cfg.lr, seed=cfg.seed, network=_network(cfg, case.workers),
-        devices=f"{cfg.cores:g}", faults=faults or None, stragglers=mode, slack=cfg.slack, chunks=cfg.chunks,
+        model=case.model,
+        workers=case.workers,
+        stages=len(case.replicas),
+        replicas=case.layout,
+        schedule="flush",
+        epochs=cfg.epochs,
+        batch_size=case.batch_size,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        network=_network(cfg, case.workers),
+        devices=f"{cfg.cores:g}",
+        faults=faults or None,
+        stragglers=mode,
+        slack=cfg.slack,
+        chunks=cfg.chunks,
         run_dir=str(run_dir),
-    )  # fmt: skip
+    )
 
 
 def _network(cfg: StragglersConfig, workers: int) -> str:
@@ -204,8 +217,11 @@ def _goals(results: list[dict[str, Any]]) -> dict[str, Any]:
         return f"{r['model']}:{r['layout']}/{r['pattern']}"
 
     flexrr = {key(r): r["ratio_to_ideal"] for r in results if r["mode"] == "flexrr"}
-    off = {key(r): r["ratio_to_ideal"] for r in results
-           if r["mode"] == "off" and r["pattern"] in ("slow-worker", "disrupted-machine")}  # fmt: skip
+    off = {
+        key(r): r["ratio_to_ideal"]
+        for r in results
+        if r["mode"] == "off" and r["pattern"] in ("slow-worker", "disrupted-machine")
+    }
     return {
         "targets": GOALS,
         "flexrr_ratio_to_ideal": flexrr,
@@ -234,8 +250,10 @@ def plot(results: list[dict[str, Any]], path: str | Path, cores: float) -> None:
         modes = list(dict.fromkeys(r["mode"] for r in runs))
         width = 0.8 / len(modes)
         for i, mode in enumerate(modes):
-            ratios = [next((r["ratio_to_ideal"] for r in runs if r["pattern"] == p and r["mode"] == mode), 0.0)
-                      for p in patterns]  # fmt: skip
+            ratios = [
+                next((r["ratio_to_ideal"] for r in runs if r["pattern"] == p and r["mode"] == mode), 0.0)
+                for p in patterns
+            ]
             ax.bar([j + i * width for j in range(len(patterns))], ratios, width, label=mode)
         ax.axhline(GOALS["flexrr_ratio_to_ideal"], color="black", linestyle="--", linewidth=1, label="goal 1.10")
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(patterns))], patterns)
@@ -269,8 +287,15 @@ def run(cfg: StragglersConfig, plot_path: str | None = None, keep: str | None = 
                     try:
                         results.append(_run_one(cfg, case, pattern, mode, folder))
                     except WorkerError as exc:  # one failed run is reported, and the others still run
-                        failed.append({"model": case.model, "layout": case.layout, "pattern": pattern, "mode": mode,
-                                       "error": str(exc).splitlines()[0]})  # fmt: skip
+                        failed.append(
+                            {
+                                "model": case.model,
+                                "layout": case.layout,
+                                "pattern": pattern,
+                                "mode": mode,
+                                "error": str(exc).splitlines()[0],
+                            }
+                        )
     _ideal(results, cfg)
     if plot_path:
         plot(results, plot_path, cfg.cores)

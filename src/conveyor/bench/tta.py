@@ -68,10 +68,19 @@ def _config(cfg: TTAConfig, strategy: str, run_dir: Path) -> TrainConfig:
         else {"workers": cfg.workers, "schedule": strategy}  # the planner's layout for this schedule
     )
     return TrainConfig(
-        model=cfg.model, dataset=cfg.dataset, epochs=cfg.epochs, target_accuracy=cfg.target, batch_size=cfg.batch_size,
-        microbatches=cfg.microbatches, lr=cfg.lr, run_dir=str(run_dir / strategy), network=cfg.network,
-        devices=cfg.devices, seed=cfg.seed, **layout,
-    )  # fmt: skip
+        model=cfg.model,
+        dataset=cfg.dataset,
+        epochs=cfg.epochs,
+        target_accuracy=cfg.target,
+        batch_size=cfg.batch_size,
+        microbatches=cfg.microbatches,
+        lr=cfg.lr,
+        run_dir=str(run_dir / strategy),
+        network=cfg.network,
+        devices=cfg.devices,
+        seed=cfg.seed,
+        **layout,
+    )
 
 
 def _run_one(cfg: TTAConfig, strategy: str, tmp: Path) -> dict[str, Any]:
@@ -80,8 +89,13 @@ def _run_one(cfg: TTAConfig, strategy: str, tmp: Path) -> dict[str, Any]:
     summary = train_ddp(train_cfg, cfg.workers, tmp / strategy) if strategy == "ddp" else train(train_cfg)
     local_rate = None
     if cfg.local_epochs and cfg.network:
-        local = replace(train_cfg, network=None, epochs=cfg.local_epochs, target_accuracy=None,
-                        run_dir=str(tmp / f"{strategy}-local"))  # fmt: skip
+        local = replace(
+            train_cfg,
+            network=None,
+            epochs=cfg.local_epochs,
+            target_accuracy=None,
+            run_dir=str(tmp / f"{strategy}-local"),
+        )
         if strategy != "ddp":  # the very layout the network run used
             local = replace(local, workers=None, stages=None, replicas=None, plan=str(tmp / strategy / "plan.json"))
         local_rate = (train_ddp(local, cfg.workers) if strategy == "ddp" else train(local))["samples_per_s"]

@@ -77,29 +77,49 @@ class WarmStartBenchConfig:
             raise InputError(f"give each family once, at least one: got {list(self.families)}")
 
 
-def _config(family: Family, width: int, depth: int, epochs: int, store: Path, run_dir: Path, seed: int,
-            **extra: Any) -> TrainConfig:  # fmt: skip
+def _config(
+    family: Family, *, width: int, depth: int, epochs: int, store: Path, run_dir: Path, seed: int, **extra: Any
+) -> TrainConfig:
     return TrainConfig(
-        model=family.model, width=width, depth=depth, workers=1, epochs=epochs, lr=family.lr,
-        optimizer=family.optimizer, batch_size=family.batch_size, seed=seed, store=str(store),
-        run_dir=str(run_dir), energy_meter="off", **extra,
-    )  # fmt: skip
+        model=family.model,
+        width=width,
+        depth=depth,
+        workers=1,
+        epochs=epochs,
+        lr=family.lr,
+        optimizer=family.optimizer,
+        batch_size=family.batch_size,
+        seed=seed,
+        store=str(store),
+        run_dir=str(run_dir),
+        energy_meter="off",
+        **extra,
+    )
 
 
-def _row(name: str, family: Family, width: int, depth: int, warm: bool, summary: dict[str, Any]) -> dict[str, Any]:
+def _row(name: str, *, family: Family, width: int, depth: int, warm: bool, summary: dict[str, Any]) -> dict[str, Any]:
     """One run's figures: time and epochs to the target (None if never reached), the final accuracy."""
     prepare = summary.get("warm_start", {}).get("seconds", 0.0)
     reached = next((i for i, a in enumerate(summary["accuracy"]) if a >= family.target), None)
     info = summary.get("warm_start", {})
     return {
-        "family": name, "model": f"{family.model} w{width} d{depth}", "width": width, "depth": depth,
-        "warm_start": warm, "parent": info.get("parent"), "parent_model": None, "similarity": info.get("similarity"),
+        "family": name,
+        "model": f"{family.model} w{width} d{depth}",
+        "width": width,
+        "depth": depth,
+        "warm_start": warm,
+        "parent": info.get("parent"),
+        "parent_model": None,
+        "similarity": info.get("similarity"),
         "seconds_to_target": None if reached is None else summary["epoch_seconds"][reached] + prepare,
-        "epochs_to_target": None if reached is None else reached + 1, "final_accuracy": summary["accuracy"][-1],
+        "epochs_to_target": None if reached is None else reached + 1,
+        "final_accuracy": summary["accuracy"][-1],
         "last3_accuracy": sum(summary["accuracy"][-3:]) / len(summary["accuracy"][-3:]),
-        "coverage": info.get("coverage", 0.0), "prepare_s": prepare, "accuracy": summary["accuracy"],
+        "coverage": info.get("coverage", 0.0),
+        "prepare_s": prepare,
+        "accuracy": summary["accuracy"],
         "epoch_seconds": [s + prepare for s in summary["epoch_seconds"]],
-    }  # fmt: skip
+    }
 
 
 def run(cfg: WarmStartBenchConfig, keep: Path | None = None) -> list[dict[str, Any]]:
@@ -116,14 +136,36 @@ def run(cfg: WarmStartBenchConfig, keep: Path | None = None) -> list[dict[str, A
             family = cfg.specs[name]
             for width, depth in family.parents:
                 run_dir = root / f"{name}-w{width}-d{depth}-stored"
-                train(_config(family, width, depth, family.parent_epochs, store, run_dir, cfg.seed, register=True))
+                train(
+                    _config(
+                        family,
+                        width=width,
+                        depth=depth,
+                        epochs=family.parent_epochs,
+                        store=store,
+                        run_dir=run_dir,
+                        seed=cfg.seed,
+                        register=True,
+                    )
+                )
                 bar.advance(task)
             for width, depth in family.children:
                 for warm in (False, True):
                     run_dir = root / f"{name}-w{width}-d{depth}-{'warm' if warm else 'scratch'}"
                     extra = {"warm_start": "auto"} if warm else {}
-                    summary = train(_config(family, width, depth, family.epochs, store, run_dir, cfg.seed, **extra))
-                    rows.append(_row(name, family, width, depth, warm, summary))
+                    summary = train(
+                        _config(
+                            family,
+                            width=width,
+                            depth=depth,
+                            epochs=family.epochs,
+                            store=store,
+                            run_dir=run_dir,
+                            seed=cfg.seed,
+                            **extra,
+                        )
+                    )
+                    rows.append(_row(name, family=family, width=width, depth=depth, warm=warm, summary=summary))
                     if rows[-1]["parent"]:
                         parent = ModelStore(store).get(rows[-1]["parent"])
                         rows[-1]["parent_model"] = f"{parent.name} w{parent.info['width']} d{parent.info['depth']}"
@@ -138,22 +180,29 @@ def report(cfg: WarmStartBenchConfig, rows: list[dict[str, Any]], match_1000_s: 
     for family, model in dict.fromkeys((r["family"], r["model"]) for r in rows):
         scratch, warm = by[(family, model, False)], by[(family, model, True)]
         s, w = scratch["seconds_to_target"], warm["seconds_to_target"]
-        children.append({
-            "family": warm["family"], "model": model, "parent": warm["parent"], "coverage": warm["coverage"],
-            # a scratch run that never reached the target: its whole run bounds the speedup from below
-            "speedup": None if w is None else (s if s is not None else scratch["epoch_seconds"][-1]) / w,
-            "speedup_is_lower_bound": w is not None and s is None,
-            "accuracy_change": warm["final_accuracy"] - scratch["final_accuracy"],
-            # the same over the last three epochs: on a 360-sample test set one epoch's accuracy swings by points
-            "last3_accuracy_change": warm["last3_accuracy"] - scratch["last3_accuracy"],
-        })  # fmt: skip
+        children.append(
+            {
+                "family": warm["family"],
+                "model": model,
+                "parent": warm["parent"],
+                "coverage": warm["coverage"],
+                # a scratch run that never reached the target: its whole run bounds the speedup from below
+                "speedup": None if w is None else (s if s is not None else scratch["epoch_seconds"][-1]) / w,
+                "speedup_is_lower_bound": w is not None and s is None,
+                "accuracy_change": warm["final_accuracy"] - scratch["final_accuracy"],
+                # the same over the last three epochs: on a 360-sample test set one epoch's accuracy swings by points
+                "last3_accuracy_change": warm["last3_accuracy"] - scratch["last3_accuracy"],
+            }
+        )
     families = {}
     for name in dict.fromkeys(c["family"] for c in children):
         mine = [c for c in children if c["family"] == name]
         speedups = [c["speedup"] if c["speedup"] is not None else 0.0 for c in mine]
-        families[name] = {"median_speedup": statistics.median(speedups),
-                          "worst_accuracy_change": min(c["accuracy_change"] for c in mine),
-                          "worst_last3_accuracy_change": min(c["last3_accuracy_change"] for c in mine)}  # fmt: skip
+        families[name] = {
+            "median_speedup": statistics.median(speedups),
+            "worst_accuracy_change": min(c["accuracy_change"] for c in mine),
+            "worst_last3_accuracy_change": min(c["last3_accuracy_change"] for c in mine),
+        }
     points = GOALS["accuracy_points"] / 100
     goals = {
         "median_speedup_per_family": all(f["median_speedup"] >= GOALS["median_speedup"] for f in families.values()),
@@ -161,8 +210,15 @@ def report(cfg: WarmStartBenchConfig, rows: list[dict[str, Any]], match_1000_s: 
         "match_1000_under_1s": match_1000_s < GOALS["match_1000_s"],
     }
     config = {**asdict(cfg), "specs": {k: asdict(v) for k, v in cfg.specs.items() if k in cfg.families}}
-    return {"config": config, "results": rows, "children": children, "families": families,
-            "match_1000_s": match_1000_s, "goals": goals, "paper": {"speedup_range": [1.3, 4.3]}}  # fmt: skip
+    return {
+        "config": config,
+        "results": rows,
+        "children": children,
+        "families": families,
+        "match_1000_s": match_1000_s,
+        "goals": goals,
+        "paper": {"speedup_range": [1.3, 4.3]},
+    }
 
 
 def measure_matching(n: int = 1000, repeats: int = 3, k: int = 5) -> float:
@@ -201,9 +257,14 @@ def plot(rows: list[dict[str, Any]], targets: dict[str, float], path: Path) -> N
         models = list(dict.fromkeys(r["model"] for r in rows if r["family"] == family))
         for i, model in enumerate(models):
             for r in (r for r in rows if r["model"] == model):
-                ax.plot(r["epoch_seconds"], r["accuracy"], color=f"C{i}", marker=".",
-                        linestyle="-" if r["warm_start"] else "--",
-                        label=f"{model.split(' ', 1)[1]} {'warm' if r['warm_start'] else 'scratch'}")  # fmt: skip
+                ax.plot(
+                    r["epoch_seconds"],
+                    r["accuracy"],
+                    color=f"C{i}",
+                    marker=".",
+                    linestyle="-" if r["warm_start"] else "--",
+                    label=f"{model.split(' ', 1)[1]} {'warm' if r['warm_start'] else 'scratch'}",
+                )
         ax.axhline(targets[family], color="grey", linewidth=1)
         ax.set_title(family)
         ax.set_xlabel("seconds")

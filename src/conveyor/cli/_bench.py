@@ -51,8 +51,12 @@ def add_parser(sub: Any) -> None:
     tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
 
     stragglers = which.add_parser("stragglers", help="FlexRR's modes under injected stragglers, against the ideal")
-    stragglers.add_argument("--cases", type=names, default=("resnet:4", "vgg:2-1:64"),
-                            help="model:replicas per stage[:batch size], e.g. resnet:4,vgg:2-1:64")  # fmt: skip
+    stragglers.add_argument(
+        "--cases",
+        type=names,
+        default=("resnet:4", "vgg:2-1:64"),
+        help="model:replicas per stage[:batch size], e.g. resnet:4,vgg:2-1:64",
+    )
     stragglers.add_argument("--cores", type=float, default=0.45, help="each worker's device, in CPU cores")
     stragglers.add_argument("--network", default="2:1.25e9,2:1.25e8", help="the emulated topology")
     stragglers.add_argument("--epochs", type=positive, default=20)
@@ -116,13 +120,22 @@ def add_parser(sub: Any) -> None:
         "samples/s at these worker counts, e.g. 2,3,4,6 (with --epochs 0: only that)",
     )
     elastic.add_argument("--stage-epochs", type=positive, default=3, help="epochs per stage measurement")
-    elastic.add_argument("--elastic-layout", choices=("data", "pipeline"), default="data",
-                         help="conveyor's layout (torchrun's baseline stays data parallel)")  # fmt: skip
+    elastic.add_argument(
+        "--elastic-layout",
+        choices=("data", "pipeline"),
+        default="data",
+        help="conveyor's layout (torchrun's baseline stays data parallel)",
+    )
     elastic.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     elastic.add_argument("--json", type=Path, default=None, help="write the report here")
     spot = which.add_parser("spot", help="on-demand, checkpoint-restart, elastic and BidBrain over spot traces")
-    spot.add_argument("--trace", action="append", type=names, default=None,
-                      help="a trace file, repeatable or comma-separated (default: the four of ../shared)")  # fmt: skip
+    spot.add_argument(
+        "--trace",
+        action="append",
+        type=names,
+        default=None,
+        help="a trace file, repeatable or comma-separated (default: the four of ../shared)",
+    )
     spot.add_argument("--billing", choices=("per-second", "hourly-2016"), default="per-second")
     spot.add_argument("--work", type=float, default=5e6, help="samples to train")
     spot.add_argument("--fleet", type=positive, default=8, help="machines of the fixed-fleet policies")
@@ -141,10 +154,23 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Run the benchmark ``args.bench`` names."""
-    {"schedules": _schedules, "plan-vs-run": _plan_vs_run, "tta": _tta, "stragglers": _stragglers,
-     "predictions": _predictions, "planner": _planner, "emulate": _emulate, "costs": _costs,
-     "convergence": _convergence, "spot": _spot, "elastic": _elastic, "cluster": run_cluster,
-     "energy": run_energy, "warmstart": run_warmstart, "overhead": run_overhead}[args.bench](args)  # fmt: skip
+    {
+        "schedules": _schedules,
+        "plan-vs-run": _plan_vs_run,
+        "tta": _tta,
+        "stragglers": _stragglers,
+        "predictions": _predictions,
+        "planner": _planner,
+        "emulate": _emulate,
+        "costs": _costs,
+        "convergence": _convergence,
+        "spot": _spot,
+        "elastic": _elastic,
+        "cluster": run_cluster,
+        "energy": run_energy,
+        "warmstart": run_warmstart,
+        "overhead": run_overhead,
+    }[args.bench](args)
 
 
 def _convergence(args: argparse.Namespace) -> None:
@@ -178,15 +204,22 @@ def _elastic(args: argparse.Namespace) -> None:
     if report.get("stages"):
         stages = Table("workers", "transient:reliable", "stage", "samples/s", title="AgileML's stages, forced")
         for r in report["stages"]:
-            stages.add_row(str(r["workers"]), f"{r['transient_per_reliable']:g}", str(r["stage"]),
-                           f"{r['samples_per_s']:.0f}")  # fmt: skip
+            stages.add_row(
+                str(r["workers"]), f"{r['transient_per_reliable']:g}", str(r["stage"]), f"{r['samples_per_s']:.0f}"
+            )
         console.print(stages)
     if "uninterrupted" not in report:
         if args.json:
             write_json(args.json, report)
         return
-    table = Table("job", "event", "notice", "recovery s", "steps redone", title=f"{cfg.model}: {cfg.workers} workers, "
-                  f"{cfg.reliable} reliable; {cfg.revoke} revoked at once")  # fmt: skip
+    table = Table(
+        "job",
+        "event",
+        "notice",
+        "recovery s",
+        "steps redone",
+        title=f"{cfg.model}: {cfg.workers} workers, {cfg.reliable} reliable; {cfg.revoke} revoked at once",
+    )
     for job in ("conveyor", "torchrun"):
         for e in report[job]["events"]:
             recovery = "-" if e["recovery_s"] is None else f"{e['recovery_s']:.2f}"
@@ -195,8 +228,13 @@ def _elastic(args: argparse.Namespace) -> None:
     if cfg.elastic_layout == "pipeline":
         layouts = Table("generation", "why", "blocks per stage", "replicas", "state from", title="conveyor's pipelines")
         for g in report["conveyor"]["generations"]:
-            layouts.add_row(str(g["gen"]), g["reason"], "-".join(map(str, g["layout"]["balance"])),
-                            "-".join(map(str, g["layout"]["replicas"])), g["from"])  # fmt: skip
+            layouts.add_row(
+                str(g["gen"]),
+                g["reason"],
+                "-".join(map(str, g["layout"]["balance"])),
+                "-".join(map(str, g["layout"]["replicas"])),
+                g["from"],
+            )
         console.print(layouts)
     for job in ("uninterrupted", "conveyor", "torchrun"):
         r = report[job]
@@ -216,21 +254,39 @@ def _spot(args: argparse.Namespace) -> None:
         given["traces"] = tuple(t for group in args.trace for t in group)
     cfg = config(SpotConfig, argparse.Namespace(**{**vars(args), **given}))
     report = run(cfg, str(args.plot) if args.plot else None)
-    table = Table("policy", "cost $", "hours", "$ per 1M samples", "revocations", "additions", "samples lost",
-                  title=f"{cfg.work:.3g} samples, {cfg.billing} billing")  # fmt: skip
+    table = Table(
+        "policy",
+        "cost $",
+        "hours",
+        "$ per 1M samples",
+        "revocations",
+        "additions",
+        "samples lost",
+        title=f"{cfg.work:.3g} samples, {cfg.billing} billing",
+    )
     for r in report["results"]:
         hours = f"{r['seconds'] / 3600:.2f}" + ("" if r["finished"] else " (unfinished)")
-        table.add_row(r["policy"], f"{r['cost']:.2f}", hours, f"{r['cost_per_work']:.3f}", str(r["revocations"]),
-                      str(r["additions"]), f"{r['work_lost']:.3g}")  # fmt: skip
+        table.add_row(
+            r["policy"],
+            f"{r['cost']:.2f}",
+            hours,
+            f"{r['cost_per_work']:.3f}",
+            str(r["revocations"]),
+            str(r["additions"]),
+            f"{r['work_lost']:.3g}",
+        )
     console.print(table)
     goals = report["goals"]
     if "vs_on_demand" in goals:
-        console.print(f"bidbrain / on-demand cost per work {goals['vs_on_demand']:.2f} (goal <= 0.4): "
-                      f"{goals['vs_on_demand_met']}")  # fmt: skip
+        console.print(
+            f"bidbrain / on-demand cost per work {goals['vs_on_demand']:.2f} (goal <= 0.4): {goals['vs_on_demand_met']}"
+        )
     if "vs_checkpoint_restart" in goals:
-        console.print(f"bidbrain / checkpoint-restart cost per work {goals['vs_checkpoint_restart']:.2f} (<= 0.7): "
-                      f"{goals['vs_checkpoint_restart_met']}; time {goals['time_vs_checkpoint_restart']:.2f}x "
-                      f"(goal <= 1): {goals['time_met']}")  # fmt: skip
+        console.print(
+            f"bidbrain / checkpoint-restart cost per work {goals['vs_checkpoint_restart']:.2f} (<= 0.7): "
+            f"{goals['vs_checkpoint_restart_met']}; time {goals['time_vs_checkpoint_restart']:.2f}x "
+            f"(goal <= 1): {goals['time_met']}"
+        )
     if args.plot:
         console.print(f"wrote {args.plot}")
     if args.json:
@@ -285,9 +341,14 @@ def _planner(args: argparse.Namespace) -> None:
     )
     for r in report["results"]:
         table.add_row(
-            str(r["layers"]), str(r["workers"]), r["topology"], f"{r['seconds']:.3f}", r["config"][:24],
-            f"{r['seconds_with_memory_limit']:.3f}", r["config_with_memory_limit"][:24],
-        )  # fmt: skip
+            str(r["layers"]),
+            str(r["workers"]),
+            r["topology"],
+            f"{r['seconds']:.3f}",
+            r["config"][:24],
+            f"{r['seconds_with_memory_limit']:.3f}",
+            r["config_with_memory_limit"][:24],
+        )
     console.print(table)
     if args.json:
         write_json(args.json, report)
@@ -302,15 +363,32 @@ def _tta(args: argparse.Namespace) -> None:
     def num(x: float | None, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
 
-    table = Table("strategy", "layout", "s to target", "epochs", "final acc", "samples/s", "comm", "B/sample between",
-                  "speedup (predicted)", "peak MB", title=f"time to {cfg.target:g} test accuracy")  # fmt: skip
+    table = Table(
+        "strategy",
+        "layout",
+        "s to target",
+        "epochs",
+        "final acc",
+        "samples/s",
+        "comm",
+        "B/sample between",
+        "speedup (predicted)",
+        "peak MB",
+        title=f"time to {cfg.target:g} test accuracy",
+    )
     for name, r in report["results"].items():
         table.add_row(
-            name, "-".join(map(str, r["layout"] or [])), num(r["seconds_to_target"], ".1f"),
-            num(r["epochs_to_target"], "d"), f"{r['final_accuracy']:.3f}", f"{r['samples_per_s']:.0f}",
-            num(r["comm_fraction"], ".0%"), num(r["bytes_between_servers_per_sample"], ".0f"),
-            f"{num(r['measured_speedup'], '.2f')} ({num(r['predicted_speedup'], '.2f')})", f"{r['peak_rss_mb']:.0f}",
-        )  # fmt: skip
+            name,
+            "-".join(map(str, r["layout"] or [])),
+            num(r["seconds_to_target"], ".1f"),
+            num(r["epochs_to_target"], "d"),
+            f"{r['final_accuracy']:.3f}",
+            f"{r['samples_per_s']:.0f}",
+            num(r["comm_fraction"], ".0%"),
+            num(r["bytes_between_servers_per_sample"], ".0f"),
+            f"{num(r['measured_speedup'], '.2f')} ({num(r['predicted_speedup'], '.2f')})",
+            f"{r['peak_rss_mb']:.0f}",
+        )
     console.print(table)
     if goals := report["goals"]:
         console.print("PipeDream: " + ", ".join(f"{k} {v:.3g}" for k, v in goals.items() if isinstance(v, float)))
@@ -327,14 +405,31 @@ def _stragglers(args: argparse.Namespace) -> None:
     given = {"patterns": args.patterns or tuple(PATTERNS), "modes": args.modes or MODES}
     cfg = config(StragglersConfig, argparse.Namespace(**{**vars(args), **given}))
     report = run(cfg, str(args.plot) if args.plot else None, str(args.keep) if args.keep else None)
-    table = Table("case", "pattern", "mode", "seconds", "ideal s", "ratio", "final acc", "samples moved", "wait s",
-                  title=f"{cfg.epochs} epochs, each worker {cfg.cores:g} cores")  # fmt: skip
+    table = Table(
+        "case",
+        "pattern",
+        "mode",
+        "seconds",
+        "ideal s",
+        "ratio",
+        "final acc",
+        "samples moved",
+        "wait s",
+        title=f"{cfg.epochs} epochs, each worker {cfg.cores:g} cores",
+    )
     for r in report["results"]:
         wait = "-" if r["wait_s"] is None else f"{r['wait_s']:.1f}"
         table.add_row(
-            f"{r['model']}:{r['layout']}", r["pattern"], r["mode"], f"{r['seconds']:.1f}", f"{r['ideal_seconds']:.1f}",
-            f"{r['ratio_to_ideal']:.2f}", f"{r['final_accuracy']:.3f}", str(r["samples_moved"]), wait,
-        )  # fmt: skip
+            f"{r['model']}:{r['layout']}",
+            r["pattern"],
+            r["mode"],
+            f"{r['seconds']:.1f}",
+            f"{r['ideal_seconds']:.1f}",
+            f"{r['ratio_to_ideal']:.2f}",
+            f"{r['final_accuracy']:.3f}",
+            str(r["samples_moved"]),
+            wait,
+        )
     console.print(table)
     for f in report["failed"]:
         console.print(f"[red]failed[/red] {f['model']}:{f['layout']} {f['pattern']} {f['mode']}: {f['error']}")
@@ -356,9 +451,14 @@ def _plan_vs_run(args: argparse.Namespace) -> None:
     table = Table("plan", "config", "measured samples/s", "simulated", "error", "planner (steady state)", "error")
     for r in report["results"]:
         table.add_row(
-            r["case"], r["config"], f"{r['measured_samples_per_s']:.1f}", f"{r['simulated_samples_per_s']:.1f}",
-            f"{r['error_vs_simulated']:+.1%}", f"{r['planner_samples_per_s']:.1f}", f"{r['error_vs_planner']:+.1%}",
-        )  # fmt: skip
+            r["case"],
+            r["config"],
+            f"{r['measured_samples_per_s']:.1f}",
+            f"{r['simulated_samples_per_s']:.1f}",
+            f"{r['error_vs_simulated']:+.1%}",
+            f"{r['planner_samples_per_s']:.1f}",
+            f"{r['error_vs_planner']:+.1%}",
+        )
     console.print(table)
     if args.json:
         write_json(args.json, report)
@@ -368,14 +468,26 @@ def _predictions(args: argparse.Namespace) -> None:
     from conveyor.bench.predictions import PredictionsConfig, run
 
     report = run(config(PredictionsConfig, args))
-    table = Table("model", "layout", "schedule", "predicted samples/s", "measured", "error", "one worker",
-                  title="conveyor train: predicted against measured training throughput")  # fmt: skip
+    table = Table(
+        "model",
+        "layout",
+        "schedule",
+        "predicted samples/s",
+        "measured",
+        "error",
+        "one worker",
+        title="conveyor train: predicted against measured training throughput",
+    )
     for r in report["results"]:
         table.add_row(
-            r["model"], "-".join(map(str, r["replicas"])) + f" {r['balance']}", r["schedule"],
-            f"{r['predicted_samples_per_s']:.0f}", f"{r['measured_samples_per_s']:.0f}", f"{r['error']:+.0%}",
+            r["model"],
+            "-".join(map(str, r["replicas"])) + f" {r['balance']}",
+            r["schedule"],
+            f"{r['predicted_samples_per_s']:.0f}",
+            f"{r['measured_samples_per_s']:.0f}",
+            f"{r['error']:+.0%}",
             f"{r['single_worker_samples_per_s']:.0f}",
-        )  # fmt: skip
+        )
     console.print(table)
     if args.json:
         write_json(args.json, report)
@@ -409,19 +521,39 @@ def _costs(args: argparse.Namespace) -> None:
     report = run(config(CostsBenchConfig, args))
     allreduce = Table("network", "workers", "MB", "model s", "measured s", "error", title="all-reduce")
     for row in report["allreduce"]:
-        allreduce.add_row(row["network"], str(row["workers"]), f"{row['bytes'] / 1e6:g}", f"{row['model_s']:.4f}",
-                          f"{row['measured_s']:.4f}", f"{row['error']:+.1%}")  # fmt: skip
+        allreduce.add_row(
+            row["network"],
+            str(row["workers"]),
+            f"{row['bytes'] / 1e6:g}",
+            f"{row['model_s']:.4f}",
+            f"{row['measured_s']:.4f}",
+            f"{row['error']:+.1%}",
+        )
     console.print(allreduce)
     transfers = Table("network", "replicas per stage", "model s", "measured s", "error", title="activation transfers")
     for row in report["transfers"]:
-        transfers.add_row(row["network"], row["stages"], f"{row['model_s']:.4f}", f"{row['measured_s']:.4f}",
-                          f"{row['error']:+.1%}")  # fmt: skip
+        transfers.add_row(
+            row["network"], row["stages"], f"{row['model_s']:.4f}", f"{row['measured_s']:.4f}", f"{row['error']:+.1%}"
+        )
     console.print(transfers)
-    overlap = Table("network", "compute s", "transfers s", "summed s", "measured s", "error vs overlapped",
-                    title="sends during compute")  # fmt: skip
+    overlap = Table(
+        "network",
+        "compute s",
+        "transfers s",
+        "summed s",
+        "measured s",
+        "error vs overlapped",
+        title="sends during compute",
+    )
     for row in report["overlap"]:
-        overlap.add_row(row["network"], f"{row['compute_s']:.4f}", f"{row['transfer_s']:.4f}", f"{row['summed_s']:.4f}",
-                        f"{row['measured_s']:.4f}", f"{row['error']:+.1%}")  # fmt: skip
+        overlap.add_row(
+            row["network"],
+            f"{row['compute_s']:.4f}",
+            f"{row['transfer_s']:.4f}",
+            f"{row['summed_s']:.4f}",
+            f"{row['measured_s']:.4f}",
+            f"{row['error']:+.1%}",
+        )
     console.print(overlap)
     console.print(f"{report['within_10_percent']} of {report['cases']} runs within 10% of the model")
     if args.json:

@@ -18,8 +18,12 @@ def add_cluster(which: Any) -> None:
     clus = which.add_parser("cluster", help="Gavel: agnostic against aware LAS under load, solve times, fidelity")
     clus.add_argument("--rates", type=floats, default=None, help="jobs per hour (default 0.5,1,...,3.5)")
     clus.add_argument("--window", type=sizes, default=None, help="job ids START,END that count (default 1000,1500)")
-    clus.add_argument("--parts", type=names, default=("sweep", "solve", "fidelity"),
-                      help="sweep, solve, fidelity (root: runs real jobs on emulated devices)")  # fmt: skip
+    clus.add_argument(
+        "--parts",
+        type=names,
+        default=("sweep", "solve", "fidelity"),
+        help="sweep, solve, fidelity (root: runs real jobs on emulated devices)",
+    )
     clus.add_argument("--reuse", type=Path, default=None, help="take the parts not run from this earlier report")
     clus.add_argument("--keep", type=Path, default=None, help="the real run's folder (default a temporary one)")
     clus.add_argument("--json", type=Path, default=None, help="write the report here")
@@ -41,8 +45,11 @@ def run_cluster(args: argparse.Namespace) -> None:
     old = load_report(args.reuse) if args.reuse else {}
     rows = jct_vs_load(cfg) if "sweep" in args.parts else old.get("jct_vs_load", [])
     solves = solve_times(cfg, cfg.policies) if "solve" in args.parts else old.get("solve_s_by_policy", {})
-    sweep_solves = (solve_times(cfg, cfg.policies, sweep_cluster=True) if "solve" in args.parts
-                    else old.get("solve_s_sweep_cluster", {}))  # fmt: skip
+    sweep_solves = (
+        solve_times(cfg, cfg.policies, sweep_cluster=True)
+        if "solve" in args.parts
+        else old.get("solve_s_sweep_cluster", {})
+    )
     fid = old.get("fidelity")
     if "fidelity" in args.parts:
         with tempfile.TemporaryDirectory() as tmp:
@@ -50,8 +57,10 @@ def run_cluster(args: argparse.Namespace) -> None:
     result = report(cfg, rows, solves, fid, sweep_solves)
     table = Table("jobs/h", *cfg.policies, "agnostic / aware", title="average JCT of the window's jobs (hours)")
     for rate, ratio in result.get("jct_ratio_by_load", {}).items():
-        jcts = [next(r["average_jct_s"] for r in rows if r["policy"] == p and r["jobs_per_hour"] == float(rate))
-                for p in cfg.policies]  # fmt: skip
+        jcts = [
+            next(r["average_jct_s"] for r in rows if r["policy"] == p and r["jobs_per_hour"] == float(rate))
+            for p in cfg.policies
+        ]
         table.add_row(rate, *(f"{j / 3600:.1f}" for j in jcts), f"{ratio:.2f}")
     if rows:
         console.print(table)

@@ -30,8 +30,16 @@ def run_warmstart(args: argparse.Namespace) -> None:
     given = {k: v for k, v in vars(args).items() if v is not None}  # unset options keep the config's defaults
     cfg = config(WarmStartBenchConfig, argparse.Namespace(**given))
     result = report(cfg, run(cfg, args.keep), measure_matching())
-    table = Table("model", "parent", "coverage", "seconds", "epochs", "speedup", "final accuracy",
-                  title="to the target: from scratch / warm-started")  # fmt: skip
+    table = Table(
+        "model",
+        "parent",
+        "coverage",
+        "seconds",
+        "epochs",
+        "speedup",
+        "final accuracy",
+        title="to the target: from scratch / warm-started",
+    )
     by = {(r["family"], r["model"], r["warm_start"]): r for r in result["results"]}
 
     def num(x: float | None, fmt: str) -> str:
@@ -40,16 +48,22 @@ def run_warmstart(args: argparse.Namespace) -> None:
     for child in result["children"]:
         scratch, warm = (by[(child["family"], child["model"], w)] for w in (False, True))
         bound = ">" if child["speedup_is_lower_bound"] else ""
-        table.add_row(child["model"], warm["parent_model"] or "-", f"{child['coverage']:.0%}",
-                      f"{num(scratch['seconds_to_target'], '.1f')} / {num(warm['seconds_to_target'], '.1f')}",
-                      f"{num(scratch['epochs_to_target'], 'd')} / {num(warm['epochs_to_target'], 'd')}",
-                      bound + num(child["speedup"], ".2f"),
-                      f"{scratch['final_accuracy']:.3f} / {warm['final_accuracy']:.3f}")  # fmt: skip
+        table.add_row(
+            child["model"],
+            warm["parent_model"] or "-",
+            f"{child['coverage']:.0%}",
+            f"{num(scratch['seconds_to_target'], '.1f')} / {num(warm['seconds_to_target'], '.1f')}",
+            f"{num(scratch['epochs_to_target'], 'd')} / {num(warm['epochs_to_target'], 'd')}",
+            bound + num(child["speedup"], ".2f"),
+            f"{scratch['final_accuracy']:.3f} / {warm['final_accuracy']:.3f}",
+        )
     console.print(table)
     for family, figures in result["families"].items():
-        console.print(f"{family}: median speedup {figures['median_speedup']:.2f}x, "
-                      f"worst accuracy change {figures['worst_accuracy_change']:+.3f} "
-                      f"(last 3 epochs' mean {figures['worst_last3_accuracy_change']:+.3f})")  # fmt: skip
+        console.print(
+            f"{family}: median speedup {figures['median_speedup']:.2f}x, "
+            f"worst accuracy change {figures['worst_accuracy_change']:+.3f} "
+            f"(last 3 epochs' mean {figures['worst_last3_accuracy_change']:+.3f})"
+        )
     console.print(f"matching 1 model against 1000 stored: {result['match_1000_s'] * 1000:.1f} ms")
     console.print(f"goals: {result['goals']}")
     if args.plot:

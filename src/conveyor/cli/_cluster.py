@@ -26,8 +26,12 @@ def add_parser(sub: Any) -> None:
     sim.add_argument("--policy", type=names, default=(DEFAULT_POLICY,), help="one or more, comma-separated")
     sim.add_argument("--round-s", type=float, default=360.0, help="round length (Gavel: 6 minutes)")
     sim.add_argument("--throughputs", default=None, help="Gavel's throughput JSON (default ../shared/gavel)")
-    sim.add_argument("--space-sharing", action="store_true", help="let pairs of jobs share devices (co-located "
-                     "throughputs from the table); use with max_min_fairness_packing or gandiva")  # fmt: skip
+    sim.add_argument(
+        "--space-sharing",
+        action="store_true",
+        help="let pairs of jobs share devices (co-located "
+        "throughputs from the table); use with max_min_fairness_packing or gandiva",
+    )
     sim.add_argument("--restart-s", type=float, default=0.0, help="seconds a job loses each time it moves")
     sim.add_argument(
         "--reallocate-s",
@@ -83,8 +87,15 @@ def _simulate(args: argparse.Namespace) -> None:
             jobs = read_trace(args.trace, table=table)
         else:
             assert rate is not None
-            jobs = generate_jobs(args.jobs or 50, rate, seed=args.seed, multi_gpu=not args.single_device,
-                                 priorities=args.priorities, slos=args.slos, table=table)  # fmt: skip
+            jobs = generate_jobs(
+                args.jobs or 50,
+                jobs_per_hour=rate,
+                seed=args.seed,
+                multi_gpu=not args.single_device,
+                priorities=args.priorities,
+                slos=args.slos,
+                table=table,
+            )
         if args.write_trace is not None:
             write_trace(jobs, args.write_trace if rate is None else _suffixed(args.write_trace, rate, args))
 
@@ -94,9 +105,19 @@ def _simulate(args: argparse.Namespace) -> None:
 
         pair_rates = colocated if args.space_sharing else None
         for policy in args.policy:
-            sim = simulate(jobs, lambda job: table.matrix([job], devices.types)[0], devices, policy,
-                           round_s=args.round_s, prices=prices, pair_rates=pair_rates, restart_s=args.restart_s,
-                           window=window, max_s=args.max_hours * 3600, reallocate_s=args.reallocate_s)  # fmt: skip
+            sim = simulate(
+                jobs,
+                lambda job: table.matrix([job], devices.types)[0],
+                devices,
+                policy,
+                round_s=args.round_s,
+                prices=prices,
+                pair_rates=pair_rates,
+                restart_s=args.restart_s,
+                window=window,
+                max_s=args.max_hours * 3600,
+                reallocate_s=args.reallocate_s,
+            )
             rows.append(_row(sim, policy, rate, window))
     _table(rows)
     if args.json:
@@ -109,22 +130,48 @@ def _simulate(args: argparse.Namespace) -> None:
 def _row(sim: Any, policy: str, rate: float | None, window: tuple[int, int] | None) -> dict[str, Any]:
     for note in sim.notes[:5]:
         console.print(f"[yellow]{policy}: {note}")
-    return {"policy": policy, "jobs_per_hour": rate, "jobs": len(sim.jobs), "average_jct_s": sim.average_jct_s(window),
-            "makespan_s": sim.makespan_s, "utilization": sim.utilization, "cost": sim.cost,
-            "slo_violations": sim.slo_violations, "preemptions": int(sum(r.preemptions for r in sim.jobs)),
-            "rounds": sim.rounds, "solve_s_max": max(sim.solves, default=0.0)}  # fmt: skip
+    return {
+        "policy": policy,
+        "jobs_per_hour": rate,
+        "jobs": len(sim.jobs),
+        "average_jct_s": sim.average_jct_s(window),
+        "makespan_s": sim.makespan_s,
+        "utilization": sim.utilization,
+        "cost": sim.cost,
+        "slo_violations": sim.slo_violations,
+        "preemptions": int(sum(r.preemptions for r in sim.jobs)),
+        "rounds": sim.rounds,
+        "solve_s_max": max(sim.solves, default=0.0),
+    }
 
 
 def _table(rows: list[dict[str, Any]], hours: bool = True) -> None:
     unit, scale = ("h", 3600) if hours else ("s", 1)
-    table = Table(Column("policy", no_wrap=True), "jobs/h", "jobs", f"avg JCT {unit}", f"makespan {unit}",
-                  "utilization", "cost $", "SLO missed",
-                  "preemptions", "slowest solve s")  # fmt: skip
+    table = Table(
+        Column("policy", no_wrap=True),
+        "jobs/h",
+        "jobs",
+        f"avg JCT {unit}",
+        f"makespan {unit}",
+        "utilization",
+        "cost $",
+        "SLO missed",
+        "preemptions",
+        "slowest solve s",
+    )
     for r in rows:
-        table.add_row(r["policy"], "trace" if r["jobs_per_hour"] is None else f"{r['jobs_per_hour']:g}", str(r["jobs"]),
-                      f"{r['average_jct_s'] / scale:.2f}", f"{r['makespan_s'] / scale:.2f}", f"{r['utilization']:.2f}",
-                      f"{r['cost']:.0f}", str(r["slo_violations"]), str(r["preemptions"]),
-                      f"{r['solve_s_max']:.3f}")  # fmt: skip
+        table.add_row(
+            r["policy"],
+            "trace" if r["jobs_per_hour"] is None else f"{r['jobs_per_hour']:g}",
+            str(r["jobs"]),
+            f"{r['average_jct_s'] / scale:.2f}",
+            f"{r['makespan_s'] / scale:.2f}",
+            f"{r['utilization']:.2f}",
+            f"{r['cost']:.0f}",
+            str(r["slo_violations"]),
+            str(r["preemptions"]),
+            f"{r['solve_s_max']:.3f}",
+        )
     console.print(table, width=max(console.width, 150))
 
 
@@ -135,8 +182,10 @@ def _run(args: argparse.Namespace) -> None:
     from conveyor.emulate import Emulation
 
     if args.trace is None:
-        raise InputError("conveyor cluster run needs --trace FILE: jobs whose command is a conveyor train line and "
-                         "whose steps are epochs (see README, Cluster scheduling)")  # fmt: skip
+        raise InputError(
+            "conveyor cluster run needs --trace FILE: jobs whose command is a conveyor train line and "
+            "whose steps are epochs (see README, Cluster scheduling)"
+        )
     jobs = read_trace(args.trace)
     device_types = parse_device_types(args.devices)
     # the jobs run on emulated devices (cgroups): a machine that cannot emulate them fails here, in one line

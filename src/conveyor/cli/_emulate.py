@@ -36,17 +36,33 @@ def run(args: argparse.Namespace) -> None:
         for link in report["links"]:
             error = link["measured_bytes_per_s"] / link["spec_bytes_per_s"] - 1
             links.add_row(
-                str(link["from"]), str(link["to"]), f"{link['spec_bytes_per_s'] / 1e6:.2f}",
-                f"{link['measured_bytes_per_s'] / 1e6:.2f}", f"{error:+.1%}", f"{link['spec_latency_s'] * 1e6:.0f} us",
+                str(link["from"]),
+                str(link["to"]),
+                f"{link['spec_bytes_per_s'] / 1e6:.2f}",
+                f"{link['measured_bytes_per_s'] / 1e6:.2f}",
+                f"{error:+.1%}",
+                f"{link['spec_latency_s'] * 1e6:.0f} us",
                 f"{link['measured_latency_s'] * 1e6:.0f} us",
-            )  # fmt: skip
+            )
         console.print(links)
-    devices = Table("worker", "device", "spec cores", "measured cores (alone)", "share of a core (alone)",
-                    "measured cores (all busy)")  # fmt: skip
+    devices = Table(
+        "worker",
+        "device",
+        "spec cores",
+        "measured cores (alone)",
+        "share of a core (alone)",
+        "measured cores (all busy)",
+    )
     for row in report["devices"]:
         spec = "unlimited" if row["spec_cores"] is None else f"{row['spec_cores']:g}"
-        devices.add_row(str(row["worker"]), row["device"], spec, f"{row['measured_cores']:.3f}",
-                        f"{row['measured_share']:.3f}", f"{row['measured_cores_all_busy']:.3f}")  # fmt: skip
+        devices.add_row(
+            str(row["worker"]),
+            row["device"],
+            spec,
+            f"{row['measured_cores']:.3f}",
+            f"{row['measured_share']:.3f}",
+            f"{row['measured_cores_all_busy']:.3f}",
+        )
     console.print(devices)
     if args.json:
         write_json(args.json, report)

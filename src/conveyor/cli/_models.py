@@ -33,15 +33,31 @@ def run(args: argparse.Namespace) -> None:
         entries = store.list()
         table = Table("id", "model", "accuracy", "parameters", "stored", title=f"{len(entries)} models in {store.root}")
         for e in entries:
-            table.add_row(e.id, e.name, f"{e.accuracy:.3f}", f"{e.parameters():,}",
-                          time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created)))  # fmt: skip
+            table.add_row(
+                e.id,
+                e.name,
+                f"{e.accuracy:.3f}",
+                f"{e.parameters():,}",
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(e.created)),
+            )
         console.print(table)
     elif args.action == "show":
         entry = store.get(args.id)
         layers = [n for n in entry.graph.get("nodes", []) if n.get("params")]
-        console.print(json.dumps({"id": entry.id, "model": entry.name, "accuracy": entry.accuracy, "info": entry.info,
-                                  "parameters": entry.parameters(), "layers": len(layers),
-                                  "checkpoint": str(store.checkpoint(entry.id))}, indent=2))  # fmt: skip
+        console.print(
+            json.dumps(
+                {
+                    "id": entry.id,
+                    "model": entry.name,
+                    "accuracy": entry.accuracy,
+                    "info": entry.info,
+                    "parameters": entry.parameters(),
+                    "layers": len(layers),
+                    "checkpoint": str(store.checkpoint(entry.id)),
+                },
+                indent=2,
+            )
+        )
     else:
         store.remove(args.id)
         console.print(f"removed {args.id} from {store.root}")

@@ -26,9 +26,11 @@ def add_parsers(sub: Any) -> None:
     prof.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     prof.add_argument("--repeats", type=positive, default=10)
     prof.add_argument(
-        "--device-cores", type=float, default=None,
+        "--device-cores",
+        type=float,
+        default=None,
         help="profile on an emulated device of this many CPU cores (a cgroup quota, as --devices gives workers)",
-    )  # fmt: skip
+    )
     prof.add_argument("--json", type=Path, required=True, help="write the profile here")
 
     plan = sub.add_parser("plan", help="choose stages and replicas for a profiled model on a cluster")
@@ -39,13 +41,17 @@ def add_parsers(sub: Any) -> None:
     plan.add_argument("--schedule", choices=PLANNER_SCHEDULES, default="pipedream", help="what memory counts follow")
     plan.add_argument("--microbatches", type=positive, default=None, help="per step, for flush/gpipe/2bw")
     plan.add_argument(
-        "--batch-size", type=positive, default=None,
+        "--batch-size",
+        type=positive,
+        default=None,
         help="with --schedule 2bw: samples per step to keep; choose width x depth, microbatch size and recomputation",
-    )  # fmt: skip
+    )
     plan.add_argument(
-        "--cost-model", choices=COST_MODELS, default="physical",
+        "--cost-model",
+        choices=COST_MODELS,
+        default="physical",
         help="physical: the runtime on the topology's links (default); pipedream: the PipeDream optimizer's own terms",
-    )  # fmt: skip
+    )
     plan.add_argument("--json", type=Path, default=None, help="write the plan file here")
 
 
@@ -69,9 +75,14 @@ def profile(args: argparse.Namespace) -> None:
     table = Table("block", "what", "forward ms", "backward ms", "output MB", "saved MB", "params MB")
     for layer in result.layers:
         table.add_row(
-            layer.name, layer.description[:40], f"{layer.forward_s * 1e3:.3f}", f"{layer.backward_s * 1e3:.3f}",
-            f"{layer.output_bytes / 1e6:.3f}", f"{layer.saved_bytes / 1e6:.3f}", f"{layer.param_bytes / 1e6:.3f}",
-        )  # fmt: skip
+            layer.name,
+            layer.description[:40],
+            f"{layer.forward_s * 1e3:.3f}",
+            f"{layer.backward_s * 1e3:.3f}",
+            f"{layer.output_bytes / 1e6:.3f}",
+            f"{layer.saved_bytes / 1e6:.3f}",
+            f"{layer.param_bytes / 1e6:.3f}",
+        )
     console.print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     result.save(args.json)
@@ -101,23 +112,38 @@ def plan(args: argparse.Namespace) -> None:
         profile = profile.at(args.batch_size // plan.microbatches)  # the chosen microbatch size
     else:
         plan = optimize(
-            profile, topology, args.straight, schedule=args.schedule, memory=args.memory,
-            microbatches=args.microbatches, cost_model=args.cost_model,
-        )  # fmt: skip
-    report = plan_file(plan, profile, topology)
+            profile,
+            topology,
+            args.straight,
+            schedule=args.schedule,
+            memory=args.memory,
+            microbatches=args.microbatches,
+            cost_model=args.cost_model,
+        )
+    report = plan_file(plan, profile, topology=topology)
     table = Table(
-        "stage", "layers", "first - last layer", "replicas", "ranks", "ms per minibatch", "memory GB",
+        "stage",
+        "layers",
+        "first - last layer",
+        "replicas",
+        "ranks",
+        "ms per minibatch",
+        "memory GB",
         title=f"{profile.model} on {topology.workers} workers ({topology}), {plan.schedule}"
         f"{' with recomputation' if plan.recompute else ''}: {plan.config}, microbatch size {profile.batch_size}, "
         f"{plan.cost_model} cost model",
-    )  # fmt: skip
+    )
     for i, st in enumerate(report["stages"]):
         ranks = st["ranks"]
         table.add_row(
-            str(i), str(len(st["layer_names"])), f"{st['layer_names'][0]} - {st['layer_names'][-1]}",
-            str(st["replicas"]), f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
-            f"{st['seconds_per_minibatch'] * 1e3:.2f}", f"{st['memory_bytes'] / 1e9:.3f}",
-        )  # fmt: skip
+            str(i),
+            str(len(st["layer_names"])),
+            f"{st['layer_names'][0]} - {st['layer_names'][-1]}",
+            str(st["replicas"]),
+            f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
+            f"{st['seconds_per_minibatch'] * 1e3:.2f}",
+            f"{st['memory_bytes'] / 1e9:.3f}",
+        )
     console.print(table)
     pred = report["predicted"]
 

@@ -40,22 +40,29 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="microbatches per batch (default 4, or 1 for a job of one worker)",
     )
-    train.add_argument("--batch-size", type=_batch_size, default=64,
-                       help="samples per batch, or auto[=B0]: learnt over recurrences of --job from B0 (default "
-                       "64), the learning rate scaled with it (linear for SGD, square root for Adam)")  # fmt: skip
+    train.add_argument(
+        "--batch-size",
+        type=_batch_size,
+        default=64,
+        help="samples per batch, or auto[=B0]: learnt over recurrences of --job from B0 (default "
+        "64), the learning rate scaled with it (linear for SGD, square root for Adam)",
+    )
     train.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="the optimizer every stage uses")
     train.add_argument("--lr", type=float, default=0.05, help="learning rate, above 0")
     train.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, in [0, 1)")
     train.add_argument(
-        "--no-stale-correction", dest="stale_correction", action="store_false",
+        "--no-stale-correction",
+        dest="stale_correction",
+        action="store_false",
         help="run pipedream, pipedream-vs and 2bw by their plain update rules, without weight prediction and "
         "without scaling PipeDream's per-minibatch learning rate",
-    )  # fmt: skip
+    )
     train.add_argument(
-        "--epoch-factors", default=None,
+        "--epoch-factors",
+        default=None,
         help="a conveyor bench convergence --json report: the epochs each schedule needs, to rank them by time to "
         "accuracy (default: the table shipped with Conveyor)",
-    )  # fmt: skip
+    )
     train.add_argument("--epochs", type=positive, default=10, help="epochs to run (with --resume: epochs more)")
     train.add_argument("--target-accuracy", type=float, default=None, help="stop once test accuracy reaches it")
     train.add_argument("--run-dir", default=None, help="the run folder (default runs/MODEL-TIME)")
@@ -69,16 +76,19 @@ def add_parser(sub: Any) -> None:
         "and when Ctrl-C or SIGTERM stops it)",
     )
     train.add_argument(
-        "--resume", default=None,
+        "--resume",
+        default=None,
         help="start from this checkpoint (it may be the --checkpoint path too: it is read before it is replaced)",
-    )  # fmt: skip
+    )
     train.add_argument(
-        "--lease", default=None, metavar="FILE",
+        "--lease",
+        default=None,
+        metavar="FILE",
         help='run only while a lease lasts: FILE holds JSON {"until": UNIX_SECONDS} (replace it atomically to '
         "extend it). After each epoch worker 0 re-reads it; when one more epoch as long as the last one "
         "(evaluation included) would end past until, the job stops there, saves its checkpoint and exits 0 "
         '(summary.json: "stopped_by_lease": true). At least one epoch runs; saving takes time beyond until',
-    )  # fmt: skip
+    )
     train.add_argument("--seed", type=int, default=0, help="initial weights, data order and dropout")
     train.add_argument(
         "--device",
@@ -114,10 +124,12 @@ def add_parser(sub: Any) -> None:
         "moves to the device once)",
     )
     train.add_argument(  # conveyor.stragglers.MODES written out: importing it would load torch at start-up
-        "--stragglers", choices=["flexrr", "slack", "reassign", "off"], default="off",
+        "--stragglers",
+        choices=["flexrr", "slack", "reassign", "off"],
+        default="off",
         help="layouts whose first stage alone is replicated (data parallelism, 2-1): take slow replicas' work "
         "(reassign), let replicas run --slack steps ahead (slack), both (flexrr), or neither (off)",
-    )  # fmt: skip
+    )
     train.add_argument("--slack", type=int, default=1, help="steps a replica may run ahead of the slowest")
     train.add_argument("--chunks", type=positive, default=2, help="chunks each replica owns per batch (reassignment)")
     elastic = train.add_argument_group("elastic training on revocable workers (conveyor.elastic)")
@@ -151,25 +163,39 @@ def add_parser(sub: Any) -> None:
         help="data parallelism, or a pipeline whose stages and replicas the planner re-plans at every change",
     )
     train.add_argument(
-        "--energy-meter", default="auto", metavar="auto|off|replay:PATH",
+        "--energy-meter",
+        default="auto",
+        metavar="auto|off|replay:PATH",
         help="measure each epoch's energy, all workers summed: auto (Zeus: each worker's GPU through NVML, each "
         "host's CPU and DRAM through RAPL on its local rank 0; null where none is readable), off, or replay:PATH (a "
         "Zeus CSV log replayed, one row per epoch; {rank} in PATH: one log per worker)",
-    )  # fmt: skip
+    )
     zeus = train.add_argument_group("energy knobs (Zeus: cost = eta * energy + (1 - eta) * max power * time)")
-    zeus.add_argument("--power-limit", default=None, metavar="auto|max|WATTS",
-                      help="CUDA: each GPU's power limit; auto profiles the candidates in the first epoch and keeps "
-                      "the cheapest for --eta; every GPU's own limit is restored at exit")  # fmt: skip
+    zeus.add_argument(
+        "--power-limit",
+        default=None,
+        metavar="auto|max|WATTS",
+        help="CUDA: each GPU's power limit; auto profiles the candidates in the first epoch and keeps "
+        "the cheapest for --eta; every GPU's own limit is restored at exit",
+    )
     zeus.add_argument("--eta", type=float, default=0.5, help="weight of energy against time in the cost, 0..1")
     zeus.add_argument("--job", default=None, help="the recurring job's name (--batch-size auto)")
     zeus.add_argument("--recurrences", default=None, help="the recurrences' SQLite file (default: the user's data dir)")
     zeus.add_argument("--beta", type=float, default=2.0, help="stop a recurrence past beta x the least cost so far")
-    zeus.add_argument("--max-power", type=float, default=None,
-                      help="watts that price a second (default: the GPUs' largest power limits)")  # fmt: skip
+    zeus.add_argument(
+        "--max-power",
+        type=float,
+        default=None,
+        help="watts that price a second (default: the GPUs' largest power limits)",
+    )
     keeper = train.add_argument_group("warm starts from trained models (ModelKeeper)")
-    keeper.add_argument("--warm-start", default=None, metavar="auto|CHECKPOINT",
-                        help="start from the weights of the store's most similar, most accurate model (auto), or of "
-                        "a checkpoint, transformed to this model's shapes")  # fmt: skip
+    keeper.add_argument(
+        "--warm-start",
+        default=None,
+        metavar="auto|CHECKPOINT",
+        help="start from the weights of the store's most similar, most accurate model (auto), or of "
+        "a checkpoint, transformed to this model's shapes",
+    )
     keeper.add_argument("--register", action="store_true", help="put the final model into the model store")
     keeper.add_argument("--store", default=None, help="the model store's folder (default: the user's data dir)")
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")

@@ -49,7 +49,14 @@ class Backend(Protocol):
     """What the scheduler needs of a way to run job processes."""
 
     def launch(
-        self, name: str, argv: list[str], device_type: str, devices: int, log: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        device_type: str,
+        devices: int,
+        log: Path,
+        env: dict[str, str] | None = None,
     ) -> Launched:
         """Start ``argv`` on ``devices`` devices of ``device_type``, its output in ``log``; ``env`` is added to
         the environment."""
@@ -87,9 +94,14 @@ def _spawn(
         argv = [sys.executable, "-c", _TIED, str(os.getpid()), *argv]
     with log.open("ab") as out:
         return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None,
-        )  # fmt: skip
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd=cwd if cwd and os.path.isdir(cwd) else None,
+        )
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -134,7 +146,9 @@ class LocalBackend(_Tracking):
 
     Example:
         >>> with LocalBackend() as backend:
-        ...     job = backend.launch("hello", [sys.executable, "-c", "pass"], "cpu", 1, Path(os.devnull))
+        ...     job = backend.launch(
+        ...         "hello", [sys.executable, "-c", "pass"], device_type="cpu", devices=1, log=Path(os.devnull)
+        ...     )
         ...     while backend.poll(job) is None:
         ...         time.sleep(0.01)
         >>> job.returncode
@@ -147,7 +161,14 @@ class LocalBackend(_Tracking):
         atexit.register(self.close)
 
     def launch(
-        self, name: str, argv: list[str], device_type: str, devices: int, log: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        device_type: str,
+        devices: int,
+        log: Path,
+        env: dict[str, str] | None = None,
     ) -> Launched:
         launched = Launched(name, list(argv), device_type, devices, Path(log))
         launched.handle = _spawn(launched.argv, launched.log, {**os.environ, **env} if env else None, None, False)
@@ -241,9 +262,12 @@ class RayBackend(_Tracking):
     """
 
     def __init__(
-        self, address: str | None = None, resources: dict[str, float] | None = None, num_cpus: int | None = None,
+        self,
+        address: str | None = None,
+        resources: dict[str, float] | None = None,
+        num_cpus: int | None = None,
         grace_s: float = 10.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -263,7 +287,14 @@ class RayBackend(_Tracking):
         atexit.register(self.close)
 
     def launch(
-        self, name: str, argv: list[str], device_type: str, devices: int, log: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        device_type: str,
+        devices: int,
+        log: Path,
+        env: dict[str, str] | None = None,
     ) -> Launched:
         """Queue the command's task; it starts once a node has ``devices`` of ``device_type`` free.
 

@@ -141,13 +141,13 @@ def sample_job_types(
 
 def generate_jobs(
     count: int,
+    *,
     jobs_per_hour: float,
     seed: int = 0,
     multi_gpu: bool = True,
     priorities: bool = False,
     slos: bool = False,
     table: ThroughputTable | None = None,
-    *,
     reference: str = "v100",
 ) -> list[TraceJob]:
     """``count`` jobs as Gavel's generator makes them (``utils.generate_job``), arriving as a Poisson process.

@@ -98,10 +98,13 @@ class Rounds:
     def set_allocation(self, problem: Problem, allocation: Allocation) -> None:
         """Adopt a new allocation (jobs arrived or left): time counts restart from here."""
         if problem.device_types != self.devices.types:
-            raise InputError(f"the problem's device types {problem.device_types} are not the cluster's "
-                             f"{self.devices.types}")  # fmt: skip
-        self.allocation = {tuple(problem.job_ids[i] for i in combo): allocation.fractions[c]
-                           for c, combo in enumerate(allocation.combos)}  # fmt: skip
+            raise InputError(
+                f"the problem's device types {problem.device_types} are not the cluster's {self.devices.types}"
+            )
+        self.allocation = {
+            tuple(problem.job_ids[i] for i in combo): allocation.fractions[c]
+            for c, combo in enumerate(allocation.combos)
+        }
         self.received = defaultdict(lambda: np.zeros(len(self.devices.types)))
 
     def next_round(self, problem: Problem, again: bool = False) -> dict[Combo, tuple[Device, ...]]:

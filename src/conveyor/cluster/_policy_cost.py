@@ -37,7 +37,7 @@ def _normalised(problem: Problem) -> np.ndarray:
 
 
 def _phase_one(
-    problem: Problem, layout: Layout, required: np.ndarray, floors: np.ndarray, fallback: np.ndarray, name: str
+    problem: Problem, layout: Layout, *, required: np.ndarray, floors: np.ndarray, fallback: np.ndarray, name: str
 ) -> np.ndarray:
     """The SLO jobs that a least-shortfall LP has to miss: each SLO job m may fall short by a fraction
     ``u_m in [0, 1]`` of its gap ``required_m - fallback_m``; minimise ``sum_m u_m`` (an LP stand-in for the
@@ -86,7 +86,7 @@ def _with_slos(
     solved = solve(layout, problem.capacity, objective(floors), blocks=_floor_block(layout, floors), what=name)
     dropped_all = False
     if solved is None:
-        missed |= _phase_one(problem, layout, required, floors, fallback, name)
+        missed |= _phase_one(problem, layout, required=required, floors=floors, fallback=fallback, name=name)
         floors = np.where(missed, fallback, floors)
         for relax in (1.0, 1.0 - 1e-7):
             solved = solve(

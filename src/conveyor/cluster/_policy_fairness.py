@@ -50,7 +50,9 @@ def _las(problem: Problem, layout: Layout, throughputs: np.ndarray, name: str) -
     # scale t so that the optimum is >= 1: the isolated allocation reaches min(gain * thr_iso)
     iso = isolated_throughputs(throughputs, problem.scale_factors, problem.capacity)
     need = np.full(problem.jobs, float(np.min((gain * iso)[active])))
-    solved = level_lp(layout, problem.capacity, gain, need, np.zeros(problem.jobs), active, what=name)
+    solved = level_lp(
+        layout, capacity=problem.capacity, gain=gain, need=need, base=np.zeros(problem.jobs), rising=active, what=name
+    )
     if solved is None:  # pragma: no cover - x = 0, t = 0 is always feasible
         raise RuntimeError(f"{name}: HiGHS found the max-min LP infeasible; please report this Problem")
     return solved.x
@@ -179,10 +181,30 @@ def _water_fill(problem: Problem, throughputs: np.ndarray, name: str) -> Allocat
         if not rising.any():
             break
         need = _entity_shares(problem, rising) / s * unit
-        solved = level_lp(layout, problem.capacity, gain, need, level, rising, active, free=True, what=name)
+        solved = level_lp(
+            layout,
+            capacity=problem.capacity,
+            gain=gain,
+            need=need,
+            base=level,
+            rising=rising,
+            floor=active,
+            free=True,
+            what=name,
+        )
         if solved is None:  # levels carried over a hair too high: relax them once
             level *= 1 - 1e3 * _SLACK
-            solved = level_lp(layout, problem.capacity, gain, need, level, rising, active, free=True, what=name)
+            solved = level_lp(
+                layout,
+                capacity=problem.capacity,
+                gain=gain,
+                need=need,
+                base=level,
+                rising=rising,
+                floor=active,
+                free=True,
+                what=name,
+            )
         if solved is None:
             raise RuntimeError(f"{name}: HiGHS found a water-filling step infeasible; please report this Problem")
         x, t = solved.x, float(solved.extra[0])

@@ -261,13 +261,13 @@ def solve(
 
 def level_lp(
     layout: Layout,
+    *,
     capacity: np.ndarray,
     gain: np.ndarray,
     need: np.ndarray,
     base: np.ndarray,
     rising: np.ndarray,
     floor: np.ndarray | None = None,
-    *,
     free: bool = False,
     what: str = "policy",
 ) -> Solved | None:

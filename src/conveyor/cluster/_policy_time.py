@@ -72,7 +72,9 @@ def _ftf(problem: Problem, throughputs: np.ndarray, name: str) -> Allocation:
         scale = np.where(active, 1.0 / (alone * np.where(active, thr, 1.0)), 0.0)
         gain, base = (rho * alone - elapsed) * scale, rem * scale
         need = active.astype(float)
-        solved = level_lp(layout, problem.capacity, gain, need, base, active, free=True, what=name)
+        solved = level_lp(
+            layout, capacity=problem.capacity, gain=gain, need=need, base=base, rising=active, free=True, what=name
+        )
         if solved is None or solved.extra[0] <= 1e-12:
             break
         new_thr = layout.rate @ solved.x.ravel()
@@ -146,7 +148,9 @@ def _makespan(problem: Problem, throughputs: np.ndarray, name: str) -> Allocatio
     alone = np.where(active, problem.remaining_steps / np.where(active, iso, 1.0), 0.0)  # R_m / thr_m^iso
     gain = np.where(active, 1.0 / np.where(active, iso, 1.0), 0.0)
     need = alone / alone.max()  # the isolated allocation reaches t = 1
-    solved = level_lp(layout, problem.capacity, gain, need, np.zeros(problem.jobs), active, what=name)
+    solved = level_lp(
+        layout, capacity=problem.capacity, gain=gain, need=need, base=np.zeros(problem.jobs), rising=active, what=name
+    )
     return finish(problem, layout, x if solved is None else solved.x)
 
 

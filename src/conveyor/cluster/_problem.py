@@ -60,10 +60,14 @@ class Problem:
     def __post_init__(self) -> None:
         n, m = len(self.job_ids), len(self.device_types)
         defaults = {
-            "weights": np.ones(n), "remaining_steps": np.ones(n), "elapsed_s": np.zeros(n),
-            "deadline_s": np.full(n, np.inf), "prices": np.ones(m), "arrival_s": np.arange(n, dtype=float),
+            "weights": np.ones(n),
+            "remaining_steps": np.ones(n),
+            "elapsed_s": np.zeros(n),
+            "deadline_s": np.full(n, np.inf),
+            "prices": np.ones(m),
+            "arrival_s": np.arange(n, dtype=float),
             "entities": np.zeros(n, dtype=int),
-        }  # fmt: skip
+        }
         for name, default in defaults.items():
             value = getattr(self, name)
             object.__setattr__(self, name, default if value is None else np.asarray(value, dtype=default.dtype))

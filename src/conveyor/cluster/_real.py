@@ -140,8 +140,9 @@ def run_real(
     folder.mkdir(parents=True, exist_ok=True)
     records = [JobRecord(i, float(job.arrival_s)) for i, job in enumerate(jobs)]
     done = np.zeros(len(jobs))  # epochs finished by launches that exited
-    rates = OnlineThroughputs({(j, t): prior(jobs[j], t) if prior else device_types.cores[t]
-                               for j in range(len(jobs)) for t in types})  # fmt: skip
+    rates = OnlineThroughputs(
+        {(j, t): prior(jobs[j], t) if prior else device_types.cores[t] for j in range(len(jobs)) for t in types}
+    )
     running: dict[int, Launch] = {}
     launches: list[Launch] = []
     mechanism = Rounds(devices, fill_idle=not policy.startswith("fifo"))
@@ -188,7 +189,17 @@ def run_real(
             table = np.array([[rates.get(j, t) for t in types] for j in range(len(jobs))])
             # a job whose last epoch is done but whose process has not exited yet still needs its devices
             remaining = np.array([max(job.total_steps - epochs_done(j), 1.0) for j, job in enumerate(jobs)])
-            problem = active_problem(active, jobs, table, remaining, records, now, devices, np.ones(len(types)), None)
+            problem = active_problem(
+                active,
+                jobs=jobs,
+                table=table,
+                remaining=remaining,
+                records=records,
+                now=now,
+                devices=devices,
+                price=np.ones(len(types)),
+                pair_rates=None,
+            )
             began = time.perf_counter()
             allocation = allocate(policy, problem)
             solves.append(time.perf_counter() - began)
@@ -212,8 +223,17 @@ def run_real(
                     continue
                 lease(job, round_start + round_s)
                 if job not in running:
-                    launch = _launch(jobs[job], job, jobs[job].total_steps - done[job], placed[0].type, len(placed),
-                                     device_types, folder, backend, clock())  # fmt: skip
+                    launch = _launch(
+                        jobs[job],
+                        job_id=job,
+                        remaining=jobs[job].total_steps - done[job],
+                        device_type=placed[0].type,
+                        count=len(placed),
+                        device_types=device_types,
+                        folder=folder,
+                        backend=backend,
+                        now=clock(),
+                    )
                     launch.planned_at = round_start
                     launches.append(launch)
                     running[job] = launch
@@ -230,8 +250,11 @@ def run_real(
             # jobs that finished or arrived in the round's second half: plan again with them, as the simulator
             # does at each round's start (unchanged jobs give the same placement: the mechanism is deterministic)
             placement = plan(again=True)
-            placed_jobs = {combo[0] for combo in placement
-                           if mechanism.kept(combo) and combo[0] in running and combo[0] in extended}  # fmt: skip
+            placed_jobs = {
+                combo[0]
+                for combo in placement
+                if mechanism.kept(combo) and combo[0] in running and combo[0] in extended
+            }
             leaving = {job for job in running if job not in placed_jobs}
             for job in leaving:
                 lease(job, round_start)
@@ -251,15 +274,18 @@ def run_real(
 def _account(launch: Launch, job: TraceJob, record: JobRecord, done: np.ndarray, rates: OnlineThroughputs) -> None:
     """Book an exited launch: its device time, its epochs, its measured rate; a failure is an error."""
     assert launch.ended_at is not None
-    record.device_s[launch.device_type] = record.device_s.get(launch.device_type, 0.0) + (
-        launch.ended_at - launch.launched_at) * launch.devices  # fmt: skip
+    record.device_s[launch.device_type] = (
+        record.device_s.get(launch.device_type, 0.0) + (launch.ended_at - launch.launched_at) * launch.devices
+    )
     epochs = launch.epochs()
     done[launch.job_id] += len(epochs)
     if len(epochs) > 1:  # the first epoch's time includes warm-up: rates from the ones after it
         rates.record(launch.job_id, launch.device_type, len(epochs) - 1, epochs[-1]["seconds"] - epochs[0]["seconds"])
     if launch.exit_code != 0:
-        raise RuntimeError(f"job {launch.job_id} exited with status {launch.exit_code} on {launch.device_type}: "
-                           f"see {launch.folder / 'log.txt'}")  # fmt: skip
+        raise RuntimeError(
+            f"job {launch.job_id} exited with status {launch.exit_code} on {launch.device_type}: "
+            f"see {launch.folder / 'log.txt'}"
+        )
     if done[launch.job_id] >= job.total_steps:
         record.finish_s = launch.ended_at
     else:  # its lease ran out: preempted, to resume from its checkpoint
@@ -267,21 +293,41 @@ def _account(launch: Launch, job: TraceJob, record: JobRecord, done: np.ndarray,
 
 
 def _launch(
-    job: TraceJob, job_id: int, remaining: float, device_type: str, count: int, device_types: DeviceTypes,
-    folder: Path, backend: Backend, now: float,
-) -> Launch:  # fmt: skip
+    job: TraceJob,
+    *,
+    job_id: int,
+    remaining: float,
+    device_type: str,
+    count: int,
+    device_types: DeviceTypes,
+    folder: Path,
+    backend: Backend,
+    now: float,
+) -> Launch:
     """Start ``job`` on ``count`` devices of ``device_type`` for its ``remaining`` epochs, resuming if it ran
     before."""
     home = folder / f"job{job_id}"
     run = home / f"launch-{len(list(home.glob('launch-*')))}"
     checkpoint = home / "checkpoint.pt"
-    argv = [*shlex.split(job.command), job.num_steps_arg, str(int(remaining)),
-            "--workers", str(count), "--devices", f"{device_type}={device_types.cores[device_type]}:{count}",
-            "--run-dir", str(run), "--checkpoint", str(checkpoint), "--lease", str(home / "lease.json")]  # fmt: skip
+    argv = [
+        *shlex.split(job.command),
+        job.num_steps_arg,
+        str(int(remaining)),
+        "--workers",
+        str(count),
+        "--devices",
+        f"{device_type}={device_types.cores[device_type]}:{count}",
+        "--run-dir",
+        str(run),
+        "--checkpoint",
+        str(checkpoint),
+        "--lease",
+        str(home / "lease.json"),
+    ]
     if checkpoint.exists():
         argv += ["--resume", str(checkpoint)]
     if argv[0] == "conveyor":  # this interpreter's conveyor, whatever PATH says
         argv = [sys.executable, "-m", "conveyor.cli", *argv[1:]]
     run.mkdir(parents=True)
-    handle = backend.launch(f"job{job_id}", argv, device_type, count, run / "log.txt")
+    handle = backend.launch(f"job{job_id}", argv, device_type=device_type, devices=count, log=run / "log.txt")
     return Launch(job_id, device_type, count, run, now, handle)

@@ -119,12 +119,16 @@ def simulate(
     price = np.array([prices.get(t, 0.0) for t in types])
     table = np.array([rates(spec) for spec in jobs]).reshape(len(jobs), len(types))
     if len(jobs) and (bad := np.flatnonzero((table <= 0).all(axis=1) | np.isnan(table).any(axis=1))).size:
-        raise InputError(f"job {int(bad[0])} ({jobs[int(bad[0])].job_type}) cannot run on any device type of "
-                         f"the cluster: give it a throughput on one of {', '.join(types)}")  # fmt: skip
+        raise InputError(
+            f"job {int(bad[0])} ({jobs[int(bad[0])].job_type}) cannot run on any device type of "
+            f"the cluster: give it a throughput on one of {', '.join(types)}"
+        )
     for i, spec in enumerate(jobs):
         if not any(spec.scale_factor <= devices.counts[t] and table[i, k] > 0 for k, t in enumerate(types)):
-            raise InputError(f"job {i} needs {spec.scale_factor} devices of one type but the cluster has "
-                             f"{devices.counts}: remove it or add devices")  # fmt: skip
+            raise InputError(
+                f"job {i} needs {spec.scale_factor} devices of one type but the cluster has "
+                f"{devices.counts}: remove it or add devices"
+            )
     fastest = table.max(axis=1) if len(jobs) else np.zeros(0)
     restart_by_type = restart_s if isinstance(restart_s, dict) else dict.fromkeys(types, restart_s)
     if missing := set(types) - set(restart_by_type):
@@ -153,7 +157,17 @@ def simulate(
             active.append(order[arrived])
             arrived, changed = arrived + 1, True
         if problem is None or changed:  # jobs came (changed) or went (problem reset below)
-            problem = active_problem(active, jobs, table, remaining, records, now, devices, price, pair_rates)
+            problem = active_problem(
+                active,
+                jobs=jobs,
+                table=table,
+                remaining=remaining,
+                records=records,
+                now=now,
+                devices=devices,
+                price=price,
+                pair_rates=pair_rates,
+            )
         if problem.job_ids != allocated_for and (
             now - allocated_at >= reallocate_s or not set(allocated_for) & set(problem.job_ids)
         ):
@@ -204,9 +218,17 @@ def simulate(
 
 
 def active_problem(
-    active: Sequence[int], jobs: Sequence[TraceJob], table: np.ndarray, remaining: np.ndarray, records: list[JobRecord],
-    now: float, devices: Devices, price: np.ndarray, pair_rates: PairRates | None,
-) -> Problem:  # fmt: skip
+    active: Sequence[int],
+    *,
+    jobs: Sequence[TraceJob],
+    table: np.ndarray,
+    remaining: np.ndarray,
+    records: list[JobRecord],
+    now: float,
+    devices: Devices,
+    price: np.ndarray,
+    pair_rates: PairRates | None,
+) -> Problem:
     """The policy's view now of the jobs ``active`` (ids into ``jobs`` and every per-job array): their
     throughputs (rows of ``table``), remaining steps, waiting times, deadlines; pairs that may share devices."""
     pairs: dict[tuple[int, int], np.ndarray] = {}
@@ -217,13 +239,19 @@ def active_problem(
                 if ja.scale_factor == jb.scale_factor and (both := pair_rates(ja, jb)) is not None:
                     pairs[(a, b)] = both
     return Problem(
-        job_ids=tuple(active), device_types=devices.types, throughputs=table[list(active)],
-        scale_factors=[jobs[j].scale_factor for j in active], capacity=[devices.counts[t] for t in devices.types],
-        weights=[jobs[j].priority_weight for j in active], remaining_steps=remaining[list(active)],
+        job_ids=tuple(active),
+        device_types=devices.types,
+        throughputs=table[list(active)],
+        scale_factors=[jobs[j].scale_factor for j in active],
+        capacity=[devices.counts[t] for t in devices.types],
+        weights=[jobs[j].priority_weight for j in active],
+        remaining_steps=remaining[list(active)],
         elapsed_s=[now - records[j].arrival_s for j in active],
-        deadline_s=[max(records[j].deadline_s - now, 1.0) for j in active], prices=price,
-        arrival_s=[records[j].arrival_s for j in active], pair_throughputs=pairs,
-    )  # fmt: skip
+        deadline_s=[max(records[j].deadline_s - now, 1.0) for j in active],
+        prices=price,
+        arrival_s=[records[j].arrival_s for j in active],
+        pair_throughputs=pairs,
+    )
 
 
 def _speeds(

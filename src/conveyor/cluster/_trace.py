@@ -19,9 +19,17 @@ __all__ = ["FIELDS", "TraceJob", "format_line", "parse_line", "read_trace", "wri
 
 # Gavel's order (utils.parse_trace); the first nine are what job.Job.__str__ writes, the last is the arrival time.
 FIELDS = (
-    "job_type", "command", "working_directory", "num_steps_arg", "needs_data_dir",
-    "total_steps", "scale_factor", "priority_weight", "SLO", "arrival_time",
-)  # fmt: skip
+    "job_type",
+    "command",
+    "working_directory",
+    "num_steps_arg",
+    "needs_data_dir",
+    "total_steps",
+    "scale_factor",
+    "priority_weight",
+    "SLO",
+    "arrival_time",
+)
 
 
 @dataclass(frozen=True)
@@ -105,11 +113,18 @@ def format_line(job: TraceJob) -> str:
     """
     return "\t".join(
         (
-            job.job_type, job.command, job.working_directory, job.num_steps_arg, str(int(job.needs_data_dir)),
-            str(job.total_steps), str(job.scale_factor), _number(job.priority_weight, "%d"),
-            f"{-1:f}" if job.slo is None else _number(job.slo, "%f"), _number(job.arrival_s, "%d"),
+            job.job_type,
+            job.command,
+            job.working_directory,
+            job.num_steps_arg,
+            str(int(job.needs_data_dir)),
+            str(job.total_steps),
+            str(job.scale_factor),
+            _number(job.priority_weight, "%d"),
+            f"{-1:f}" if job.slo is None else _number(job.slo, "%f"),
+            _number(job.arrival_s, "%d"),
         )
-    )  # fmt: skip
+    )
 
 
 def parse_line(line: str, where: str = "trace line") -> TraceJob:
@@ -145,11 +160,17 @@ def parse_line(line: str, where: str = "trace line") -> TraceJob:
     slo = number(8, float)
     try:
         return TraceJob(
-            job_type=job_type, total_steps=int(number(5, int)), scale_factor=scale_factor,
-            arrival_s=number(9, float), priority_weight=number(7, float), slo=None if slo < 0 else slo,
-            command=command, working_directory=working_directory, num_steps_arg=num_steps_arg,
+            job_type=job_type,
+            total_steps=int(number(5, int)),
+            scale_factor=scale_factor,
+            arrival_s=number(9, float),
+            priority_weight=number(7, float),
+            slo=None if slo < 0 else slo,
+            command=command,
+            working_directory=working_directory,
+            num_steps_arg=num_steps_arg,
             needs_data_dir=bool(needs_data_dir),
-        )  # fmt: skip
+        )
     except ValueError as exc:
         raise InputError(f"{where}: {exc}") from None
 

@@ -36,16 +36,25 @@ class Outcome:
     def report(self) -> dict[str, Any]:
         """JSON-ready: cost in $, cost per work in $ per million samples."""
         per = self.cost / self.work * 1e6 if self.work else math.inf
-        return {"policy": self.policy, "cost": self.cost, "seconds": self.seconds, "work": self.work,
-                "cost_per_work": per, "cost_per_work_unit": "$ per 1M samples", "revocations": self.revocations,
-                "additions": self.additions, "work_lost": self.work_lost, "finished": self.finished,
-                "machine_hours": self.machine_hours}  # fmt: skip
+        return {
+            "policy": self.policy,
+            "cost": self.cost,
+            "seconds": self.seconds,
+            "work": self.work,
+            "cost_per_work": per,
+            "cost_per_work_unit": "$ per 1M samples",
+            "revocations": self.revocations,
+            "additions": self.additions,
+            "work_lost": self.work_lost,
+            "finished": self.finished,
+            "machine_hours": self.machine_hours,
+        }
 
 
 class _Sim:
     """The shared replay: capacity per market, the machines held, their bills, and the job's work."""
 
-    def __init__(self, policy: str, markets: Sequence[Market], machines: int, billing: Billing) -> None:
+    def __init__(self, policy: str, *, markets: Sequence[Market], machines: int, billing: Billing) -> None:
         self.markets, self.billing, self.out, self.machines = list(markets), billing, Outcome(policy), machines
         self.events = sorted((t, i, float(n)) for i, m in enumerate(self.markets) for t, n in m.counts())
         self.cap = [0.0] * len(self.markets)
@@ -115,7 +124,7 @@ def _on_demand_home(markets: Sequence[Market]) -> int:
 
 def _on_demand(markets: Sequence[Market], x: Throughput, work: float, fleet: int, billing: Billing) -> Outcome:
     i = _on_demand_home(markets)
-    sim = _Sim("on-demand", markets, fleet, billing)
+    sim = _Sim("on-demand", markets=markets, machines=fleet, billing=billing)
     seconds = work / x(fleet, fleet * markets[i].price.speed)
     for _ in range(fleet):
         sim.bill(i, 0.0, seconds, "finished", on_demand=True)
@@ -156,22 +165,44 @@ def simulate(
     if not markets:
         raise InputError("simulate needs at least one market")
     if not (work > 0 and fleet >= 1 and machines >= 1 and reliable >= 0):
-        raise InputError(f"need work > 0, fleet >= 1, machines >= 1, reliable >= 0; got {work}, {fleet}, {machines}, "
-                         f"{reliable}")  # fmt: skip
+        raise InputError(
+            f"need work > 0, fleet >= 1, machines >= 1, reliable >= 0; got {work}, {fleet}, {machines}, {reliable}"
+        )
     if policy in ("elastic-fixed", "bidbrain") and reliable < 1:
         raise InputError(f"{policy} keeps its state on a reliable tier: give reliable >= 1")
     billing = billing if isinstance(billing, Billing) else Billing(billing)
     if policy == "on-demand":
         return _on_demand(markets, throughput, work, fleet, billing)
-    return _Replay(policy, markets, throughput, work, fleet, reliable, machines, billing, costs or Costs()).run()
+    return _Replay(
+        policy,
+        markets=markets,
+        x=throughput,
+        work=work,
+        fleet=fleet,
+        reliable=reliable,
+        machines=machines,
+        billing=billing,
+        costs=costs or Costs(),
+    ).run()
 
 
 class _Replay(_Sim):
     """The event loop for the three spot policies."""
 
-    def __init__(self, policy: str, markets: Sequence[Market], x: Throughput, work: float, fleet: int,
-                 reliable: int, machines: int, billing: Billing, costs: Costs) -> None:  # fmt: skip
-        super().__init__(policy, markets, machines, billing)
+    def __init__(
+        self,
+        policy: str,
+        *,
+        markets: Sequence[Market],
+        x: Throughput,
+        work: float,
+        fleet: int,
+        reliable: int,
+        machines: int,
+        billing: Billing,
+        costs: Costs,
+    ) -> None:
+        super().__init__(policy, markets=markets, machines=machines, billing=billing)
         self.x, self.work, self.fleet, self.costs = x, work, fleet, costs
         self.prior = (costs.prior_revocations, costs.prior_hours)
         self.home = _spot_home(markets)
@@ -197,9 +228,13 @@ class _Replay(_Sim):
             self.log(t, self.speeds()[0])
             n, s = self.speeds()
             rate = 0.0 if self.waiting else self.x(n, s)
-            nxt = min(self.events[0][0] if self.events else math.inf, next_decision if p == "bidbrain" else math.inf,
-                      self.stall_until if self.stall_until > t else math.inf, self.next_checkpoint,
-                      self.wake(t))  # fmt: skip
+            nxt = min(
+                self.events[0][0] if self.events else math.inf,
+                next_decision if p == "bidbrain" else math.inf,
+                self.stall_until if self.stall_until > t else math.inf,
+                self.next_checkpoint,
+                self.wake(t),
+            )
             begin = max(t, self.stall_until)
             if rate > 0 and begin + (self.work - self.done) / rate <= nxt:
                 t = begin + (self.work - self.done) / rate
@@ -276,11 +311,13 @@ class _Replay(_Sim):
     def bidbrain(self, t: float) -> list[int]:
         """Machines to hold per market: :func:`plan` on what the job holds now and what it has seen so far."""
         ms, billing = self.markets, self.billing
-        offers = [Offer(m.price.spot, m.price.speed, self.rate(i), tuple(paid_left(billing, held, t)), self.free(i))
-                  for i, (m, held) in enumerate(zip(ms, self.held, strict=True))]  # fmt: skip
+        offers = [
+            Offer(m.price.spot, m.price.speed, self.rate(i), tuple(paid_left(billing, held, t)), self.free(i))
+            for i, (m, held) in enumerate(zip(ms, self.held, strict=True))
+        ]
         home = ms[self.home].price
         reliable = Offer(home.on_demand, home.speed, 0.0, tuple(paid_left(billing, [0.0] * self.reliable, t)), 0)
-        return plan(self.x, self.work - self.done, offers, reliable, self.costs, billing)
+        return plan(self.x, self.work - self.done, offers=offers, reliable=reliable, costs=self.costs, billing=billing)
 
     def finish(self, t: float) -> None:
         for i, held in enumerate(self.held):

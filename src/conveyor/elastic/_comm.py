@@ -64,7 +64,9 @@ class Watch:
         lost_s: the coordinator's heartbeat limit (a failed collective waits for its verdict a while longer).
     """
 
-    def __init__(self, store: dist.Store, host: str, port: int, worker: int, timeout_s: float, lost_s: float) -> None:
+    def __init__(
+        self, store: dist.Store, *, host: str, port: int, worker: int, timeout_s: float, lost_s: float
+    ) -> None:
         self.store, self.host, self.port, self.worker = store, host, port, worker
         self.timeout_s, self.lost_s = timeout_s, lost_s
         self.gen: Generation | None = None
@@ -159,8 +161,9 @@ class Watch:
 
         def build() -> None:
             try:
-                box["pg"] = dist.ProcessGroupGloo(prefix, workers.index(self.worker), len(workers),
-                                                  timedelta(seconds=self.timeout_s))  # fmt: skip
+                box["pg"] = dist.ProcessGroupGloo(
+                    prefix, workers.index(self.worker), len(workers), timedelta(seconds=self.timeout_s)
+                )
             except Exception as exc:
                 box["error"] = exc
 
@@ -175,7 +178,7 @@ class Watch:
             raise
         if "error" in box:  # a peer failed while the group formed: the coordinator says who
             self._await_verdict(box["error"])
-        return Posting(box["pg"], self)
+        return Posting(box["pg"], watch=self)
 
 
 class Posting:
@@ -183,7 +186,7 @@ class Posting:
     already gone fails at once (its connection was reset), and that is a failed wait like any other (the
     coordinator says who was lost, then ``MembershipChanged``)."""
 
-    def __init__(self, group: dist.ProcessGroupGloo, watch: Watch) -> None:
+    def __init__(self, group: dist.ProcessGroupGloo, *, watch: Watch) -> None:
         self._group, self._watch = group, watch
 
     def __getattr__(self, name: str) -> Any:

@@ -127,7 +127,7 @@ class Handover:
                 return  # an owner was lost mid-backup: the generation is about to change
             P, V, S = self.flat.numel, len(self.keys), len(self.scalar_keys)
             for (_, bounds, buffers), message, _ in posts:
-                place_shard(self.backup, message, bounds, P, V, buffers, S)
+                place_shard(self.backup, message, bounds=bounds, numel=P, vectors=V, buffers=buffers, scalars=S)
             self.backup_step = t
             self.incoming.pop(0)
 
@@ -181,13 +181,23 @@ class Handover:
         if from_owners:
             for o, (_, shard, buffers) in zip(sources, held, strict=True):
                 if o == self.worker == 0:
-                    place_shard(full, self._shard_at(c), shard, P, V, buffers, len(self.scalar_keys))
+                    place_shard(
+                        full,
+                        self._shard_at(c),
+                        bounds=shard,
+                        numel=P,
+                        vectors=V,
+                        buffers=buffers,
+                        scalars=len(self.scalar_keys),
+                    )
                 elif o == self.worker:
                     self.watch.wait(group.send([self._shard_at(c)], parts.index(0), 0))
                 elif self.leader:
                     message = self._message_for(shard)
                     self.watch.wait(group.recv([message], parts.index(o), 0))
-                    place_shard(full, message, shard, P, V, buffers, len(self.scalar_keys))
+                    place_shard(
+                        full, message, bounds=shard, numel=P, vectors=V, buffers=buffers, scalars=len(self.scalar_keys)
+                    )
         elif self.leader:
             full.copy_(self.backup)
         if self.leader:
@@ -210,12 +220,23 @@ class Handover:
             if self.log_dir is not None:
                 (self.log_dir / "training-started").touch()  # an emulated cluster's fault clock starts here
             self.state_gen = gen.gen
-            event = {"event": "generation", "gen": gen.gen, "reason": gen.reason, "planned": gen.planned,
-                     "members": list(gen.members), "leaving": list(gen.leaving), "stage": gen.roles.stage,
-                     "compute": list(gen.roles.compute), "owners": list(gen.roles.owners), "resume_step": c,
-                     "layout": self.layout_of(gen),
-                     "committed": committed, "steps_redone": redone, "from": "owners" if from_owners else "backup",
-                     "recover_s": round(time.time() - began, 4)}  # fmt: skip
+            event = {
+                "event": "generation",
+                "gen": gen.gen,
+                "reason": gen.reason,
+                "planned": gen.planned,
+                "members": list(gen.members),
+                "leaving": list(gen.leaving),
+                "stage": gen.roles.stage,
+                "compute": list(gen.roles.compute),
+                "owners": list(gen.roles.owners),
+                "resume_step": c,
+                "layout": self.layout_of(gen),
+                "committed": committed,
+                "steps_redone": redone,
+                "from": "owners" if from_owners else "backup",
+                "recover_s": round(time.time() - began, 4),
+            }
             self.events.append(event)
             self.log(event)
         if self.worker in gen.leaving:
@@ -240,8 +261,9 @@ class Handover:
         elif self.prev is not None and self.prev[0] == c:
             message = self.prev[1]
         else:
-            raise RuntimeError(f"worker {self.worker} holds its shard at step {self.shard_step} and the one before, "
-                               f"not {c}")  # fmt: skip
+            raise RuntimeError(
+                f"worker {self.worker} holds its shard at step {self.shard_step} and the one before, not {c}"
+            )
         if self.flat.buffer_numel and c in self.step_buffers:  # the model's own may be mid-step
             message = message.clone()
             message[message.numel() - self.flat.buffer_numel :] = self.step_buffers[c]

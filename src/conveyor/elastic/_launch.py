@@ -122,16 +122,22 @@ def launch_elastic(
     (folder / "store.txt").unlink(missing_ok=True)
     emulation = emulation or Emulation()
     if not emulation.active:
-        return _run(fn, args, nprocs, folder, None, "127.0.0.1", timeout_s)
+        return _run(fn, args, nprocs=nprocs, folder=folder, cluster=None, host="127.0.0.1", timeout_s=timeout_s)
     with Cluster(emulation, nprocs, folder) as cluster:
         host = address(0) if cluster.network is not None else "127.0.0.1"
-        return _run(fn, args, nprocs, folder, cluster, host, timeout_s)
+        return _run(fn, args, nprocs=nprocs, folder=folder, cluster=cluster, host=host, timeout_s=timeout_s)
 
 
 def _run(
-    fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, folder: Path, cluster: Cluster | None, host: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    *,
+    nprocs: int,
+    folder: Path,
+    cluster: Cluster | None,
+    host: str,
     timeout_s: float | None,
-) -> dict[int, Any]:  # fmt: skip
+) -> dict[int, Any]:
     ctx = worker_context()
     job = _ElasticJob(
         host=host,
@@ -188,8 +194,13 @@ def _run(
             if proc.pid not in results:
                 results[proc.pid] = _outcome(proc, folder, slots[proc.pid], proc.pid in joiners and procs[0])
         if procs[0].exitcode != 0:  # killed without a report (the others' errors would have been raised)
-            raise WorkerError(0, "WorkerDied", f"worker 0 (reliable, the job's store) exited with code "
-                              f"{procs[0].exitcode}: the reliable tier must outlive the job", "")  # fmt: skip
+            raise WorkerError(
+                0,
+                "WorkerDied",
+                f"worker 0 (reliable, the job's store) exited with code "
+                f"{procs[0].exitcode}: the reliable tier must outlive the job",
+                "",
+            )
         return {pid: r.value for pid, r in results.items() if r is not None and r.ok}
     finally:
         if driver is not None:

@@ -58,15 +58,35 @@ class MarketPrice:
 # - Speeds (training throughput relative to a V100, ResNet-50 class models): T4 0.3 and A100 2.0, rounded from
 #   NVIDIA's published training-throughput tables; APPROXIMATE, one significant figure on purpose.
 PRICES: dict[str, MarketPrice] = {
-    "p3-trace": MarketPrice("p3.2xlarge (1x V100), AWS us-east-1", 3.06, 0.918, 1.0,
-                            "AWS on-demand list (confirmed); spot from an undated snapshot (approximate)"),
-    "g4dn-trace": MarketPrice("g4dn.xlarge (1x T4), AWS us-east-1", 0.526, 0.1578, 0.3,
-                              "AWS on-demand list and undated spot snapshot (approximate); speed approximate"),
-    "a100x1-east1b": MarketPrice("a2-highgpu-1g (1x A100), GCP us-east1-b", 3.673, 1.10, 2.0,
-                                 "GCP list, Dec 2021 (approximate, not confirmed); speed approximate"),
-    "v100x1-east1c": MarketPrice("n1-standard-8 + 1x V100, GCP us-east1-c", 2.86, 0.82, 1.0,
-                                 "GCP GPU + n1 list, Dec 2021 (approximate, not confirmed)"),
-}  # fmt: skip
+    "p3-trace": MarketPrice(
+        "p3.2xlarge (1x V100), AWS us-east-1",
+        3.06,
+        0.918,
+        1.0,
+        "AWS on-demand list (confirmed); spot from an undated snapshot (approximate)",
+    ),
+    "g4dn-trace": MarketPrice(
+        "g4dn.xlarge (1x T4), AWS us-east-1",
+        0.526,
+        0.1578,
+        0.3,
+        "AWS on-demand list and undated spot snapshot (approximate); speed approximate",
+    ),
+    "a100x1-east1b": MarketPrice(
+        "a2-highgpu-1g (1x A100), GCP us-east1-b",
+        3.673,
+        1.10,
+        2.0,
+        "GCP list, Dec 2021 (approximate, not confirmed); speed approximate",
+    ),
+    "v100x1-east1c": MarketPrice(
+        "n1-standard-8 + 1x V100, GCP us-east1-c",
+        2.86,
+        0.82,
+        1.0,
+        "GCP GPU + n1 list, Dec 2021 (approximate, not confirmed)",
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,17 @@ import torch.distributed as dist
 
 from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, Roles, roles
 
-__all__ = ["NOTICE", "Coordinator", "Generation", "Heartbeat", "JobFailed", "MembershipChanged", "connect", "latest",
-           "listen_for_notice"]  # fmt: skip
+__all__ = [
+    "NOTICE",
+    "Coordinator",
+    "Generation",
+    "Heartbeat",
+    "JobFailed",
+    "MembershipChanged",
+    "connect",
+    "latest",
+    "listen_for_notice",
+]
 
 # Set when this process got a revocation notice (SIGTERM, as a spot machine does); its heartbeat posts it.
 NOTICE = threading.Event()
@@ -81,15 +90,23 @@ class Generation:
     def from_json(cls, text: str | bytes) -> Generation:
         d = json.loads(text)
         r = d["roles"]
-        return cls(d["gen"], tuple(d["members"]), tuple(d["leaving"]), tuple(d["reliable"]),
-                   Roles(r["stage"], tuple(r["compute"]), tuple(r["owners"])), d["planned"], d["reason"])  # fmt: skip
+        return cls(
+            d["gen"],
+            tuple(d["members"]),
+            tuple(d["leaving"]),
+            tuple(d["reliable"]),
+            Roles(r["stage"], tuple(r["compute"]), tuple(r["owners"])),
+            d["planned"],
+            d["reason"],
+        )
 
 
 def connect(host: str, port: int, is_leader: bool, timeout_s: float = 60.0) -> dist.TCPStore:
     """A client of the job's store (the leader, id 0, hosts it: give ``port=0`` for any free port)."""
     # The server without libuv: the libuv one stopped accepting after about 24 clients in one process (torch 2.13).
-    return dist.TCPStore(host, port, None, is_leader, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
-                         use_libuv=False)  # fmt: skip
+    return dist.TCPStore(
+        host, port, None, is_leader, timeout=timedelta(seconds=timeout_s), wait_for_workers=False, use_libuv=False
+    )
 
 
 def latest(store: dist.Store) -> Generation:
@@ -104,7 +121,7 @@ class Heartbeat:
     """Adds 1 to ``hb/ID`` every ``beat_s`` seconds from a thread of its own (own store client), until closed,
     and posts this process's revocation notice (:data:`NOTICE`) once it has one."""
 
-    def __init__(self, host: str, port: int, worker: int, beat_s: float) -> None:
+    def __init__(self, host: str, port: int, *, worker: int, beat_s: float) -> None:
         self._store = connect(host, port, is_leader=False)
         self._worker, self._beat_s = worker, beat_s
         self._stop = threading.Event()
@@ -149,6 +166,7 @@ class Coordinator:
         self,
         host: str,
         port: int,
+        *,
         initial: int,
         reliable: int,
         lost_s: float = 2.0,
@@ -183,8 +201,10 @@ class Coordinator:
     def _write(self, members: tuple[int, ...], leaving: tuple[int, ...], planned: bool, reason: str) -> Generation:
         lost_reliable = [w for w in self.reliable if w not in members]
         if lost_reliable:
-            message = (f"reliable worker {lost_reliable[0]} was lost: the reliable tier holds the job's store and "
-                       "backups and must outlive it; revoke only transient workers")  # fmt: skip
+            message = (
+                f"reliable worker {lost_reliable[0]} was lost: the reliable tier holds the job's store and "
+                "backups and must outlive it; revoke only transient workers"
+            )
             self.store.set("fatal", message)
             raise JobFailed(message)
         g = self.store.add("gen_counter", 1) - 1
@@ -194,8 +214,18 @@ class Coordinator:
         self.store.add("gen", 1 if g else 0)
         if self.log is not None:
             with self.log.open("a") as f:
-                f.write(json.dumps({"wall": round(time.time(), 4), "event": "decided", "gen": g, "reason": reason,
-                                    "planned": planned}) + "\n")  # fmt: skip
+                f.write(
+                    json.dumps(
+                        {
+                            "wall": round(time.time(), 4),
+                            "event": "decided",
+                            "gen": g,
+                            "reason": reason,
+                            "planned": planned,
+                        }
+                    )
+                    + "\n"
+                )
         return gen
 
     def _run(self) -> None:
@@ -239,11 +269,11 @@ class Coordinator:
         self._leaving -= set(left)
         # A leaver listed again in a generation newer than the one it handed over in would be waited for in vain.
         relisted = [w for w in left if w in current.participants and int(self.store.get(f"left/{w}")) < current.gen]
-        noticed = [
+        noticed = [  # a reliable worker is not revoked
             w
             for w in self._watch
             if w not in self._leaving and w not in self.reliable and self.store.check([f"leave/{w}"])
-        ]  # fmt: skip (a reliable worker is not revoked)
+        ]
         self._leaving |= set(noticed)
         joined = []
         while self._joins_seen < self.store.add("joins", 0) and self.store.check([f"join/{self._joins_seen}"]):
@@ -257,8 +287,12 @@ class Coordinator:
         alive = set(self._watch)
         members = tuple(sorted(alive - self._leaving))
         leaving = tuple(sorted(alive & self._leaving))
-        parts = [f"lost {lost_participants}" if lost_participants else "", f"notice {noticed}" if noticed else "",
-                 f"joined {joined}" if joined else "", f"left {relisted}" if relisted else ""]  # fmt: skip
+        parts = [
+            f"lost {lost_participants}" if lost_participants else "",
+            f"notice {noticed}" if noticed else "",
+            f"joined {joined}" if joined else "",
+            f"left {relisted}" if relisted else "",
+        ]
         self.generation = self._write(
             members, leaving, planned=not lost_participants, reason=", ".join(p for p in parts if p)
         )

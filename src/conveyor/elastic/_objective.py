@@ -73,8 +73,9 @@ class Offer:
     free: int = 0
 
 
-def plan(x: Throughput, remaining: float, offers: Sequence[Offer], reliable: Offer, costs: Costs,
-         billing: Billing) -> list[int]:  # fmt: skip
+def plan(
+    x: Throughput, remaining: float, *, offers: Sequence[Offer], reliable: Offer, costs: Costs, billing: Billing
+) -> list[int]:
     """BidBrain's choice: how many machines ``h_m`` to hold in each market to finish ``remaining`` samples at the
     least expected cost, that is the least expected cost per unit of the remaining work ``W``:
 
@@ -103,10 +104,12 @@ def plan(x: Throughput, remaining: float, offers: Sequence[Offer], reliable: Off
         >>> busy = Offer(price=0.36, speed=1.0, rate=0.0, paid=(40 / 60, 40 / 60), free=8)
         >>> rel = Offer(price=3.6, speed=1.0, rate=0.0, paid=(40 / 60,))
         >>> free = Costs(revocation_s=0, addition_s=0, steps_redone=0)
-        >>> plan(one, 3 * 600.0, [busy], rel, free, hourly)  # 10 min of work on 3 paid machines: add no hour
+        >>> # 10 min of work on 3 paid machines: add no hour
+        >>> plan(one, 3 * 600.0, offers=[busy], reliable=rel, costs=free, billing=hourly)
         [2]
         >>> now, rel_now = Offer(0.36, 1.0, 0.0, paid=(0.0, 0.0), free=8), Offer(3.6, 1.0, 0.0, paid=(0.0,))
-        >>> plan(one, 3 * 600.0, [now], rel_now, free, Billing("per-second"))  # per second, all 8 pay off
+        >>> # per second, all 8 pay off
+        >>> plan(one, 3 * 600.0, offers=[now], reliable=rel_now, costs=free, billing=Billing("per-second"))
         [10]
     """
     c, k_r = costs, len(reliable.paid)
@@ -135,8 +138,12 @@ def plan(x: Throughput, remaining: float, offers: Sequence[Offer], reliable: Off
         """Set one market's count to its best value (up or down, within bounds) while that lowers ``J``."""
         best = cost(h)
         while True:
-            trials = [(cost([*h[:i], v, *h[i + 1 :]]), i, v)
-                      for i in range(len(offers)) for v in range(locked[i], top[i] + 1) if v != h[i]]  # fmt: skip
+            trials = [
+                (cost([*h[:i], v, *h[i + 1 :]]), i, v)
+                for i in range(len(offers))
+                for v in range(locked[i], top[i] + 1)
+                if v != h[i]
+            ]
             if not trials or min(trials)[0] >= best * (1 - 1e-9):
                 return best, h
             best, i, v = min(trials)

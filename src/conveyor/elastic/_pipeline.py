@@ -68,8 +68,9 @@ def planned_layouts(profile: Profile, bandwidth: float, microbatches: int) -> Ca
     def layout(workers: int) -> StageLayout:
         topology = Topology.parse(f"{workers}:{bandwidth:g}")
         plan = optimize(profile, topology, schedule="gpipe", microbatches=microbatches)
-        return StageLayout(tuple(s.last_layer - s.first_layer + 1 for s in plan.stages),
-                           tuple(s.replicas for s in plan.stages))  # fmt: skip
+        return StageLayout(
+            tuple(s.last_layer - s.first_layer + 1 for s in plan.stages), tuple(s.replicas for s in plan.stages)
+        )
 
     return layout
 
@@ -113,8 +114,10 @@ class StagedStep:
             raise TypeError(f"an elastic pipeline cuts an nn.Sequential between its blocks, got {type(model).__name__}")
         self.blocks = list(model)
         if len(self.blocks) != len(list(model.children())):  # the profile (children) would count fewer blocks
-            raise InputError("a block appears twice in the nn.Sequential: an elastic pipeline needs each block once "
-                             "(make a second instance of it)")  # fmt: skip
+            raise InputError(
+                "a block appears twice in the nn.Sequential: an elastic pipeline needs each block once "
+                "(make a second instance of it)"
+            )
         params = [sum(p.numel() for p in b.parameters() if p.requires_grad) for b in self.blocks]
         if sum(params) != sum(p.numel() for p in model.parameters() if p.requires_grad):
             raise InputError("a parameter is shared between blocks: an elastic pipeline needs blocks that own theirs")
@@ -130,13 +133,16 @@ class StagedStep:
             ValueError: the layout does not cover every block with every computing worker.
         """
         if sum(layout.balance) != len(self.blocks) or sum(layout.replicas) != len(compute):
-            raise InputError(f"{layout} does not fit {len(self.blocks)} blocks on {len(compute)} workers: plan the "
-                             "layout from a profile of this model for this many workers")  # fmt: skip
+            raise InputError(
+                f"{layout} does not fit {len(self.blocks)} blocks on {len(compute)} workers: plan the "
+                "layout from a profile of this model for this many workers"
+            )
         out, first = [], 0
         for workers, n in zip(layout.stage_workers(compute), layout.balance, strict=True):
             last = first + n
-            out.append((workers, (self.param_at[first], self.param_at[last]),
-                        (self.buffer_at[first], self.buffer_at[last])))  # fmt: skip
+            out.append(
+                (workers, (self.param_at[first], self.param_at[last]), (self.buffer_at[first], self.buffer_at[last]))
+            )
             first = last
         return out
 
@@ -150,9 +156,17 @@ class StagedStep:
         raise InputError(f"worker {worker} computes nothing in {layout}")
 
     def run(
-        self, watch: Watch, group: Any, layout: StageLayout, compute: tuple[int, ...], worker: int,
-        inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable[[Any, Any], torch.Tensor],
-    ) -> tuple[float, int]:  # fmt: skip
+        self,
+        watch: Watch,
+        group: Any,
+        *,
+        layout: StageLayout,
+        compute: tuple[int, ...],
+        worker: int,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+    ) -> tuple[float, int]:
         """Run this worker's forwards and backwards of one batch (``inputs``, ``targets``: the whole batch);
         its stage's gradients are left in its parameters' ``.grad`` as sums ``sum_k n_k grad l_k``; returns
         its loss sum (the last stage's, 0 elsewhere) and how many samples it ran."""
@@ -217,8 +231,10 @@ def _block_inputs(blocks: list[nn.Module], example: torch.Tensor) -> tuple[list[
                 x = block.eval()(x)
                 if not torch.is_tensor(x) or not x.is_floating_point():
                     what = f"{type(x).__name__} {getattr(x, 'dtype', '')}".strip()
-                    raise TypeError(f"an elastic pipeline sends one float tensor between blocks, "
-                                    f"{type(block).__name__} returns {what}")  # fmt: skip
+                    raise TypeError(
+                        f"an elastic pipeline sends one float tensor between blocks, "
+                        f"{type(block).__name__} returns {what}"
+                    )
     finally:
         for block, mode in zip(blocks, modes, strict=True):
             block.train(mode)

@@ -170,9 +170,15 @@ def full_message_numel(numel: int, vectors: int, scalars: int, buffers: int) -> 
 
 
 def place_shard(
-    full: torch.Tensor, message: torch.Tensor, bounds: tuple[int, int], numel: int, vectors: int,
-    buffers: tuple[int, int], scalars: int,
-) -> None:  # fmt: skip
+    full: torch.Tensor,
+    message: torch.Tensor,
+    *,
+    bounds: tuple[int, int],
+    numel: int,
+    vectors: int,
+    buffers: tuple[int, int],
+    scalars: int,
+) -> None:
     """Copy a shard's :meth:`ShardOptimizer.message` into the whole state ``full`` (laid out as one shard of
     ``[0, numel)``): its weights and state, the ``scalars`` (every shard has the same), and the range
     ``buffers`` of the buffer vector that the shard holds (all of it in data parallelism, where every shard

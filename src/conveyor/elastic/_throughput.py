@@ -48,6 +48,7 @@ class Throughput:
 
 def throughput_from_plan(
     profile: Profile,
+    *,
     batch: int,
     bandwidth: float = 1.17e9,
     latency: float = 0.0,
@@ -66,7 +67,7 @@ def throughput_from_plan(
 
     Example:
         >>> p = Profile.chain("toy", [0.1], [0.2], [0], [4e8], batch_size=32)
-        >>> x = throughput_from_plan(p, 32, bandwidth=1e9, max_machines=4, reliable=1, reliable_bandwidth=1e8)
+        >>> x = throughput_from_plan(p, batch=32, bandwidth=1e9, max_machines=4, reliable=1, reliable_bandwidth=1e8)
         >>> round(x.step_s(1), 3), round(x.step_s(4), 3)  # 0.3 s of compute; the 4 s backup binds
         (4.0, 4.0)
     """
@@ -74,7 +75,9 @@ def throughput_from_plan(
     weights = float(profile.param_bytes(0, len(profile.layers)))
     top = Topology.parse(f"{max_machines}:{bandwidth:g}" + (f"/{latency}s" if latency else ""))
     m = np.arange(1, max_machines + 1)
-    per_minibatch = stage_seconds("physical", top, 0, compute, weights, 0.0, 0.0, m, per_update=m)
+    per_minibatch = stage_seconds(
+        "physical", top, k=0, inner=compute, weights=weights, cut_in=0.0, cut_out=0.0, units=m, per_update=m
+    )
     ring = (m * per_minibatch - compute).tolist()
     backup = weights if backup_bytes is None else backup_bytes
     limit = backup / (reliable * (reliable_bandwidth or bandwidth)) if reliable else 0.0

@@ -111,11 +111,21 @@ class ElasticTrainer(Handover):
     """
 
     def __init__(
-        self, model: nn.Module, loss_fn: LossFn, make_optimizer: Callable[..., torch.optim.Optimizer],
-        worker: int | None, host: str, port: int, options: ElasticOptions = ElasticOptions(),
-        workers: int = 0, log_dir: Path | None = None, layout: Callable[[int], StageLayout] | None = None,
-        microbatches: int = 4, device: str = "cpu",
-    ) -> None:  # fmt: skip
+        self,
+        model: nn.Module,
+        *,
+        loss_fn: LossFn,
+        make_optimizer: Callable[..., torch.optim.Optimizer],
+        worker: int | None,
+        host: str,
+        port: int,
+        options: ElasticOptions = ElasticOptions(),
+        workers: int = 0,
+        log_dir: Path | None = None,
+        layout: Callable[[int], StageLayout] | None = None,
+        microbatches: int = 4,
+        device: str = "cpu",
+    ) -> None:
         self.model, self.loss_fn, self.make_optimizer, self.options = model, loss_fn, make_optimizer, options
         # Before this worker takes an id, which heartbeats must then follow within lost_s: building an optimizer
         # the first time in a process imports for seconds.
@@ -139,20 +149,28 @@ class ElasticTrainer(Handover):
         self.log_dir = log_dir
         self.leader = worker == 0
         self.host, self.port = host, port
-        self.heartbeat = Heartbeat(host, self.port, worker, options.beat_s)
+        self.heartbeat = Heartbeat(host, self.port, worker=worker, beat_s=options.beat_s)
         self.coordinator = None
         if self.leader:
             from conveyor.elastic._membership import Coordinator
 
             self.store.set("t0", repr(time.time()))
             self.coordinator = Coordinator(
-                host, self.port, workers, options.reliable, lost_s=options.lost_s, beat_s=options.beat_s,
+                host,
+                self.port,
+                initial=workers,
+                reliable=options.reliable,
+                lost_s=options.lost_s,
+                beat_s=options.beat_s,
                 start_s=options.timeout_s,
-                sync_max=options.sync_max, backup_only_min=options.backup_only_min,
+                sync_max=options.sync_max,
+                backup_only_min=options.backup_only_min,
                 log=None if log_dir is None else log_dir / "elastic.jsonl",
-            )  # fmt: skip
+            )
         listen_for_notice()  # (the launcher listens from the start already)
-        self.watch = Watch(self.store, host, self.port, worker, options.timeout_s, options.lost_s)
+        self.watch = Watch(
+            self.store, host=host, port=self.port, worker=worker, timeout_s=options.timeout_s, lost_s=options.lost_s
+        )
         self.shard: ShardOptimizer | None = None
         self.prev: tuple[int, torch.Tensor] | None = None  # an owner's shard message one step back
         self.shard_step = -1  # the step an owner's shard is at
@@ -178,8 +196,11 @@ class ElasticTrainer(Handover):
     def fit(self, job: ElasticJob, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Train until ``job``'s epochs are done (or its target accuracy is reached), whoever comes and goes."""
         if self.device is not None:  # the data moves to the GPU once
-            on = {k: getattr(job, k).to(self.device) for k in ("train_x", "train_y", "test_x", "test_y")
-                  if getattr(job, k) is not None}  # fmt: skip
+            on = {
+                k: getattr(job, k).to(self.device)
+                for k in ("train_x", "train_y", "test_x", "test_y")
+                if getattr(job, k) is not None
+            }
             job = dataclasses.replace(job, **on)
         self.job, self.on_step = job, on_step
         if self.layout is not None:
@@ -206,8 +227,10 @@ class ElasticTrainer(Handover):
         except Left:
             return {"worker": self.worker, "left_at": self.done, "events": self.events}
         except dist.DistNetworkError as exc:  # the store went away with worker 0
-            raise JobFailed(f"the job's store on reliable worker 0 is unreachable ({exc}): the reliable tier was "
-                            "lost, and it must outlive the job") from None  # fmt: skip
+            raise JobFailed(
+                f"the job's store on reliable worker 0 is unreachable ({exc}): the reliable tier was "
+                "lost, and it must outlive the job"
+            ) from None
         finally:
             self.heartbeat.close()
         if self.coordinator is not None:
@@ -215,8 +238,13 @@ class ElasticTrainer(Handover):
             self.coordinator.close()
         else:
             self.store.set(f"exited/{self.worker}", "1")
-        return {"worker": self.worker, "steps": self.done + 1, "losses": self.losses, "events": self.events,
-                "weights": self.flat.weights() if self.worker in self.watch.gen.roles.compute else None}  # type: ignore[union-attr]  # fmt: skip
+        return {
+            "worker": self.worker,
+            "steps": self.done + 1,
+            "losses": self.losses,
+            "events": self.events,
+            "weights": self.flat.weights() if self.worker in self.watch.gen.roles.compute else None,  # type: ignore[union-attr]
+        }
 
     def _newest_with_me(self) -> Generation:
         while True:
@@ -352,8 +380,16 @@ class ElasticTrainer(Handover):
             p.grad = None
         index = batch.to(self.job.train_x.device)
         x, y = self.job.train_x[index], self.job.train_y[index]
-        loss_sum, samples = self.staged.run(self.watch, self.train_group, self.layout(len(compute)), compute,
-                                            self.worker, x, y, self.loss_fn)  # fmt: skip
+        loss_sum, samples = self.staged.run(
+            self.watch,
+            self.train_group,
+            layout=self.layout(len(compute)),
+            compute=compute,
+            worker=self.worker,
+            inputs=x,
+            targets=y,
+            loss_fn=self.loss_fn,
+        )
         (a, b), (ba, bb) = self.shard.bounds, self.buffer_bounds
         grad = self.flat.grads()
         buffers = self.flat.buffer_vector()
@@ -420,7 +456,16 @@ class ElasticTrainer(Handover):
         if evaluating:
             t0 = float(self.store.get("t0"))
             per_epoch = self.losses[-self.steps_per_epoch :]
-            self.log({"epoch": epoch + 1, "seconds": round(time.time() - t0, 3), "step": t,
-                      "loss": sum(per_epoch) / max(1, len(per_epoch)), "accuracy": float(accuracy),
-                      "gen": gen.gen, "workers": len(gen.roles.compute)}, "metrics.jsonl")  # fmt: skip
+            self.log(
+                {
+                    "epoch": epoch + 1,
+                    "seconds": round(time.time() - t0, 3),
+                    "step": t,
+                    "loss": sum(per_epoch) / max(1, len(per_epoch)),
+                    "accuracy": float(accuracy),
+                    "gen": gen.gen,
+                    "workers": len(gen.roles.compute),
+                },
+                "metrics.jsonl",
+            )
             self.store.set(f"evaluated/{epoch}", "1")

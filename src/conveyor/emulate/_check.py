@@ -95,8 +95,15 @@ def _measure(pairs: list[tuple[int, int]], sizes: list[int], iterations: int) ->
             dist.send(small, peer)
         if rank == a:
             latency = statistics.median(rtts[5:]) / 2  # the first few pings still warm up
-            out["links"].append({"from": a, "to": b, "bytes": size, "latency_s": latency,
-                                 "seconds": time.perf_counter() - start - latency})  # fmt: skip
+            out["links"].append(
+                {
+                    "from": a,
+                    "to": b,
+                    "bytes": size,
+                    "latency_s": latency,
+                    "seconds": time.perf_counter() - start - latency,
+                }
+            )
     for worker in range(dist.get_world_size()):  # one at a time: its own speed, nobody competing
         dist.barrier()
         if worker == rank:
@@ -132,17 +139,28 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
     links = []
     for m in measured:
         bandwidth, latency = specs[m["from"], m["to"]]
-        links.append({"from": m["from"], "to": m["to"], "spec_bytes_per_s": bandwidth,
-                      "measured_bytes_per_s": m["bytes"] / m["seconds"], "spec_latency_s": latency,
-                      "measured_latency_s": m["latency_s"], "bytes": m["bytes"]})  # fmt: skip
+        links.append(
+            {
+                "from": m["from"],
+                "to": m["to"],
+                "spec_bytes_per_s": bandwidth,
+                "measured_bytes_per_s": m["bytes"] / m["seconds"],
+                "spec_latency_s": latency,
+                "measured_latency_s": m["latency_s"],
+                "bytes": m["bytes"],
+            }
+        )
     device_rows = [
-        {"worker": r, "device": devices[r].name if devices else "unlimited",
-         "spec_cores": devices[r].cores if devices else None,
-         "measured_cores": reference / per_rank[r]["alone_s"],
-         "measured_share": per_rank[r]["alone_cpu_s"] / per_rank[r]["alone_s"],
-         "measured_cores_all_busy": reference / per_rank[r]["all_busy_s"]}
+        {
+            "worker": r,
+            "device": devices[r].name if devices else "unlimited",
+            "spec_cores": devices[r].cores if devices else None,
+            "measured_cores": reference / per_rank[r]["alone_s"],
+            "measured_share": per_rank[r]["alone_cpu_s"] / per_rank[r]["alone_s"],
+            "measured_cores_all_busy": reference / per_rank[r]["all_busy_s"],
+        }
         for r in range(workers)
-    ]  # fmt: skip
+    ]
     return {
         "network": emulation.network,
         "devices_spec": emulation.devices,

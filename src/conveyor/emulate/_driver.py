@@ -35,9 +35,12 @@ class FaultDriver:
     """
 
     def __init__(
-        self, cluster: Cluster, faults: list[Fault], on_add: Callable[[int], str] | None = None,
+        self,
+        cluster: Cluster,
+        faults: list[Fault],
+        on_add: Callable[[int], str] | None = None,
         clock: Path | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cluster, self.on_add, self.clock = cluster, on_add, clock
         self.log_path = cluster.log_dir / "faults.jsonl"
         self.revoked: dict[int, tuple[float, float]] = {}

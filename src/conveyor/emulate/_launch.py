@@ -57,10 +57,12 @@ def launch_emulated(
                 if exc.rank in driver.revoked:
                     notice, killed = driver.revoked[exc.rank]
                     raise WorkerRevoked(
-                        exc.rank, "WorkerRevoked",
+                        exc.rank,
+                        "WorkerRevoked",
                         f"worker {exc.rank} was revoked by the emulated cluster (notice at {notice:.1f} s, killed at "
-                        f"{killed:.1f} s); a fixed-size job cannot go on without it", exc.remote_traceback,
-                    ) from None  # fmt: skip
+                        f"{killed:.1f} s); a fixed-size job cannot go on without it",
+                        exc.remote_traceback,
+                    ) from None
                 raise
             finally:
                 driver.stop()

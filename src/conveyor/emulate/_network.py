@@ -90,8 +90,13 @@ def sent_bytes(fabric: str | None = None) -> dict[str, int] | None:
     path = fabric or os.environ.get(FABRIC_ENV)
     if not path:
         return None
-    done = subprocess.run(["ip", "-s", "-j", "link", "show"], capture_output=True, text=True, check=True,
-                          preexec_fn=lambda: enter_namespace(path))  # fmt: skip
+    done = subprocess.run(
+        ["ip", "-s", "-j", "link", "show"],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: enter_namespace(path),
+    )
     return {
         dev["ifname"]: int(dev["stats64"]["tx"]["bytes"])
         for dev in json.loads(done.stdout)
@@ -182,21 +187,26 @@ class Network:
             if link.level == 0:
                 ns = Namespace()
                 self.workers.append(ns)
-                ns.batch("ip", [
-                    f"link add {link.up} type veth peer name {link.down} netns {self.fabric.path}",
-                    "link set lo up",
-                    f"addr add {address(link.group)}/16 dev {link.up}",
-                    f"link set {link.up} up",
-                ])  # fmt: skip
+                ns.batch(
+                    "ip",
+                    [
+                        f"link add {link.up} type veth peer name {link.down} netns {self.fabric.path}",
+                        "link set lo up",
+                        f"addr add {address(link.group)}/16 dev {link.up}",
+                        f"link set {link.up} up",
+                    ],
+                )
                 ns.batch("tc", _shape(link.up, link.bandwidth, link.delay_s))
                 fabric_ip += [f"link set {link.down} master {above}", f"link set {link.down} up"]
             else:
                 below = _bridge(link.level - 1, link.group)
                 fabric_ip += [
                     f"link add {link.up} type veth peer name {link.down}",
-                    f"link set {link.up} master {below}", f"link set {link.down} master {above}",
-                    f"link set {link.up} up", f"link set {link.down} up",
-                ]  # fmt: skip
+                    f"link set {link.up} master {below}",
+                    f"link set {link.down} master {above}",
+                    f"link set {link.up} up",
+                    f"link set {link.down} up",
+                ]
                 fabric_tc += _shape(link.up, link.bandwidth, link.delay_s)
             fabric_tc += _shape(link.down, link.bandwidth, link.delay_s)
         self.fabric.batch("ip", fabric_ip)

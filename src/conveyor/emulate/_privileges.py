@@ -28,8 +28,11 @@ def _capabilities() -> int:
 def require_network() -> None:
     """Network emulation needs CAP_NET_ADMIN and CAP_SYS_ADMIN (namespaces) and the ``ip`` and ``tc`` tools."""
     caps = _capabilities()
-    missing = [name for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
-               if not caps >> bit & 1]  # fmt: skip
+    missing = [
+        name
+        for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
+        if not caps >> bit & 1
+    ]
     if missing:
         raise EmulationError(f"--network needs {' and '.join(missing)} (run as root) to make namespaces and links")
     tools = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]

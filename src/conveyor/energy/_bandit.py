@@ -125,8 +125,10 @@ class BatchSizeSearch:
                     if outcome.cost < best:
                         best, start = outcome.cost, size
             if not good:
-                raise InputError(f"no batch size reached the target, not even the default {self.default}: raise "
-                                 "--epochs or lower --target-accuracy")  # fmt: skip
+                raise InputError(
+                    f"no batch size reached the target, not even the default {self.default}: raise "
+                    "--epochs or lower --target-accuracy"
+                )
             candidates = sorted(good)
         return tuple(candidates)
 

@@ -130,8 +130,9 @@ class Meter:
         except Exception as exc:
             self._fail(exc)
             return None
-        return float(sum(m.gpu_energy.values()) + sum((m.cpu_energy or {}).values())
-                     + sum((m.dram_energy or {}).values()))  # fmt: skip
+        return float(
+            sum(m.gpu_energy.values()) + sum((m.cpu_energy or {}).values()) + sum((m.dram_energy or {}).values())
+        )
 
     def close(self) -> None:
         """Stop the helper processes Zeus started (RAPL wrap-around trackers, power pollers) and the replay log."""
@@ -309,14 +310,19 @@ def describe_meters(statuses: Sequence[MeterStatus]) -> tuple[str | None, str | 
     if not read:
         first = gaps[0][1] if gaps else (statuses[0] if statuses else None)
         return None, (first.reason if first is not None else None) or "no energy meter"
-    description = "; ".join(f"worker {rank}: {s.description}" for rank, s in read) if len(statuses) > 1 else (
-        read[0][1].description)  # fmt: skip
+    description = (
+        "; ".join(f"worker {rank}: {s.description}" for rank, s in read)
+        if len(statuses) > 1
+        else (read[0][1].description)
+    )
     if not gaps:
         return description, None
     by_reason: dict[str, list[int]] = {}
     for rank, s in gaps:
         by_reason.setdefault(s.reason or "no meter", []).append(rank)
-    missing = "; ".join(f"worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
-                        f"{'have' if len(ranks) > 1 else 'has'} no meter ({reason})"
-                        for reason, ranks in by_reason.items())  # fmt: skip
+    missing = "; ".join(
+        f"worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+        f"{'have' if len(ranks) > 1 else 'has'} no meter ({reason})"
+        for reason, ranks in by_reason.items()
+    )
     return description, f"energy is the sum over {len(read)} of {len(read) + len(gaps)} workers' meters: {missing}"

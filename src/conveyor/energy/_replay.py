@@ -68,8 +68,9 @@ class WorkloadTrace:
 
     def epoch_costs(self, size: int, eta: float) -> dict[int, float]:
         """Eq. 7's epoch cost of each power limit for ``size``."""
-        return {p: (eta * watts + (1 - eta) * self.max_power) * seconds
-                for p, (seconds, watts) in self.power[size].items()}  # fmt: skip
+        return {
+            p: (eta * watts + (1 - eta) * self.max_power) * seconds for p, (seconds, watts) in self.power[size].items()
+        }
 
     def best_limit(self, size: int, eta: float) -> int:
         costs = self.epoch_costs(size, eta)
@@ -81,8 +82,10 @@ def load_traces(folder: Path, workloads: list[Workload], gpu: str) -> list[Workl
     train, power = folder / "summary_train.csv", folder / f"summary_power_{gpu}.csv"
     for path in (train, power):
         if not path.exists():
-            raise FileNotFoundError(f"no Zeus trace at {path}: give --traces the folder of Zeus' published traces "
-                                    "(ml-energy/zeus, examples/research_reproducibility/zeus_nsdi23)")  # fmt: skip
+            raise FileNotFoundError(
+                f"no Zeus trace at {path}: give --traces the folder of Zeus' published traces "
+                "(ml-energy/zeus, examples/research_reproducibility/zeus_nsdi23)"
+            )
     out = []
     with train.open() as f:
         train_rows = list(csv.DictReader(f))
@@ -92,14 +95,17 @@ def load_traces(folder: Path, workloads: list[Workload], gpu: str) -> list[Workl
         key = (w.dataset, w.network, w.optimizer)
         epochs: dict[int, list[float]] = defaultdict(list)
         for row in train_rows:
-            if (row["dataset"], row["network"], row["optimizer"]) == key and math.isclose(float(row["target_metric"]),
-                                                                                         w.target):  # fmt: skip
+            if (row["dataset"], row["network"], row["optimizer"]) == key and math.isclose(
+                float(row["target_metric"]), w.target
+            ):
                 epochs[int(row["batch_size"])].append(float(row["target_epoch"]) if row["target_epoch"] else math.nan)
         table: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
         for row in power_rows:
             if (row["dataset"], row["network"], row["optimizer"]) == key:
-                table[int(row["batch_size"])][int(row["power_limit"])] = (float(row["time_per_epoch"]),
-                                                                          float(row["average_power"]))  # fmt: skip
+                table[int(row["batch_size"])][int(row["power_limit"])] = (
+                    float(row["time_per_epoch"]),
+                    float(row["average_power"]),
+                )
         if not epochs or not table:
             raise InputError(f"the traces have no {w.name} ({w.optimizer}, target {w.target}) on {gpu}")
         out.append(WorkloadTrace(w, gpu, dict(epochs), dict(table)))
@@ -120,9 +126,15 @@ Policy = Callable[[list[Recurrence]], int]  # history -> the next try's batch si
 
 
 def replay(
-    trace: WorkloadTrace, policy: Policy, recurrences: int, eta: float, beta: float | None, seed: int = 0,
+    trace: WorkloadTrace,
+    policy: Policy,
+    *,
+    recurrences: int,
+    eta: float,
+    beta: float | None,
+    seed: int = 0,
     limit: Callable[[int], int] | None = None,
-) -> Outcome:  # fmt: skip
+) -> Outcome:
     """Run ``recurrences`` recurrences of ``trace``'s job, each until a try reaches the target (at most 20 tries),
     with batch sizes from ``policy`` and power limits from ``limit`` (default: profiled just in time, the least
     epoch cost); ``beta``: early stopping at ``beta`` times the least cost of a recurrence so far (None: off)."""

@@ -106,14 +106,16 @@ class RecurrenceStore:
             elif (
                 old := JobSettings(**{**json.loads(row[0]), "sizes": tuple(json.loads(row[0])["sizes"])})
             ) != settings:
-                raise InputError(f"job {job!r} was recorded with {_differences(old, settings)}: give the same, or "
-                                 "a new --job name")  # fmt: skip
+                raise InputError(
+                    f"job {job!r} was recorded with {_differences(old, settings)}: give the same, or a new --job name"
+                )
             self._abandon_dead(db, job)
             history = _history(db, job)
             search = BatchSizeSearch(settings.sizes, settings.default, beta=settings.beta)
             number = db.execute("SELECT COUNT(*) FROM recurrences WHERE job = ?", (job,)).fetchone()[0]
-            running = db.execute("SELECT COUNT(*) FROM recurrences WHERE job = ? AND state = 'running'",
-                                 (job,)).fetchone()[0]  # fmt: skip
+            running = db.execute(
+                "SELECT COUNT(*) FROM recurrences WHERE job = ? AND state = 'running'", (job,)
+            ).fetchone()[0]
             choice = search.choose(history, np.random.default_rng(number))
             size, phase = choice.batch_size, choice.phase
             if running and phase == "explore":
@@ -132,20 +134,25 @@ class RecurrenceStore:
         finally:
             db.close()
 
-    def finish(self, id: int, *, cost: float, energy_j: float | None, time_s: float, reached: bool,
-               epochs: int) -> None:  # fmt: skip
+    def finish(
+        self, id: int, *, cost: float, energy_j: float | None, time_s: float, reached: bool, epochs: int
+    ) -> None:
         """Record recurrence ``id``'s outcome."""
         with self._connect() as db:
-            db.execute("UPDATE recurrences SET state = 'finished', finished = ?, cost = ?, energy_j = ?, time_s = ?, "
-                       "reached = ?, epochs = ? WHERE id = ?",
-                       (time.time(), cost, energy_j, time_s, int(reached), epochs, id))  # fmt: skip
+            db.execute(
+                "UPDATE recurrences SET state = 'finished', finished = ?, cost = ?, energy_j = ?, time_s = ?, "
+                "reached = ?, epochs = ? WHERE id = ?",
+                (time.time(), cost, energy_j, time_s, int(reached), epochs, id),
+            )
 
     def abandon(self, id: int, *, failed: bool = False) -> None:
         """Mark recurrence ``id`` as ended without an outcome: ``failed`` (an error: the search counts it as not
         reaching the target) or abandoned (interrupted: it teaches the search nothing)."""
         with self._connect() as db:
-            db.execute("UPDATE recurrences SET state = ?, finished = ? WHERE id = ? AND state = 'running'",
-                       ("failed" if failed else "abandoned", time.time(), id))  # fmt: skip
+            db.execute(
+                "UPDATE recurrences SET state = ?, finished = ? WHERE id = ? AND state = 'running'",
+                ("failed" if failed else "abandoned", time.time(), id),
+            )
 
     def history(self, job: str) -> list[Recurrence]:
         """The job's finished recurrences, in the order they finished."""
@@ -161,15 +168,19 @@ class RecurrenceStore:
     @staticmethod
     def _abandon_dead(db: sqlite3.Connection, job: str) -> None:
         here = socket.gethostname()
-        for id, pid in db.execute("SELECT id, pid FROM recurrences WHERE job = ? AND state = 'running' AND host = ?",
-                                  (job, here)).fetchall():  # fmt: skip
+        for id, pid in db.execute(
+            "SELECT id, pid FROM recurrences WHERE job = ? AND state = 'running' AND host = ?", (job, here)
+        ).fetchall():
             if not _alive(pid):
                 db.execute("UPDATE recurrences SET state = 'abandoned' WHERE id = ?", (id,))
 
 
 def _history(db: sqlite3.Connection, job: str) -> list[Recurrence]:
-    rows = db.execute("SELECT batch_size, cost, reached, phase FROM recurrences WHERE job = ? AND state IN "
-                      "('finished', 'failed') ORDER BY finished, id", (job,)).fetchall()  # fmt: skip
+    rows = db.execute(
+        "SELECT batch_size, cost, reached, phase FROM recurrences WHERE job = ? AND state IN "
+        "('finished', 'failed') ORDER BY finished, id",
+        (job,),
+    ).fetchall()
     return [Recurrence(int(b), math.nan if c is None else float(c), bool(r), p == "explore") for b, c, r, p in rows]
 
 
@@ -189,5 +200,6 @@ def _alive(pid: int) -> bool:
 
 
 def _differences(old: JobSettings, new: JobSettings) -> str:
-    return ", ".join(f"{k} {getattr(old, k)} (now {getattr(new, k)})" for k in asdict(old)
-                     if getattr(old, k) != getattr(new, k))  # fmt: skip
+    return ", ".join(
+        f"{k} {getattr(old, k)} (now {getattr(new, k)})" for k in asdict(old) if getattr(old, k) != getattr(new, k)
+    )

@@ -95,13 +95,13 @@ class Costs:
 def measure_costs(
     model: nn.Sequential,
     batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
     microbatches: int,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
     name: str,
     network: Topology | None = None,
     device_cores: float | None = None,
-    *,
     device: torch.device,
     autocast: torch.dtype | None = None,
     share: CoreShare | None = None,
@@ -131,7 +131,11 @@ def measure_costs(
     example = batches[0][0][: -(-len(batches[0][0]) // microbatches)]
     prof, overhead = None, 0.0
     if share is not None and not alone:
-        share.choose(_training_step(model, batches[0], microbatches, loss_fn, optimizer, device))
+        share.choose(
+            _training_step(
+                model, batches[0], microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer, device=device
+            )
+        )
     dist.barrier()
     if rank == 0 or not alone:
         # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
@@ -148,7 +152,15 @@ def measure_costs(
         compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
         compute += sum(lay.step_s for lay in prof.layers)
         overhead, batch_s = measure_overhead(
-            model, batches, loss_fn, optimizer, microbatches, compute, device, fastest=alone, autocast=autocast
+            model,
+            batches,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            microbatches=microbatches,
+            compute_s=compute,
+            device=device,
+            fastest=alone,
+            autocast=autocast,
         )
         if 0 < batch_s < compute:
             # Timed block by block, the profile counts each block's own fixed costs (its input made a leaf, a backward
@@ -167,7 +179,13 @@ def measure_costs(
         allreduce = measure_allreduce(busy=None if alone else work)
     dist.barrier()
     free = None if share is None else share.free
-    single = _plain_loop(model, batches, loss_fn, optimizer, device, autocast, free) if rank == 0 else 0.0
+    single = (
+        _plain_loop(
+            model, batches, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast, free_cores=free
+        )
+        if rank == 0
+        else 0.0
+    )
     dist.barrier()
     if rank != 0:
         return None
@@ -201,6 +219,7 @@ def _forward_backward(
 def _training_step(
     model: nn.Module,
     batch: tuple[torch.Tensor, torch.Tensor],
+    *,
     microbatches: int,
     loss_fn: Callable[[Any, Any], Any],
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
@@ -230,6 +249,7 @@ def _scaled(prof: Profile, factor: float) -> Profile:
 def _plain_loop(
     model: nn.Module,
     batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
     device: torch.device,

@@ -54,7 +54,7 @@ class Dataset:
     sequence: bool = False
 
 
-def _split(name: str, x: torch.Tensor, y: torch.Tensor, classes: int, seed: int, sequence: bool = False) -> Dataset:
+def _split(name: str, x: torch.Tensor, y: torch.Tensor, *, classes: int, seed: int, sequence: bool = False) -> Dataset:
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     x, y = x[order], y[order]
     cut = int(0.8 * len(x))
@@ -68,7 +68,7 @@ def _digits(images: bool, seed: int) -> Dataset:
     x = torch.tensor(data.data, dtype=torch.float32) / 16.0
     if images:
         x = x.reshape(-1, 1, 8, 8)
-    return _split("digit-images" if images else "digits", x, torch.tensor(data.target), 10, seed)
+    return _split("digit-images" if images else "digits", x, torch.tensor(data.target), classes=10, seed=seed)
 
 
 def _text(path: str | None, context: int, seed: int, limit: int = 4000) -> Dataset:
@@ -89,7 +89,7 @@ def _text(path: str | None, context: int, seed: int, limit: int = 4000) -> Datas
     ids = torch.tensor([index[c] for c in text])
     starts = torch.linspace(0, len(ids) - context - 1, min(limit, len(ids) - context)).long()
     windows = torch.stack([ids[s : s + context + 1] for s in starts.tolist()])
-    return _split(name, windows[:, :-1], windows[:, 1:], len(vocab), seed, sequence=True)
+    return _split(name, windows[:, :-1], windows[:, 1:], classes=len(vocab), seed=seed, sequence=True)
 
 
 def _torchvision(name: str, root: str) -> Dataset:
@@ -119,7 +119,7 @@ def _synthetic_images(seed: int, samples: int = 6144, classes: int = 10) -> Data
     templates = torch.randn(classes, 3, 32, 32, generator=g)
     labels = torch.randint(classes, (samples,), generator=g)
     images = templates[labels] + torch.randn(samples, 3, 32, 32, generator=g)
-    return _split("synthetic-images", images, labels, classes, seed)
+    return _split("synthetic-images", images, labels, classes=classes, seed=seed)
 
 
 def _synthetic_text(seed: int, samples: int = 2048, context: int = 256, vocab: int = GPT2_VOCAB) -> Dataset:
@@ -132,7 +132,7 @@ def _synthetic_text(seed: int, samples: int = 2048, context: int = 256, vocab: i
         follows = (31 * tokens[:, t] + 7) % vocab
         noise = torch.rand(samples, generator=g) < 0.1
         tokens[:, t + 1] = torch.where(noise, torch.randint(vocab, (samples,), generator=g), follows)
-    return _split("synthetic-text", tokens[:, :-1], tokens[:, 1:], vocab, seed, sequence=True)
+    return _split("synthetic-text", tokens[:, :-1], tokens[:, 1:], classes=vocab, seed=seed, sequence=True)
 
 
 def load(spec: str, seed: int = 0, context: int = 32) -> Dataset:

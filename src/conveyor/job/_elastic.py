@@ -51,8 +51,13 @@ DEFAULT_BANDWIDTH = 1e9  # bytes/s a pipeline is planned for without an emulated
 
 def _options(cfg: TrainConfig) -> ElasticOptions:
     assert cfg.reliable is not None
-    return ElasticOptions(reliable=cfg.reliable, lost_s=cfg.lost_s, backup_every=cfg.backup_every,
-                          sync_max=cfg.sync_max, backup_only_min=cfg.backup_only_min)  # fmt: skip
+    return ElasticOptions(
+        reliable=cfg.reliable,
+        lost_s=cfg.lost_s,
+        backup_every=cfg.backup_every,
+        sync_max=cfg.sync_max,
+        backup_only_min=cfg.backup_only_min,
+    )
 
 
 def check_faults(cfg: TrainConfig, workers: int) -> None:
@@ -69,8 +74,16 @@ def check_faults(cfg: TrainConfig, workers: int) -> None:
             )
 
 
-def _layouts(cfg: TrainConfig, model: nn.Sequential, example: torch.Tensor, worker: int | None, host: str,
-             port: int, workers: int) -> Callable[[int], StageLayout] | None:  # fmt: skip
+def _layouts(
+    cfg: TrainConfig,
+    model: nn.Sequential,
+    *,
+    example: torch.Tensor,
+    worker: int | None,
+    host: str,
+    port: int,
+    workers: int,
+) -> Callable[[int], StageLayout] | None:
     """``--elastic-layout pipeline``: the planner's layouts from worker 0's profile of the model at the
     microbatch size (every worker plans from the same one, through the store), on the emulated network's
     slowest link, else on 1 GB/s (gloo on one machine's loopback)."""
@@ -93,18 +106,38 @@ def _layouts(cfg: TrainConfig, model: nn.Sequential, example: torch.Tensor, work
 def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> dict[str, Any]:
     model, data = model_and_data(cfg)
     loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
-    layout = _layouts(cfg, model, data.train_x, worker, host, port, workers)
-    trainer = ElasticTrainer(model, loss_fn, make_optimizer, worker, host, port, _options(cfg), workers, Path(run_dir),
-                             layout, cfg.microbatches or PIPELINE_MICROBATCHES, resolve_device(cfg.device))  # fmt: skip
+    layout = _layouts(cfg, model, example=data.train_x, worker=worker, host=host, port=port, workers=workers)
+    trainer = ElasticTrainer(
+        model,
+        loss_fn=loss_fn,
+        make_optimizer=make_optimizer,
+        worker=worker,
+        host=host,
+        port=port,
+        options=_options(cfg),
+        workers=workers,
+        log_dir=Path(run_dir),
+        layout=layout,
+        microbatches=cfg.microbatches or PIPELINE_MICROBATCHES,
+        device=resolve_device(cfg.device),
+    )
     if worker == 0:
         trainer.store.set("config", json.dumps(asdict(cfg)))  # what a worker joining by hand needs
-        Console().print(f"elastic job: workers 0-{cfg.reliable - 1} reliable; add one from any machine with "  # type: ignore[operator]
-                        f"conveyor train --join {host}:{port}")  # fmt: skip
-    job = ElasticJob(data.train_x, data.train_y, data.test_x, data.test_y, cfg.batch_size, cfg.epochs, cfg.seed,
-                     cfg.target_accuracy)  # fmt: skip
+        Console().print(
+            f"elastic job: workers 0-{cfg.reliable - 1} reliable; add one from any machine with "  # type: ignore[operator]
+            f"conveyor train --join {host}:{port}"
+        )
+    job = ElasticJob(
+        data.train_x, data.train_y, data.test_x, data.test_y, cfg.batch_size, cfg.epochs, cfg.seed, cfg.target_accuracy
+    )
     steps = cfg.epochs * -(-len(data.train_x) // cfg.batch_size)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("step {task.completed:.0f}"),
-                  TimeElapsedColumn(), disable=worker != 0) as bar:  # fmt: skip
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("step {task.completed:.0f}"),
+        TimeElapsedColumn(),
+        disable=worker != 0,
+    ) as bar:
         task = bar.add_task("training", total=steps)
         result = trainer.fit(job, lambda t: bar.update(task, completed=t + 1))
     result.pop("weights", None)

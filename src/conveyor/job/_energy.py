@@ -45,8 +45,9 @@ def check_energy_options(cfg: TrainConfig) -> None:
     if cfg.power_limit is not None:
         check_power_limit_spec(cfg.power_limit)
     if cfg.tune_batch_size and (cfg.job is None or cfg.target_accuracy is None):
-        raise InputError("--batch-size auto learns across recurrences of a job to a target: give --job NAME and "
-                         "--target-accuracy")  # fmt: skip
+        raise InputError(
+            "--batch-size auto learns across recurrences of a job to a target: give --job NAME and --target-accuracy"
+        )
     if cfg.job is not None and not cfg.tune_batch_size:
         raise InputError("--job names a recurring job whose batch size is tuned: add --batch-size auto")
     if (cfg.tune_batch_size or cfg.power_limit) and (cfg.reliable is not None or cfg.join):
@@ -100,8 +101,10 @@ def max_power_w(cfg: TrainConfig, workers: int) -> float:
         return _gpus_max_power(workers)
     if cfg.eta in (0.0, 1.0):
         return 1.0
-    raise InputError(f"pricing time with --eta {cfg.eta} needs a maximum power and this machine has no GPU: give "
-                     "--max-power WATTS (e.g. the CPUs' TDP) or --eta 0 (time to accuracy alone)")  # fmt: skip
+    raise InputError(
+        f"pricing time with --eta {cfg.eta} needs a maximum power and this machine has no GPU: give "
+        "--max-power WATTS (e.g. the CPUs' TDP) or --eta 0 (time to accuracy alone)"
+    )
 
 
 def start_recurrence(
@@ -117,8 +120,9 @@ def start_recurrence(
         raise InputError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", workers)) if under_torchrun() else workers
     if cfg.power_limit is not None and local > (gpus := torch.cuda.device_count()):
-        raise InputError(f"--power-limit needs a GPU per worker, but {local} workers share {gpus} GPUs here: use "
-                         f"--workers {gpus}")  # fmt: skip
+        raise InputError(
+            f"--power-limit needs a GPU per worker, but {local} workers share {gpus} GPUs here: use --workers {gpus}"
+        )
     if not cfg.tune_batch_size:
         return cfg, None
     if under_torchrun():  # every process would begin a recurrence of its own
@@ -126,21 +130,42 @@ def start_recurrence(
     if cfg.eta > 0:
         with open_meter(cfg.energy_meter, gpu_index=0 if torch.cuda.is_available() else None) as probe:
             if not probe.available:
-                raise InputError(f"--batch-size auto with --eta {cfg.eta} prices energy, but {probe.reason}: use "
-                                 "--eta 0 (time to accuracy alone) or an --energy-meter that reads")  # fmt: skip
+                raise InputError(
+                    f"--batch-size auto with --eta {cfg.eta} prices energy, but {probe.reason}: use "
+                    "--eta 0 (time to accuracy alone) or an --energy-meter that reads"
+                )
     assert cfg.job is not None and cfg.target_accuracy is not None  # TrainConfig checks both
     watts = max_power_w(cfg, workers)
     # what else changes a recurrence's cost: a job whose recurrences differ in these is another job
-    context = json.dumps({"model": cfg.model, "dataset": cfg.dataset, "width": cfg.width, "depth": cfg.depth,
-                          "optimizer": cfg.optimizer, "lr": cfg.lr, "epochs": cfg.epochs, "workers": workers,
-                          "schedule": cfg.schedule, "devices": cfg.devices, "max_power": watts})  # fmt: skip
-    settings = JobSettings(candidate_sizes(cfg.batch_size, train_samples()), cfg.batch_size, cfg.target_accuracy,
-                           cfg.eta, cfg.beta, context)  # fmt: skip
+    context = json.dumps(
+        {
+            "model": cfg.model,
+            "dataset": cfg.dataset,
+            "width": cfg.width,
+            "depth": cfg.depth,
+            "optimizer": cfg.optimizer,
+            "lr": cfg.lr,
+            "epochs": cfg.epochs,
+            "workers": workers,
+            "schedule": cfg.schedule,
+            "devices": cfg.devices,
+            "max_power": watts,
+        }
+    )
+    settings = JobSettings(
+        candidate_sizes(cfg.batch_size, train_samples()),
+        cfg.batch_size,
+        cfg.target_accuracy,
+        cfg.eta,
+        cfg.beta,
+        context,
+    )
     recurring = Recurring(RecurrenceStore(Path(cfg.recurrences) if cfg.recurrences else None), cfg.job, settings)
     started = recurring.start()
     lr = scaled_lr(cfg.lr, started.batch_size, cfg.batch_size, cfg.optimizer)
-    run_cfg = dataclasses.replace(cfg, batch_size=started.batch_size, lr=lr, stop_above=started.stop_above,
-                                  max_power=watts)  # fmt: skip
+    run_cfg = dataclasses.replace(
+        cfg, batch_size=started.batch_size, lr=lr, stop_above=started.stop_above, max_power=watts
+    )
     return run_cfg, recurring
 
 
@@ -152,9 +177,16 @@ def finish_recurrence(recurring: Recurring | None, summary: dict[str, Any], cfg:
     reached = max(summary["accuracy"], default=0.0) >= (cfg.target_accuracy or math.inf)
     recurring.end(summary["cost"], summary.get("energy_j"), summary["seconds"], reached, summary["epochs"])
     started = recurring.started
-    summary["recurrence"] = {"job": cfg.job, "number": started.number + 1, "phase": started.phase,
-                             "batch_size": cfg.batch_size, "lr": cfg.lr, "reached": reached,
-                             "stop_above": started.stop_above, "store": str(recurring.store.path)}  # fmt: skip
+    summary["recurrence"] = {
+        "job": cfg.job,
+        "number": started.number + 1,
+        "phase": started.phase,
+        "batch_size": cfg.batch_size,
+        "lr": cfg.lr,
+        "reached": reached,
+        "stop_above": started.stop_above,
+        "store": str(recurring.store.path),
+    }
 
 
 def profiling_window(steps_per_epoch: int) -> tuple[int, int]:
@@ -184,11 +216,14 @@ class EpochKnobs:
             if gpu_index is None:
                 raise RuntimeError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
             if cfg.power_limit.lower() == "auto" and not equal_steps:
-                raise InputError("--power-limit auto profiles every worker's steps together, so each must run as "
-                                 "many steps per epoch: use equal replicas per stage, or a fixed limit")  # fmt: skip
+                raise InputError(
+                    "--power-limit auto profiles every worker's steps together, so each must run as "
+                    "many steps per epoch: use equal replicas per stage, or a fixed limit"
+                )
             warmup, profile = profiling_window(steps_per_epoch)
-            self.power = PowerLimits(cfg.power_limit, eta=cfg.eta, gpu_index=gpu_index, warmup_steps=warmup,
-                                     profile_steps=profile)  # fmt: skip
+            self.power = PowerLimits(
+                cfg.power_limit, eta=cfg.eta, gpu_index=gpu_index, warmup_steps=warmup, profile_steps=profile
+            )
         tuning = cfg.tune_batch_size
         self.cost = CostMeter(cfg.eta, cfg.max_power or 1.0, cfg.stop_above) if tuning else None
 

@@ -64,10 +64,14 @@ class Layout:
         return (
             f"{self.how}: {self.schedule} schedule, {len(self.balance)} stage(s) of {self.balance} blocks, "
             f"replicas {config} ({sum(self.replicas)} workers), {self.microbatches} microbatches per batch"
-            + ("" if not predicted else f"; predicted {predicted['samples_per_s']:.0f} training samples/s "
-               f"({predicted['epoch_seconds']:.2f} s per epoch) x {predicted['epochs_factor']:.2f} the epochs of "
-               "data parallelism")
-        )  # fmt: skip
+            + (
+                ""
+                if not predicted
+                else f"; predicted {predicted['samples_per_s']:.0f} training samples/s "
+                f"({predicted['epoch_seconds']:.2f} s per epoch) x {predicted['epochs_factor']:.2f} the epochs of "
+                "data parallelism"
+            )
+        )
 
 
 def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
@@ -100,7 +104,7 @@ def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
 
 
 def choose_layout(
-    cfg: Any, names: list[str], costs: Costs, batches: int, samples: int, layout: Layout | None = None
+    cfg: Any, *, names: list[str], costs: Costs, batches: int, samples: int, layout: Layout | None = None
 ) -> Layout:
     """The layout for a :class:`~conveyor.job.TrainConfig` on ``costs.workers`` workers (``layout`` when
     :func:`fixed_layout` gave one, else the planner's), its plan file with the prediction for an epoch (one
@@ -115,8 +119,10 @@ def choose_layout(
         plan = Plan(tuple(ranges), 0.0, 0.0, 0.0, layout.schedule, layout.microbatches, recompute=layout.recompute)
         file = layout_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
         seconds = predict(plan, prof, topology, batches * plan.microbatches, runtime).seconds
-        file["predicted"] = {"epochs_factor": epochs.factor(prof.model, layout.schedule, cfg.stale_correction),
-                             "epochs_factor_source": epochs.source}  # fmt: skip
+        file["predicted"] = {
+            "epochs_factor": epochs.factor(prof.model, layout.schedule, cfg.stale_correction),
+            "epochs_factor_source": epochs.source,
+        }
     else:
         # A schedule the planner has no memory model for is planned as its record says (no memory limit here).
         candidates = _PREFERENCE if cfg.schedule == "auto" else [kind(cfg.schedule).plan_as or cfg.schedule]
@@ -127,7 +133,15 @@ def choose_layout(
 
         for name in candidates:
             plan = optimize(prof, topology, schedule=name, microbatches=microbatches_of(cfg, costs.workers))
-            file = plan_file(plan, prof, topology, batches * plan.microbatches, runtime, epochs, cfg.stale_correction)
+            file = plan_file(
+                plan,
+                prof,
+                topology=topology,
+                minibatches=batches * plan.microbatches,
+                runtime=runtime,
+                epochs=epochs,
+                stale_correction=cfg.stale_correction,
+            )
             if best is None or time_to_accuracy(file) * 1.001 < time_to_accuracy(best[1]):
                 best = (plan, file)
         assert best is not None
@@ -135,7 +149,15 @@ def choose_layout(
         schedule = cfg.schedule if cfg.schedule != "auto" else plan.schedule
         if schedule != plan.schedule:  # pipedream-vs is planned as pipedream, but runs and is predicted as itself
             plan = replace(plan, schedule=schedule)
-            file = plan_file(plan, prof, topology, batches * plan.microbatches, runtime, epochs, cfg.stale_correction)
+            file = plan_file(
+                plan,
+                prof,
+                topology=topology,
+                minibatches=batches * plan.microbatches,
+                runtime=runtime,
+                epochs=epochs,
+                stale_correction=cfg.stale_correction,
+            )
         seconds = file["predicted"]["simulated_seconds"]
         balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
         replicas = [st.replicas for st in plan.stages]

@@ -74,9 +74,13 @@ class EpochBatches:
         if loader_workers:
             # Whole batches at a time: a TensorDataset takes a list of indices, so no per-sample fetch and collate.
             self._loader = DataLoader(
-                TensorDataset(*parts), batch_size=None, sampler=BatchSampler(self.order, batch_size, drop_last=False),
-                num_workers=loader_workers, pin_memory=self._device.type == "cuda", persistent_workers=True,
-            )  # fmt: skip
+                TensorDataset(*parts),
+                batch_size=None,
+                sampler=BatchSampler(self.order, batch_size, drop_last=False),
+                num_workers=loader_workers,
+                pin_memory=self._device.type == "cuda",
+                persistent_workers=True,
+            )
         else:
             self._parts = [t.to(self._device) for t in parts]
 

@@ -96,8 +96,11 @@ def closing_notes(summary: dict[str, Any]) -> list[str]:
     workers = prediction["measured_at_start"]["workers"]
     notes = [f"predicted {predicted:.0f} training samples/s, measured {measured:.0f} ({prediction['error']:+.0%})"]
     if workers > 1 and min(measured, predicted) < single:
-        slower = "measured and predicted" if max(measured, predicted) < single else (
-            "measured" if measured < single else "predicted")  # fmt: skip
+        slower = (
+            "measured and predicted"
+            if max(measured, predicted) < single
+            else ("measured" if measured < single else "predicted")
+        )
         notes.append(
             f"one worker alone does {single:.0f} samples/s (a plain PyTorch loop measured at start-up): this run on "
             f"{workers} workers is {slower} slower; the model is too small for its transfers and per-step costs "

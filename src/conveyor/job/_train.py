@@ -95,6 +95,7 @@ class _Epoch:
 def _measure_and_plan(
     cfg: TrainConfig,
     model: nn.Sequential,
+    *,
     data: datasets.Dataset,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     make_optimizer: OptimizerFactory,
@@ -116,12 +117,12 @@ def _measure_and_plan(
     costs = measure_costs(
         model,
         (sample * 2)[: max(2, len(sample))],
-        microbatches,
-        loss_fn,
-        make_optimizer,
-        cfg.model,
-        network,
-        device_cores,
+        microbatches=microbatches,
+        loss_fn=loss_fn,
+        optimizer=make_optimizer,
+        name=cfg.model,
+        network=network,
+        device_cores=device_cores,
         device=default_device(),
         autocast=AUTOCAST[cfg.autocast],
         share=cores,
@@ -129,7 +130,7 @@ def _measure_and_plan(
     box: list[Layout | None] = [None]
     if costs is not None:
         names = [name for name, _ in model.named_children()]
-        chosen = choose_layout(cfg, names, costs, steps, len(data.train_x), fixed)
+        chosen = choose_layout(cfg, names=names, costs=costs, batches=steps, samples=len(data.train_x), layout=fixed)
         (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
         Console().print(chosen.describe())
         box[0] = chosen
@@ -147,9 +148,11 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     folder = Path(run_dir)
     loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
     steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
-    layout = _measure_and_plan(cfg, model, data, loss_fn, make_optimizer, folder, steps, cores)
+    layout = _measure_and_plan(
+        cfg, model, data=data, loss_fn=loss_fn, make_optimizer=make_optimizer, folder=folder, steps=steps, cores=cores
+    )
     torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
-    pipe = _trainer(cfg, model, layout, loss_fn, make_optimizer, device)
+    pipe = _trainer(cfg, model, layout=layout, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
     if cfg.resume:
         pipe.load(cfg.resume)  # every worker reads it before any writes it (the end may save to the same path)
     done = pipe.steps // steps  # epochs the checkpoint has trained: the data order goes on from there
@@ -176,16 +179,27 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     start, started_at = time.perf_counter(), time.time()
     train_seconds, traffic = 0.0, ServerTraffic(pipe.is_output)
     owns_gpu = cuda and local_rank < torch.cuda.device_count()  # workers sharing a GPU: the first one meters it
-    meter = open_meter(cfg.energy_meter, gpu_index=device.index if owns_gpu else None,
-                       measure_host=local_rank == 0, rank=dist.get_rank())  # fmt: skip
+    meter = open_meter(
+        cfg.energy_meter,
+        gpu_index=device.index if owns_gpu else None,
+        measure_host=local_rank == 0,
+        rank=dist.get_rank(),
+    )
     energy_total: float | None = None
     equal_steps = cfg.stragglers == "off" and len(set(layout.replicas)) == 1  # every worker: as many updates
     knobs = EpochKnobs(cfg, device.index if cuda else None, equal_steps, updates)
     stopped_by_cost = interrupted = False
-    with meter, knobs, Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-        disable=not pipe.is_output,
-    ) as bar:  # fmt: skip
+    with (
+        meter,
+        knobs,
+        Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            disable=not pipe.is_output,
+        ) as bar,
+    ):
         task = bar.add_task("training", total=cfg.epochs * updates, status="")
 
         def updated(_: int) -> None:  # after each update: the bar, the power limit's profiling windows, the threads
@@ -242,13 +256,27 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             if pipe.is_output:
                 assert losses is not None
                 samples = (epoch + 1) * len(data.train_x)
-                history.append(_Epoch(epoch + 1, evaluated - start, train_seconds, samples, samples / train_seconds,
-                                      sum(losses) / len(losses), accuracy, traffic.total, epoch_energy,
-                                      energy_total))  # fmt: skip
+                history.append(
+                    _Epoch(
+                        epoch + 1,
+                        evaluated - start,
+                        train_seconds,
+                        samples,
+                        samples / train_seconds,
+                        sum(losses) / len(losses),
+                        accuracy,
+                        traffic.total,
+                        epoch_energy,
+                        energy_total,
+                    )
+                )
                 with (folder / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps(asdict(history[-1])) + "\n")
-                bar.update(task, status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {accuracy:.3f} "
-                           f"{history[-1].samples_per_s:.0f} samples/s")  # fmt: skip
+                bar.update(
+                    task,
+                    status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {accuracy:.3f} "
+                    f"{history[-1].samples_per_s:.0f} samples/s",
+                )
             over = knobs.epoch_end(epoch_energy, epoch_s)
             if cfg.target_accuracy is not None and accuracy >= cfg.target_accuracy:
                 break
@@ -262,11 +290,19 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
     pipe.save(checkpoint)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    return {"history": [asdict(h) for h in history], "peak_rss_bytes": peak, "layout": asdict(layout),
-            "started_at": started_at, "stopped_by_lease": stopped_by_lease, "epochs_before": done,
-            "energy_meter": energy_meter, "energy_note": energy_note, "stopped_by_cost": stopped_by_cost,
-            "interrupted": interrupted,
-            **knobs.summary()}  # fmt: skip
+    return {
+        "history": [asdict(h) for h in history],
+        "peak_rss_bytes": peak,
+        "layout": asdict(layout),
+        "started_at": started_at,
+        "stopped_by_lease": stopped_by_lease,
+        "epochs_before": done,
+        "energy_meter": energy_meter,
+        "energy_note": energy_note,
+        "stopped_by_cost": stopped_by_cost,
+        "interrupted": interrupted,
+        **knobs.summary(),
+    }
 
 
 def _test_accuracy(
@@ -286,24 +322,50 @@ def _test_accuracy(
 
 
 def _trainer(
-    cfg: TrainConfig, model: nn.Sequential, layout: Layout, loss_fn: Callable[[Any, Any], torch.Tensor],
-    make_optimizer: OptimizerFactory, device: torch.device,
-) -> Pipeline | FlexiblePipeline:  # fmt: skip
+    cfg: TrainConfig,
+    model: nn.Sequential,
+    *,
+    layout: Layout,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    make_optimizer: OptimizerFactory,
+    device: torch.device,
+) -> Pipeline | FlexiblePipeline:
     """A pipeline for ``layout``; with ``--stragglers`` on and the first stage replicated (data parallelism
     is one stage), a flexible one whose replicas share each batch's chunks."""
     slack, reassign = mode_settings(cfg.stragglers, cfg.slack)
     if cfg.stragglers != "off" and flexible_layout(layout.replicas):
-        return FlexiblePipeline(model, loss_fn, make_optimizer, layout.balance, layout.replicas, cfg.chunks, slack,
-                                reassign, cfg.stale_correction, device, autocast=AUTOCAST[cfg.autocast])  # fmt: skip
+        return FlexiblePipeline(
+            model,
+            loss_fn=loss_fn,
+            optimizer=make_optimizer,
+            balance=layout.balance,
+            replicas=layout.replicas,
+            chunks=cfg.chunks,
+            slack=slack,
+            reassign=reassign,
+            predict=cfg.stale_correction,
+            device=device,
+            autocast=AUTOCAST[cfg.autocast],
+        )
     if cfg.stragglers != "off" and dist.get_rank() == 0:
         layout_text = "-".join(map(str, layout.replicas))
-        Console().print(f"--stragglers {cfg.stragglers} applies to layouts whose first stage alone is replicated; "
-                        f"this one is {layout_text}: it runs as planned, synchronously")  # fmt: skip
+        Console().print(
+            f"--stragglers {cfg.stragglers} applies to layouts whose first stage alone is replicated; "
+            f"this one is {layout_text}: it runs as planned, synchronously"
+        )
     return Pipeline(
-        model, layout.balance, layout.microbatches, loss_fn, make_optimizer, layout.schedule, layout.replicas,
-        device=device, autocast=AUTOCAST[cfg.autocast], recompute=layout.recompute,
+        model,
+        layout.balance,
+        microbatches=layout.microbatches,
+        loss_fn=loss_fn,
+        optimizer=make_optimizer,
+        schedule=layout.schedule,
+        replicas=layout.replicas,
+        device=device,
+        autocast=AUTOCAST[cfg.autocast],
+        recompute=layout.recompute,
         correct_staleness=cfg.stale_correction,
-    )  # fmt: skip
+    )
 
 
 def _say_stopping() -> None:

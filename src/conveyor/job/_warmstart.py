@@ -37,10 +37,17 @@ def prepare_warm_start(cfg: TrainConfig, run_dir: Path, build: Callable[[], nn.M
     path = run_dir / "warm_start.json"
     path.write_text(plan.to_json())
     Console().print(f"the parent's weights cover {report.coverage:.0%} of the model's parameters", highlight=False)
-    return dataclasses.replace(cfg, warm_start_plan=str(path)), {"warm_start": {
-        "parent": plan.parent, "similarity": plan.score, "parent_accuracy": plan.accuracy,
-        "coverage": report.coverage, "match_s": plan.match_s, "seconds": seconds,
-        "layers": report.actions}}  # fmt: skip
+    return dataclasses.replace(cfg, warm_start_plan=str(path)), {
+        "warm_start": {
+            "parent": plan.parent,
+            "similarity": plan.score,
+            "parent_accuracy": plan.accuracy,
+            "coverage": report.coverage,
+            "match_s": plan.match_s,
+            "seconds": seconds,
+            "layers": report.actions,
+        }
+    }
 
 
 def apply_plan(cfg: TrainConfig, model: nn.Module) -> None:
@@ -54,8 +61,14 @@ def register_model(cfg: TrainConfig, summary: dict[str, Any], build: Callable[[]
     if not cfg.register or not summary.get("accuracy"):
         return
     graph = json.loads(op_graph(build()).to_json())
-    info = {"width": cfg.width, "depth": cfg.depth, "dataset": cfg.dataset, "epochs": summary["epochs"],
-            "run_dir": summary["run_dir"], "warm_start": summary.get("warm_start", {}).get("parent")}  # fmt: skip
+    info = {
+        "width": cfg.width,
+        "depth": cfg.depth,
+        "dataset": cfg.dataset,
+        "epochs": summary["epochs"],
+        "run_dir": summary["run_dir"],
+        "warm_start": summary.get("warm_start", {}).get("parent"),
+    }
     checkpoint = cfg.checkpoint or str(Path(summary["run_dir"]) / "checkpoint.pt")
     entry = ModelStore(cfg.store).register(checkpoint, cfg.model, summary["accuracy"][-1], graph, info)
     summary["registered"] = entry.id

@@ -30,9 +30,19 @@ from conveyor.job._data import Dataset
 from conveyor.runtime import Blocks
 
 __all__ = [
-    "MODELS", "ResidualBlock", "TransformerBlock", "build", "default_dataset", "gpt", "load_factory", "mlp", "resnet",
-    "resolve", "vgg", "vgg16",
-]  # fmt: skip
+    "MODELS",
+    "ResidualBlock",
+    "TransformerBlock",
+    "build",
+    "default_dataset",
+    "gpt",
+    "load_factory",
+    "mlp",
+    "resnet",
+    "resolve",
+    "vgg",
+    "vgg16",
+]
 
 
 def mlp(inputs: int = 64, classes: int = 10, width: int = 128, depth: int = 2) -> nn.Sequential:
@@ -53,8 +63,9 @@ def vgg(channels: int = 1, classes: int = 10, width: int = 16, depth: int = 2, s
         layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.Conv2d(c_out, c_out, 3, padding=1), nn.ReLU()]
         layers.append(nn.MaxPool2d(2))
         c_in, size = c_out, size // 2
-    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(c_in * size * size, 4 * width), nn.ReLU(),
-                         nn.Linear(4 * width, classes))  # fmt: skip
+    return nn.Sequential(
+        *layers, nn.Flatten(), nn.Linear(c_in * size * size, 4 * width), nn.ReLU(), nn.Linear(4 * width, classes)
+    )
 
 
 VGG16_GROUPS = (2, 2, 3, 3, 3)  # convolutions per group in VGG-16 (Simonyan and Zisserman, configuration D)
@@ -78,8 +89,15 @@ def vgg16(channels: int = 1, classes: int = 10, width: int = 8, groups: int = 5,
         layers.append(nn.MaxPool2d(2))
         side //= 2
     hidden = 176 * width
-    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(c_in * side * side, hidden), nn.ReLU(),
-                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes))  # fmt: skip
+    return nn.Sequential(
+        *layers,
+        nn.Flatten(),
+        nn.Linear(c_in * side * side, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, classes),
+    )
 
 
 class ResidualBlock(nn.Module):
@@ -146,7 +164,7 @@ class TransformerBlock(nn.Module):
 
 
 def gpt(
-    vocab: int, context: int = 32, width: int = 64, depth: int = 4, heads: int = 4, dropout: float = 0.1
+    vocab: int, context: int = 32, *, width: int = 64, depth: int = 4, heads: int = 4, dropout: float = 0.1
 ) -> nn.Sequential:
     """A GPT-style character model: embeddings, ``depth`` transformer blocks, a final norm and the head."""
     blocks = [TransformerBlock(width, heads, dropout) for _ in range(depth)]
@@ -165,11 +183,13 @@ MODELS: dict[str, tuple[Callable[[Dataset, int | None, int | None], nn.Sequentia
     "vgg": (lambda d, w, n: vgg(_images(d)[0], d.classes, w or 16, n or 2, _images(d)[1]), "digit-images"),
     "vgg16": (lambda d, w, n: vgg16(_images(d)[0], d.classes, w or 8, min(n or 5, 5), _images(d)[1]), "digit-images"),
     "resnet": (lambda d, w, n: resnet(_images(d)[0], d.classes, w or 16, n or 2), "digit-images"),
-    "gpt": (lambda d, w, n: gpt(d.classes, d.train_x.shape[1], w or 64, n or 4), "text"),
+    "gpt": (lambda d, w, n: gpt(d.classes, d.train_x.shape[1], width=w or 64, depth=n or 4), "text"),
     # ResNet-18 for 32x32 images (He et al.'s CIFAR stem: a 3x3 convolution, no max-pool): 4 stages of 2 blocks.
     "resnet18": (lambda d, w, n: resnet(_images(d)[0], d.classes, w or 64, n or 4), "synthetic-images"),
     "gpt2": (
-        lambda d, w, n: gpt(d.classes, d.train_x.shape[1], w or 768, n or 12, max(1, (w or 768) // 64)),
+        lambda d, w, n: gpt(
+            d.classes, d.train_x.shape[1], width=w or 768, depth=n or 12, heads=max(1, (w or 768) // 64)
+        ),
         "synthetic-text",
     ),
 }

@@ -72,6 +72,7 @@ def allreduce_s(nbytes: Any, replicas: int, latency: float, bandwidth: float) ->
 def stage_seconds(
     cost_model: str,
     topology: Topology,
+    *,
     k: int,
     inner: np.ndarray | float,
     weights: np.ndarray | float,
@@ -97,7 +98,8 @@ def stage_seconds(
 
     Example:
         >>> t = Topology.parse("4:1e9")
-        >>> float(stage_seconds("physical", t, 0, 8.0, 1e9, 0.0, 0.0, 4))  # 8 / 4 + 2 * 3 * (1e9 / 4) / 1e9 / 4
+        >>> # 8 / 4 + 2 * 3 * (1e9 / 4) / 1e9 / 4
+        >>> float(stage_seconds("physical", t, k=0, inner=8.0, weights=1e9, cut_in=0.0, cut_out=0.0, units=4))
         2.375
     """
     level = topology.levels[k]

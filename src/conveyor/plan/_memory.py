@@ -58,7 +58,7 @@ def layer_stash_bytes(profile: Profile) -> list[int]:
 
 
 def stage_bytes(
-    profile: Profile, first: int, stop: int, schedule: str, replicas: int, downstream: int, microbatches: int
+    profile: Profile, *, first: int, stop: int, schedule: str, replicas: int, downstream: int, microbatches: int
 ) -> int:
     """Peak bytes on one worker of a stage running layers ``[first, stop)``.
 
@@ -73,11 +73,28 @@ def stage_bytes(
     weights = profile.param_bytes(first, stop)
     optimizer = sum(lay.optimizer_bytes for lay in profile.layers[first:stop])
     stash = sum(layer_stash_bytes(profile)[first:stop])
-    return int(worker_bytes(schedule, replicas, downstream, microbatches, weights, optimizer, stash))
+    return int(
+        worker_bytes(
+            schedule,
+            replicas=replicas,
+            downstream=downstream,
+            microbatches=microbatches,
+            weights=weights,
+            optimizer=optimizer,
+            stash=stash,
+        )
+    )
 
 
 def worker_bytes(
-    schedule: str, replicas: Count, downstream: Count, microbatches: int, weights: Bytes, optimizer: Bytes, stash: Bytes
+    schedule: str,
+    *,
+    replicas: Count,
+    downstream: Count,
+    microbatches: int,
+    weights: Bytes,
+    optimizer: Bytes,
+    stash: Bytes,
 ) -> Bytes:
     """Peak bytes on one worker of a stage with these weights, optimizer state and stash per microbatch:
     its weight versions and a gradient buffer, the optimizer state, its microbatches in flight (arrays

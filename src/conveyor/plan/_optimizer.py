@@ -178,7 +178,18 @@ def optimize(
         start, stop = within or (i, j)
         into, out = np.where(np.asarray(i) == start, cut[i], 0.0), np.where(np.asarray(j) == stop, cut[j], 0.0)
         first = np.asarray(start) == 0
-        return stage_seconds(cost_model, topology, k, inner, weights[i, j], into, out, units, per_update, first)
+        return stage_seconds(
+            cost_model,
+            topology,
+            k=k,
+            inner=inner,
+            weights=weights[i, j],
+            cut_in=into,
+            cut_out=out,
+            units=units,
+            per_update=per_update,
+            first=first,
+        )
 
     mem = None if memory is None else MemoryModel(profile, cuts, memory, schedule, microbatches)
     extras, pick = extras_grid(topology, mem)
@@ -192,14 +203,27 @@ def optimize(
         if straight:
             stage_s[..., 2:] = np.inf
         top = k == len(topology.levels) - 1
-        levels.append(solve(stage_s, level.count, top, mem if k == 0 else None, extras, None if k == 0 else pick))
+        levels.append(
+            solve(
+                stage_s,
+                level.count,
+                top=top,
+                memory=mem if k == 0 else None,
+                extras=extras,
+                pick=None if k == 0 else pick,
+            )
+        )
         inner = levels[-1].best_s[..., level.count]
     best = float(levels[-1].best_s[0, 0, n, topology.levels[-1].count])
     if not np.isfinite(best):
         if memory is not None and np.isfinite(
             optimize(profile, topology, straight, cost_model=cost_model).seconds_per_minibatch
         ):
-            raise PlanError(_memory_advice(profile, topology, straight, schedule, memory, microbatches))
+            raise PlanError(
+                _memory_advice(
+                    profile, topology, straight=straight, schedule=schedule, memory=memory, microbatches=microbatches
+                )
+            )
         raise PlanError(
             f"no straight pipeline of {profile.model} ({len(profile)} layers) uses exactly {total} workers: "
             f"use at most {n} workers, or allow replicated stages"
@@ -219,17 +243,62 @@ def optimize(
         dp = float(stage_cost(k, dp, 0, n, level.count))
     single, everything = float(compute[0, n]), len(profile)
     if memory is not None:
-        dp = dp if stage_bytes(profile, 0, everything, schedule, total, total, microbatches) <= memory else np.inf
-        single = single if stage_bytes(profile, 0, everything, schedule, 1, 1, microbatches) <= memory else np.inf
+        dp = (
+            dp
+            if stage_bytes(
+                profile,
+                first=0,
+                stop=everything,
+                schedule=schedule,
+                replicas=total,
+                downstream=total,
+                microbatches=microbatches,
+            )
+            <= memory
+            else np.inf
+        )
+        single = (
+            single
+            if stage_bytes(
+                profile,
+                first=0,
+                stop=everything,
+                schedule=schedule,
+                replicas=1,
+                downstream=1,
+                microbatches=microbatches,
+            )
+            <= memory
+            else np.inf
+        )
     downstream = np.cumsum([st.replicas for st in stages][::-1])[::-1]
     stages = [
-        replace(st, memory_bytes=stage_bytes(profile, st.first_layer, st.last_layer + 1, schedule, r, d, microbatches))
+        replace(
+            st,
+            memory_bytes=stage_bytes(
+                profile,
+                first=st.first_layer,
+                stop=st.last_layer + 1,
+                schedule=schedule,
+                replicas=r,
+                downstream=d,
+                microbatches=microbatches,
+            ),
+        )
         for st, r, d in zip(stages, reps, map(int, downstream), strict=True)
     ]
     return Plan(
-        tuple(stages), best, float(dp), single, schedule, microbatches, memory,
-        cost_model=cost_model, layers=layer_order, note=cuts.why_not_graph,
-    )  # fmt: skip
+        tuple(stages),
+        best,
+        float(dp),
+        single,
+        schedule,
+        microbatches,
+        memory,
+        cost_model=cost_model,
+        layers=layer_order,
+        note=cuts.why_not_graph,
+    )
 
 
 def step_microbatches(schedule: str, replicas: list[int], at_least: int) -> int:
@@ -240,11 +309,24 @@ def step_microbatches(schedule: str, replicas: list[int], at_least: int) -> int:
 
 
 def _memory_advice(
-    profile: Profile, topology: Topology, straight: bool, schedule: str, memory: float, microbatches: int
+    profile: Profile, topology: Topology, *, straight: bool, schedule: str, memory: float, microbatches: int
 ) -> str:
     """Why nothing fits, with the least memory per worker (within 1%) for which some plan does."""
     n = len(profile)
-    low, high = memory, float(stage_bytes(profile, 0, n, schedule, 1, topology.workers, microbatches))
+    low, high = (
+        memory,
+        float(
+            stage_bytes(
+                profile,
+                first=0,
+                stop=n,
+                schedule=schedule,
+                replicas=1,
+                downstream=topology.workers,
+                microbatches=microbatches,
+            )
+        ),
+    )
     while high > 1.01 * low:
         middle = (low * high) ** 0.5
         try:

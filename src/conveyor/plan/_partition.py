@@ -46,7 +46,15 @@ class MemoryModel:
         w = (self.weights[stops] - self.weights[first])[None, :, None]
         o = (self.optimizer[stops] - self.optimizer[first])[None, :, None]
         a = (self.stash[stops] - self.stash[first])[None, :, None]
-        need = worker_bytes(self.schedule, replicas[None, None, :], downstream, self.microbatches, w, o, a)
+        need = worker_bytes(
+            self.schedule,
+            replicas=replicas[None, None, :],
+            downstream=downstream,
+            microbatches=self.microbatches,
+            weights=w,
+            optimizer=o,
+            stash=a,
+        )
         return np.asarray(need <= self.limit)
 
 
@@ -80,6 +88,7 @@ def extras_grid(topology: Topology, memory: MemoryModel | None) -> tuple[np.ndar
 def solve(
     stage_s: np.ndarray,
     count: int,
+    *,
     top: bool,
     memory: MemoryModel | None,
     extras: np.ndarray,

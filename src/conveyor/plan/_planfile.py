@@ -51,6 +51,7 @@ def layout_file(schedule: str, microbatches: int, balance: list[int], replicas: 
 def plan_file(
     plan: Plan,
     profile: Profile,
+    *,
     topology: Topology,
     minibatches: int | None = None,
     runtime: RuntimeCosts | None = None,

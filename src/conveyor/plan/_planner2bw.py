@@ -82,7 +82,13 @@ def plan_2bw(
             d = workers // w
             for recompute in (False, True):
                 why = _invalid(batch_size, b, w, d, n)
-                plan = None if why else _best_split(prof, topology, w, d, batch_size // b, recompute, memory)
+                plan = (
+                    None
+                    if why
+                    else _best_split(
+                        prof, topology, w=w, d=d, microbatches=batch_size // b, recompute=recompute, memory=memory
+                    )
+                )
                 if plan is None and not why:
                     why = "does not fit in memory"
                 rate = None if plan is None else b / plan.seconds_per_minibatch
@@ -102,7 +108,11 @@ def plan_2bw(
 
     def alone(width: int) -> float:
         """Seconds per microbatch of one stage on ``width`` workers, inf if invalid or too big."""
-        other = None if m % width else _best_split(prof, topology, width, 1, m, plan.recompute, memory)
+        other = (
+            None
+            if m % width
+            else _best_split(prof, topology, w=width, d=1, microbatches=m, recompute=plan.recompute, memory=memory)
+        )
         return math.inf if other is None else other.seconds_per_minibatch
 
     return replace(plan, data_parallel_seconds=alone(workers), single_worker_seconds=alone(1)), candidates
@@ -121,7 +131,7 @@ def _invalid(batch: int, b: int, w: int, d: int, layers: int) -> str:
 
 
 def _best_split(
-    p: Profile, topology: Topology, w: int, d: int, microbatches: int, recompute: bool, memory: float | None
+    p: Profile, topology: Topology, *, w: int, d: int, microbatches: int, recompute: bool, memory: float | None
 ) -> Plan | None:
     """The best split into ``d`` stages of ``w`` replicas each, or None if none fits."""
     n = len(p)
@@ -150,7 +160,15 @@ def _best_split(
         """Bytes on a worker of stage ``[i, j)`` with ``k`` stages from it to the end (``k`` in flight):
         recomputation keeps each microbatch's input, plus one microbatch's activations while it reruns."""
         held = inputs[:, None] if recompute else stash
-        total = worker_bytes("2bw", w, k * w, microbatches, params, optimizer, held) + (stash if recompute else 0)
+        total = worker_bytes(
+            "2bw",
+            replicas=w,
+            downstream=k * w,
+            microbatches=microbatches,
+            weights=params,
+            optimizer=optimizer,
+            stash=held,
+        ) + (stash if recompute else 0)
         return np.asarray(total)
 
     # best[k, i]: layers [i, n) in k stages; end[k, i]: where the first of them ends.

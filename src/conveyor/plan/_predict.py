@@ -116,7 +116,7 @@ def predict(
         make_schedule(plan.schedule, len(reps), unit, batches, reps),
         [f + act for f in forward],
         [b + act for b in backward],
-        transfer,
+        transfer_s=transfer,
         latency_s=[lv.latency for lv in links],
         step_s=step,
         reduce_s=reduce,

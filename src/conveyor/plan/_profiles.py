@@ -95,9 +95,14 @@ class Profile:
                 )
         for layer in self.layers:
             values = (
-                layer.forward_s, layer.backward_s, layer.output_bytes, layer.param_bytes,
-                layer.saved_bytes, layer.optimizer_bytes, layer.step_s,
-            )  # fmt: skip
+                layer.forward_s,
+                layer.backward_s,
+                layer.output_bytes,
+                layer.param_bytes,
+                layer.saved_bytes,
+                layer.optimizer_bytes,
+                layer.step_s,
+            )
             if any(v < 0 for v in values):
                 raise ProfileError(f"layer {layer.name!r} of profile {self.model!r} has a negative time or size")
         for v in self.variants:

@@ -46,6 +46,7 @@ _SHORTEST_S = 1e-6
 def measure_link(
     p2p: P2P,
     peer: int,
+    *,
     leader: bool,
     nbytes: int = 1 << 22,
     repeats: int = 20,
@@ -160,6 +161,7 @@ def measure_allreduce(
 def measure_overhead(
     model: nn.Module,
     batches: Iterable[tuple[Any, Any]],
+    *,
     loss_fn: LossFn,
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
     microbatches: int,
@@ -182,9 +184,26 @@ def measure_overhead(
     module = copy.deepcopy(model).to(device)
     params = list(module.parameters())
     executor = Executor(
-        module, 0, 1, [0], P2P(device), loss_fn, device, WeightVersions(module),
-        Updater(module, optimizer(params) if params else None, None, None, False, 1, device, averaged=True), autocast,
-    )  # fmt: skip
+        module,
+        stage=0,
+        stages=1,
+        rank_of_worker=[0],
+        p2p=P2P(device),
+        loss_fn=loss_fn,
+        device=device,
+        weights=WeightVersions(module),
+        updater=Updater(
+            module,
+            optimizer(params) if params else None,
+            group=None,
+            max_grad_norm=None,
+            clip_whole_model=False,
+            replicas=1,
+            device=device,
+            averaged=True,
+        ),
+        autocast=autocast,
+    )
     data = list(batches)
     times = []
     for batch in data:

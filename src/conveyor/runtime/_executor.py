@@ -100,6 +100,7 @@ class Executor:
     def __init__(
         self,
         module: nn.Module,
+        *,
         stage: int,
         stages: int,
         rank_of_worker: list[int],
@@ -133,6 +134,7 @@ class Executor:
         self,
         actions: Iterable[Action],
         feed: Feed | None,
+        *,
         training: bool,
         stashing: bool = False,
         will_use: Callable[[int], bool] | None = None,

@@ -127,7 +127,14 @@ def launch(
         if on_interrupt is not None:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: request_stop())
-        _init_process_group(backend, kind, "env://", rank, int(os.environ["WORLD_SIZE"]), collective_timeout_s)
+        _init_process_group(
+            backend,
+            kind,
+            init_method="env://",
+            rank=rank,
+            world=int(os.environ["WORLD_SIZE"]),
+            timeout_s=collective_timeout_s,
+        )
         try:
             return {rank: fn(*args)}
         finally:
@@ -152,7 +159,9 @@ def launch(
         return _run_local(job, timeout_s, on_interrupt)
 
 
-def _init_process_group(backend: str, device: str, init_method: str, rank: int, world: int, timeout_s: float) -> None:
+def _init_process_group(
+    backend: str, device: str, *, init_method: str, rank: int, world: int, timeout_s: float
+) -> None:
     """Join the job. On CUDA the worker's GPU becomes its current device, NCCL's communicators are bound to it
     (``device_id``: created at once, no guessing which GPU a rank uses), and the gloo group that carries messages
     between stages through host memory is made (:func:`~conveyor.runtime._transport.host_group`)."""
@@ -203,7 +212,14 @@ def _worker(rank: int, job: _LocalJob) -> None:
             job.setup(rank)
         use_device(job.device)
         rendezvous = f"file://{job.tmp / 'rendezvous'}"
-        _init_process_group(job.backend, job.device, rendezvous, rank, job.world, job.collective_timeout_s)
+        _init_process_group(
+            job.backend,
+            job.device,
+            init_method=rendezvous,
+            rank=rank,
+            world=job.world,
+            timeout_s=job.collective_timeout_s,
+        )
         value = job.fn(*job.args)
         dist.barrier()  # nobody leaves while a peer may still be receiving from it
         report = WorkerReport(ok=True, value=value)

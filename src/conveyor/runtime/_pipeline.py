@@ -120,6 +120,7 @@ class Pipeline(StagePosition):
         self,
         model: Blocks,
         balance: list[int],
+        *,
         microbatches: int,
         loss_fn: LossFn,
         optimizer: OptimizerFactory | None = None,
@@ -172,17 +173,33 @@ class Pipeline(StagePosition):
         groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]
         self._replica_group = groups[self.stage]
         updater = Updater(
-            self.module, self.optimizer, self._replica_group, max_grad_norm, self.kind.synchronous,
-            self.replicas[self.stage], self.device, bucket_bytes, count_group=self._count_groups(groups)[self.stage],
+            self.module,
+            self.optimizer,
+            group=self._replica_group,
+            max_grad_norm=max_grad_norm,
+            clip_whole_model=self.kind.synchronous,
+            replicas=self.replicas[self.stage],
+            device=self.device,
+            bucket_bytes=bucket_bytes,
+            count_group=self._count_groups(groups)[self.stage],
             averaged=self.kind.update == "batch",
-        )  # fmt: skip
+        )
         self._stashing = self.kind.stashes(self.replicas, self.stage)
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
         self._id, self._runs = next(_PIPELINES), 0
         self.executor = Executor(
-            self.module, self.stage, self.num_stages, list(range(world)), P2P(self.device), loss_fn, self.device,
-            WeightVersions(self.module, debug=debug), updater, autocast, recompute,
-        )  # fmt: skip
+            self.module,
+            stage=self.stage,
+            stages=self.num_stages,
+            rank_of_worker=list(range(world)),
+            p2p=P2P(self.device),
+            loss_fn=loss_fn,
+            device=self.device,
+            weights=WeightVersions(self.module, debug=debug),
+            updater=updater,
+            autocast=autocast,
+            recompute=recompute,
+        )
         self.steps = 0  # batches trained on
         self.updates = 0  # this worker's optimizer steps
 
@@ -274,7 +291,15 @@ class Pipeline(StagePosition):
 
         self.module.train()
         will_use = self._pinned_versions(length)
-        out = self.executor.run(actions, source, True, self._stashing, will_use, stepped, self._predict)
+        out = self.executor.run(
+            actions,
+            source,
+            training=True,
+            stashing=self._stashing,
+            will_use=will_use,
+            on_step=stepped,
+            predict=self._predict,
+        )
         if self.worker == 0 and source is not None and source.fill(length.total):
             raise InputError(f"the batches on worker 0 yielded more than their len() of {length.total}")
         self.steps += length.total

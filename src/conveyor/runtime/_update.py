@@ -73,6 +73,7 @@ class Updater:
         self,
         module: nn.Module,
         optimizer: torch.optim.Optimizer | None,
+        *,
         group: dist.ProcessGroup | None,
         max_grad_norm: float | None,
         clip_whole_model: bool,

@@ -155,18 +155,42 @@ class Kind:
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind("pipedream", "PipeDream: asynchronous 1F1B, an update per minibatch, weight stashing", False, False,
-             "round", "stashed"),
-        Kind("pipedream-vs", "PipeDream with vertical sync: every stage uses the input stage's version", False, False,
-             "round", "entry", plan_as="pipedream"),
-        Kind("2bw", "PipeDream-2BW: asynchronous 1F1B, an update per batch on weights one update old", False, False,
-             "batch", "previous"),
-        Kind("flush", "PipeDream-Flush: 1F1B, drained at every batch (gradient accumulation)", False, True,
-             "batch", "newest"),
-        Kind("gpipe", "GPipe: all forwards, then all backwards, drained at every batch", True, True,
-             "batch", "newest"),
+        Kind(
+            "pipedream",
+            "PipeDream: asynchronous 1F1B, an update per minibatch, weight stashing",
+            False,
+            False,
+            "round",
+            "stashed",
+        ),
+        Kind(
+            "pipedream-vs",
+            "PipeDream with vertical sync: every stage uses the input stage's version",
+            False,
+            False,
+            "round",
+            "entry",
+            plan_as="pipedream",
+        ),
+        Kind(
+            "2bw",
+            "PipeDream-2BW: asynchronous 1F1B, an update per batch on weights one update old",
+            False,
+            False,
+            "batch",
+            "previous",
+        ),
+        Kind(
+            "flush",
+            "PipeDream-Flush: 1F1B, drained at every batch (gradient accumulation)",
+            False,
+            True,
+            "batch",
+            "newest",
+        ),
+        Kind("gpipe", "GPipe: all forwards, then all backwards, drained at every batch", True, True, "batch", "newest"),
     )
-}  # fmt: skip
+}
 PLANNER_SCHEDULES = tuple(name for name, k in KINDS.items() if k.plan_as is None)
 
 

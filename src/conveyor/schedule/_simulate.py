@@ -94,6 +94,7 @@ class _Run:
         self,
         schedule: Schedule,
         costs: dict[Op, list[float]],
+        *,
         hop: list[float],
         delay: list[float],
         send_s: float,
@@ -213,6 +214,7 @@ def simulate(
     schedule: Schedule,
     forward_s: float | Sequence[float],
     backward_s: float | Sequence[float],
+    *,
     transfer_s: float | Sequence[float] = 0.0,
     step_s: float | Sequence[float] = 0.0,
     reduce_s: float | Sequence[float] = 0.0,
@@ -258,7 +260,7 @@ def simulate(
     delay = _per_item(latency_s, max(n - 1, 0), "latency_s")
     if min([*(c for values in costs.values() for c in values), *hop, *delay, send_s, recv_s]) < 0:
         raise InputError("times must be >= 0: a negative one would run the clock backwards")
-    run = _Run(schedule, costs, hop, delay, send_s, recv_s, cores)
+    run = _Run(schedule, costs, hop=hop, delay=delay, send_s=send_s, recv_s=recv_s, cores=cores)
     run.run()
     stuck = [i for i, w in enumerate(run.workers) if w.pc < len(schedule.actions[i])]
     if stuck:

@@ -42,14 +42,15 @@ class StepClaims:
 
     Example (single process, a dict-backed store):
         >>> store = dist.HashStore()
-        >>> [c for c in StepClaims(store, "s0", 0, 2, 2)]      # replica 0's share, then all of replica 1's
+        >>> # replica 0's share, then all of replica 1's
+        >>> [c for c in StepClaims(store, "s0", replica=0, replicas=2, chunks=2)]
         [(0, False), (1, False), (3, True), (2, True)]
-        >>> [c for c in StepClaims(store, "s0", 1, 2, 2)]      # nothing left for replica 1
+        >>> [c for c in StepClaims(store, "s0", replica=1, replicas=2, chunks=2)]  # nothing left for replica 1
         []
     """
 
     def __init__(
-        self, store: dist.Store, prefix: str, replica: int, replicas: int, chunks: int, reassign: bool = True
+        self, store: dist.Store, prefix: str, *, replica: int, replicas: int, chunks: int, reassign: bool = True
     ) -> None:
         if not 0 < chunks < _TAIL - 1:  # the owner's last, refused claim must not carry into the tail count
             raise InputError(f"a replica's share has 1 to {_TAIL - 2} chunks, got {chunks}")

@@ -138,6 +138,7 @@ class FlexiblePipeline(StagePosition):
     def __init__(
         self,
         model: nn.Sequential | Sequence[nn.Module],
+        *,
         loss_fn: LossFn,
         optimizer: OptimizerFactory,
         balance: Sequence[int] | None = None,
@@ -147,7 +148,6 @@ class FlexiblePipeline(StagePosition):
         reassign: bool = True,
         predict: bool = True,
         device: torch.device | str | None = None,
-        *,
         autocast: torch.dtype | None = None,
     ) -> None:
         if not dist.is_initialized():
@@ -160,11 +160,15 @@ class FlexiblePipeline(StagePosition):
         counts = check_replicas(len(ranges), replicas if replicas is not None or len(ranges) > 1 else [world])
         layout = "-".join(map(str, counts))
         if max(counts[1:], default=1) > 1:
-            raise InputError(f"only the first stage may be replicated here, got {layout}: put the replicas on "
-                             "stage 0 (e.g. 2-1), or run the layout with --stragglers off")  # fmt: skip
+            raise InputError(
+                f"only the first stage may be replicated here, got {layout}: put the replicas on "
+                "stage 0 (e.g. 2-1), or run the layout with --stragglers off"
+            )
         if sum(counts) != world:
-            raise WorldSizeError(f"replicas {layout} need {sum(counts)} workers but {world} were started: start "
-                                 f"{sum(counts)} or change the replicas")  # fmt: skip
+            raise WorldSizeError(
+                f"replicas {layout} need {sum(counts)} workers but {world} were started: start "
+                f"{sum(counts)} or change the replicas"
+            )
         self.worker = dist.get_rank()
         self.stage = 0 if self.worker < counts[0] else self.worker - counts[0] + 1
         self.num_stages, self.replicas = len(ranges), counts[0]
@@ -256,7 +260,14 @@ class FlexiblePipeline(StagePosition):
         if self.stage == 0:
             parts = split_batch(inputs, self.replicas * self.chunks)
             count = sum(1 for x in parts if batch_size(x))
-            claims = StepClaims(self.store, self._step_key(), self.worker, self.replicas, self.chunks, self.reassign)
+            claims = StepClaims(
+                self.store,
+                self._step_key(),
+                replica=self.worker,
+                replicas=self.replicas,
+                chunks=self.chunks,
+                reassign=self.reassign,
+            )
             for j, taken in claims:
                 n = batch_size(parts[j])
                 if n:

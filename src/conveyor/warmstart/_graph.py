@@ -18,9 +18,27 @@ __all__ = ["KEPT_FUNCTIONS", "OpGraph", "OpNode", "op_graph"]
 # branches (skips, attention), reshapes that change what a layer sees, activations. Everything else (getitem, getattr,
 # size, view, permute, ...) is shape bookkeeping and dropped; its inputs pass through to the nodes it feeds.
 KEPT_FUNCTIONS = frozenset(
-    {"add", "sub", "mul", "truediv", "matmul", "bmm", "cat", "concat", "stack", "flatten", "relu", "gelu", "silu",
-     "sigmoid", "tanh", "softmax", "mean", "scaled_dot_product_attention"}
-)  # fmt: skip
+    {
+        "add",
+        "sub",
+        "mul",
+        "truediv",
+        "matmul",
+        "bmm",
+        "cat",
+        "concat",
+        "stack",
+        "flatten",
+        "relu",
+        "gelu",
+        "silu",
+        "sigmoid",
+        "tanh",
+        "softmax",
+        "mean",
+        "scaled_dot_product_attention",
+    }
+)
 
 
 @dataclass
@@ -74,8 +92,10 @@ class OpGraph:
 
     def to_json(self) -> str:
         """The graph as a JSON string (shapes as lists)."""
-        nodes = [{"name": n.name, "op": n.op, "params": {k: list(v) for k, v in n.params.items()}, "inputs": n.inputs}
-                 for n in self.nodes]  # fmt: skip
+        nodes = [
+            {"name": n.name, "op": n.op, "params": {k: list(v) for k, v in n.params.items()}, "inputs": n.inputs}
+            for n in self.nodes
+        ]
         return json.dumps({"nodes": nodes, "note": self.note})
 
     @classmethod
@@ -88,10 +108,14 @@ class OpGraph:
         try:
             data = json.loads(text)
             nodes = [
-                OpNode(str(d["name"]), str(d["op"]), {str(k): tuple(int(x) for x in v) for k, v in d["params"].items()},
-                       [int(i) for i in d["inputs"]])
+                OpNode(
+                    str(d["name"]),
+                    str(d["op"]),
+                    {str(k): tuple(int(x) for x in v) for k, v in d["params"].items()},
+                    [int(i) for i in d["inputs"]],
+                )
                 for d in data["nodes"]
-            ]  # fmt: skip
+            ]
             return cls(nodes, str(data.get("note", "")))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"not an OpGraph JSON: {exc!r}") from exc

@@ -59,8 +59,10 @@ def pair_score(p: OpNode, c: OpNode) -> float:
     if not p.params and not c.params:
         return 1.0
     shared = sum(_overlap(p.params[k], c.params[k]) for k in p.params.keys() & c.params.keys())
-    total = sum(max(math.prod(p.params[k]) if k in p.params else 0, math.prod(c.params[k]) if k in c.params else 0)
-                for k in p.params.keys() | c.params.keys())  # fmt: skip
+    total = sum(
+        max(math.prod(p.params[k]) if k in p.params else 0, math.prod(c.params[k]) if k in c.params else 0)
+        for k in p.params.keys() | c.params.keys()
+    )
     return shared / total if total else 1.0
 
 
@@ -142,9 +144,27 @@ def align(parent: OpGraph, child: OpGraph) -> Alignment:
 
 
 # The op types a signature counts (anything else counts as "other") and, for those with parameters, sizes.
-SIGNATURE_OPS = ("Linear", "Conv1d", "Conv2d", "Conv3d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "Embedding",
-                 "Parameter", "ReLU", "GELU", "MaxPool2d", "Dropout", "add", "cat", "mul", "flatten", "relu",
-                 "scaled_dot_product_attention")  # fmt: skip
+SIGNATURE_OPS = (
+    "Linear",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "LayerNorm",
+    "Embedding",
+    "Parameter",
+    "ReLU",
+    "GELU",
+    "MaxPool2d",
+    "Dropout",
+    "add",
+    "cat",
+    "mul",
+    "flatten",
+    "relu",
+    "scaled_dot_product_attention",
+)
 _SLOT = {op: i for i, op in enumerate(SIGNATURE_OPS)}
 SIGNATURE_LENGTH = 2 * (len(SIGNATURE_OPS) + 1) + 2
 

@@ -67,8 +67,14 @@ class ModelStore:
     def __init__(self, root: Path | str | None = None) -> None:
         self.root = Path(root) if root is not None else default_model_store()
 
-    def register(self, checkpoint: Path | str, name: str, accuracy: float, graph: Mapping[str, Any],
-                 info: Mapping[str, Any] | None = None) -> ModelEntry:  # fmt: skip
+    def register(
+        self,
+        checkpoint: Path | str,
+        name: str,
+        accuracy: float,
+        graph: Mapping[str, Any],
+        info: Mapping[str, Any] | None = None,
+    ) -> ModelEntry:
         """Copy ``checkpoint`` into the store with what describes it; return its entry."""
         checkpoint = Path(checkpoint)
         if not checkpoint.is_file():

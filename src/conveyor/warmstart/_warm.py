@@ -62,8 +62,14 @@ def plan_warm_start(spec: str, child: nn.Module, store: ModelStore, *, w: float 
     if match.parent is None or match.alignment is None:
         return None, f"no warm start: {match.reason}; training from scratch"
     parent = store.get(match.parent)
-    plan = WarmStart(parent.id, str(store.checkpoint(parent.id)), match.alignment.pairs, match.alignment.score,
-                     parent.accuracy, spent)  # fmt: skip
+    plan = WarmStart(
+        parent.id,
+        str(store.checkpoint(parent.id)),
+        match.alignment.pairs,
+        match.alignment.score,
+        parent.accuracy,
+        spent,
+    )
     return plan, (
         f"warm start from {parent.id} ({parent.name}, accuracy {parent.accuracy:.3f}, similarity "
         f"{match.alignment.score:.2f}; {len(index)} stored models matched in {spent * 1000:.0f} ms)"
