@@ -1,4 +1,4 @@
-"""The single-process study behind Conveyor's stale-gradient correction (README, "Stale gradients").
+"""The single-process study behind Conveyor's stale-gradient correction (docs/concepts/stale-gradients.md).
 
 Every update applies a gradient ``d`` updates stale, ``W(t+1) = step(W(t), grad f(W'(t - d)))``, on a zoo
 model and its bundled data, with ``conveyor train``'s default optimizer (SGD, lr 0.05, momentum 0.9), and

@@ -1,0 +1,123 @@
+"""The documentation site (docs/, mkdocs.yml) stays true to the code: the architecture page's module map lists
+exactly the modules that exist, the command-line reference renders every command of the real parser, and the
+code of the "From Python" guide runs as written."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "conveyor"
+
+
+def _module_map() -> tuple[set[str], set[str]]:
+    """The map's entries under src/conveyor (paths relative to it, packages ending in /) and the other entries
+    (paths relative to the repository root)."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"## Module map\n.*?```text\n(.*?)```", page, re.S)
+    assert block, "docs/architecture.md has no ```text block under '## Module map'"
+    inside: set[str] = set()
+    outside: set[str] = set()
+    parents: list[str] = []
+    for line in block.group(1).splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        name = line.split()[0]
+        if depth == 0:
+            if name != "src/conveyor/":
+                outside.add(name)
+            parents = []
+            continue
+        parents = parents[: depth - 1]
+        assert len(parents) == depth - 1, f"{line!r} is indented below no package"
+        path = "".join(parents) + name
+        inside.add(path)
+        if name.endswith("/"):
+            parents.append(name)
+    return inside, outside
+
+
+def _modules() -> set[str]:
+    """Every package (as ``name/``) and module under src/conveyor, relative to it; a subpackage's ``__init__.py``
+    is its package's entry."""
+    found = {"__init__.py"}
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        if "__pycache__" in relative.parts:
+            continue
+        if path.name == "__init__.py":
+            if relative.parent != Path("."):
+                found.add(f"{relative.parent.as_posix()}/")
+        else:
+            found.add(relative.as_posix())
+    return found
+
+
+def test_the_module_map_lists_every_module() -> None:
+    listed, _ = _module_map()
+    missing = sorted(_modules() - listed)
+    assert not missing, f"docs/architecture.md's module map lacks {missing}: add a line for each"
+
+
+def test_every_entry_of_the_module_map_exists() -> None:
+    listed, outside = _module_map()
+    gone = sorted(path for path in listed if not (PACKAGE / path).exists())
+    gone += sorted(path for path in outside if not (ROOT / path).exists())
+    assert not gone, f"docs/architecture.md's module map lists {gone}, which do not exist: remove or rename them"
+
+
+def test_the_cli_reference_renders_every_command() -> None:
+    """The mkdocs hook behind reference/cli.md, run on the real parser: every command and subcommand gets a
+    section, and every option of ``conveyor train`` a row with its help."""
+    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "docs" / "hooks" / "cli_reference.py")
+    assert spec and spec.loader
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    from conveyor.cli import _parser
+
+    parser = _parser()
+    page = hook.render(parser)
+    names = re.findall(r"^#+ `(conveyor[^`]*)`$", page, re.M)
+    assert names[0] == "conveyor" and len(names) == len(set(names))
+    for expected in ("conveyor train", "conveyor plan", "conveyor emulate check", "conveyor cluster simulate",
+                     "conveyor models list", "conveyor bench overhead", "conveyor bench warmstart"):  # fmt: skip
+        assert expected in names
+    train = page.split("## `conveyor train`")[1].split("\n### ")[0]
+    for option in ("--model MODEL", "--schedule", "--no-stale-correction", "--batch-size", "--faults FAULTS"):
+        assert f"`{option}" in train, option
+    assert "| `--lr LR` | `0.05` | learning rate, above 0 |" in train
+    assert "<!-- cli-reference -->" in (ROOT / "docs" / "reference" / "cli.md").read_text()
+
+
+def _python_blocks(page: Path) -> list[tuple[str | None, str]]:
+    """The page's ```python blocks: (the file name its title gives, or None; the code)."""
+    blocks = re.findall(r'^```python(?: title="([^"]+)")?\n(.*?)^```$', page.read_text(), re.S | re.M)
+    return [(title or None, code) for title, code in blocks]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_python_guide_runs(tmp_path: Path) -> None:
+    """Each ```python block of docs/guides/python.md runs as a script, as a reader would run it (a script that
+    starts workers needs its ``__main__`` guard, which running it in this process would not test), in a folder
+    of its own: the first trains through ``conveyor.train`` and writes its run folder there, the second trains
+    a Pipeline on three workers and saves its checkpoint."""
+    blocks = _python_blocks(ROOT / "docs" / "guides" / "python.md")
+    assert len(blocks) == 2, [title for title, _ in blocks]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    for i, (title, code) in enumerate(blocks):
+        script = tmp_path / (title or f"block{i}.py")
+        script.write_text(code)
+        done = subprocess.run(
+            [sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, f"{script.name}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    summary = tmp_path / "runs" / "from-python" / "summary.json"
+    assert summary.is_file() and (summary.parent / "checkpoint.pt").is_file()
+    assert (tmp_path / "pipeline_example.pt").is_file()
