@@ -9,8 +9,10 @@ from typing import Any
 from rich.table import Table
 
 from conveyor.cli._bench_cluster import add_cluster, run_cluster
+from conveyor.cli._bench_elastic import add_elastic, add_spot, run_elastic, run_spot
 from conveyor.cli._bench_energy import add_energy, run_energy
 from conveyor.cli._bench_overhead import add_overhead, run_overhead
+from conveyor.cli._bench_stragglers import add_stragglers, run_stragglers
 from conveyor.cli._bench_warmstart import add_warmstart, run_warmstart
 from conveyor.cli._common import add_emulation, config, console, floats, names, positive, sizes, write_json
 
@@ -50,26 +52,6 @@ def add_parser(sub: Any) -> None:
     add_emulation(tta, faults=False)
     tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
 
-    stragglers = which.add_parser("stragglers", help="FlexRR's modes under injected stragglers, against the ideal")
-    stragglers.add_argument(
-        "--cases",
-        type=names,
-        default=("resnet:4", "vgg:2-1:64"),
-        help="model:replicas per stage[:batch size], e.g. resnet:4,vgg:2-1:64",
-    )
-    stragglers.add_argument("--cores", type=float, default=0.45, help="each worker's device, in CPU cores")
-    stragglers.add_argument("--network", default="2:1.25e9,2:1.25e8", help="the emulated topology")
-    stragglers.add_argument("--epochs", type=positive, default=20)
-    stragglers.add_argument("--batch-size", type=positive, default=256, help="where a case gives none")
-    stragglers.add_argument("--chunks", type=positive, default=2, help="chunks each replica owns per batch")
-    stragglers.add_argument("--slack", type=positive, default=2)
-    stragglers.add_argument("--period", type=float, default=1.0, help="seconds between the patterns' events")
-    stragglers.add_argument("--seed", type=int, default=0, help="the patterns', the weights' and the data's seed")
-    stragglers.add_argument("--patterns", type=names, default=None, help="e.g. slow-worker,none (default: all)")
-    stragglers.add_argument("--modes", type=names, default=None, help="e.g. off,flexrr (default: all)")
-    stragglers.add_argument("--keep", type=Path, default=None, help="keep every run's folder here")
-    stragglers.add_argument("--json", type=Path, default=None, help="write the report here")
-    stragglers.add_argument("--plot", type=Path, default=None, help="write the ratios to the ideal here (PNG)")
     conv = which.add_parser("convergence", help="epochs to target per zoo model, schedule and correction, over seeds")
     conv.add_argument("--models", type=names, default=("mlp", "vgg", "resnet", "gpt", "vgg16"), help="e.g. mlp,vgg")
     conv.add_argument("--strategies", type=names, default=None, help="e.g. dp,2bw,2bw/plain (default: all)")
@@ -100,52 +82,10 @@ def add_parser(sub: Any) -> None:
     costs.add_argument("--json", type=Path, default=None, help="write the report here")
     planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
     planner.add_argument("--json", type=Path, default=None, help="write the report here")
-    elastic = which.add_parser("elastic", help="revocations and additions, against torchrun's checkpoint-restart")
-    elastic.add_argument("--model", default="vgg16")
-    elastic.add_argument("--workers", type=positive, default=6)
-    elastic.add_argument("--reliable", type=positive, default=1, help="reliable workers (the first ones)")
-    elastic.add_argument("--revoke", type=positive, default=3, help="transient workers revoked at once (the last)")
-    elastic.add_argument("--grace", type=float, default=5.0, help="seconds from a notice to the kill")
-    elastic.add_argument("--epochs", type=int, default=24, help="0: measure the stages only (--stage-workers)")
-    elastic.add_argument("--batch-size", type=positive, default=64)
-    elastic.add_argument("--lr", type=float, default=0.05)
-    elastic.add_argument("--seed", type=int, default=0)
-    elastic.add_argument("--checkpoint-every", type=positive, default=None, help="torchrun's (default: an epoch)")
-    elastic.add_argument("--max-restarts", type=positive, default=5, help="torchrun's")
-    elastic.add_argument(
-        "--stage-workers",
-        type=sizes,
-        default=(),
-        help="also measure each AgileML stage's "
-        "samples/s at these worker counts, e.g. 2,3,4,6 (with --epochs 0: only that)",
-    )
-    elastic.add_argument("--stage-epochs", type=positive, default=3, help="epochs per stage measurement")
-    elastic.add_argument(
-        "--elastic-layout",
-        choices=("data", "pipeline"),
-        default="data",
-        help="conveyor's layout (torchrun's baseline stays data parallel)",
-    )
-    elastic.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
-    elastic.add_argument("--json", type=Path, default=None, help="write the report here")
-    spot = which.add_parser("spot", help="on-demand, checkpoint-restart, elastic and BidBrain over spot traces")
-    spot.add_argument(
-        "--trace",
-        action="append",
-        type=names,
-        default=None,
-        help="a trace file, repeatable or comma-separated (default: the four of ../shared)",
-    )
-    spot.add_argument("--billing", choices=("per-second", "hourly-2016"), default="per-second")
-    spot.add_argument("--work", type=float, default=5e6, help="samples to train")
-    spot.add_argument("--fleet", type=positive, default=8, help="machines of the fixed-fleet policies")
-    spot.add_argument("--reliable", type=positive, default=1, help="on-demand machines of the reliable tier")
-    spot.add_argument("--machines", type=positive, default=16, help="at most this many machines per market")
-    spot.add_argument("--policies", type=names, default=None, help="e.g. on-demand,bidbrain (default: all)")
-    spot.add_argument("--elastic", type=Path, default=None, help="measured costs: a conveyor bench elastic report")
-    spot.add_argument("--json", type=Path, default=None, help="write the report here")
-    spot.add_argument("--plot", type=Path, default=None, help="write machines held over time here (PNG)")
 
+    add_stragglers(which)
+    add_elastic(which)
+    add_spot(which)
     add_cluster(which)
     add_energy(which)
     add_warmstart(which)
@@ -158,14 +98,14 @@ def run(args: argparse.Namespace) -> None:
         "schedules": _schedules,
         "plan-vs-run": _plan_vs_run,
         "tta": _tta,
-        "stragglers": _stragglers,
+        "stragglers": run_stragglers,
         "predictions": _predictions,
         "planner": _planner,
         "emulate": _emulate,
         "costs": _costs,
         "convergence": _convergence,
-        "spot": _spot,
-        "elastic": _elastic,
+        "spot": run_spot,
+        "elastic": run_elastic,
         "cluster": run_cluster,
         "energy": run_energy,
         "warmstart": run_warmstart,
@@ -187,106 +127,6 @@ def _convergence(args: argparse.Namespace) -> None:
             goal = {None: "", True: "met", False: "missed"}[r["goal_met"]]
             table.add_row(model, strategy, seeds, median, f"{r['factor']:.2f}", goal)
     console.print(table)
-    if args.plot:
-        console.print(f"wrote {args.plot}")
-    if args.json:
-        write_json(args.json, report)
-
-
-def _elastic(args: argparse.Namespace) -> None:
-    import tempfile
-
-    from conveyor.bench.elastic import ElasticBenchConfig, run
-
-    cfg = config(ElasticBenchConfig, args)
-    with tempfile.TemporaryDirectory(prefix="conveyor-bench-elastic-") as tmp:
-        report = run(cfg, args.keep or Path(tmp))
-    if report.get("stages"):
-        stages = Table("workers", "transient:reliable", "stage", "samples/s", title="AgileML's stages, forced")
-        for r in report["stages"]:
-            stages.add_row(
-                str(r["workers"]), f"{r['transient_per_reliable']:g}", str(r["stage"]), f"{r['samples_per_s']:.0f}"
-            )
-        console.print(stages)
-    if "uninterrupted" not in report:
-        if args.json:
-            write_json(args.json, report)
-        return
-    table = Table(
-        "job",
-        "event",
-        "notice",
-        "recovery s",
-        "steps redone",
-        title=f"{cfg.model}: {cfg.workers} workers, {cfg.reliable} reliable; {cfg.revoke} revoked at once",
-    )
-    for job in ("conveyor", "torchrun"):
-        for e in report[job]["events"]:
-            recovery = "-" if e["recovery_s"] is None else f"{e['recovery_s']:.2f}"
-            table.add_row(job, e["kind"], str(e["notice"]), recovery, str(e["steps_redone"]))
-    console.print(table)
-    if cfg.elastic_layout == "pipeline":
-        layouts = Table("generation", "why", "blocks per stage", "replicas", "state from", title="conveyor's pipelines")
-        for g in report["conveyor"]["generations"]:
-            layouts.add_row(
-                str(g["gen"]),
-                g["reason"],
-                "-".join(map(str, g["layout"]["balance"])),
-                "-".join(map(str, g["layout"]["replicas"])),
-                g["from"],
-            )
-        console.print(layouts)
-    for job in ("uninterrupted", "conveyor", "torchrun"):
-        r = report[job]
-        console.print(f"{job}: final accuracy {r['final_accuracy']}, {r['seconds']:.1f} s")
-    console.print(f"goals: {report['goals']}")
-    if args.json:
-        write_json(args.json, report)
-
-
-def _spot(args: argparse.Namespace) -> None:
-    from conveyor.bench.spot import MEASURED, SpotConfig, costs_from_elastic, run
-    from conveyor.elastic import POLICIES
-
-    measured = {**MEASURED, **(costs_from_elastic(args.elastic) if args.elastic else {})}
-    given: dict[str, Any] = {"policies": args.policies or POLICIES, "measured": measured}
-    if args.trace:
-        given["traces"] = tuple(t for group in args.trace for t in group)
-    cfg = config(SpotConfig, argparse.Namespace(**{**vars(args), **given}))
-    report = run(cfg, str(args.plot) if args.plot else None)
-    table = Table(
-        "policy",
-        "cost $",
-        "hours",
-        "$ per 1M samples",
-        "revocations",
-        "additions",
-        "samples lost",
-        title=f"{cfg.work:.3g} samples, {cfg.billing} billing",
-    )
-    for r in report["results"]:
-        hours = f"{r['seconds'] / 3600:.2f}" + ("" if r["finished"] else " (unfinished)")
-        table.add_row(
-            r["policy"],
-            f"{r['cost']:.2f}",
-            hours,
-            f"{r['cost_per_work']:.3f}",
-            str(r["revocations"]),
-            str(r["additions"]),
-            f"{r['work_lost']:.3g}",
-        )
-    console.print(table)
-    goals = report["goals"]
-    if "vs_on_demand" in goals:
-        console.print(
-            f"bidbrain / on-demand cost per work {goals['vs_on_demand']:.2f} (goal <= 0.4): {goals['vs_on_demand_met']}"
-        )
-    if "vs_checkpoint_restart" in goals:
-        console.print(
-            f"bidbrain / checkpoint-restart cost per work {goals['vs_checkpoint_restart']:.2f} (<= 0.7): "
-            f"{goals['vs_checkpoint_restart_met']}; time {goals['time_vs_checkpoint_restart']:.2f}x "
-            f"(goal <= 1): {goals['time_met']}"
-        )
     if args.plot:
         console.print(f"wrote {args.plot}")
     if args.json:
@@ -392,52 +232,6 @@ def _tta(args: argparse.Namespace) -> None:
     console.print(table)
     if goals := report["goals"]:
         console.print("PipeDream: " + ", ".join(f"{k} {v:.3g}" for k, v in goals.items() if isinstance(v, float)))
-    if args.plot:
-        console.print(f"wrote {args.plot}")
-    if args.json:
-        write_json(args.json, report)
-
-
-def _stragglers(args: argparse.Namespace) -> None:
-    from conveyor.bench.stragglers import PATTERNS, StragglersConfig, run
-    from conveyor.stragglers import MODES
-
-    given = {"patterns": args.patterns or tuple(PATTERNS), "modes": args.modes or MODES}
-    cfg = config(StragglersConfig, argparse.Namespace(**{**vars(args), **given}))
-    report = run(cfg, str(args.plot) if args.plot else None, str(args.keep) if args.keep else None)
-    table = Table(
-        "case",
-        "pattern",
-        "mode",
-        "seconds",
-        "ideal s",
-        "ratio",
-        "final acc",
-        "samples moved",
-        "wait s",
-        title=f"{cfg.epochs} epochs, each worker {cfg.cores:g} cores",
-    )
-    for r in report["results"]:
-        wait = "-" if r["wait_s"] is None else f"{r['wait_s']:.1f}"
-        table.add_row(
-            f"{r['model']}:{r['layout']}",
-            r["pattern"],
-            r["mode"],
-            f"{r['seconds']:.1f}",
-            f"{r['ideal_seconds']:.1f}",
-            f"{r['ratio_to_ideal']:.2f}",
-            f"{r['final_accuracy']:.3f}",
-            str(r["samples_moved"]),
-            wait,
-        )
-    console.print(table)
-    for f in report["failed"]:
-        console.print(f"[red]failed[/red] {f['model']}:{f['layout']} {f['pattern']} {f['mode']}: {f['error']}")
-    goals, targets = report["goals"], report["goals"]["targets"]
-    console.print(
-        f"flexrr within {targets['flexrr_ratio_to_ideal']}x of ideal on every case and pattern: {goals['flexrr_met']}; "
-        f"off at least {targets['off_ratio_to_ideal_at_least']}x: {goals['off_met']}"
-    )
     if args.plot:
         console.print(f"wrote {args.plot}")
     if args.json:

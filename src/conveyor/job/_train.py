@@ -16,26 +16,24 @@ summary); the scheduler extends the lease by rewriting the file, and restarts a 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
 
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
-from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
+from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
 from conveyor.job._config import AUTOCAST, TrainConfig, job_devices, loss_and_optimizer
 from conveyor.job._costs import measure_costs
@@ -46,17 +44,16 @@ from conveyor.job._energy import (
     start_recurrence,
 )
 from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatches_of
-from conveyor.job._lease import lease_expires, read_lease
+from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
+from conveyor.job._loop import EpochLoop
 from conveyor.job._report import energy_summary, plot_accuracy
-from conveyor.job._trace import torch_profiled
 from conveyor.job._warmstart import apply_plan, prepare_warm_start, register_model
 from conveyor.runtime import (
     CoreShare,
     OptimizerFactory,
     Pipeline,
     default_device,
-    stop_requested,
 )
 from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
 
@@ -76,20 +73,6 @@ def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
         model = zoo.build(cfg.model, data, cfg.width, cfg.depth)
     apply_plan(cfg, model)  # --warm-start: the parent's weights, transformed (the same in every worker)
     return model, data
-
-
-@dataclass
-class _Epoch:
-    epoch: int
-    seconds: float  # wall clock since training started, at the end of this epoch's evaluation
-    train_seconds: float  # of that, the time spent training
-    samples: int
-    samples_per_s: float  # training samples per second of training time
-    loss: float
-    accuracy: float
-    bytes_between_servers: int | None  # sent up out of the emulated servers while training (None off one)
-    energy_j: float | None = None  # this epoch's training and evaluation, all workers' meters (None: no meter)
-    energy_total_j: float | None = None  # since training started (None until an epoch is measured)
 
 
 def _measure_and_plan(
@@ -156,10 +139,7 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
     if cfg.resume:
         pipe.load(cfg.resume)  # every worker reads it before any writes it (the end may save to the same path)
     done = pipe.steps // steps  # epochs the checkpoint has trained: the data order goes on from there
-    until = read_lease(cfg.lease) if cfg.lease and dist.get_rank() == 0 else None  # worker 0 alone reads it
     checkpoint = cfg.checkpoint or str(folder / "checkpoint.pt")
-    stopped_by_lease = False
-    cuda = device.type == "cuda"
     batches = None
     if pipe.is_first or pipe.is_last:  # the data moves to the device here, once
         batches = EpochBatches(
@@ -170,155 +150,56 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
             device=device,
             loader_workers=cfg.loader_workers,
         )
-    test_x = data.test_x.to(device) if pipe.worker == 0 else None
-    test_y = data.test_y.to(device) if pipe.is_output else None
     updates = steps  # this worker's updates per epoch
     if isinstance(pipe, Pipeline):
         updates = pipe.kind.updates(steps, layout.microbatches, pipe.replicas[pipe.stage])
-    history: list[_Epoch] = []
-    start, started_at = time.perf_counter(), time.time()
-    train_seconds, traffic = 0.0, ServerTraffic(pipe.is_output)
-    owns_gpu = cuda and local_rank < torch.cuda.device_count()  # workers sharing a GPU: the first one meters it
+    started_at = time.time()
+    owns_gpu = device.type == "cuda" and local_rank < torch.cuda.device_count()  # GPU shared: the first meters it
     meter = open_meter(
         cfg.energy_meter,
         gpu_index=device.index if owns_gpu else None,
         measure_host=local_rank == 0,
         rank=dist.get_rank(),
     )
-    energy_total: float | None = None
     equal_steps = cfg.stragglers == "off" and len(set(layout.replicas)) == 1  # every worker: as many updates
-    knobs = EpochKnobs(cfg, device.index if cuda else None, equal_steps, updates)
-    stopped_by_cost = interrupted = False
-    with (
-        meter,
-        knobs,
-        Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-            disable=not pipe.is_output,
-        ) as bar,
-    ):
-        task = bar.add_task("training", total=cfg.epochs * updates, status="")
-
-        def updated(_: int) -> None:  # after each update: the bar, the power limit's profiling windows, the threads
-            bar.advance(task)
-            knobs.step()
-            if cores is not None:
-                cores.update()
-
-        for epoch in range(cfg.epochs):
-            if batches is not None:
-                batches.order.epoch = done + epoch
-            meter.begin()
-            began = time.perf_counter()
-            traffic.start()
-            profiled = cfg.torch_profile if epoch == min(1, cfg.epochs - 1) else None  # the 2nd: warmed up
-            with torch_profiled(profiled, f"worker{dist.get_rank()}", device):
-                losses = pipe.train(batches, updated)
-            if cuda:
-                torch.cuda.synchronize(device)  # the epoch's time is the GPU's too
-            train_seconds += time.perf_counter() - began
-            traffic.stop()
-            if isinstance(pipe, FlexiblePipeline) and (records := pipe.gather_records()) is not None:
-                with (folder / "stragglers.jsonl").open("a") as f:
-                    f.writelines(json.dumps({"epoch": epoch + 1, **r}) + "\n" for r in records)
-            correct = _test_accuracy(pipe, test_x, test_y, len(data.test_x), cfg.batch_size)
-            joules, evaluated = meter.end(), time.perf_counter()
-            # Summed over workers: the output worker's test accuracy, worker 0's 1 once the lease runs out (each
-            # alone sets its own), every worker's joules and whether its meter read them, and the epoch's seconds
-            # as a mean, so every worker prices the epoch alike.
-            # and whether any worker was asked to stop (Ctrl-C, SIGTERM).
-            flags = torch.tensor(
-                [
-                    0.0,
-                    0.0,
-                    joules or 0.0,
-                    float(joules is not None),
-                    (evaluated - began) / dist.get_world_size(),
-                    float(stop_requested()),
-                ],
-                dtype=torch.float64,
-                device=device,
-            )  # NCCL reduces device tensors only
-            if correct is not None:  # the output worker's
-                flags[0] = correct
-            if until is not None and cfg.lease and epoch + 1 < cfg.epochs:
-                with contextlib.suppress(ValueError):  # the scheduler replaces it atomically: keep the last read
-                    until = read_lease(cfg.lease)
-                flags[1] = float(lease_expires(until, time.perf_counter() - began, time.time()))
-            dist.all_reduce(flags, op=dist.ReduceOp.SUM)  # every worker learns the accuracy, lease and energy
-            accuracy, expired, epoch_j, meters_read, epoch_s, stop = flags.tolist()
-            epoch_energy = epoch_j if meters_read else None
-            if epoch_energy is not None:
-                energy_total = (energy_total or 0.0) + epoch_energy
-            if pipe.is_output:
-                assert losses is not None
-                samples = (epoch + 1) * len(data.train_x)
-                history.append(
-                    _Epoch(
-                        epoch + 1,
-                        evaluated - start,
-                        train_seconds,
-                        samples,
-                        samples / train_seconds,
-                        sum(losses) / len(losses),
-                        accuracy,
-                        traffic.total,
-                        epoch_energy,
-                        energy_total,
-                    )
-                )
-                with (folder / "metrics.jsonl").open("a") as f:
-                    f.write(json.dumps(asdict(history[-1])) + "\n")
-                bar.update(
-                    task,
-                    status=f"epoch {epoch + 1} loss {history[-1].loss:.3f} acc {accuracy:.3f} "
-                    f"{history[-1].samples_per_s:.0f} samples/s",
-                )
-            over = knobs.epoch_end(epoch_energy, epoch_s)
-            if cfg.target_accuracy is not None and accuracy >= cfg.target_accuracy:
-                break
-            if expired > 0 or over or stop > 0:
-                stopped_by_lease, stopped_by_cost, interrupted = expired > 0, over, stop > 0
-                break
-            if cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0 and epoch + 1 < cfg.epochs:
-                pipe.save(checkpoint)  # a run killed later loses at most the epochs since
+    knobs = EpochKnobs(cfg, device.index if device.type == "cuda" else None, equal_steps, updates)
+    loop = EpochLoop(
+        cfg=cfg,
+        trainer=pipe,
+        batches=batches,
+        test_x=data.test_x.to(device) if pipe.worker == 0 else None,
+        test_y=data.test_y.to(device) if pipe.is_output else None,
+        test_samples=len(data.test_x),
+        train_samples=len(data.train_x),
+        updates=updates,
+        first_epoch=done,
+        folder=folder,
+        checkpoint=checkpoint,
+        device=device,
+        meter=meter,
+        knobs=knobs,
+        cores=cores,
+    )
+    with meter, knobs:
+        outcome = loop.run()
     statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
     dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
     energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
     pipe.save(checkpoint)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {
-        "history": [asdict(h) for h in history],
+        "history": [asdict(h) for h in outcome.history],
         "peak_rss_bytes": peak,
         "layout": asdict(layout),
         "started_at": started_at,
-        "stopped_by_lease": stopped_by_lease,
+        "stopped_by_lease": outcome.stopped_by_lease,
         "epochs_before": done,
         "energy_meter": energy_meter,
         "energy_note": energy_note,
-        "stopped_by_cost": stopped_by_cost,
-        "interrupted": interrupted,
+        "stopped_by_cost": outcome.stopped_by_cost,
+        "interrupted": outcome.interrupted,
         **knobs.summary(),
     }
-
-
-def _test_accuracy(
-    pipe: Pipeline | FlexiblePipeline, x: torch.Tensor | None, y: torch.Tensor | None, samples: int, chunk: int
-) -> torch.Tensor | None:
-    """The test accuracy, a 0-d tensor on the output worker's device (``None`` on the others); the test set is
-    evaluated in chunks of ``chunk`` samples (a whole one could outgrow the device), every worker taking part in
-    each (worker 0 holds the inputs, the output worker the targets)."""
-    correct = None
-    for start in range(0, samples, chunk):
-        logits = pipe.evaluate(None if x is None else x[start : start + chunk])
-        if pipe.is_output:
-            assert y is not None
-            hits = (logits.argmax(-1) == y[start : start + chunk]).sum()
-            correct = hits if correct is None else correct + hits
-    return None if correct is None or y is None else correct.double() / y.numel()
 
 
 def _trainer(

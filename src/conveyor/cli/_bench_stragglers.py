@@ -1,0 +1,84 @@
+"""``conveyor bench stragglers``: FlexRR's modes under injected stragglers, its options and table."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from conveyor.cli._common import config, console, names, positive, write_json
+
+__all__ = ["add_stragglers", "run_stragglers"]
+
+
+def add_stragglers(which: Any) -> None:
+    """The ``stragglers`` benchmark's parser under ``conveyor bench``."""
+    stragglers = which.add_parser("stragglers", help="FlexRR's modes under injected stragglers, against the ideal")
+    stragglers.add_argument(
+        "--cases",
+        type=names,
+        default=("resnet:4", "vgg:2-1:64"),
+        help="model:replicas per stage[:batch size], e.g. resnet:4,vgg:2-1:64",
+    )
+    stragglers.add_argument("--cores", type=float, default=0.45, help="each worker's device, in CPU cores")
+    stragglers.add_argument("--network", default="2:1.25e9,2:1.25e8", help="the emulated topology")
+    stragglers.add_argument("--epochs", type=positive, default=20)
+    stragglers.add_argument("--batch-size", type=positive, default=256, help="where a case gives none")
+    stragglers.add_argument("--chunks", type=positive, default=2, help="chunks each replica owns per batch")
+    stragglers.add_argument("--slack", type=positive, default=2)
+    stragglers.add_argument("--period", type=float, default=1.0, help="seconds between the patterns' events")
+    stragglers.add_argument("--seed", type=int, default=0, help="the patterns', the weights' and the data's seed")
+    stragglers.add_argument("--patterns", type=names, default=None, help="e.g. slow-worker,none (default: all)")
+    stragglers.add_argument("--modes", type=names, default=None, help="e.g. off,flexrr (default: all)")
+    stragglers.add_argument("--keep", type=Path, default=None, help="keep every run's folder here")
+    stragglers.add_argument("--json", type=Path, default=None, help="write the report here")
+    stragglers.add_argument("--plot", type=Path, default=None, help="write the ratios to the ideal here (PNG)")
+
+
+def run_stragglers(args: argparse.Namespace) -> None:
+    """Every case, pattern and mode against the ideal; prints the table and the goals."""
+    from conveyor.bench.stragglers import PATTERNS, StragglersConfig, run
+    from conveyor.stragglers import MODES
+
+    given = {"patterns": args.patterns or tuple(PATTERNS), "modes": args.modes or MODES}
+    cfg = config(StragglersConfig, argparse.Namespace(**{**vars(args), **given}))
+    report = run(cfg, str(args.plot) if args.plot else None, str(args.keep) if args.keep else None)
+    table = Table(
+        "case",
+        "pattern",
+        "mode",
+        "seconds",
+        "ideal s",
+        "ratio",
+        "final acc",
+        "samples moved",
+        "wait s",
+        title=f"{cfg.epochs} epochs, each worker {cfg.cores:g} cores",
+    )
+    for r in report["results"]:
+        wait = "-" if r["wait_s"] is None else f"{r['wait_s']:.1f}"
+        table.add_row(
+            f"{r['model']}:{r['layout']}",
+            r["pattern"],
+            r["mode"],
+            f"{r['seconds']:.1f}",
+            f"{r['ideal_seconds']:.1f}",
+            f"{r['ratio_to_ideal']:.2f}",
+            f"{r['final_accuracy']:.3f}",
+            str(r["samples_moved"]),
+            wait,
+        )
+    console.print(table)
+    for f in report["failed"]:
+        console.print(f"[red]failed[/red] {f['model']}:{f['layout']} {f['pattern']} {f['mode']}: {f['error']}")
+    goals, targets = report["goals"], report["goals"]["targets"]
+    console.print(
+        f"flexrr within {targets['flexrr_ratio_to_ideal']}x of ideal on every case and pattern: {goals['flexrr_met']}; "
+        f"off at least {targets['off_ratio_to_ideal_at_least']}x: {goals['off_met']}"
+    )
+    if args.plot:
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, report)

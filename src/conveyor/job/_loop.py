@@ -1,0 +1,247 @@
+"""The training job's epoch loop, over any trainer that keeps the :class:`Trainer` protocol.
+
+Each epoch: train on the epoch's batches (the progress bar, the energy knobs and the CPU's thread count follow
+every update), evaluate on the test set, then agree with every other worker in one all-reduce on what the epoch
+was (its accuracy, energy and seconds) and whether to go on (the target reached, the lease out, the cost over
+its limit, a stop asked for). The output worker writes the epoch's line of ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from conveyor.emulate import ServerTraffic
+from conveyor.energy import Meter
+from conveyor.job._config import TrainConfig
+from conveyor.job._energy import EpochKnobs
+from conveyor.job._lease import lease_expires, read_lease
+from conveyor.job._loader import EpochBatches
+from conveyor.job._trace import torch_profiled
+from conveyor.runtime import CoreShare, stop_requested
+
+__all__ = ["EpochLoop", "EpochRecord", "LoopOutcome", "Trainer"]
+
+
+class Trainer(Protocol):
+    """What the epoch loop needs of a trainer: :class:`~conveyor.runtime.Pipeline` and
+    :class:`~conveyor.stragglers.FlexiblePipeline` keep it."""
+
+    worker: int  # this process's rank
+    steps: int  # batches trained on so far (a loaded checkpoint's included)
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this worker reads the batches' inputs."""
+        ...
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this worker reads the batches' targets."""
+        ...
+
+    @property
+    def is_output(self) -> bool:
+        """Whether this worker returns the losses and the evaluation's outputs."""
+        ...
+
+    def train(
+        self, batches: Iterable[tuple[Any, Any]] | None, on_step: Callable[[int], None] | None = None
+    ) -> list[float] | None:
+        """One epoch; each batch's loss on the output worker, ``None`` elsewhere."""
+        ...
+
+    def evaluate(self, inputs: Any = None) -> Any:
+        """The model's outputs for ``inputs`` (given on worker 0) on the output worker, ``None`` elsewhere."""
+        ...
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the whole model's checkpoint (every worker calls it)."""
+        ...
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Read a checkpoint written by any layout of the same model."""
+        ...
+
+
+@dataclass
+class EpochRecord:
+    """One line of ``metrics.jsonl``."""
+
+    epoch: int
+    seconds: float  # wall clock since training started, at the end of this epoch's evaluation
+    train_seconds: float  # of that, the time spent training
+    samples: int
+    samples_per_s: float  # training samples per second of training time
+    loss: float
+    accuracy: float
+    bytes_between_servers: int | None  # sent up out of the emulated servers while training (None off one)
+    energy_j: float | None = None  # this epoch's training and evaluation, all workers' meters (None: no meter)
+    energy_total_j: float | None = None  # since training started (None until an epoch is measured)
+
+
+@dataclass
+class LoopOutcome:
+    """How the epochs went: the output worker's records (empty elsewhere) and why they stopped early, if so."""
+
+    history: list[EpochRecord] = field(default_factory=list)
+    stopped_by_lease: bool = False
+    stopped_by_cost: bool = False
+    interrupted: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochLoop:
+    """Everything the epochs use; :meth:`run` trains them (every worker calls it)."""
+
+    cfg: TrainConfig
+    trainer: Trainer
+    batches: EpochBatches | None  # the first and last stages' batches, None between
+    test_x: torch.Tensor | None  # worker 0's
+    test_y: torch.Tensor | None  # the output worker's
+    test_samples: int  # on every worker, which takes part in each chunk's evaluation
+    train_samples: int
+    updates: int  # this worker's updates per epoch
+    first_epoch: int  # epochs a loaded checkpoint trained: the data order goes on from there
+    folder: Path
+    checkpoint: str
+    device: torch.device
+    meter: Meter
+    knobs: EpochKnobs
+    cores: CoreShare | None
+
+    def run(self) -> LoopOutcome:
+        """Train until the epochs, the target accuracy, the lease, the cost limit or a stop request end it."""
+        outcome, cfg = LoopOutcome(), self.cfg
+        until = read_lease(cfg.lease) if cfg.lease and dist.get_rank() == 0 else None  # worker 0 alone reads it
+        traffic, energy_total = ServerTraffic(self.trainer.is_output), None
+        start, train_seconds = time.perf_counter(), 0.0
+        with self._progress() as bar:
+            task = bar.add_task("training", total=cfg.epochs * self.updates, status="")
+
+            def updated(_: int) -> None:  # after each update: the bar, the power limit's profiling windows, threads
+                bar.advance(task)
+                self.knobs.step()
+                if self.cores is not None:
+                    self.cores.update()
+
+            for epoch in range(cfg.epochs):
+                self.meter.begin()
+                began = time.perf_counter()
+                traffic.start()
+                losses = self._train_epoch(epoch, updated)
+                train_seconds += time.perf_counter() - began
+                traffic.stop()
+                self._write_straggler_records(epoch)
+                correct = self._test_accuracy()
+                joules, evaluated = self.meter.end(), time.perf_counter()
+                until, lease_out = self._lease(until, epoch, began)
+                agreed = _agree(correct, lease_out, joules, (evaluated - began), self.device)
+                accuracy, expired, epoch_energy, epoch_s, stop = agreed
+                if epoch_energy is not None:
+                    energy_total = (energy_total or 0.0) + epoch_energy
+                if self.trainer.is_output:
+                    assert losses is not None
+                    samples = (epoch + 1) * self.train_samples
+                    record = EpochRecord(
+                        epoch=epoch + 1,
+                        seconds=evaluated - start,
+                        train_seconds=train_seconds,
+                        samples=samples,
+                        samples_per_s=samples / train_seconds,
+                        loss=sum(losses) / len(losses),
+                        accuracy=accuracy,
+                        bytes_between_servers=traffic.total,
+                        energy_j=epoch_energy,
+                        energy_total_j=energy_total,
+                    )
+                    outcome.history.append(record)
+                    with (self.folder / "metrics.jsonl").open("a") as f:
+                        f.write(json.dumps(asdict(record)) + "\n")
+                    status = f"epoch {epoch + 1} loss {record.loss:.3f} acc {accuracy:.3f} "
+                    bar.update(task, status=status + f"{record.samples_per_s:.0f} samples/s")
+                over = self.knobs.epoch_end(epoch_energy, epoch_s)
+                if cfg.target_accuracy is not None and accuracy >= cfg.target_accuracy:
+                    break
+                if expired or over or stop:
+                    outcome.stopped_by_lease, outcome.stopped_by_cost, outcome.interrupted = expired, over, stop
+                    break
+                if cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0 and epoch + 1 < cfg.epochs:
+                    self.trainer.save(self.checkpoint)  # a run killed later loses at most the epochs since
+        return outcome
+
+    def _progress(self) -> Progress:
+        return Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            disable=not self.trainer.is_output,
+        )
+
+    def _train_epoch(self, epoch: int, updated: Callable[[int], None]) -> list[float] | None:
+        if self.batches is not None:
+            self.batches.order.epoch = self.first_epoch + epoch
+        profiled = self.cfg.torch_profile if epoch == min(1, self.cfg.epochs - 1) else None  # the 2nd: warmed up
+        with torch_profiled(profiled, f"worker{dist.get_rank()}", self.device):
+            losses = self.trainer.train(self.batches, updated)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the epoch's time is the GPU's too
+        return losses
+
+    def _write_straggler_records(self, epoch: int) -> None:
+        gather = getattr(self.trainer, "gather_records", None)  # a flexible pipeline's steps, for stragglers.jsonl
+        if gather is not None and (records := gather()) is not None:
+            with (self.folder / "stragglers.jsonl").open("a") as f:
+                f.writelines(json.dumps({"epoch": epoch + 1, **r}) + "\n" for r in records)
+
+    def _lease(self, until: float | None, epoch: int, began: float) -> tuple[float | None, bool]:
+        """Worker 0's lease, read again, and whether another epoch as long as this one would end past it."""
+        if until is None or not self.cfg.lease or epoch + 1 >= self.cfg.epochs:
+            return until, False
+        with contextlib.suppress(ValueError):  # the scheduler replaces it atomically: keep the last read
+            until = read_lease(self.cfg.lease)
+        return until, lease_expires(until, time.perf_counter() - began, time.time())
+
+    def _test_accuracy(self) -> torch.Tensor | None:
+        """The test accuracy, a 0-d tensor on the output worker's device (``None`` on the others); the test set is
+        evaluated in chunks of a batch (a whole one could outgrow the device), every worker taking part in each
+        (worker 0 holds the inputs, the output worker the targets)."""
+        x, y, chunk, correct = self.test_x, self.test_y, self.cfg.batch_size, None
+        for start in range(0, self.test_samples, chunk):
+            logits = self.trainer.evaluate(None if x is None else x[start : start + chunk])
+            if self.trainer.is_output:
+                assert y is not None
+                hits = (logits.argmax(-1) == y[start : start + chunk]).sum()
+                correct = hits if correct is None else correct + hits
+        return None if correct is None or y is None else correct.double() / y.numel()
+
+
+def _agree(
+    correct: torch.Tensor | None, lease_out: bool, joules: float | None, seconds: float, device: torch.device
+) -> tuple[float, bool, float | None, float, bool]:
+    """Summed over workers in one all-reduce: the output worker's test accuracy, worker 0's lease running out (each
+    alone sets its own), every worker's joules and whether its meter read them, the epoch's seconds as a mean (so
+    every worker prices the epoch alike), and whether any worker was asked to stop (Ctrl-C, SIGTERM). Returns the
+    accuracy, the lease's end, the epoch's joules (``None`` where no meter read), its seconds and the stop."""
+    flags = torch.tensor(
+        [0.0, float(lease_out), joules or 0.0, float(joules is not None), seconds / dist.get_world_size(), 0.0],
+        dtype=torch.float64,
+        device=device,  # NCCL reduces device tensors only
+    )
+    flags[5] = float(stop_requested())
+    if correct is not None:  # the output worker's
+        flags[0] = correct
+    dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+    accuracy, expired, epoch_j, meters_read, epoch_s, stop = flags.tolist()
+    return accuracy, expired > 0, epoch_j if meters_read else None, epoch_s, stop > 0
