@@ -213,7 +213,7 @@ def report(
 
 
 def _jct(rows: list[dict[str, Any]], policy: str, rate: float) -> float:
-    return next(r["average_jct_s"] for r in rows if r["policy"] == policy and r["jobs_per_hour"] == rate)
+    return float(next(r["average_jct_s"] for r in rows if r["policy"] == policy and r["jobs_per_hour"] == rate))
 
 
 def fidelity_jobs() -> list[TraceJob]:
@@ -268,4 +268,5 @@ def fidelity(cfg: ClusterBenchConfig, folder: Path) -> dict[str, Any]:
 
 
 def load_report(path: Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
+    report: dict[str, Any] = json.loads(Path(path).read_text())
+    return report

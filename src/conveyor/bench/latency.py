@@ -43,7 +43,8 @@ class FixedLatencyStage(nn.Module):
         self.forward_s, self.backward_s = forward_s, backward_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _FixedLatency.apply(x, self.weight, self.forward_s, self.backward_s)
+        out: torch.Tensor = _FixedLatency.apply(x, self.weight, self.forward_s, self.backward_s)  # type: ignore[no-untyped-call]
+        return out
 
 
 def set_timer_slack_1us() -> None:

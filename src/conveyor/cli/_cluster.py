@@ -184,7 +184,7 @@ def _run(args: argparse.Namespace) -> None:
     if args.trace is None:
         raise InputError(
             "conveyor cluster run needs --trace FILE: jobs whose command is a conveyor train line and "
-            "whose steps are epochs (see README, Cluster scheduling)"
+            "whose steps are epochs (see docs/guides/cluster-scheduling.md)"
         )
     jobs = read_trace(args.trace)
     device_types = parse_device_types(args.devices)

@@ -98,4 +98,8 @@ def add_emulation(parser: argparse.ArgumentParser, faults: bool = True) -> None:
     group.add_argument("--network", default=None, help="a topology to emulate, e.g. 2:1.25e9,2:1.25e7 (2 servers of 2)")
     group.add_argument("--devices", default=None, help="CPU cores per worker: 1,1,0.5,0.5 or fast=1.0:2,slow=0.25:2")
     if faults:
-        group.add_argument("--faults", default=None, help="a JSON file, events or patterns, ';'-separated (README)")
+        group.add_argument(
+            "--faults",
+            default=None,
+            help="a JSON file, events or patterns, ';'-separated (docs/guides/emulated-cluster.md)",
+        )

@@ -33,7 +33,8 @@ def _floor_block(layout: Layout, floors: np.ndarray) -> list[Block]:
 def _normalised(problem: Problem) -> np.ndarray:
     """``T_mk / T_m^max``: each job's throughput relative to its best type (0 for a job that runs nowhere)."""
     best = problem.throughputs.max(axis=1, keepdims=True) if problem.throughputs.size else np.zeros((0, 1))
-    return problem.throughputs / np.where(best > 0, best, 1.0)
+    relative: np.ndarray = problem.throughputs / np.where(best > 0, best, 1.0)
+    return relative
 
 
 def _phase_one(
@@ -201,6 +202,7 @@ def min_cost(problem: Problem) -> Allocation:
             duration = np.where(floors > 0, rem / floors, 0.0)
         cost = duration[:, None] * dollars
         top = cost.max() if cost.size else 0.0
-        return (cost / top if top > 0 else cost).ravel()
+        scaled: np.ndarray = (cost / top if top > 0 else cost).ravel()
+        return scaled
 
     return _with_slos(problem, "min_cost", fallback, objective)

@@ -179,7 +179,8 @@ def isolated_throughputs(throughputs: np.ndarray, scale_factors: np.ndarray, cap
         >>> isolated_throughputs(np.array([[4.0, 1.0], [2.0, 1.0]]), np.array([1, 2]), np.array([1.0, 1.0]))
         array([2.5 , 0.75])
     """
-    return (throughputs * isolated_shares(throughputs, scale_factors, capacity)).sum(axis=1)
+    rates: np.ndarray = (throughputs * isolated_shares(throughputs, scale_factors, capacity)).sum(axis=1)
+    return rates
 
 
 @dataclass(frozen=True)

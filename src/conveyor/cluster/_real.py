@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class Launch:
     ended_at: float | None = None
     exit_code: int | None = None
 
-    def epochs(self) -> list[dict]:
+    def epochs(self) -> list[dict[str, Any]]:
         """The epochs this launch finished (its metrics.jsonl)."""
         path = self.folder / "metrics.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -162,7 +163,7 @@ def run_real(
         write_lease(folder / f"job{job}" / "lease.json", start_unix + until)
 
     def epochs_done(job: int) -> float:
-        return done[job] + (len(running[job].epochs()) if job in running else 0)
+        return float(done[job] + (len(running[job].epochs()) if job in running else 0))
 
     def reap(until: float, jobs_gone: set[int] | None = None) -> None:
         """Collect exits until ``until`` (devices a job freed early idle to then, as in the simulator), or until

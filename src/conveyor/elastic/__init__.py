@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conveyor.elastic._bidbrain import POLICIES, Outcome, simulate
+    from conveyor.elastic._job import ElasticJob, ElasticOptions
     from conveyor.elastic._launch import launch_elastic, store_address
     from conveyor.elastic._market import BILLINGS, PRICES, Billing, Market, MarketPrice, read_markets
     from conveyor.elastic._membership import Coordinator, Generation, JobFailed, MembershipChanged, connect
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from conveyor.elastic._pipeline import StageLayout, agreed_layouts, planned_layouts
     from conveyor.elastic._throughput import Costs, Throughput, throughput_from_plan
     from conveyor.elastic._tiers import Roles, agile_stage, roles, shard_bounds
-    from conveyor.elastic._trainer import ElasticJob, ElasticOptions, ElasticTrainer
+    from conveyor.elastic._trainer import ElasticTrainer
 
 # Imported on first use: the market simulator and the CLI need none of torch.
 _HOME = {
@@ -38,7 +39,8 @@ _HOME = {
     "_market": ("BILLINGS", "PRICES", "Billing", "Market", "MarketPrice", "read_markets"),
     "_membership": ("Coordinator", "Generation", "JobFailed", "MembershipChanged", "connect"),
     "_tiers": ("Roles", "agile_stage", "roles", "shard_bounds"),
-    "_trainer": ("ElasticJob", "ElasticOptions", "ElasticTrainer"),
+    "_job": ("ElasticJob", "ElasticOptions"),
+    "_trainer": ("ElasticTrainer",),
 }
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [

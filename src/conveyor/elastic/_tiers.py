@@ -35,8 +35,8 @@ from conveyor.errors import InputError
 __all__ = ["BACKUP_ONLY_MIN", "SYNC_MAX", "Roles", "agile_stage", "roles", "shard_bounds"]
 
 # Ratios (transient / reliable) at which the stage changes, from `conveyor bench elastic --epochs 0
-# --stage-workers 2,3,4,6` (README, "Elastic training"): stage 1 within 1% of stage 2's samples/s up to 2, stage 3
-# the fastest from 3.
+# --stage-workers 2,3,4,6` (docs/benchmarks/elastic.md, "AgileML's stages"): stage 1 within 1% of stage 2's
+# samples/s up to 2, stage 3 the fastest from 3.
 SYNC_MAX = 2.0
 BACKUP_ONLY_MIN = 3.0
 

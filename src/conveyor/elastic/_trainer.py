@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,8 @@ import torch.distributed as dist
 from torch import nn
 
 from conveyor.elastic._comm import Waiting, Watch
-from conveyor.elastic._handover import Handover, Left
+from conveyor.elastic._handover import Left
+from conveyor.elastic._job import ElasticJob, ElasticOptions
 from conveyor.elastic._membership import (
     NOTICE,
     Generation,
@@ -50,42 +50,14 @@ from conveyor.elastic._membership import (
 )
 from conveyor.elastic._pipeline import Shard, StagedStep, StageLayout
 from conveyor.elastic._state import FlatModel, ShardOptimizer, full_message_numel, state_layout
-from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, shard_bounds
+from conveyor.elastic._steps import LossFn, Steps
+from conveyor.elastic._tiers import shard_bounds
 from conveyor.runtime import save_checkpoint
 
 __all__ = ["ElasticJob", "ElasticOptions", "ElasticTrainer"]
 
-LossFn = Callable[[Any, Any], torch.Tensor]
 
-
-@dataclass(frozen=True)
-class ElasticOptions:
-    """How an elastic job tolerates revocations; each is a ``conveyor train`` option of the same name."""
-
-    reliable: int = 1  # the first K workers are reliable; worker 0 hosts the store and coordinates
-    lost_s: float = 2.0  # a worker whose heartbeat is still this long is lost
-    beat_s: float = 0.2  # heartbeat period
-    backup_every: int = 4  # steps between an owner's backups to the reliable tier (stages 2 and 3)
-    sync_max: float = SYNC_MAX  # transient:reliable ratio up to which the reliable tier owns the state
-    backup_only_min: float = BACKUP_ONLY_MIN  # ratio from which the reliable tier only keeps backups
-    timeout_s: float = 120.0  # a collective's own limit (a lost peer is noticed through heartbeats sooner)
-
-
-@dataclass(frozen=True)
-class ElasticJob:
-    """The data and the schedule of an elastic run."""
-
-    train_x: torch.Tensor
-    train_y: torch.Tensor
-    test_x: torch.Tensor | None = None
-    test_y: torch.Tensor | None = None
-    batch_size: int = 64
-    epochs: int = 1
-    seed: int = 0
-    target_accuracy: float | None = None
-
-
-class ElasticTrainer(Handover):
+class ElasticTrainer(Steps):
     """One worker of an elastic job (see the module docstring).
 
     Args:
@@ -335,107 +307,6 @@ class ElasticTrainer(Handover):
         if i == self.steps_per_epoch - 1:
             self._end_epoch(epoch, t)
         self._backups(t)
-
-    def _data_parallel_step(self, t: int, batch: torch.Tensor) -> float:
-        gen = self.watch.gen
-        assert gen is not None
-        compute, owners = gen.roles.compute, gen.roles.owners
-        a, b = shard_bounds(len(batch), len(compute))[compute.index(self.worker)]
-        mine = batch[a:b]
-        self.model.train()
-        for p in self.flat.params:
-            p.grad = None
-        loss_sum = torch.zeros(())
-        if len(mine):
-            index = mine.to(self.job.train_x.device)
-            loss_sum = self.loss_fn(self.model(self.job.train_x[index]), self.job.train_y[index]) * len(mine)
-            loss_sum.backward()
-        extra = torch.tensor([float(loss_sum.detach()), float(len(mine))], dtype=self.flat.dtype)
-        packed = torch.cat([self.flat.grads(), self.flat.buffer_vector() * len(mine), extra]).to(self.flat.dtype)
-        self.watch.wait(self.train_group.allreduce([packed]), stepping=True)
-        samples = float(packed[-1])
-        P, nb = self.flat.numel, self.flat.buffer_numel
-        self._set_step_buffers(t, packed[P : P + nb] / samples)
-        weights = self.flat.weights()
-        bounds = shard_bounds(P, len(owners))
-        if self.shard is not None:
-            weights[slice(*self.shard.bounds)] = self._update_shard(t, packed[slice(*self.shard.bounds)] / samples)
-        parts = [weights[lo:hi].contiguous() for lo, hi in bounds]
-        works = [self.train_group.broadcast(part, compute.index(o)) for part, o in zip(parts, owners, strict=True)]
-        for work in works:
-            self.watch.wait(work, stepping=True)
-        self.flat.set_weights(torch.cat(parts))
-        return float(packed[-2]) / samples
-
-    def _staged_step(self, t: int, batch: torch.Tensor) -> float:
-        """One GPipe step of this worker's stage; its replicas all-reduce and update it (the pipeline module's
-        equation). Every computing worker sums the loss before anyone updates: a stage's step needs only some
-        peers, but this one needs all, so no worker's state runs two steps ahead of another's (a recovery then
-        finds every stage at ``c`` or ``c + 1``, and each holder keeps step ``c``)."""
-        gen = self.watch.gen
-        assert gen is not None and self.staged is not None and self.layout is not None and self.shard is not None
-        compute = gen.roles.compute
-        self.model.train()
-        for p in self.flat.params:
-            p.grad = None
-        index = batch.to(self.job.train_x.device)
-        x, y = self.job.train_x[index], self.job.train_y[index]
-        loss_sum, samples = self.staged.run(
-            self.watch,
-            self.train_group,
-            layout=self.layout(len(compute)),
-            compute=compute,
-            worker=self.worker,
-            inputs=x,
-            targets=y,
-            loss_fn=self.loss_fn,
-        )
-        (a, b), (ba, bb) = self.shard.bounds, self.buffer_bounds
-        grad = self.flat.grads()
-        buffers = self.flat.buffer_vector()
-        count = torch.tensor([float(samples)], dtype=self.flat.dtype)
-        packed = torch.cat([grad[a:b], buffers[ba:bb] * samples, count]).to(self.flat.dtype)
-        if self.stage_group is not None:
-            self.watch.wait(self.stage_group.allreduce([packed]), stepping=True)
-        loss = torch.tensor([loss_sum], dtype=torch.float64)
-        self.watch.wait(self.train_group.allreduce([loss]), stepping=True)
-        buffers[ba:bb] = packed[b - a : -1] / packed[-1]
-        self._set_step_buffers(t, buffers)
-        weights = self.flat.weights()
-        weights[a:b] = self._update_shard(t, packed[: b - a] / len(batch))
-        self.flat.set_weights(weights)
-        return float(loss) / len(batch)
-
-    def _set_step_buffers(self, t: int, buffers: torch.Tensor) -> None:
-        """Step ``t``'s averaged buffers (BatchNorm statistics) into the model, kept with the step before's."""
-        self.flat.set_buffers(buffers)
-        self.step_buffers = {k: v for k, v in self.step_buffers.items() if k == t - 1}
-        self.step_buffers[t] = buffers
-
-    def _update_shard(self, t: int, grad: torch.Tensor) -> torch.Tensor:
-        """Apply step ``t``'s mean gradient to this owner's shard, keeping the shard of the step before (the
-        step may not complete everywhere: :meth:`_shard_at` hands over either); return the new weights."""
-        assert self.shard is not None
-        self.prev = (t - 1, self._shard_at(t - 1).clone())
-        new = self.shard.step(grad)
-        self.shard_step = t  # ahead of done until the step completes
-        return new
-
-    def _gather_stages(self) -> None:
-        """Every computing worker gets every stage's weights and buffers from its first replica, before each
-        evaluation: the evaluating worker, the checkpoint and the returned weights have the whole model (a run
-        ends at an epoch's end; a recovery hands everybody the whole state)."""
-        gen = self.watch.gen
-        assert gen is not None
-        weights, buffers = self.flat.weights(), self.flat.buffer_vector()
-        works = []
-        for holders, (a, b), (ba, bb) in self.shards(gen):
-            root = gen.roles.compute.index(holders[0])  # each broadcast lands in its range of the vectors
-            works += [self.train_group.broadcast(weights[a:b], root), self.train_group.broadcast(buffers[ba:bb], root)]
-        for work in works:
-            self.watch.wait(work, stepping=True)
-        self.flat.set_weights(weights)
-        self.flat.set_buffers(buffers)
 
     def _end_epoch(self, epoch: int, t: int) -> None:
         gen = self.watch.gen

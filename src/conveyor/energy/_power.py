@@ -250,7 +250,7 @@ class PowerLimits:
     @property
     def original_w(self) -> float:
         """This GPU's power limit (W) before this object changed it: what ``close()`` restores."""
-        return self._original_mw[self.gpu_index] / 1000
+        return float(self._original_mw[self.gpu_index]) / 1000
 
     def close(self) -> None:
         """Put back the recorded limits (and persistence mode); stop changing them. Safe to call again."""

@@ -89,7 +89,7 @@ def _gpus_max_power(count: int) -> float:
     from zeus.device import get_gpus
 
     gpus = get_gpus()
-    return sum(gpus.get_power_management_limit_constraints(i)[1] / 1000 for i in range(min(count, len(gpus))))
+    return float(sum(gpus.get_power_management_limit_constraints(i)[1] / 1000 for i in range(min(count, len(gpus)))))
 
 
 def max_power_w(cfg: TrainConfig, workers: int) -> float:

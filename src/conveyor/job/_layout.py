@@ -129,7 +129,7 @@ def choose_layout(
         best: tuple[Plan, dict[str, Any]] | None = None
 
         def time_to_accuracy(file: dict[str, Any]) -> float:  # in units of data parallelism's epochs
-            return file["predicted"]["simulated_seconds"] * file["predicted"]["epochs_factor"]
+            return float(file["predicted"]["simulated_seconds"]) * float(file["predicted"]["epochs_factor"])
 
         for name in candidates:
             plan = optimize(prof, topology, schedule=name, microbatches=microbatches_of(cfg, costs.workers))

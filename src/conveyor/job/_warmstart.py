@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["apply_plan", "prepare_warm_start", "register_model"]
 
 
-def prepare_warm_start(cfg: TrainConfig, run_dir: Path, build: Callable[[], nn.Module]) -> tuple[TrainConfig, dict]:
+def prepare_warm_start(
+    cfg: TrainConfig, run_dir: Path, build: Callable[[], nn.Module]
+) -> tuple[TrainConfig, dict[str, Any]]:
     """Choose the parent once (before the workers start), write the plan to ``run_dir/warm_start.json`` and
     return the config whose workers apply it, with what the summary gets."""
     if not cfg.warm_start:

@@ -141,7 +141,8 @@ class Embedding(nn.Module):
         self.positions = nn.Parameter(torch.zeros(context, width))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.tokens(ids) + self.positions[: ids.shape[1]]
+        embedded: torch.Tensor = self.tokens(ids) + self.positions[: ids.shape[1]]
+        return embedded
 
 
 class TransformerBlock(nn.Module):
@@ -160,7 +161,8 @@ class TransformerBlock(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
         x = x + self.dropout(self.proj(y))
-        return x + self.dropout(self.mlp(self.ln2(x)))
+        out: torch.Tensor = x + self.dropout(self.mlp(self.ln2(x)))
+        return out
 
 
 def gpt(
@@ -247,6 +249,7 @@ def load_factory(spec: str) -> Callable[[int], Any]:
     """Import ``package.module:factory``."""
     module_name, _, attr = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        factory: Callable[[int], Any] = getattr(importlib.import_module(module_name), attr)
+        return factory
     except (ImportError, AttributeError) as exc:
         raise InputError(f"cannot load the model factory {spec!r}: {exc}") from exc

@@ -63,7 +63,8 @@ class Cuts:
         member = self._membership()
         size = member.sum(axis=1)
         shared = member @ member.T  # [a, b]: layers in both
-        return (shared == size[:, None]) & (size[:, None] < size[None, :])
+        cuts: np.ndarray = (shared == size[:, None]) & (size[:, None] < size[None, :])
+        return cuts
 
     def crossing(self, profile: Profile) -> np.ndarray:
         """``[T + 1]``: bytes of the outputs of each boundary's layers that a layer outside consumes."""

@@ -37,7 +37,9 @@ class PlanFileError(InputError):
     """A plan file that cannot be read or does not describe a runnable plan."""
 
 
-def layout_file(schedule: str, microbatches: int, balance: list[int], replicas: list[int], names: list[str]) -> dict:
+def layout_file(
+    schedule: str, microbatches: int, balance: list[int], replicas: list[int], names: list[str]
+) -> dict[str, Any]:
     """A plan file for a layout without predictions: each stage's layers (by position and name), replicas and
     ranks (handed out stage by stage, so a stage's replicas sit on neighbouring workers)."""
     stages, first = [], 0

@@ -139,7 +139,8 @@ def _best_split(
     def span(values: list[float] | list[int]) -> np.ndarray:
         """``[i, j]``: the total of ``values`` over layers ``[i, j)``."""
         prefix = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
-        return prefix[None, :] - prefix[:, None]
+        spans: np.ndarray = prefix[None, :] - prefix[:, None]
+        return spans
 
     fwd = span([lay.forward_s for lay in p.layers])
     params = span([lay.param_bytes for lay in p.layers])

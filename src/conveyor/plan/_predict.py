@@ -9,11 +9,11 @@ the workers that want a core at the same moment share them (the simulator's proc
 workers computing at once on two cores take twice as long, while one computing as the others wait on
 the network does not.
 
-What the prediction leaves out (each small where it was measured, see the README): every microbatch is
-charged the profiled microbatch's time, also a short or empty one at the end of an epoch; the whole-model
-norm that synchronous schedules clip to is one more all-reduce per step; stashing schedules copy a
-stage's weights at each step and run forwards through ``functional_call``, which the per-action cost,
-measured on a flush schedule, does not see.
+What the prediction leaves out (each small where it was measured: docs/benchmarks/predictions.md,
+plan-vs-run.md): every microbatch is charged the profiled microbatch's time, also a short or empty one at the
+end of an epoch; the whole-model norm that synchronous schedules clip to is one more all-reduce per step;
+stashing schedules copy a stage's weights at each step and run forwards through ``functional_call``, which the
+per-action cost, measured on a flush schedule, does not see.
 
 Example (two layers without weights: data parallelism on both workers, 6 s per minibatch each):
     >>> from conveyor.plan._optimizer import optimize

@@ -288,7 +288,8 @@ def _read_report(tmp: Path, rank: int) -> WorkerReport:
         # Died without a Python error (killed, out of memory): the likely root cause of what others saw.
         return WorkerReport(ok=False, error_type="WorkerDied", message="exited without a report", time=-float("inf"))
     with open(path, "rb") as fh:
-        return pickle.load(fh)
+        report: WorkerReport = pickle.load(fh)
+        return report
 
 
 def _first_error(procs: list[Any], tmp: Path) -> WorkerError:
