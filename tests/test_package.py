@@ -63,3 +63,64 @@ def test_the_readme_quotes_the_test_command() -> None:
     assert command.startswith("pip install torch==2.13.0 && ") and "pytest" in command
     assert f"```bash\n{command}\n```" in (root / "README.md").read_text()
     assert "scripts/test.sh" in (root / ".ci" / "run").read_text()
+
+
+def _imports(path: Path) -> set[str]:
+    """The ``conveyor.*`` modules a source file imports, wherever in the file (function-local ones too)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("conveyor."):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("conveyor.")}
+    return found
+
+
+SRC = Path(conveyor.__file__).parent
+
+
+def test_no_private_module_is_imported_from_another_package() -> None:
+    """What a sibling needs from a package is exported by the package's ``__init__``."""
+    crossings = []
+    for path in SRC.rglob("*.py"):
+        home = path.relative_to(SRC).parts[0]
+        for module in _imports(path):
+            parts = module.split(".")
+            if any(p.startswith("_") for p in parts[1:]) and parts[1] != home:
+                crossings.append(f"{path.relative_to(SRC)} imports {module}")
+    assert not crossings
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A path that comes back to where it started, if the graph has one (depth first)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for dep in sorted(graph.get(module, ())):
+            if state.get(dep) == 1:
+                return [*path, dep]
+            if dep not in state and (found := visit(dep, [*path, dep])) is not None:
+                return found
+        state[module] = 2
+        return None
+
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m, [m])) is not None), None)
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycle({"_a": {"_b"}, "_b": {"_c"}, "_c": {"_a"}}) == ["_a", "_b", "_c", "_a"]
+    assert _cycle({"_a": {"_b", "_c"}, "_b": {"_c"}, "_c": set()}) is None
+
+
+def test_no_package_has_an_import_cycle_among_its_modules() -> None:
+    """Type-only and function-local imports count: a cycle broken by them is still one."""
+    for package in [p for p in SRC.iterdir() if (p / "__init__.py").exists()]:
+        prefix = f"conveyor.{package.name}."
+        graph = {
+            f.stem: {m.removeprefix(prefix) for m in _imports(f) if m.startswith(prefix)} for f in package.glob("_*.py")
+        }
+        graph.pop("__init__", None)
+        assert _cycle(graph) is None, f"{package.name}: {' -> '.join(_cycle(graph) or [])}"

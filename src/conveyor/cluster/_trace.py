@@ -8,14 +8,11 @@ import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from conveyor.errors import InputError
 
-if TYPE_CHECKING:
-    from conveyor.cluster._throughputs import ThroughputTable
-
-__all__ = ["FIELDS", "TraceJob", "format_line", "parse_line", "read_trace", "write_trace"]
+__all__ = ["FIELDS", "KnownJobs", "TraceJob", "format_line", "parse_line", "read_trace", "write_trace"]
 
 # Gavel's order (utils.parse_trace); the first nine are what job.Job.__str__ writes, the last is the arrival time.
 FIELDS = (
@@ -175,8 +172,30 @@ def parse_line(line: str, where: str = "trace line") -> TraceJob:
         raise InputError(f"{where}: {exc}") from None
 
 
+class KnownJobs(Protocol):
+    """What a trace is checked against: a throughput table (:class:`~conveyor.cluster.ThroughputTable` keeps it)."""
+
+    @property
+    def source(self) -> str:
+        """Where the table came from, for messages."""
+        ...
+
+    @property
+    def job_types(self) -> tuple[str, ...]:
+        """The job types it knows."""
+        ...
+
+    def has(self, job_type: str, scale_factor: int) -> bool:
+        """Whether it has a throughput for the job type on ``scale_factor`` devices."""
+        ...
+
+    def scale_factors(self, job_type: str) -> tuple[int, ...]:
+        """The scale factors it has for ``job_type``."""
+        ...
+
+
 def read_trace(
-    path: str | os.PathLike[str], known_types: Collection[str] | None = None, *, table: ThroughputTable | None = None
+    path: str | os.PathLike[str], known_types: Collection[str] | None = None, *, table: KnownJobs | None = None
 ) -> list[TraceJob]:
     """The jobs of a trace file (Gavel's format), in file order; blank lines are skipped.
 

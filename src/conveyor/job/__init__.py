@@ -5,9 +5,10 @@ from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease, write_lease
 from conveyor.job._loader import EpochBatches
+from conveyor.job._model import model_and_data
 from conveyor.job._report import closing_notes, plot_accuracy, read_jsonl
 from conveyor.job._trace import torch_profiled
-from conveyor.job._train import model_and_data, train
+from conveyor.job._train import train
 from conveyor.job._zoo import gpt, mlp, resnet, resolve, vgg, vgg16
 
 __all__ = [

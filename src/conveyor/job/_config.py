@@ -14,9 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from conveyor.energy import check_meter_spec
+from conveyor.energy import check_meter_spec, check_power_limit_spec
 from conveyor.errors import InputError
-from conveyor.job._energy import check_energy_options
 from conveyor.plan import read_plan_file
 from conveyor.runtime import (
     BACKENDS,
@@ -213,3 +212,23 @@ def check_against_data(cfg: TrainConfig, model: Blocks, samples: int) -> None:
         )
     if cfg.resume:
         check_checkpoint(load_checkpoint(cfg.resume)["model"], block_shapes(as_blocks(model)), cfg.resume)
+
+
+def check_energy_options(cfg: TrainConfig) -> None:
+    """One-line errors for energy options that do not go together (no GPU is touched)."""
+    if not 0.0 <= cfg.eta <= 1.0:
+        raise InputError(f"--eta weighs energy against time and must be in [0, 1], got {cfg.eta}")
+    if cfg.beta <= 1.0 or (cfg.max_power is not None and cfg.max_power <= 0):
+        raise InputError("--beta must be greater than 1 and --max-power above 0")
+    if cfg.power_limit is not None:
+        check_power_limit_spec(cfg.power_limit)
+    if cfg.tune_batch_size and (cfg.job is None or cfg.target_accuracy is None):
+        raise InputError(
+            "--batch-size auto learns across recurrences of a job to a target: give --job NAME and --target-accuracy"
+        )
+    if cfg.job is not None and not cfg.tune_batch_size:
+        raise InputError("--job names a recurring job whose batch size is tuned: add --batch-size auto")
+    if (cfg.tune_batch_size or cfg.power_limit) and (cfg.reliable is not None or cfg.join):
+        raise InputError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
+    if cfg.tune_batch_size and (cfg.lease or cfg.resume):
+        raise InputError("a recurrence of --batch-size auto runs whole, from scratch: drop --lease and --resume")

@@ -39,8 +39,8 @@ from conveyor.emulate import Emulation
 from conveyor.errors import InputError
 from conveyor.job._config import TrainConfig, loss_and_optimizer
 from conveyor.job._layout import PIPELINE_MICROBATCHES
+from conveyor.job._model import model_and_data
 from conveyor.job._report import plot_accuracy, read_jsonl
-from conveyor.job._train import model_and_data
 from conveyor.plan import Profile
 from conveyor.runtime import profile, resolve_device
 

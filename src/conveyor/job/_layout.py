@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conveyor.errors import InputError
+from conveyor.job._config import TrainConfig
 from conveyor.job._costs import Costs
 from conveyor.plan import (
     EpochFactors,
@@ -38,7 +39,7 @@ _PREFERENCE = ("flush", "2bw", "pipedream", "gpipe")
 PIPELINE_MICROBATCHES = 4  # a pipeline's microbatches per batch where --microbatches is not given
 
 
-def microbatches_of(cfg: Any, workers: int) -> int:
+def microbatches_of(cfg: TrainConfig, workers: int) -> int:
     """Microbatches per batch: ``--microbatches``, else 1 for a job of one worker (no pipeline to fill: a batch is
     one forward and one backward, as in a plain loop) and :data:`PIPELINE_MICROBATCHES` otherwise."""
     if cfg.microbatches is not None:
@@ -74,7 +75,7 @@ class Layout:
         )
 
 
-def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
+def fixed_layout(cfg: TrainConfig, blocks: int, workers: int) -> Layout | None:
     """The layout a :class:`~conveyor.job.TrainConfig` fixes (a plan file, or stages and replicas), checked
     against the model's ``blocks`` and the job's ``workers``; ``None`` when the planner decides. One worker with
     the schedule left to Conveyor is one stage with the flush schedule: a plain training loop.
@@ -94,7 +95,7 @@ def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
         schedule = spec.schedule if cfg.schedule == "auto" else cfg.schedule
         return Layout(schedule, spec.balance, spec.replicas, spec.microbatches, spec.recompute, f"plan {cfg.plan}")
     if cfg.stages or cfg.replicas:
-        replicas = parse_replicas(cfg.replicas, cfg.stages) if cfg.replicas else [1] * cfg.stages
+        replicas = parse_replicas(cfg.replicas, cfg.stages) if cfg.replicas else [1] * (cfg.stages or 1)
         schedule = "flush" if cfg.schedule == "auto" else cfg.schedule
         microbatches = microbatches_of(cfg, sum(replicas))
         return Layout(schedule, even_balance(blocks, len(replicas)), replicas, microbatches, how="fixed layout")
@@ -104,7 +105,7 @@ def fixed_layout(cfg: Any, blocks: int, workers: int) -> Layout | None:
 
 
 def choose_layout(
-    cfg: Any, *, names: list[str], costs: Costs, batches: int, samples: int, layout: Layout | None = None
+    cfg: TrainConfig, *, names: list[str], costs: Costs, batches: int, samples: int, layout: Layout | None = None
 ) -> Layout:
     """The layout for a :class:`~conveyor.job.TrainConfig` on ``costs.workers`` workers (``layout`` when
     :func:`fixed_layout` gave one, else the planner's), its plan file with the prediction for an epoch (one

@@ -32,7 +32,6 @@ from rich.console import Console
 from torch import nn
 
 import conveyor.job._data as datasets
-import conveyor.job._zoo as zoo
 from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
 from conveyor.job._config import AUTOCAST, TrainConfig, job_devices, loss_and_optimizer
@@ -47,8 +46,9 @@ from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatch
 from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._loop import EpochLoop
+from conveyor.job._model import model_and_data
 from conveyor.job._report import energy_summary, plot_accuracy
-from conveyor.job._warmstart import apply_plan, prepare_warm_start, register_model
+from conveyor.job._warmstart import prepare_warm_start, register_model
 from conveyor.runtime import (
     CoreShare,
     OptimizerFactory,
@@ -57,22 +57,7 @@ from conveyor.runtime import (
 )
 from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
 
-__all__ = ["model_and_data", "train"]
-
-
-def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
-    """The model (initialised from ``cfg.seed``, identical on every worker) and its dataset."""
-    if ":" in cfg.model:
-        data = datasets.load(cfg.dataset or "digits", cfg.seed)
-        torch.manual_seed(cfg.seed)
-        blocks, _ = zoo.resolve(cfg.model, cfg.batch_size)
-        model = blocks if isinstance(blocks, nn.Sequential) else nn.Sequential(*blocks)
-    else:
-        data = datasets.load(cfg.dataset or zoo.default_dataset(cfg.model), cfg.seed)
-        torch.manual_seed(cfg.seed)
-        model = zoo.build(cfg.model, data, cfg.width, cfg.depth)
-    apply_plan(cfg, model)  # --warm-start: the parent's weights, transformed (the same in every worker)
-    return model, data
+__all__ = ["train"]
 
 
 def _measure_and_plan(

@@ -8,15 +8,13 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from torch import nn
 
+from conveyor.job._config import TrainConfig
 from conveyor.warmstart import ModelStore, WarmStart, apply_warm_start, op_graph, plan_warm_start
-
-if TYPE_CHECKING:
-    from conveyor.job._config import TrainConfig
 
 __all__ = ["apply_plan", "prepare_warm_start", "register_model"]
 

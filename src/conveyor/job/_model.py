@@ -1,0 +1,28 @@
+"""The model and the dataset a training config names, built alike on every worker."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import conveyor.job._data as datasets
+import conveyor.job._zoo as zoo
+from conveyor.job._config import TrainConfig
+from conveyor.job._warmstart import apply_plan
+
+__all__ = ["model_and_data"]
+
+
+def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
+    """The model (initialised from ``cfg.seed``, identical on every worker) and its dataset."""
+    if ":" in cfg.model:
+        data = datasets.load(cfg.dataset or "digits", cfg.seed)
+        torch.manual_seed(cfg.seed)
+        blocks, _ = zoo.resolve(cfg.model, cfg.batch_size)
+        model = blocks if isinstance(blocks, nn.Sequential) else nn.Sequential(*blocks)
+    else:
+        data = datasets.load(cfg.dataset or zoo.default_dataset(cfg.model), cfg.seed)
+        torch.manual_seed(cfg.seed)
+        model = zoo.build(cfg.model, data, cfg.width, cfg.depth)
+    apply_plan(cfg, model)  # --warm-start: the parent's weights, transformed (the same in every worker)
+    return model, data
