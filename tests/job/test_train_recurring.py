@@ -146,7 +146,7 @@ def test_not_under_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         recurrences=str(tmp_path / "s.sqlite"),
     )
     with pytest.raises(ValueError, match="--batch-size auto runs on the local launcher, not under torchrun"):
-        start_recurrence(cfg, lambda: 1437, 1)
+        start_recurrence(cfg, lambda: 1437, 1)  # the run's config, the recurrence and its stopping cost
     assert not (tmp_path / "s.sqlite").exists() or not RecurrenceStore(tmp_path / "s.sqlite").rows("digits")
 
 

@@ -38,6 +38,7 @@ from conveyor.stragglers import mode_settings
 __all__ = [
     "AUTOCAST",
     "OPTIMIZERS",
+    "RunState",
     "TrainConfig",
     "check_against_data",
     "explicit_workers",
@@ -107,11 +108,9 @@ class TrainConfig:
     recurrences: str | None = None  # the recurrences' SQLite file (default: the user's data directory)
     beta: float = 2.0  # --batch-size auto: stop a recurrence whose cost passes beta x the least so far
     max_power: float | None = None  # watts that price a second (default: the GPUs' largest power limits)
-    stop_above: float = math.inf  # set by a recurrence: the cost at which it stops early
     warm_start: str | None = None  # auto (the model store's best parent) or a checkpoint (ModelKeeper)
     store: str | None = None  # the model store's folder (default: the user's data directory)
     register: bool = False  # put the final model into the model store
-    warm_start_plan: str | None = None  # set by train(): the parent and layer pairs every worker applies
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.microbatches or 1) < 1:
@@ -159,6 +158,15 @@ class TrainConfig:
             raise InputError(
                 "--warm-start starts a new model from a parent's weights; --resume continues one: pick one"
             )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunState:
+    """What :func:`~conveyor.job.train` decides before the workers start and hands each beside the config: the
+    outcome of a recurrence's and a warm start's preparation, not options."""
+
+    stop_above: float = math.inf  # a recurrence's cost at which it stops early (--batch-size auto)
+    warm_start_plan: str | None = None  # warm_start.json: the parent and layer pairs every worker applies
 
 
 def loss_and_optimizer(cfg: TrainConfig, sequence: bool) -> tuple[Callable[[Any, Any], Any], OptimizerFactory]:

@@ -86,9 +86,9 @@ def max_power_w(cfg: TrainConfig, workers: int) -> float:
 
 def start_recurrence(
     cfg: TrainConfig, train_samples: Callable[[], int], workers: int
-) -> tuple[TrainConfig, Recurring | None]:
-    """With ``--batch-size auto``: begin a recurrence of ``cfg.job``, and the config to run it with (its batch
-    size, the learning rate scaled to it, its early-stopping cost and the watts that price time). First,
+) -> tuple[TrainConfig, Recurring | None, float]:
+    """With ``--batch-size auto``: begin a recurrence of ``cfg.job``; the config to run it with (its batch size,
+    the learning rate scaled to it and the watts that price time), and its early-stopping cost. First,
     ``--power-limit`` without a GPU of its own for each local worker fails here, in one line, before any worker
     starts (workers sharing a GPU would each drive its limit)."""
     from conveyor.runtime import under_torchrun
@@ -101,7 +101,7 @@ def start_recurrence(
             f"--power-limit needs a GPU per worker, but {local} workers share {gpus} GPUs here: use --workers {gpus}"
         )
     if not cfg.tune_batch_size:
-        return cfg, None
+        return cfg, None, math.inf
     if under_torchrun():  # every process would begin a recurrence of its own
         raise InputError("--batch-size auto runs on the local launcher, not under torchrun: drop it there")
     if cfg.eta > 0:
@@ -140,10 +140,8 @@ def start_recurrence(
     recurring = Recurring(RecurrenceStore(Path(cfg.recurrences) if cfg.recurrences else None), cfg.job, settings)
     started = recurring.start()
     lr = scaled_lr(cfg.lr, started.batch_size, cfg.batch_size, cfg.optimizer)
-    run_cfg = dataclasses.replace(
-        cfg, batch_size=started.batch_size, lr=lr, stop_above=started.stop_above, max_power=watts
-    )
-    return run_cfg, recurring
+    run_cfg = dataclasses.replace(cfg, batch_size=started.batch_size, lr=lr, max_power=watts)
+    return run_cfg, recurring, started.stop_above
 
 
 def finish_recurrence(recurring: Recurring | None, summary: dict[str, Any], cfg: TrainConfig) -> None:
@@ -184,10 +182,12 @@ def profiling_window(steps_per_epoch: int) -> tuple[int, int]:
 
 class EpochKnobs:
     """One worker's knobs during training: its GPU's power limit (stepped per update, told of epochs' ends)
-    and the recurrence's running cost (the run stops once another epoch would pass ``cfg.stop_above``).
+    and the recurrence's running cost (the run stops once another epoch would pass ``stop_above``).
     ``steps_per_epoch``: this worker's updates in an epoch (the power limit's profiling windows fit in one)."""
 
-    def __init__(self, cfg: TrainConfig, gpu_index: int | None, equal_steps: bool, steps_per_epoch: int) -> None:
+    def __init__(
+        self, cfg: TrainConfig, gpu_index: int | None, equal_steps: bool, steps_per_epoch: int, stop_above: float
+    ) -> None:
         self.power: PowerLimits | None = None
         if cfg.power_limit is not None:
             if gpu_index is None:
@@ -202,7 +202,7 @@ class EpochKnobs:
                 cfg.power_limit, eta=cfg.eta, gpu_index=gpu_index, warmup_steps=warmup, profile_steps=profile
             )
         tuning = cfg.tune_batch_size
-        self.cost = CostMeter(cfg.eta, cfg.max_power or 1.0, cfg.stop_above) if tuning else None
+        self.cost = CostMeter(cfg.eta, cfg.max_power or 1.0, stop_above) if tuning else None
 
     def step(self) -> None:
         if self.power is not None:

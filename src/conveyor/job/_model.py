@@ -13,8 +13,9 @@ from conveyor.job._warmstart import apply_plan
 __all__ = ["model_and_data"]
 
 
-def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
-    """The model (initialised from ``cfg.seed``, identical on every worker) and its dataset."""
+def model_and_data(cfg: TrainConfig, warm_start_plan: str | None = None) -> tuple[nn.Sequential, datasets.Dataset]:
+    """The model (initialised from ``cfg.seed``, identical on every worker, then given the parent's weights a
+    ``warm_start_plan`` maps) and its dataset."""
     if ":" in cfg.model:
         data = datasets.load(cfg.dataset or "digits", cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -24,5 +25,7 @@ def model_and_data(cfg: TrainConfig) -> tuple[nn.Sequential, datasets.Dataset]:
         data = datasets.load(cfg.dataset or zoo.default_dataset(cfg.model), cfg.seed)
         torch.manual_seed(cfg.seed)
         model = zoo.build(cfg.model, data, cfg.width, cfg.depth)
-    apply_plan(cfg, model)  # --warm-start: the parent's weights, transformed (the same in every worker)
+    apply_plan(
+        warm_start_plan, model, cfg.seed
+    )  # --warm-start: the parent's weights, transformed (the same in every worker)
     return model, data

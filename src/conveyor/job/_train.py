@@ -16,7 +16,6 @@ summary); the scheduler extends the lease by rewriting the file, and restarts a 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import resource
@@ -34,7 +33,7 @@ from torch import nn
 import conveyor.job._data as datasets
 from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
-from conveyor.job._config import AUTOCAST, TrainConfig, job_devices, loss_and_optimizer
+from conveyor.job._config import AUTOCAST, RunState, TrainConfig, job_devices, loss_and_optimizer
 from conveyor.job._costs import measure_costs
 from conveyor.job._energy import (
     EpochKnobs,
@@ -107,12 +106,12 @@ def _measure_and_plan(
     return box[0]
 
 
-def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
+def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
     device = default_device()  # the one its launcher gave this worker
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
     local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
     cores = CoreShare(local_workers) if device.type == "cpu" else None  # threads to match the cores others leave
-    model, data = model_and_data(cfg)  # the same initial weights on every worker
+    model, data = model_and_data(cfg, state.warm_start_plan)  # the same initial weights on every worker
     folder = Path(run_dir)
     loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
     steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
@@ -147,7 +146,8 @@ def _worker(cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
         rank=dist.get_rank(),
     )
     equal_steps = cfg.stragglers == "off" and len(set(layout.replicas)) == 1  # every worker: as many updates
-    knobs = EpochKnobs(cfg, device.index if device.type == "cuda" else None, equal_steps, updates)
+    gpu_index = device.index if device.type == "cuda" else None
+    knobs = EpochKnobs(cfg, gpu_index, equal_steps, updates, stop_above=state.stop_above)
     loop = EpochLoop(
         cfg=cfg,
         trainer=pipe,
@@ -274,13 +274,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.checkpoint:
         Path(cfg.checkpoint).parent.mkdir(parents=True, exist_ok=True)
     emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
-    cfg, recurring = start_recurrence(cfg, lambda: len(model_and_data(cfg)[1].train_x), nprocs)
-    cfg, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
+    cfg, recurring, stop_above = start_recurrence(cfg, lambda: len(model_and_data(cfg)[1].train_x), nprocs)
+    plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
+    state = RunState(stop_above=stop_above, warm_start_plan=plan)
     try:
         with guarded_power_limits(cfg):
             per_rank = launch_emulated(
                 _worker,
                 cfg,
+                state,
                 str(run_dir),
                 nprocs=nprocs,
                 emulation=emulation,
@@ -333,7 +335,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         finish_recurrence(recurring, summary, cfg)
     summary |= warm
     if not stopped:
-        register_model(cfg, summary, lambda: model_and_data(dataclasses.replace(cfg, warm_start_plan=None))[0])
+        register_model(cfg, summary, lambda: model_and_data(cfg)[0])
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy")
     return summary

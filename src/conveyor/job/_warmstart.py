@@ -3,7 +3,6 @@ weights, and its final model into the store (ModelKeeper)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -21,23 +20,23 @@ __all__ = ["apply_plan", "prepare_warm_start", "register_model"]
 
 def prepare_warm_start(
     cfg: TrainConfig, run_dir: Path, build: Callable[[], nn.Module]
-) -> tuple[TrainConfig, dict[str, Any]]:
+) -> tuple[str | None, dict[str, Any]]:
     """Choose the parent once (before the workers start), write the plan to ``run_dir/warm_start.json`` and
-    return the config whose workers apply it, with what the summary gets."""
+    return its path (``None``: no parent to start from), with what the summary gets."""
     if not cfg.warm_start:
-        return cfg, {}
+        return None, {}
     began = time.perf_counter()
     child = build()
     plan, account = plan_warm_start(cfg.warm_start, child, ModelStore(cfg.store))
     Console().print(account, markup=False, highlight=False)
     if plan is None:
-        return cfg, {"warm_start": {"parent": None, "reason": account, "seconds": time.perf_counter() - began}}
+        return None, {"warm_start": {"parent": None, "reason": account, "seconds": time.perf_counter() - began}}
     report = apply_warm_start(plan, child, cfg.seed)  # as every worker will: for the summary's coverage
     seconds = time.perf_counter() - began  # what a user waits for before the workers start
     path = run_dir / "warm_start.json"
     path.write_text(plan.to_json())
     Console().print(f"the parent's weights cover {report.coverage:.0%} of the model's parameters", highlight=False)
-    return dataclasses.replace(cfg, warm_start_plan=str(path)), {
+    return str(path), {
         "warm_start": {
             "parent": plan.parent,
             "similarity": plan.score,
@@ -50,10 +49,11 @@ def prepare_warm_start(
     }
 
 
-def apply_plan(cfg: TrainConfig, model: nn.Module) -> None:
-    """In every worker: the same transformation of the parent's weights into the freshly built model."""
-    if cfg.warm_start_plan:
-        apply_warm_start(WarmStart.from_json(Path(cfg.warm_start_plan).read_text()), model, cfg.seed)
+def apply_plan(plan: str | None, model: nn.Module, seed: int) -> None:
+    """In every worker: the same transformation of the parent's weights (``plan``, a warm start's JSON file) into
+    the freshly built model."""
+    if plan:
+        apply_warm_start(WarmStart.from_json(Path(plan).read_text()), model, seed)
 
 
 def register_model(cfg: TrainConfig, summary: dict[str, Any], build: Callable[[], nn.Module]) -> None:
