@@ -5,4 +5,4 @@
 # which a test keeps the same.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pip install torch==2.13.0 && pip install -e ".[test,docs]" && ruff check src tests && ruff format --check src tests && mypy && mkdocs build --strict --site-dir site && pytest -q -m "not slow or slow"
+pip install torch==2.13.0 && pip install -e ".[test,docs]" && ruff check src tests && ruff format --check src tests && mypy && mkdocs build --strict --site-dir site && pytest -q -m "not slow or slow" --durations=15
