@@ -177,12 +177,18 @@ def _run(
             driver = FaultDriver(cluster, cluster.emulation.fault_list(nprocs), on_add=on_add, clock=clock).start()
         results: dict[int, Any] = {}
         while procs[0].exitcode != 0 and (any(p.exitcode is None for p in everyone) or not added.empty()):
+            waiting = []
             while not added.empty():
                 slot = added.get()
-                if procs[0].exitcode is not None or (slot in procs and procs[slot].exitcode is None):
-                    continue  # the job is over, or the slot's worker is still there (not yet killed)
+                if procs[0].exitcode is not None:
+                    continue  # the job is over
+                if slot in procs and procs[slot].exitcode is None:
+                    waiting.append(slot)  # the slot's revoked worker is not gone yet (a busy machine): soon
+                    continue
                 start(slot, None)
                 joiners.add(everyone[-1].pid)
+            for slot in waiting:
+                added.put(slot)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"elastic job of {nprocs} workers ran past its {timeout_s} s limit")
             multiprocessing.connection.wait([p.sentinel for p in everyone if p.exitcode is None], timeout=_WAIT_S)

@@ -103,10 +103,16 @@ class Generation:
 
 def connect(host: str, port: int, is_leader: bool, timeout_s: float = 60.0) -> dist.TCPStore:
     """A client of the job's store (the leader, id 0, hosts it: give ``port=0`` for any free port)."""
-    # The server without libuv: the libuv one stopped accepting after about 24 clients in one process (torch 2.13).
-    return dist.TCPStore(
-        host, port, None, is_leader, timeout=timedelta(seconds=timeout_s), wait_for_workers=False, use_libuv=False
-    )
+    # Signals wait until connected: one that interrupts the connection makes the client back off for seconds (seen
+    # on a busy machine: a joiner came in after the job had ended).
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        # The server without libuv: the libuv one stopped accepting after about 24 clients in one process (2.13).
+        return dist.TCPStore(
+            host, port, None, is_leader, timeout=timedelta(seconds=timeout_s), wait_for_workers=False, use_libuv=False
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def latest(store: dist.Store) -> Generation:
