@@ -132,9 +132,8 @@ def choose_layout(
         def time_to_accuracy(file: dict[str, Any]) -> float:  # in units of data parallelism's epochs
             return float(file["predicted"]["simulated_seconds"]) * float(file["predicted"]["epochs_factor"])
 
-        for name in candidates:
-            plan = optimize(prof, topology, schedule=name, microbatches=microbatches_of(cfg, costs.workers))
-            file = plan_file(
+        def file_of(plan: Plan) -> dict[str, Any]:
+            return plan_file(
                 plan,
                 prof,
                 topology=topology,
@@ -143,6 +142,10 @@ def choose_layout(
                 epochs=epochs,
                 stale_correction=cfg.stale_correction,
             )
+
+        for name in candidates:
+            plan = optimize(prof, topology, schedule=name, microbatches=microbatches_of(cfg, costs.workers))
+            file = file_of(plan)
             if best is None or time_to_accuracy(file) * 1.001 < time_to_accuracy(best[1]):
                 best = (plan, file)
         assert best is not None
@@ -150,15 +153,7 @@ def choose_layout(
         schedule = cfg.schedule if cfg.schedule != "auto" else plan.schedule
         if schedule != plan.schedule:  # pipedream-vs is planned as pipedream, but runs and is predicted as itself
             plan = replace(plan, schedule=schedule)
-            file = plan_file(
-                plan,
-                prof,
-                topology=topology,
-                minibatches=batches * plan.microbatches,
-                runtime=runtime,
-                epochs=epochs,
-                stale_correction=cfg.stale_correction,
-            )
+            file = file_of(plan)
         seconds = file["predicted"]["simulated_seconds"]
         balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
         replicas = [st.replicas for st in plan.stages]
