@@ -93,8 +93,11 @@ def test_torchrun_is_detected_from_its_variables(monkeypatch: pytest.MonkeyPatch
 
 
 def _say(text: str) -> str:
-    print(f"out {text} {dist.get_rank()}", flush=True)
-    print(f"err {text} {dist.get_rank()}", file=sys.stderr, flush=True)
+    # One write per line: print() writes the text and its newline apart, which the two workers interleave.
+    sys.stdout.write(f"out {text} {dist.get_rank()}\n")
+    sys.stdout.flush()
+    sys.stderr.write(f"err {text} {dist.get_rank()}\n")
+    sys.stderr.flush()
     return os.environ["CONVEYOR_TEST_VALUE"]
 
 
