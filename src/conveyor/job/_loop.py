@@ -235,11 +235,17 @@ def _agree(
     every worker prices the epoch alike), and whether any worker was asked to stop (Ctrl-C, SIGTERM). Returns the
     accuracy, the lease's end, the epoch's joules (``None`` where no meter read), its seconds and the stop."""
     flags = torch.tensor(
-        [0.0, float(lease_out), joules or 0.0, float(joules is not None), seconds / dist.get_world_size(), 0.0],
+        [
+            0.0,
+            float(lease_out),
+            joules or 0.0,
+            float(joules is not None),
+            seconds / dist.get_world_size(),
+            float(stop_requested()),
+        ],
         dtype=torch.float64,
         device=device,  # NCCL reduces device tensors only
     )
-    flags[5] = float(stop_requested())
     if correct is not None:  # the output worker's
         flags[0] = correct
     dist.all_reduce(flags, op=dist.ReduceOp.SUM)
