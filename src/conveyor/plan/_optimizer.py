@@ -155,6 +155,36 @@ def optimize(
         PlanError: no plan satisfies the constraints (a straight pipeline with more workers than layers, or
             no split fits in ``memory``).
     """
+    plan = _search(
+        profile, topology, straight, schedule=schedule, memory=memory, microbatches=microbatches, cost_model=cost_model
+    )
+    if plan is not None:
+        return plan
+    if memory is not None and _search(profile, topology, straight, cost_model=cost_model) is not None:
+        microbatches = microbatches or topology.workers
+        raise PlanError(
+            _memory_advice(
+                profile, topology, straight=straight, schedule=schedule, memory=memory, microbatches=microbatches
+            )
+        )
+    raise PlanError(
+        f"no straight pipeline of {profile.model} ({len(profile)} layers) uses exactly {topology.workers} workers: "
+        f"use at most {len(cuts_of(profile).sets) - 1} workers, or allow replicated stages"
+    )
+
+
+def _search(
+    profile: Profile,
+    topology: Topology,
+    straight: bool,
+    *,
+    schedule: str = "pipedream",
+    memory: float | None = None,
+    microbatches: int | None = None,
+    cost_model: str = "physical",
+) -> Plan | None:
+    """:func:`optimize`'s plan, or None where none fits (the caller says why: the search itself never advises, so
+    :func:`_memory_advice` can bisect over it without advising at every step)."""
     try:
         update = planned_kind(schedule).update
         check_cost_model(cost_model)
@@ -216,18 +246,7 @@ def optimize(
         inner = levels[-1].best_s[..., level.count]
     best = float(levels[-1].best_s[0, 0, n, topology.levels[-1].count])
     if not np.isfinite(best):
-        if memory is not None and np.isfinite(
-            optimize(profile, topology, straight, cost_model=cost_model).seconds_per_minibatch
-        ):
-            raise PlanError(
-                _memory_advice(
-                    profile, topology, straight=straight, schedule=schedule, memory=memory, microbatches=microbatches
-                )
-            )
-        raise PlanError(
-            f"no straight pipeline of {profile.model} ({len(profile)} layers) uses exactly {total} workers: "
-            f"use at most {n} workers, or allow replicated stages"
-        )
+        return None
     order: list[int] = []  # the layers in the plan's order: each stage's after the stages before it
     stages = []
     for a, last, r, t in flat_stages(levels, stage_cost, topology, len(levels) - 1, 0, n, topology.levels[-1].count, 0):
@@ -329,11 +348,8 @@ def _memory_advice(
     )
     while high > 1.01 * low:
         middle = (low * high) ** 0.5
-        try:
-            optimize(profile, topology, straight, schedule=schedule, memory=middle, microbatches=microbatches)
-            high = middle
-        except PlanError:
-            low = middle
+        fits = _search(profile, topology, straight, schedule=schedule, memory=middle, microbatches=microbatches)
+        low, high = (low, middle) if fits is not None else (middle, high)
     return (
         f"no plan of {profile.model} on {topology.workers} workers fits in {memory:.4g} bytes per worker with the "
         f"{schedule} schedule; the least that fits is about {high:.3g} bytes: give that much memory or more "
