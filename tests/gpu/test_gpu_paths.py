@@ -120,13 +120,13 @@ def test_straggler_trainer_replicas_on_one_gpu_hold_the_same_weights() -> None:
 def test_the_job_trains_evaluates_and_meters_on_the_gpu(tmp_path: Path) -> None:
     """The README's job on one GPU (it crashed at its first evaluation, comparing CUDA logits with CPU labels);
     NVML meters each epoch's energy."""
-    summary = train(TrainConfig(workers=1, epochs=3, device="cuda", run_dir=str(tmp_path)))
+    summary = train(TrainConfig.from_options(workers=1, epochs=3, device="cuda", run_dir=str(tmp_path)))
     assert summary["accuracy"][-1] > 0.8 and summary["layout"]["replicas"] == [1]
     assert summary["energy_j"] is not None and "NVML" in summary["energy_meter"]
 
 
 def test_elastic_training_computes_on_the_gpu(tmp_path: Path) -> None:
-    summary = train(TrainConfig(reliable=1, workers=2, epochs=2, device="cuda", run_dir=str(tmp_path)))
+    summary = train(TrainConfig.from_options(reliable=1, workers=2, epochs=2, device="cuda", run_dir=str(tmp_path)))
     assert summary["epochs"] == 2 and summary["accuracy"][-1] > 0.5
 
 

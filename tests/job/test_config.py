@@ -10,20 +10,52 @@ MODEL = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Lin
 
 
 def test_a_batch_may_start_above_the_data_only_when_the_tuner_chooses_it() -> None:
-    check_against_data(TrainConfig(batch_size=64), MODEL, samples=64)
+    check_against_data(TrainConfig.from_options(batch_size=64), MODEL, samples=64)
     with pytest.raises(ValueError, match="--batch-size 65 is more than the 64 training samples"):
-        check_against_data(TrainConfig(batch_size=65), MODEL, samples=64)
-    auto = TrainConfig(batch_size=65, tune_batch_size=True, job="nightly", target_accuracy=0.9)  # auto=65
+        check_against_data(TrainConfig.from_options(batch_size=65), MODEL, samples=64)
+    auto = TrainConfig.from_options(batch_size=65, tune_batch_size=True, job="nightly", target_accuracy=0.9)  # auto=65
     check_against_data(auto, MODEL, samples=64)
 
 
 def test_microbatches_and_a_checkpoint_must_fit(tmp_path) -> None:
     with pytest.raises(ValueError, match="--microbatches 9 is more than the 8 samples of a batch"):
-        check_against_data(TrainConfig(batch_size=8, microbatches=9), MODEL, samples=64)
+        check_against_data(TrainConfig.from_options(batch_size=8, microbatches=9), MODEL, samples=64)
     ours = tmp_path / "ours.pt"
     checkpoint.save(ours, MODEL.state_dict())
-    check_against_data(TrainConfig(resume=str(ours)), MODEL, samples=64)
+    check_against_data(TrainConfig.from_options(resume=str(ours)), MODEL, samples=64)
     other = tmp_path / "other.pt"
     checkpoint.save(other, torch.nn.Sequential(torch.nn.Linear(4, 5)).state_dict())
     with pytest.raises(ValueError, match="is from another model"):
-        check_against_data(TrainConfig(resume=str(other)), MODEL, samples=64)
+        check_against_data(TrainConfig.from_options(resume=str(other)), MODEL, samples=64)
+
+
+def test_options_fill_the_sections_and_come_back_the_same() -> None:
+    from conveyor.job import ElasticConfig, OptimizerConfig, RunConfig, StragglersConfig
+
+    cfg = TrainConfig.from_options(lr=0.1, optimizer="adam", epochs=3, stragglers="slack", slack=2, reliable=None)
+    assert cfg.optimizer == OptimizerConfig(name="adam", lr=0.1) and cfg.run == RunConfig(epochs=3)
+    assert cfg.stragglers == StragglersConfig(mode="slack", slack=2) and cfg.elastic is None
+    assert TrainConfig.from_options(**cfg.options()) == cfg
+    assert TrainConfig().options()["stragglers"] == "off" and TrainConfig().stragglers is None
+    elastic = TrainConfig.from_options(reliable=2, lost_s=3.0, elastic_layout="pipeline")
+    assert elastic.elastic == ElasticConfig(reliable=2, lost_s=3.0, layout="pipeline")
+    assert elastic.replaced(epochs=2) == TrainConfig.from_options(
+        reliable=2, lost_s=3.0, elastic_layout="pipeline", epochs=2
+    )
+    with pytest.raises(ValueError, match="conveyor train has no option colour, speed"):
+        TrainConfig.from_options(speed=2, colour="red")
+
+
+def test_each_section_checks_its_own_fields_and_the_config_the_rules_between_them() -> None:
+    from conveyor.job import ElasticConfig, EnergyConfig, OptimizerConfig, RunConfig
+
+    with pytest.raises(ValueError, match="--lr must be above 0"):
+        OptimizerConfig(lr=float("nan"))
+    with pytest.raises(ValueError, match="--epochs must be at least 1"):
+        RunConfig(epochs=0)
+    with pytest.raises(ValueError, match="--eta weighs energy against time"):
+        EnergyConfig(eta=2.0)
+    with pytest.raises(ValueError, match=r"--reliable K .* or --join HOST:PORT, one of them"):
+        ElasticConfig()
+    with pytest.raises(ValueError, match="--lease bounds a conveyor train run of fixed workers"):
+        TrainConfig(elastic=ElasticConfig(reliable=1), run=RunConfig(lease="lease.json"))

@@ -17,7 +17,7 @@ EXTRA_EPOCHS = 5
 
 
 def _epochs_to_target(run_dir: Path, **options: object) -> tuple[int, float]:
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_options(
         epochs=MAX_EPOCHS,
         target_accuracy=TARGET,
         batch_size=64,

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _measure() -> Costs | None:
-    model, data = model_and_data(TrainConfig())
+    model, data = model_and_data(TrainConfig.from_options())
     sample = [(data.train_x[i * 64 : (i + 1) * 64], data.train_y[i * 64 : (i + 1) * 64]) for i in range(3)]
     sgd = partial(torch.optim.SGD, lr=0.05)
     return measure_costs(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from emulation import needs_root
 
+from conveyor.emulate import Emulation
 from conveyor.job import TrainConfig, join_elastic, train
 from conveyor.job._elastic import check_faults
 
@@ -15,21 +16,23 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_options_that_cannot_go_with_elastic_training_fail_in_one_line() -> None:
     with pytest.raises(ValueError, match="drop --stragglers"):
-        TrainConfig(reliable=1, stragglers="flexrr")
+        TrainConfig.from_options(reliable=1, stragglers="flexrr")
     with pytest.raises(ValueError, match="--reliable 5: give 1 to 4"):
-        check_faults(TrainConfig(reliable=5), 4)
+        check_faults(Emulation(None, None, None), 5, 4)
     with pytest.raises(ValueError, match="revokes worker 0, which is reliable"):
-        check_faults(TrainConfig(reliable=1, faults="revoke:worker=0,at=3"), 4)
-    check_faults(TrainConfig(reliable=1, faults="revoke:worker=3,at=3"), 4)  # a transient one is fine
+        check_faults(Emulation(None, None, "revoke:worker=0,at=3"), 1, 4)
+    check_faults(Emulation(None, None, "revoke:worker=3,at=3"), 1, 4)  # a transient one is fine
     with pytest.raises(ValueError, match="give HOST:PORT"):
         join_elastic("nowhere")
     with pytest.raises(ValueError, match="--elastic-layout 'stages': use data or pipeline"):
-        TrainConfig(reliable=1, elastic_layout="stages")
+        TrainConfig.from_options(reliable=1, elastic_layout="stages")
 
 
 @pytest.mark.slow
 def test_an_elastic_pipeline_plans_from_worker_0s_profile(tmp_path: Path) -> None:
-    summary = train(TrainConfig(reliable=1, workers=3, epochs=2, run_dir=str(tmp_path), elastic_layout="pipeline"))
+    summary = train(
+        TrainConfig.from_options(reliable=1, workers=3, epochs=2, run_dir=str(tmp_path), elastic_layout="pipeline")
+    )
     (start,) = summary["generations"]
     assert sum(start["layout"]["replicas"]) == len(start["compute"]) and summary["epochs"] == 2
 
@@ -39,7 +42,7 @@ def test_a_run_survives_a_revocation_and_takes_a_worker_in(tmp_path: Path) -> No
     faults = "revoke:worker=2,at=0.3;add:worker=2,at=0.6"
     # 60 epochs, so the run goes on long after the addition: on a busy machine a joiner took 4 s to start, and more
     # to be let in (40 epochs ended first)
-    summary = train(TrainConfig(reliable=1, workers=3, epochs=60, run_dir=str(tmp_path), faults=faults))
+    summary = train(TrainConfig.from_options(reliable=1, workers=3, epochs=60, run_dir=str(tmp_path), faults=faults))
     assert summary["epochs"] == 60 and summary["accuracy"][-1] > 0.9
     reasons = [g["reason"] for g in summary["generations"]]
     assert reasons[0] == "start" and "lost [2]" in reasons and any("joined" in r for r in reasons)

@@ -30,19 +30,19 @@ def _check_run_folder(run: Path, epochs: int) -> None:
     ("schedule", "epochs"), [("gpipe", 4), ("flush", 4), ("pipedream", 4), ("pipedream-vs", 4), ("2bw", 7)]
 )
 def test_every_schedule_learns_and_writes_its_run_folder(schedule: str, epochs: int, tmp_path: Path) -> None:
-    summary = train(TrainConfig(stages=2, schedule=schedule, epochs=epochs, run_dir=str(tmp_path)))
+    summary = train(TrainConfig.from_options(stages=2, schedule=schedule, epochs=epochs, run_dir=str(tmp_path)))
     assert summary["accuracy"][-1] > 0.8, summary["accuracy"]
     assert summary["layout"]["schedule"] == schedule and len(summary["peak_rss_bytes"]) == 2
     _check_run_folder(tmp_path, epochs)
 
 
 def test_planned_run_its_plan_file_and_resuming(tmp_path: Path) -> None:
-    first = train(TrainConfig(workers=2, epochs=2, run_dir=str(tmp_path / "a")))
+    first = train(TrainConfig.from_options(workers=2, epochs=2, run_dir=str(tmp_path / "a")))
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())
     assert plan["predicted"]["samples_per_s"] > 0 and sum(s["replicas"] for s in plan["stages"]) == 2
     _check_run_folder(tmp_path / "a", 2)
     # The same plan file, run as is, from the checkpoint: training goes on where it stopped.
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_options(
         plan=str(tmp_path / "a" / "plan.json"),
         epochs=1,
         resume=str(tmp_path / "a" / "checkpoint.pt"),
@@ -55,7 +55,7 @@ def test_planned_run_its_plan_file_and_resuming(tmp_path: Path) -> None:
 
 
 def test_every_run_reports_its_prediction_and_whether_one_worker_is_faster(tmp_path: Path) -> None:
-    summary = train(TrainConfig(stages=2, epochs=1, run_dir=str(tmp_path)))
+    summary = train(TrainConfig.from_options(stages=2, epochs=1, run_dir=str(tmp_path)))
     prediction = summary["prediction"]
     assert prediction["samples_per_s"] > 0
     assert prediction["error"] == pytest.approx(summary["samples_per_s"] / prediction["samples_per_s"] - 1)
@@ -70,13 +70,17 @@ def test_every_run_reports_its_prediction_and_whether_one_worker_is_faster(tmp_p
 
 
 def test_target_accuracy_stops_early(tmp_path: Path) -> None:
-    summary = train(TrainConfig(stages=1, replicas="2", epochs=10, target_accuracy=0.5, run_dir=str(tmp_path)))
+    summary = train(
+        TrainConfig.from_options(stages=1, replicas="2", epochs=10, target_accuracy=0.5, run_dir=str(tmp_path))
+    )
     assert summary["epochs"] < 10 and summary["accuracy"][-1] >= 0.5
 
 
 def test_replicas_that_divide_nothing_train_the_digits(tmp_path: Path) -> None:
     """3-1 with 4 microbatches per batch of 64 and 1437 samples: no count is a multiple of 3."""
-    summary = train(TrainConfig(stages=2, replicas="3-1", schedule="pipedream", epochs=3, run_dir=str(tmp_path)))
+    summary = train(
+        TrainConfig.from_options(stages=2, replicas="3-1", schedule="pipedream", epochs=3, run_dir=str(tmp_path))
+    )
     assert summary["layout"]["replicas"] == [3, 1] and len(summary["peak_rss_bytes"]) == 4
     assert summary["accuracy"][-1] > 0.8, summary["accuracy"]
     _check_run_folder(tmp_path, 3)
@@ -88,13 +92,13 @@ def test_a_plan_shaped_like_pipedreams_vgg16_15_1_runs_on_the_digits(tmp_path: P
     names = [str(i) for i in range(5)]
     plan = layout_file("flush", 4, [4, 1], [7, 1], names)
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    summary = train(TrainConfig(plan=str(tmp_path / "plan.json"), epochs=1, run_dir=str(tmp_path / "run")))
+    summary = train(TrainConfig.from_options(plan=str(tmp_path / "plan.json"), epochs=1, run_dir=str(tmp_path / "run")))
     assert summary["layout"]["replicas"] == [7, 1] and len(summary["peak_rss_bytes"]) == 8
     assert checkpoint.load(tmp_path / "run" / "checkpoint.pt")["steps"] == STEPS_PER_EPOCH
 
 
 def test_loader_processes_feed_the_readers(tmp_path: Path) -> None:
-    summary = train(TrainConfig(stages=2, loader_workers=1, epochs=1, run_dir=str(tmp_path)))
+    summary = train(TrainConfig.from_options(stages=2, loader_workers=1, epochs=1, run_dir=str(tmp_path)))
     assert summary["epochs"] == 1 and summary["accuracy"][-1] > 0.5
 
 
@@ -102,7 +106,7 @@ def test_one_worker_is_a_plain_loop_and_its_second_epoch_can_be_profiled(tmp_pat
     """One worker, schedule left to Conveyor: one stage, the flush schedule, one microbatch per batch (no
     pipeline to fill); --torch-profile writes the second epoch's operators and timeline."""
     summary = train(
-        TrainConfig(
+        TrainConfig.from_options(
             workers=1, epochs=2, device="cpu", torch_profile=str(tmp_path / "profile"), run_dir=str(tmp_path / "run")
         )
     )

@@ -76,7 +76,7 @@ def test_a_worker_without_a_meter_is_left_out_and_said_so_and_the_target_has_its
     tmp_path: Path,
 ) -> None:
     spec = _write_logs(tmp_path / "logs", [0])  # worker 1 has no log, hence no meter
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_options(
         stages=1, replicas="2", epochs=3, target_accuracy=0.05, energy_meter=spec, run_dir=str(tmp_path / "run")
     )
     summary = train(cfg)
@@ -119,7 +119,7 @@ def test_a_bad_energy_meter_is_a_one_line_error_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(ValueError, match=r"^--energy-meter 'joules': use auto, off or replay:PATH"):
-        TrainConfig(energy_meter="joules")
+        TrainConfig.from_options(energy_meter="joules")
     missing = tmp_path / "none.csv"
     assert main(["train", "--energy-meter", f"replay:{missing}", "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()

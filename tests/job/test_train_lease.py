@@ -62,7 +62,7 @@ def test_reading_and_judging_a_lease(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=r"^--lease .*lease\.json: .*UNIX_SECONDS"):
             read_lease(lease)
     with pytest.raises(ValueError, match="drop --reliable"):
-        TrainConfig(lease=str(lease), reliable=1)
+        TrainConfig.from_options(lease=str(lease), reliable=1)
 
 
 def test_a_missing_lease_is_a_one_line_error_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

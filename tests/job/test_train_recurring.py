@@ -119,7 +119,7 @@ def test_a_failed_run_counts_as_a_miss_and_an_interrupted_one_as_nothing(
         raise error
 
     monkeypatch.setattr(train_module, "launch_emulated", broken)
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_options(
         workers=1,
         tune_batch_size=True,
         job="digits",
@@ -137,7 +137,7 @@ def test_not_under_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     import conveyor.runtime as runtime
 
     monkeypatch.setattr(runtime, "under_torchrun", lambda: True)  # every process would begin a recurrence
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_options(
         workers=1,
         tune_batch_size=True,
         job="digits",
@@ -176,9 +176,9 @@ def test_the_launcher_restores_every_gpus_limit(monkeypatch: pytest.MonkeyPatch,
     gpus = _FakeGpus()
     monkeypatch.setattr(zeus.device, "get_gpus", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cfg = TrainConfig(workers=1, power_limit="auto")
+    cfg = TrainConfig.from_options(workers=1, power_limit="auto")
     stopped = pytest.raises(SystemExit) if ending == "by SIGTERM" else contextlib.nullcontext()
-    with stopped, guarded_power_limits(cfg):
+    with stopped, guarded_power_limits(cfg.energy):
         gpus.limits = [300_000, 150_000]  # what the workers left (a worker killed mid-profile)
         if ending == "by SIGTERM":
             os.kill(os.getpid(), signal.SIGTERM)  # the launcher is stopped: its guard still runs

@@ -26,11 +26,11 @@ from conveyor.runtime import load_checkpoint, save_checkpoint
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", required=True, help="a TrainConfig as JSON")
+    parser.add_argument("--config", required=True, help="conveyor train's options as JSON (TrainConfig.options)")
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--checkpoint-every", type=int, required=True)
     args = parser.parse_args()
-    cfg = TrainConfig(**json.loads(args.config))
+    cfg = TrainConfig.from_options(**json.loads(args.config))
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -42,7 +42,7 @@ def main() -> None:
     dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{restart}", agent), rank=rank, world_size=world)
     (args.folder / f"pid-{rank}").write_text(str(os.getpid()))
     model, data = model_and_data(cfg)
-    loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
+    loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     optimizer = make_optimizer(model.parameters())
     path = args.folder / "checkpoint.pt"
     start = 0
@@ -51,15 +51,15 @@ def main() -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"] + 1
-    per_epoch = -(-len(data.train_x) // cfg.batch_size)
+    per_epoch = -(-len(data.train_x) // cfg.optimizer.batch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [b for b in model.buffers() if b.is_floating_point()]
     if rank == 0:
         (args.folder / "training-started").touch()
-    for t in range(start, cfg.epochs * per_epoch):
+    for t in range(start, cfg.run.epochs * per_epoch):
         epoch, i = divmod(t, per_epoch)
-        order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(cfg.seed + epoch))
-        batch = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
+        order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(cfg.run.seed + epoch))
+        batch = order[i * cfg.optimizer.batch_size : (i + 1) * cfg.optimizer.batch_size]
         share = -(-len(batch) // world)
         mine = batch[rank * share : (rank + 1) * share]
         model.train()

@@ -62,7 +62,7 @@ def _config(model: str, strategy: str, seed: int, workers: int, run_dir: Path) -
         if schedule == "dp"
         else {"stages": workers, "schedule": schedule}
     )
-    return TrainConfig(
+    return TrainConfig.from_options(
         model=model,
         epochs=cap,
         target_accuracy=target,

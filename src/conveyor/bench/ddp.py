@@ -26,15 +26,15 @@ __all__ = ["train_ddp"]
 
 def _worker(cfg: TrainConfig) -> dict[str, Any]:
     model, data = model_and_data(cfg)
-    loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
+    loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(cfg.seed + 1 + rank)
+    torch.manual_seed(cfg.run.seed + 1 + rank)
     ddp = DistributedDataParallel(model)
     optimizer = make_optimizer(ddp.parameters())
-    batches = EpochBatches(data.train_x, data.train_y, cfg.batch_size, cfg.seed)
+    batches = EpochBatches(data.train_x, data.train_y, cfg.optimizer.batch_size, cfg.run.seed)
     history: list[dict[str, Any]] = []
     start, train_seconds, traffic = time.perf_counter(), 0.0, ServerTraffic(rank == 0)
-    for epoch in range(cfg.epochs):
+    for epoch in range(cfg.run.epochs):
         batches.order.epoch = epoch
         began = time.perf_counter()
         traffic.start()
@@ -63,7 +63,7 @@ def _worker(cfg: TrainConfig) -> dict[str, Any]:
                 "bytes_between_servers": traffic.total,
             }
         )
-        if cfg.target_accuracy is not None and float(accuracy) >= cfg.target_accuracy:
+        if cfg.run.target_accuracy is not None and float(accuracy) >= cfg.run.target_accuracy:
             break
     return {"history": history, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
@@ -77,7 +77,7 @@ def train_ddp(cfg: TrainConfig, workers: int, run_dir: str | Path | None = None)
         ``peak_rss_bytes`` per worker and ``layout``.
     """
     per_rank = launch_emulated(
-        _worker, cfg, nprocs=workers, emulation=Emulation(cfg.network, cfg.devices), log_dir=run_dir
+        _worker, cfg, nprocs=workers, emulation=Emulation(cfg.emulation.network, cfg.emulation.devices), log_dir=run_dir
     )
     history = per_rank[0]["history"]
     return {

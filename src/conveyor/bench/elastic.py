@@ -64,7 +64,7 @@ class ElasticBenchConfig:
 
 
 def _train_config(cfg: ElasticBenchConfig, folder: Path, faults: str | None) -> TrainConfig:
-    return TrainConfig(
+    return TrainConfig.from_options(
         model=cfg.model,
         workers=cfg.workers,
         reliable=cfg.reliable,
@@ -134,12 +134,13 @@ def _committed_lost(folder: Path) -> int:
 
 def _torchrun(cfg: ElasticBenchConfig, folder: Path, events: list[tuple[str, bool, float]]) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
-    _, data = model_and_data(TrainConfig(model=cfg.model, seed=cfg.seed))
+    _, data = model_and_data(TrainConfig.from_options(model=cfg.model, seed=cfg.seed))
     per_epoch = -(-len(data.train_x) // cfg.batch_size)
     every = cfg.checkpoint_every or per_epoch
-    config = json.dumps(
-        asdict(TrainConfig(model=cfg.model, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed))
+    job = TrainConfig.from_options(
+        model=cfg.model, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed
     )
+    config = json.dumps(job.options())
     command = [
         sys.executable,
         "-m",
@@ -226,11 +227,11 @@ def measure_stages(cfg: ElasticBenchConfig, folder: Path) -> list[dict[str, Any]
     reliable ones included): what the stage thresholds' defaults rest on. The first epoch (start-up) is left
     out."""
     rows = []
-    _, data = model_and_data(TrainConfig(model=cfg.model, seed=cfg.seed))
+    _, data = model_and_data(TrainConfig.from_options(model=cfg.model, seed=cfg.seed))
     for workers in cfg.stage_workers:
         for stage, (sync_max, backup_only_min) in _FORCED.items():
             run_dir = folder / f"stage{stage}-{workers}"
-            job = TrainConfig(
+            job = TrainConfig.from_options(
                 model=cfg.model,
                 workers=workers,
                 reliable=cfg.reliable,

@@ -59,7 +59,7 @@ class Case:
     autocast: str = "off"
 
     def train_config(self, **options: Any) -> TrainConfig:
-        return TrainConfig(**asdict(self), **options)
+        return TrainConfig.from_options(**asdict(self), **options)
 
 
 # Epochs chosen so a run's timed epochs take seconds, not milliseconds: the mlp's epoch is 23 steps.
@@ -112,7 +112,7 @@ def _plain_worker(case: Case, threads: list[int | None], profile: str | None) ->
     device = default_device()
     cfg = case.train_config()
     model, data = model_and_data(cfg)
-    loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
+    loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     x, y = data.train_x.to(device), data.train_y.to(device)
     dtype = {"off": None, "bf16": torch.bfloat16}[case.autocast]
     runs: dict[str, list[float]] = {}
@@ -123,7 +123,7 @@ def _plain_worker(case: Case, threads: list[int | None], profile: str | None) ->
         optimizer = make_optimizer(list(trained.parameters()))
         seconds = []
         for epoch in range(case.epochs):
-            order = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.seed + epoch)).to(device)
+            order = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.run.seed + epoch)).to(device)
             start = time.perf_counter()
             with torch_profiled(profile if epoch == 1 and count == threads[-1] else None, "plain", device):
                 for index in order.split(case.batch_size):

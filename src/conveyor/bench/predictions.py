@@ -59,7 +59,7 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
                 else {"schedule": schedule}
             )
             summary = train(
-                TrainConfig(
+                TrainConfig.from_options(
                     model=model,
                     workers=cfg.workers,
                     epochs=cfg.epochs,

@@ -136,7 +136,7 @@ def _train_config(cfg: StragglersConfig, case: Case, pattern: str, mode: str, ru
     faults = PATTERNS[pattern].format(
         period=cfg.period, seed=cfg.seed, cores=cfg.cores, pause=cfg.pause, among=case.replicas[0]
     )
-    return TrainConfig(
+    return TrainConfig.from_options(
         model=case.model,
         workers=case.workers,
         stages=len(case.replicas),

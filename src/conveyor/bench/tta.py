@@ -22,7 +22,7 @@ A plot shows accuracy against time, one line per strategy.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ def _config(cfg: TTAConfig, strategy: str, run_dir: Path) -> TrainConfig:
         if strategy in ("dp", "ddp")
         else {"workers": cfg.workers, "schedule": strategy}  # the planner's layout for this schedule
     )
-    return TrainConfig(
+    return TrainConfig.from_options(
         model=cfg.model,
         dataset=cfg.dataset,
         epochs=cfg.epochs,
@@ -89,15 +89,14 @@ def _run_one(cfg: TTAConfig, strategy: str, tmp: Path) -> dict[str, Any]:
     summary = train_ddp(train_cfg, cfg.workers, tmp / strategy) if strategy == "ddp" else train(train_cfg)
     local_rate = None
     if cfg.local_epochs and cfg.network:
-        local = replace(
-            train_cfg,
+        local = train_cfg.replaced(
             network=None,
             epochs=cfg.local_epochs,
             target_accuracy=None,
             run_dir=str(tmp / f"{strategy}-local"),
         )
         if strategy != "ddp":  # the very layout the network run used
-            local = replace(local, workers=None, stages=None, replicas=None, plan=str(tmp / strategy / "plan.json"))
+            local = local.replaced(workers=None, stages=None, replicas=None, plan=str(tmp / strategy / "plan.json"))
         local_rate = (train_ddp(local, cfg.workers) if strategy == "ddp" else train(local))["samples_per_s"]
     pairs = zip(summary["epoch_seconds"], summary["accuracy"], strict=True)
     history = [{"seconds": s, "accuracy": a} for s, a in pairs]

@@ -80,7 +80,7 @@ class WarmStartBenchConfig:
 def _config(
     family: Family, *, width: int, depth: int, epochs: int, store: Path, run_dir: Path, seed: int, **extra: Any
 ) -> TrainConfig:
-    return TrainConfig(
+    return TrainConfig.from_options(
         model=family.model,
         width=width,
         depth=depth,

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from conveyor.cli._common import add_emulation, config, console, positive, write_json
+from conveyor.cli._common import add_emulation, console, positive, write_json
 from conveyor.errors import InputError
 from conveyor.processes import start_worker_server, under_torchrun
 from conveyor.schedule import KINDS
@@ -215,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         start_worker_server()  # it imports torch for the workers while this process does for itself
     from conveyor.emulate import Emulation
     from conveyor.job import (
+        OPTION_FIELDS,
         TrainConfig,
         check_against_data,
         explicit_workers,
@@ -240,15 +241,20 @@ def run(args: argparse.Namespace) -> int:
     EpochFactors.load(args.epoch_factors)  # and so does a bad table of epochs
     if isinstance(args.batch_size, tuple):  # --batch-size auto[=B0]
         args.batch_size, args.tune_batch_size = args.batch_size[1], True
-    cfg = config(TrainConfig, args)
+    cfg = TrainConfig.from_options(
+        **{option: getattr(args, option) for option in OPTION_FIELDS if hasattr(args, option)}
+    )
     _, _, workers = job_devices(cfg)  # a device, backend or worker count this machine cannot run fails here
     model, data = model_and_data(cfg)  # so does an unknown model or dataset, before any worker starts
     check_against_data(cfg, model, len(data.train_x))  # a batch, microbatches or checkpoint that cannot fit
-    fixed_layout(cfg, len(model), cfg.workers or explicit_workers(cfg) or 0)  # and a layout that cannot work
-    Emulation(cfg.network, cfg.devices, cfg.faults).check(workers)  # and so on
+    fixed_layout(
+        cfg, len(model), cfg.layout.workers or explicit_workers(cfg.layout) or 0
+    )  # and a layout that cannot work
+    Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults).check(workers)  # and so on
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(
-            f"training {cfg.model} on {data.name}: {len(data.train_x)} training samples, batch {cfg.batch_size}"
+            f"training {cfg.model.name} on {data.name}: {len(data.train_x)} training samples, "
+            f"batch {cfg.optimizer.batch_size}"
         )
     result = train(cfg)
     if result and "generations" in result:
@@ -258,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             write_json(args.json, result)
         if result["interrupted"]:
-            _print_go_on(args.argv, result, cfg.epochs - result["epochs"], recurring=cfg.tune_batch_size)
+            _print_go_on(args.argv, result, cfg.run.epochs - result["epochs"], recurring=cfg.energy.tune_batch_size)
             return 130  # as a shell reports a command stopped by Ctrl-C
     return 0
 

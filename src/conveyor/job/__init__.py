@@ -1,19 +1,47 @@
 """The training job behind ``conveyor train``: model zoo, bundled data, measured costs, layout choice, run folder."""
 
-from conveyor.job._config import TrainConfig, check_against_data, explicit_workers, job_devices, loss_and_optimizer
+from conveyor.job._config import (
+    OPTION_FIELDS,
+    TrainConfig,
+    check_against_data,
+    explicit_workers,
+    job_devices,
+    loss_and_optimizer,
+)
 from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease, write_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._model import model_and_data
 from conveyor.job._report import closing_notes, plot_accuracy, read_jsonl
+from conveyor.job._sections import (
+    ElasticConfig,
+    EmulationConfig,
+    EnergyConfig,
+    LayoutConfig,
+    ModelConfig,
+    ModelStoreConfig,
+    OptimizerConfig,
+    RunConfig,
+    StragglersConfig,
+)
 from conveyor.job._trace import torch_profiled
 from conveyor.job._train import train
 from conveyor.job._zoo import gpt, mlp, resnet, resolve, vgg, vgg16
 
 __all__ = [
+    "OPTION_FIELDS",
+    "ElasticConfig",
+    "EmulationConfig",
+    "EnergyConfig",
     "EpochBatches",
     "Layout",
+    "LayoutConfig",
+    "ModelConfig",
+    "ModelStoreConfig",
+    "OptimizerConfig",
+    "RunConfig",
+    "StragglersConfig",
     "TrainConfig",
     "check_against_data",
     "choose_layout",

@@ -1,25 +1,34 @@
-"""What ``conveyor train`` does: :class:`TrainConfig`, each field a command-line option, checked when it is made
-(one line for every bad value, before any worker starts); the loss and optimizer it names; the device,
-backend and worker count it resolves to on this machine."""
+"""What ``conveyor train`` does: :class:`TrainConfig`, its sections (:mod:`conveyor.job._sections`) and the rules
+between them, checked when it is made (one line for every bad value, before any worker starts); the map from
+command-line options to sections; the loss and optimizer it names; the device, backend and worker count it
+resolves to on this machine."""
 
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 
-from conveyor.energy import check_meter_spec, check_power_limit_spec
 from conveyor.errors import InputError
+from conveyor.job._sections import (
+    OPTIMIZERS,
+    ElasticConfig,
+    EmulationConfig,
+    EnergyConfig,
+    LayoutConfig,
+    ModelConfig,
+    ModelStoreConfig,
+    OptimizerConfig,
+    RunConfig,
+    StragglersConfig,
+)
 from conveyor.plan import read_plan_file
 from conveyor.runtime import (
-    BACKENDS,
-    DEVICES,
     Blocks,
     OptimizerFactory,
     as_blocks,
@@ -33,11 +42,9 @@ from conveyor.runtime import (
     under_torchrun,
 )
 from conveyor.schedule import parse_replicas
-from conveyor.stragglers import mode_settings
 
 __all__ = [
-    "AUTOCAST",
-    "OPTIMIZERS",
+    "OPTION_FIELDS",
     "RunState",
     "TrainConfig",
     "check_against_data",
@@ -46,118 +53,131 @@ __all__ = [
     "loss_and_optimizer",
 ]
 
-OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
-AUTOCAST = {"off": None, "bf16": torch.bfloat16}
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """What ``conveyor train`` does; every field is a command-line option of the same name.
+    """What ``conveyor train`` does, in sections; each component takes its own. ``None`` for ``stragglers`` and
+    ``elastic``: a run without them. :meth:`from_options` makes one from ``conveyor train``'s options by name.
 
-    ``schedule="auto"`` lets the planner pick the schedule and layout for ``workers``; ``stages`` and
-    ``replicas`` (or ``plan``, a plan file) fix the layout instead.
+    Example:
+        >>> cfg = TrainConfig.from_options(model="mlp", epochs=3, stages=2)
+        >>> cfg == TrainConfig(model=ModelConfig(name="mlp"), run=RunConfig(epochs=3), layout=LayoutConfig(stages=2))
+        True
+        >>> cfg.options()["epochs"], cfg.stragglers is None
+        (3, True)
     """
 
-    model: str = "mlp"
-    dataset: str | None = None  # default: the model's own (digits for mlp, text for gpt)
-    width: int | None = None
-    depth: int | None = None
-    workers: int | None = None  # default 4 when planning, else what the layout needs
-    schedule: str = "auto"
-    stages: int | None = None
-    replicas: str | None = None
-    plan: str | None = None
-    microbatches: int | None = None  # default: 1 for one worker, else 4 (a pipeline's)
-    batch_size: int = 64
-    optimizer: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    stale_correction: bool = True  # weight prediction and PipeDream's per-sample rate (asynchronous schedules)
-    epoch_factors: str | None = None  # a conveyor bench convergence report to rank schedules by (default: shipped)
-    epochs: int = 10
-    target_accuracy: float | None = None
-    run_dir: str | None = None  # default runs/MODEL-TIME
-    checkpoint: str | None = None  # default RUN_DIR/checkpoint.pt
-    checkpoint_every: int | None = None  # also save the checkpoint every N epochs (default: at the end only)
-    resume: str | None = None  # a checkpoint to start from; --epochs then counts the epochs still to run
-    lease: str | None = None  # a JSON file {"until": UNIX_SECONDS}: stop (and save) before running past it
-    seed: int = 0
-    device: str = "auto"  # cuda (one worker per GPU), cpu, or auto: cuda where there is a GPU
-    backend: str = "auto"  # nccl on CUDA, gloo on the CPU; gloo with CUDA: workers share the GPUs (for tests)
-    autocast: str = "off"  # bf16: forwards and the loss under torch.autocast to bfloat16 (weights stay float32)
-    torch_profile: str | None = None  # a folder: the second epoch's training under torch.profiler, per worker
-    loader_workers: int = 0  # DataLoader processes per reading worker (0: the dataset sits on the device)
-    network: str | None = None  # an emulated network's topology (conveyor.emulate)
-    devices: str | None = None  # emulated devices: CPU cores per worker
-    faults: str | None = None  # faults to apply on the emulated cluster
-    stragglers: str = "off"  # flexrr, slack, reassign or off, where only the first stage is replicated
-    slack: int = 1  # steps a replica may run ahead of the slowest (--stragglers flexrr or slack)
-    chunks: int = 2  # chunks each replica owns per batch: the reassignment granularity (bench stragglers)
-    reliable: int | None = None  # elastic training: the first K workers are reliable, the rest transient
-    join: str | None = None  # HOST:PORT of an elastic job to join (conveyor.job.join_elastic)
-    lost_s: float = 2.0  # elastic: a worker whose heartbeat is still this long is lost
-    backup_every: int = 4  # elastic: steps between an owner's backups to the reliable tier
-    sync_max: float = 2.0  # elastic: transient:reliable ratio up to which the reliable tier owns the state
-    backup_only_min: float = 3.0  # elastic: the ratio from which reliable workers only keep backups
-    elastic_layout: str = "data"  # elastic: data parallelism, or a pipeline the planner re-plans per generation
-    energy_meter: str = "auto"  # auto (Zeus: NVML, RAPL), off, or replay:PATH (a Zeus CSV log; {rank}: one per worker)
-    power_limit: str | None = None  # CUDA: auto (profiled in the first epoch, Zeus), max, or watts
-    eta: float = 0.5  # cost = eta * energy + (1 - eta) * max_power * time, for --power-limit and --batch-size auto
-    tune_batch_size: bool = False  # --batch-size auto: a recurrence of --job, batch size from its history
-    job: str | None = None  # the recurring job's name in the store
-    recurrences: str | None = None  # the recurrences' SQLite file (default: the user's data directory)
-    beta: float = 2.0  # --batch-size auto: stop a recurrence whose cost passes beta x the least so far
-    max_power: float | None = None  # watts that price a second (default: the GPUs' largest power limits)
-    warm_start: str | None = None  # auto (the model store's best parent) or a checkpoint (ModelKeeper)
-    store: str | None = None  # the model store's folder (default: the user's data directory)
-    register: bool = False  # put the final model into the model store
+    model: ModelConfig = field(default_factory=ModelConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    energy: EnergyConfig = field(default_factory=EnergyConfig)
+    stragglers: StragglersConfig | None = None
+    elastic: ElasticConfig | None = None
+    store: ModelStoreConfig = field(default_factory=ModelStoreConfig)
 
     def __post_init__(self) -> None:
-        if min(self.batch_size, self.microbatches or 1) < 1:
-            raise InputError("--batch-size and --microbatches must be at least 1")
-        if self.device not in DEVICES or self.backend not in BACKENDS or self.autocast not in AUTOCAST:
-            raise InputError(
-                f"--device is one of {', '.join(DEVICES)}, --backend one of {', '.join(BACKENDS)} and "
-                f"--autocast one of {', '.join(AUTOCAST)}; got {self.device}, {self.backend}, "
-                f"{self.autocast}"
-            )
-        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
-            raise InputError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
-        if self.loader_workers < 0:
-            raise InputError(f"--loader-workers must be 0 or more, got {self.loader_workers}")
-        if not self.lr > 0 or not 0 <= self.momentum < 1:  # "not >" also refuses NaN
-            raise InputError(f"--lr must be above 0 and --momentum in [0, 1); got {self.lr} and {self.momentum}")
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise InputError(f"--checkpoint-every must be at least 1 epoch, got {self.checkpoint_every}")
-        if self.epochs < 1:
-            raise InputError(f"--epochs must be at least 1, got {self.epochs}")
-        if self.optimizer not in OPTIMIZERS:
-            raise InputError(f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
-        if self.plan and (self.stages or self.replicas):
-            raise InputError("give either --plan or --stages/--replicas, not both")
-        if self.chunks < 1:
-            raise InputError(f"--chunks must be at least 1, got {self.chunks}")
-        mode_settings(self.stragglers, self.slack)
-        if self.reliable is not None and (self.stragglers != "off" or self.stages or self.replicas or self.plan):
+        check_sections(self)
+
+    @classmethod
+    def from_options(cls, **options: Any) -> TrainConfig:
+        """The config of ``conveyor train``'s options (their names with ``_`` for ``-``; ``stragglers="off"`` and
+        no ``reliable`` nor ``join``: those sections are ``None``).
+
+        Raises:
+            InputError: a name that is no option, or a bad value (one line).
+        """
+        unknown = sorted(set(options) - set(OPTION_FIELDS))
+        if unknown:
+            raise InputError(f"conveyor train has no option {', '.join(unknown)}")
+        values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+        for option, value in options.items():
+            section, name = OPTION_FIELDS[option]
+            values[section][name] = value
+        stragglers = values["stragglers"]
+        elastic = values["elastic"]
+        made = {
+            section: kind(**values[section])
+            for section, kind in SECTIONS.items()
+            if section not in ("stragglers", "elastic")
+        }
+        return cls(
+            **made,
+            stragglers=None if stragglers.get("mode", "off") == "off" else StragglersConfig(**stragglers),
+            elastic=ElasticConfig(**elastic) if elastic.get("reliable") is not None or elastic.get("join") else None,
+        )
+
+    def replaced(self, **options: Any) -> TrainConfig:
+        """This config with some options changed, by their ``conveyor train`` names."""
+        return TrainConfig.from_options(**{**self.options(), **options})
+
+    def options(self) -> dict[str, Any]:
+        """Every ``conveyor train`` option's value: the inverse of :meth:`from_options` (JSON-ready)."""
+        out: dict[str, Any] = {}
+        for option, (section, name) in OPTION_FIELDS.items():
+            part = getattr(self, section)
+            out[option] = getattr(part if part is not None else SECTIONS[section](**_ENABLING[section]), name)
+        if self.stragglers is None:
+            out["stragglers"] = "off"
+        if self.elastic is None:
+            out["reliable"] = out["join"] = None
+        return out
+
+
+SECTIONS: dict[str, type[Any]] = {
+    "model": ModelConfig,
+    "layout": LayoutConfig,
+    "optimizer": OptimizerConfig,
+    "run": RunConfig,
+    "emulation": EmulationConfig,
+    "energy": EnergyConfig,
+    "stragglers": StragglersConfig,
+    "elastic": ElasticConfig,
+    "store": ModelStoreConfig,
+}
+_RENAMED = {
+    ("model", "name"): "model",
+    ("optimizer", "name"): "optimizer",
+    ("energy", "meter"): "energy_meter",
+    ("stragglers", "mode"): "stragglers",
+    ("elastic", "layout"): "elastic_layout",
+    ("store", "folder"): "store",
+}
+OPTION_FIELDS: dict[str, tuple[str, str]] = {
+    _RENAMED.get((section, f.name), f.name): (section, f.name)
+    for section, kind in SECTIONS.items()
+    for f in fields(kind)
+}
+"""``conveyor train``'s option (``_`` for ``-``) -> the section and field that hold it."""
+_ENABLING: dict[str, dict[str, Any]] = {"stragglers": {}, "elastic": {"reliable": 1}}  # defaults of absent sections
+
+
+def check_sections(cfg: TrainConfig) -> None:
+    """The rules between sections (each section checks its own fields); one line each."""
+    elastic, run = cfg.elastic, cfg.run
+    layout = cfg.layout
+    if elastic is not None:
+        if elastic.reliable is not None and (cfg.stragglers or layout.stages or layout.replicas or layout.plan):
             raise InputError(
                 "--reliable plans its own layouts (--elastic-layout): drop --stragglers, --stages, --replicas, --plan"
             )
-        if self.elastic_layout not in ("data", "pipeline"):
-            raise InputError(f"--elastic-layout {self.elastic_layout!r}: use data or pipeline")
-        if self.checkpoint_every is not None and (self.reliable is not None or self.join):
+        if run.checkpoint_every is not None:
             raise InputError("--checkpoint-every saves a run of fixed workers; elastic jobs keep their own backups")
-        if self.lease and (self.reliable is not None or self.join):
+        if run.lease:
             raise InputError("--lease bounds a conveyor train run of fixed workers: drop --reliable and --join")
-        if self.lost_s <= 0 or self.backup_every < 1:
-            raise InputError("--lost-s must be > 0 and --backup-every at least 1")
-        check_meter_spec(self.energy_meter)
-        check_energy_options(self)
-        if (self.warm_start or self.register) and (self.reliable is not None or self.join):
+        if cfg.energy.tune_batch_size or cfg.energy.power_limit:
+            raise InputError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
+        if cfg.store.warm_start or cfg.store.register:
             raise InputError("--warm-start and --register apply to fixed workers: drop --reliable and --join")
-        if self.warm_start and self.resume:
-            raise InputError(
-                "--warm-start starts a new model from a parent's weights; --resume continues one: pick one"
-            )
+    if cfg.store.warm_start and run.resume:
+        raise InputError("--warm-start starts a new model from a parent's weights; --resume continues one: pick one")
+    if cfg.energy.tune_batch_size and run.target_accuracy is None:
+        raise InputError(
+            "--batch-size auto learns across recurrences of a job to a target: give --job NAME and --target-accuracy"
+        )
+    if cfg.energy.tune_batch_size and (run.lease or run.resume):
+        raise InputError("a recurrence of --batch-size auto runs whole, from scratch: drop --lease and --resume")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,10 +189,12 @@ class RunState:
     warm_start_plan: str | None = None  # warm_start.json: the parent and layer pairs every worker applies
 
 
-def loss_and_optimizer(cfg: TrainConfig, sequence: bool) -> tuple[Callable[[Any, Any], Any], OptimizerFactory]:
-    """The loss (cross-entropy; per position for a sequence's logits (B, T, V)) and the optimizer ``cfg`` asks for."""
-    opt_args = {"lr": cfg.lr, "momentum": cfg.momentum} if cfg.optimizer == "sgd" else {"lr": cfg.lr}
-    make_optimizer = partial(OPTIMIZERS[cfg.optimizer], **opt_args)
+def loss_and_optimizer(
+    optimizer: OptimizerConfig, sequence: bool
+) -> tuple[Callable[[Any, Any], Any], OptimizerFactory]:
+    """The loss (cross-entropy; per position for a sequence's logits (B, T, V)) and the optimizer asked for."""
+    opt_args = {"lr": optimizer.lr, "momentum": optimizer.momentum} if optimizer.name == "sgd" else {"lr": optimizer.lr}
+    make_optimizer = partial(OPTIMIZERS[optimizer.name], **opt_args)
     if sequence:
         return (lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())), make_optimizer
     return F.cross_entropy, make_optimizer
@@ -185,20 +207,20 @@ def job_devices(cfg: TrainConfig) -> tuple[str, str, int]:
     Raises:
         ValueError: a device or backend this machine lacks, or more workers than GPUs under NCCL (one line each).
     """
-    device = resolve_device(cfg.device)
-    backend = resolve_backend(cfg.backend, device)
-    nprocs = cfg.workers or explicit_workers(cfg) or default_workers(device)
+    device = resolve_device(cfg.run.device)
+    backend = resolve_backend(cfg.run.backend, device)
+    nprocs = cfg.layout.workers or explicit_workers(cfg.layout) or default_workers(device)
     check_workers(int(os.environ.get("LOCAL_WORLD_SIZE", nprocs)) if under_torchrun() else nprocs, device, backend)
     return device, backend, nprocs
 
 
-def explicit_workers(cfg: TrainConfig) -> int | None:
+def explicit_workers(layout: LayoutConfig) -> int | None:
     """Workers a fixed layout needs (None when the planner decides)."""
-    if cfg.plan:
-        return read_plan_file(cfg.plan).workers
-    if cfg.replicas:
-        return sum(parse_replicas(cfg.replicas, cfg.stages))
-    return cfg.stages
+    if layout.plan:
+        return read_plan_file(layout.plan).workers
+    if layout.replicas:
+        return sum(parse_replicas(layout.replicas, layout.stages))
+    return layout.stages
 
 
 def check_against_data(cfg: TrainConfig, model: Blocks, samples: int) -> None:
@@ -209,34 +231,12 @@ def check_against_data(cfg: TrainConfig, model: Blocks, samples: int) -> None:
         ValueError: a batch larger than the training set, more microbatches than samples in a batch, or a
             ``--resume`` checkpoint missing, unreadable or of another model.
     """
-    if cfg.batch_size > samples and not cfg.tune_batch_size:  # auto=B0 may start above: the tuner shrinks it
+    batch, microbatches = cfg.optimizer.batch_size, cfg.layout.microbatches
+    if batch > samples and not cfg.energy.tune_batch_size:  # auto=B0 may start above: the tuner shrinks it
+        raise InputError(f"--batch-size {batch} is more than the {samples} training samples: use at most {samples}")
+    if (microbatches or 1) > batch:
         raise InputError(
-            f"--batch-size {cfg.batch_size} is more than the {samples} training samples: use at most {samples}"
+            f"--microbatches {microbatches} is more than the {batch} samples of a batch: use at most {batch}"
         )
-    if (cfg.microbatches or 1) > cfg.batch_size:
-        batch = cfg.batch_size
-        raise InputError(
-            f"--microbatches {cfg.microbatches} is more than the {batch} samples of a batch: use at most {batch}"
-        )
-    if cfg.resume:
-        check_checkpoint(load_checkpoint(cfg.resume)["model"], block_shapes(as_blocks(model)), cfg.resume)
-
-
-def check_energy_options(cfg: TrainConfig) -> None:
-    """One-line errors for energy options that do not go together (no GPU is touched)."""
-    if not 0.0 <= cfg.eta <= 1.0:
-        raise InputError(f"--eta weighs energy against time and must be in [0, 1], got {cfg.eta}")
-    if cfg.beta <= 1.0 or (cfg.max_power is not None and cfg.max_power <= 0):
-        raise InputError("--beta must be greater than 1 and --max-power above 0")
-    if cfg.power_limit is not None:
-        check_power_limit_spec(cfg.power_limit)
-    if cfg.tune_batch_size and (cfg.job is None or cfg.target_accuracy is None):
-        raise InputError(
-            "--batch-size auto learns across recurrences of a job to a target: give --job NAME and --target-accuracy"
-        )
-    if cfg.job is not None and not cfg.tune_batch_size:
-        raise InputError("--job names a recurring job whose batch size is tuned: add --batch-size auto")
-    if (cfg.tune_batch_size or cfg.power_limit) and (cfg.reliable is not None or cfg.join):
-        raise InputError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
-    if cfg.tune_batch_size and (cfg.lease or cfg.resume):
-        raise InputError("a recurrence of --batch-size auto runs whole, from scratch: drop --lease and --resume")
+    if cfg.run.resume:
+        check_checkpoint(load_checkpoint(cfg.run.resume)["model"], block_shapes(as_blocks(model)), cfg.run.resume)

@@ -16,7 +16,6 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from conveyor.job._config import TrainConfig, loss_and_optimizer
 from conveyor.job._layout import PIPELINE_MICROBATCHES
 from conveyor.job._model import model_and_data
 from conveyor.job._report import plot_accuracy, read_jsonl
+from conveyor.job._sections import ElasticConfig
 from conveyor.plan import Profile
 from conveyor.runtime import profile, resolve_device
 
@@ -49,28 +49,31 @@ __all__ = ["join_elastic", "train_elastic"]
 DEFAULT_BANDWIDTH = 1e9  # bytes/s a pipeline is planned for without an emulated network
 
 
-def _options(cfg: TrainConfig) -> ElasticOptions:
-    assert cfg.reliable is not None
+def _section(cfg: TrainConfig) -> tuple[ElasticConfig, int]:
+    """The elastic section of a job that starts here, and its reliable workers."""
+    assert cfg.elastic is not None and cfg.elastic.reliable is not None  # train() sends only such jobs here
+    return cfg.elastic, cfg.elastic.reliable
+
+
+def _options(elastic: ElasticConfig, reliable: int) -> ElasticOptions:
     return ElasticOptions(
-        reliable=cfg.reliable,
-        lost_s=cfg.lost_s,
-        backup_every=cfg.backup_every,
-        sync_max=cfg.sync_max,
-        backup_only_min=cfg.backup_only_min,
+        reliable=reliable,
+        lost_s=elastic.lost_s,
+        backup_every=elastic.backup_every,
+        sync_max=elastic.sync_max,
+        backup_only_min=elastic.backup_only_min,
     )
 
 
-def check_faults(cfg: TrainConfig, workers: int) -> None:
+def check_faults(emulation: Emulation, reliable: int, workers: int) -> None:
     """Refuse, in one line, a fault plan that revokes a reliable worker."""
-    assert cfg.reliable is not None
-    if not 1 <= cfg.reliable <= workers:
-        raise InputError(f"--reliable {cfg.reliable}: give 1 to {workers} (the job's workers)")
-    emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
+    if not 1 <= reliable <= workers:
+        raise InputError(f"--reliable {reliable}: give 1 to {workers} (the job's workers)")
     for fault in emulation.fault_list(workers) if emulation.faults else []:
-        if fault.kind == "revoke" and min(fault.workers) < cfg.reliable:
+        if fault.kind == "revoke" and min(fault.workers) < reliable:
             raise InputError(
-                f"--faults revokes worker {min(fault.workers)}, which is reliable (--reliable {cfg.reliable}): "
-                f"revoke transient workers ({cfg.reliable} to {workers - 1}) only"
+                f"--faults revokes worker {min(fault.workers)}, which is reliable (--reliable {reliable}): "
+                f"revoke transient workers ({reliable} to {workers - 1}) only"
             )
 
 
@@ -87,15 +90,15 @@ def _layouts(
     """``--elastic-layout pipeline``: the planner's layouts from worker 0's profile of the model at the
     microbatch size (every worker plans from the same one, through the store), on the emulated network's
     slowest link, else on 1 GB/s (gloo on one machine's loopback)."""
-    if cfg.elastic_layout == "data":
+    if _section(cfg)[0].layout == "data":
         return None
     store = connect(host, port, is_leader=False)
-    microbatches = cfg.microbatches or PIPELINE_MICROBATCHES
+    microbatches = cfg.layout.microbatches or PIPELINE_MICROBATCHES
     if worker == 0:
-        microbatch = example[: max(1, cfg.batch_size // microbatches)]
-        device = resolve_device(cfg.device)  # where the job computes
-        measured = profile(copy.deepcopy(model), microbatch, name=cfg.model, device=device, repeats=3, warmup=1)
-        topology = Emulation(cfg.network, cfg.devices, cfg.faults).topology(workers)
+        microbatch = example[: max(1, cfg.optimizer.batch_size // microbatches)]
+        device = resolve_device(cfg.run.device)  # where the job computes
+        measured = profile(copy.deepcopy(model), microbatch, name=cfg.model.name, device=device, repeats=3, warmup=1)
+        topology = Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults).topology(workers)
         bandwidth = min(level.bandwidth for level in topology.levels) if topology is not None else DEFAULT_BANDWIDTH
         store.set("bandwidth", repr(bandwidth))
         store.set("profile", measured.to_json())  # (a copy: profiling moves BatchNorm's running statistics)
@@ -105,7 +108,7 @@ def _layouts(
 
 def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> dict[str, Any]:
     model, data = model_and_data(cfg)
-    loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
+    loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     layout = _layouts(cfg, model, example=data.train_x, worker=worker, host=host, port=port, workers=workers)
     trainer = ElasticTrainer(
         model,
@@ -114,23 +117,30 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
         worker=worker,
         host=host,
         port=port,
-        options=_options(cfg),
+        options=_options(*_section(cfg)),
         workers=workers,
         log_dir=Path(run_dir),
         layout=layout,
-        microbatches=cfg.microbatches or PIPELINE_MICROBATCHES,
-        device=resolve_device(cfg.device),
+        microbatches=cfg.layout.microbatches or PIPELINE_MICROBATCHES,
+        device=resolve_device(cfg.run.device),
     )
     if worker == 0:
-        trainer.store.set("config", json.dumps(asdict(cfg)))  # what a worker joining by hand needs
+        trainer.store.set("config", json.dumps(cfg.options()))  # what a worker joining by hand needs
         Console().print(
-            f"elastic job: workers 0-{cfg.reliable - 1} reliable; add one from any machine with "  # type: ignore[operator]
+            f"elastic job: workers 0-{_section(cfg)[1] - 1} reliable; add one from any machine with "
             f"conveyor train --join {host}:{port}"
         )
     job = ElasticJob(
-        data.train_x, data.train_y, data.test_x, data.test_y, cfg.batch_size, cfg.epochs, cfg.seed, cfg.target_accuracy
+        data.train_x,
+        data.train_y,
+        data.test_x,
+        data.test_y,
+        cfg.optimizer.batch_size,
+        cfg.run.epochs,
+        cfg.run.seed,
+        cfg.run.target_accuracy,
     )
-    steps = cfg.epochs * -(-len(data.train_x) // cfg.batch_size)
+    steps = cfg.run.epochs * -(-len(data.train_x) // cfg.optimizer.batch_size)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -146,13 +156,13 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
 
 def train_elastic(cfg: TrainConfig) -> dict[str, Any]:
     """Run ``cfg`` as an elastic job on local workers (or the emulated cluster); return the run's summary."""
-    run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(cfg.run.run_dir or f"runs/{cfg.model.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     for log in ("metrics.jsonl", "elastic.jsonl"):
         (run_dir / log).unlink(missing_ok=True)
-    workers = cfg.workers or 4
-    check_faults(cfg, workers)
-    emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
+    workers = cfg.layout.workers or 4
+    emulation = Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults)
+    check_faults(emulation, _section(cfg)[1], workers)
     launch_elastic(_worker, cfg, str(run_dir), workers, nprocs=workers, folder=run_dir, emulation=emulation)
     history = read_jsonl(run_dir / "metrics.jsonl")
     events = read_jsonl(run_dir / "elastic.jsonl")
@@ -167,7 +177,9 @@ def train_elastic(cfg: TrainConfig) -> dict[str, Any]:
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if history:
-        plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy (elastic)")
+        plot_accuracy(
+            {cfg.model.name: history}, run_dir / "accuracy.png", title=f"{cfg.model.name}: test accuracy (elastic)"
+        )
     return summary
 
 
@@ -177,7 +189,7 @@ def join_elastic(address: str, run_dir: str | None = None) -> dict[str, Any]:
     if not host or not port_text.isdigit():
         raise InputError(f"--join {address!r}: give HOST:PORT, as the job's worker 0 printed it")
     store = connect(host, int(port_text), is_leader=False, timeout_s=30)
-    cfg = TrainConfig(**{**json.loads(store.get("config")), "join": None})
+    cfg = TrainConfig.from_options(**{**json.loads(store.get("config")), "join": None})
     folder = Path(run_dir or f"runs/join-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)
     return _worker(None, host, int(port_text), cfg, str(folder), 0)

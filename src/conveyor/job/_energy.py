@@ -29,16 +29,17 @@ from conveyor.energy import (
 )
 from conveyor.errors import InputError
 from conveyor.job._config import TrainConfig
+from conveyor.job._sections import EnergyConfig
 
 __all__ = ["EpochKnobs", "finish_recurrence", "guarded_power_limits", "start_recurrence"]
 
 
 @contextlib.contextmanager
-def guarded_power_limits(cfg: TrainConfig) -> Iterator[None]:
+def guarded_power_limits(energy: EnergyConfig) -> Iterator[None]:
     """With ``--power-limit``: the launcher records every GPU's power limit before the workers start and puts
     them back when they end, whatever ends them (a worker killed while blocked in a collective cannot restore
     its own; SIGTERM to the launcher becomes SystemExit so this runs)."""
-    if cfg.power_limit is None or not torch.cuda.is_available():
+    if energy.power_limit is None or not torch.cuda.is_available():
         yield
         return
     from zeus.device import get_gpus
@@ -69,17 +70,17 @@ def _gpus_max_power(count: int) -> float:
     return float(sum(gpus.get_power_management_limit_constraints(i)[1] / 1000 for i in range(min(count, len(gpus)))))
 
 
-def max_power_w(cfg: TrainConfig, workers: int) -> float:
+def max_power_w(energy: EnergyConfig, workers: int) -> float:
     """What a second costs, in watts: ``--max-power``, else the GPUs' maximum power, else 1 where it does not
     matter (``--eta 0``: the cost is the seconds; ``--eta 1``: energy alone)."""
-    if cfg.max_power is not None:
-        return cfg.max_power
+    if energy.max_power is not None:
+        return energy.max_power
     if torch.cuda.is_available():
         return _gpus_max_power(workers)
-    if cfg.eta in (0.0, 1.0):
+    if energy.eta in (0.0, 1.0):
         return 1.0
     raise InputError(
-        f"pricing time with --eta {cfg.eta} needs a maximum power and this machine has no GPU: give "
+        f"pricing time with --eta {energy.eta} needs a maximum power and this machine has no GPU: give "
         "--max-power WATTS (e.g. the CPUs' TDP) or --eta 0 (time to accuracy alone)"
     )
 
@@ -93,54 +94,56 @@ def start_recurrence(
     starts (workers sharing a GPU would each drive its limit)."""
     from conveyor.runtime import under_torchrun
 
-    if cfg.power_limit is not None and not torch.cuda.is_available():
+    if cfg.energy.power_limit is not None and not torch.cuda.is_available():
         raise InputError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", workers)) if under_torchrun() else workers
-    if cfg.power_limit is not None and local > (gpus := torch.cuda.device_count()):
+    if cfg.energy.power_limit is not None and local > (gpus := torch.cuda.device_count()):
         raise InputError(
             f"--power-limit needs a GPU per worker, but {local} workers share {gpus} GPUs here: use --workers {gpus}"
         )
-    if not cfg.tune_batch_size:
+    if not cfg.energy.tune_batch_size:
         return cfg, None, math.inf
     if under_torchrun():  # every process would begin a recurrence of its own
         raise InputError("--batch-size auto runs on the local launcher, not under torchrun: drop it there")
-    if cfg.eta > 0:
-        with open_meter(cfg.energy_meter, gpu_index=0 if torch.cuda.is_available() else None) as probe:
+    if cfg.energy.eta > 0:
+        with open_meter(cfg.energy.meter, gpu_index=0 if torch.cuda.is_available() else None) as probe:
             if not probe.available:
                 raise InputError(
-                    f"--batch-size auto with --eta {cfg.eta} prices energy, but {probe.reason}: use "
+                    f"--batch-size auto with --eta {cfg.energy.eta} prices energy, but {probe.reason}: use "
                     "--eta 0 (time to accuracy alone) or an --energy-meter that reads"
                 )
-    assert cfg.job is not None and cfg.target_accuracy is not None  # TrainConfig checks both
-    watts = max_power_w(cfg, workers)
+    assert cfg.energy.job is not None and cfg.run.target_accuracy is not None  # TrainConfig checks both
+    watts = max_power_w(cfg.energy, workers)
     # what else changes a recurrence's cost: a job whose recurrences differ in these is another job
     context = json.dumps(
         {
-            "model": cfg.model,
-            "dataset": cfg.dataset,
-            "width": cfg.width,
-            "depth": cfg.depth,
-            "optimizer": cfg.optimizer,
-            "lr": cfg.lr,
-            "epochs": cfg.epochs,
+            "model": cfg.model.name,
+            "dataset": cfg.model.dataset,
+            "width": cfg.model.width,
+            "depth": cfg.model.depth,
+            "optimizer": cfg.optimizer.name,
+            "lr": cfg.optimizer.lr,
+            "epochs": cfg.run.epochs,
             "workers": workers,
-            "schedule": cfg.schedule,
-            "devices": cfg.devices,
+            "schedule": cfg.layout.schedule,
+            "devices": cfg.emulation.devices,
             "max_power": watts,
         }
     )
     settings = JobSettings(
-        candidate_sizes(cfg.batch_size, train_samples()),
-        cfg.batch_size,
-        cfg.target_accuracy,
-        cfg.eta,
-        cfg.beta,
+        candidate_sizes(cfg.optimizer.batch_size, train_samples()),
+        cfg.optimizer.batch_size,
+        cfg.run.target_accuracy,
+        cfg.energy.eta,
+        cfg.energy.beta,
         context,
     )
-    recurring = Recurring(RecurrenceStore(Path(cfg.recurrences) if cfg.recurrences else None), cfg.job, settings)
+    recurring = Recurring(
+        RecurrenceStore(Path(cfg.energy.recurrences) if cfg.energy.recurrences else None), cfg.energy.job, settings
+    )
     started = recurring.start()
-    lr = scaled_lr(cfg.lr, started.batch_size, cfg.batch_size, cfg.optimizer)
-    run_cfg = dataclasses.replace(cfg, batch_size=started.batch_size, lr=lr, max_power=watts)
+    lr = scaled_lr(cfg.optimizer.lr, started.batch_size, cfg.optimizer.batch_size, cfg.optimizer.name)
+    run_cfg = cfg.replaced(batch_size=started.batch_size, lr=lr, max_power=watts)
     return run_cfg, recurring, started.stop_above
 
 
@@ -149,15 +152,15 @@ def finish_recurrence(recurring: Recurring | None, summary: dict[str, Any], cfg:
     if recurring is None:
         return
     assert recurring.started is not None
-    reached = max(summary["accuracy"], default=0.0) >= (cfg.target_accuracy or math.inf)
+    reached = max(summary["accuracy"], default=0.0) >= (cfg.run.target_accuracy or math.inf)
     recurring.end(summary["cost"], summary.get("energy_j"), summary["seconds"], reached, summary["epochs"])
     started = recurring.started
     summary["recurrence"] = {
-        "job": cfg.job,
+        "job": cfg.energy.job,
         "number": started.number + 1,
         "phase": started.phase,
-        "batch_size": cfg.batch_size,
-        "lr": cfg.lr,
+        "batch_size": cfg.optimizer.batch_size,
+        "lr": cfg.optimizer.lr,
         "reached": reached,
         "stop_above": started.stop_above,
         "store": str(recurring.store.path),
@@ -186,23 +189,27 @@ class EpochKnobs:
     ``steps_per_epoch``: this worker's updates in an epoch (the power limit's profiling windows fit in one)."""
 
     def __init__(
-        self, cfg: TrainConfig, gpu_index: int | None, equal_steps: bool, steps_per_epoch: int, stop_above: float
+        self, energy: EnergyConfig, gpu_index: int | None, equal_steps: bool, steps_per_epoch: int, stop_above: float
     ) -> None:
         self.power: PowerLimits | None = None
-        if cfg.power_limit is not None:
+        if energy.power_limit is not None:
             if gpu_index is None:
                 raise RuntimeError("--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit")
-            if cfg.power_limit.lower() == "auto" and not equal_steps:
+            if energy.power_limit.lower() == "auto" and not equal_steps:
                 raise InputError(
                     "--power-limit auto profiles every worker's steps together, so each must run as "
                     "many steps per epoch: use equal replicas per stage, or a fixed limit"
                 )
             warmup, profile = profiling_window(steps_per_epoch)
             self.power = PowerLimits(
-                cfg.power_limit, eta=cfg.eta, gpu_index=gpu_index, warmup_steps=warmup, profile_steps=profile
+                energy.power_limit,
+                eta=energy.eta,
+                gpu_index=gpu_index,
+                warmup_steps=warmup,
+                profile_steps=profile,
             )
-        tuning = cfg.tune_batch_size
-        self.cost = CostMeter(cfg.eta, cfg.max_power or 1.0, stop_above) if tuning else None
+        tuning = energy.tune_batch_size
+        self.cost = CostMeter(energy.eta, energy.max_power or 1.0, stop_above) if tuning else None
 
     def step(self) -> None:
         if self.power is not None:

@@ -42,8 +42,8 @@ PIPELINE_MICROBATCHES = 4  # a pipeline's microbatches per batch where --microba
 def microbatches_of(cfg: TrainConfig, workers: int) -> int:
     """Microbatches per batch: ``--microbatches``, else 1 for a job of one worker (no pipeline to fill: a batch is
     one forward and one backward, as in a plain loop) and :data:`PIPELINE_MICROBATCHES` otherwise."""
-    if cfg.microbatches is not None:
-        return int(cfg.microbatches)
+    if cfg.layout.microbatches is not None:
+        return int(cfg.layout.microbatches)
     return 1 if workers == 1 else PIPELINE_MICROBATCHES
 
 
@@ -83,23 +83,31 @@ def fixed_layout(cfg: TrainConfig, blocks: int, workers: int) -> Layout | None:
     Raises:
         ValueError: a plan file for another worker count or model, or a layout the model cannot take.
     """
-    if cfg.plan:
-        spec = read_plan_file(cfg.plan)
+    if cfg.layout.plan:
+        spec = read_plan_file(cfg.layout.plan)
         if spec.workers != workers:
             raise InputError(
-                f"the plan {cfg.plan} is for {spec.workers} workers but the job has {workers}: start "
+                f"the plan {cfg.layout.plan} is for {spec.workers} workers but the job has {workers}: start "
                 f"{spec.workers} (--workers {spec.workers}) or plan again for {workers}"
             )
         if spec.layers != blocks:
-            raise InputError(f"the plan {cfg.plan} splits {spec.layers} layers but {cfg.model} has {blocks} blocks")
-        schedule = spec.schedule if cfg.schedule == "auto" else cfg.schedule
-        return Layout(schedule, spec.balance, spec.replicas, spec.microbatches, spec.recompute, f"plan {cfg.plan}")
-    if cfg.stages or cfg.replicas:
-        replicas = parse_replicas(cfg.replicas, cfg.stages) if cfg.replicas else [1] * (cfg.stages or 1)
-        schedule = "flush" if cfg.schedule == "auto" else cfg.schedule
+            raise InputError(
+                f"the plan {cfg.layout.plan} splits {spec.layers} layers but {cfg.model.name} has {blocks} blocks"
+            )
+        schedule = spec.schedule if cfg.layout.schedule == "auto" else cfg.layout.schedule
+        return Layout(
+            schedule, spec.balance, spec.replicas, spec.microbatches, spec.recompute, f"plan {cfg.layout.plan}"
+        )
+    if cfg.layout.stages or cfg.layout.replicas:
+        replicas = (
+            parse_replicas(cfg.layout.replicas, cfg.layout.stages)
+            if cfg.layout.replicas
+            else [1] * (cfg.layout.stages or 1)
+        )
+        schedule = "flush" if cfg.layout.schedule == "auto" else cfg.layout.schedule
         microbatches = microbatches_of(cfg, sum(replicas))
         return Layout(schedule, even_balance(blocks, len(replicas)), replicas, microbatches, how="fixed layout")
-    if workers == 1 and cfg.schedule == "auto":
+    if workers == 1 and cfg.layout.schedule == "auto":
         return Layout("flush", [blocks], [1], microbatches_of(cfg, 1), how="one worker")
     return None
 
@@ -111,7 +119,7 @@ def choose_layout(
     :func:`fixed_layout` gave one, else the planner's), its plan file with the prediction for an epoch (one
     run of ``batches`` batches, ``samples`` samples) and the figures it rests on."""
     topology, prof, runtime = costs.topology, costs.profile, costs.runtime
-    epochs = EpochFactors.load(cfg.epoch_factors)
+    epochs = EpochFactors.load(cfg.optimizer.epoch_factors)
     if layout is not None:
         ranges, first = [], 0
         for blocks, r in zip(layout.balance, layout.replicas, strict=True):
@@ -121,12 +129,14 @@ def choose_layout(
         file = layout_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
         seconds = predict(plan, prof, topology, batches * plan.microbatches, runtime).seconds
         file["predicted"] = {
-            "epochs_factor": epochs.factor(prof.model, layout.schedule, cfg.stale_correction),
+            "epochs_factor": epochs.factor(prof.model, layout.schedule, cfg.optimizer.stale_correction),
             "epochs_factor_source": epochs.source,
         }
     else:
         # A schedule the planner has no memory model for is planned as its record says (no memory limit here).
-        candidates = _PREFERENCE if cfg.schedule == "auto" else [kind(cfg.schedule).plan_as or cfg.schedule]
+        candidates = (
+            _PREFERENCE if cfg.layout.schedule == "auto" else [kind(cfg.layout.schedule).plan_as or cfg.layout.schedule]
+        )
         best: tuple[Plan, dict[str, Any]] | None = None
 
         def time_to_accuracy(file: dict[str, Any]) -> float:  # in units of data parallelism's epochs
@@ -140,7 +150,7 @@ def choose_layout(
                 minibatches=batches * plan.microbatches,
                 runtime=runtime,
                 epochs=epochs,
-                stale_correction=cfg.stale_correction,
+                stale_correction=cfg.optimizer.stale_correction,
             )
 
         for name in candidates:
@@ -150,7 +160,7 @@ def choose_layout(
                 best = (plan, file)
         assert best is not None
         plan, file = best
-        schedule = cfg.schedule if cfg.schedule != "auto" else plan.schedule
+        schedule = cfg.layout.schedule if cfg.layout.schedule != "auto" else plan.schedule
         if schedule != plan.schedule:  # pipedream-vs is planned as pipedream, but runs and is predicted as itself
             plan = replace(plan, schedule=schedule)
             file = file_of(plan)

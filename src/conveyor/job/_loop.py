@@ -123,11 +123,11 @@ class EpochLoop:
     def run(self) -> LoopOutcome:
         """Train until the epochs, the target accuracy, the lease, the cost limit or a stop request end it."""
         outcome, cfg = LoopOutcome(), self.cfg
-        until = read_lease(cfg.lease) if cfg.lease and dist.get_rank() == 0 else None  # worker 0 alone reads it
+        until = read_lease(cfg.run.lease) if cfg.run.lease and dist.get_rank() == 0 else None  # worker 0 alone reads it
         traffic, energy_total = ServerTraffic(self.trainer.is_output), None
         start, train_seconds = time.perf_counter(), 0.0
         with self._progress() as bar:
-            task = bar.add_task("training", total=cfg.epochs * self.updates, status="")
+            task = bar.add_task("training", total=cfg.run.epochs * self.updates, status="")
 
             def updated(_: int) -> None:  # after each update: the bar, the power limit's profiling windows, threads
                 bar.advance(task)
@@ -135,7 +135,7 @@ class EpochLoop:
                 if self.cores is not None:
                     self.cores.update()
 
-            for epoch in range(cfg.epochs):
+            for epoch in range(cfg.run.epochs):
                 self.meter.begin()
                 began = time.perf_counter()
                 traffic.start()
@@ -171,12 +171,16 @@ class EpochLoop:
                     status = f"epoch {epoch + 1} loss {record.loss:.3f} acc {accuracy:.3f} "
                     bar.update(task, status=status + f"{record.samples_per_s:.0f} samples/s")
                 over = self.knobs.epoch_end(epoch_energy, epoch_s)
-                if cfg.target_accuracy is not None and accuracy >= cfg.target_accuracy:
+                if cfg.run.target_accuracy is not None and accuracy >= cfg.run.target_accuracy:
                     break
                 if expired or over or stop:
                     outcome.stopped_by_lease, outcome.stopped_by_cost, outcome.interrupted = expired, over, stop
                     break
-                if cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0 and epoch + 1 < cfg.epochs:
+                if (
+                    cfg.run.checkpoint_every
+                    and (epoch + 1) % cfg.run.checkpoint_every == 0
+                    and epoch + 1 < cfg.run.epochs
+                ):
                     self.trainer.save(self.checkpoint)  # a run killed later loses at most the epochs since
         return outcome
 
@@ -192,7 +196,9 @@ class EpochLoop:
     def _train_epoch(self, epoch: int, updated: Callable[[int], None]) -> list[float] | None:
         if self.batches is not None:
             self.batches.order.epoch = self.first_epoch + epoch
-        profiled = self.cfg.torch_profile if epoch == min(1, self.cfg.epochs - 1) else None  # the 2nd: warmed up
+        profiled = (
+            self.cfg.run.torch_profile if epoch == min(1, self.cfg.run.epochs - 1) else None
+        )  # the 2nd: warmed up
         with torch_profiled(profiled, f"worker{dist.get_rank()}", self.device):
             losses = self.trainer.train(self.batches, updated)
         if self.device.type == "cuda":
@@ -207,17 +213,17 @@ class EpochLoop:
 
     def _lease(self, until: float | None, epoch: int, began: float) -> tuple[float | None, bool]:
         """Worker 0's lease, read again, and whether another epoch as long as this one would end past it."""
-        if until is None or not self.cfg.lease or epoch + 1 >= self.cfg.epochs:
+        if until is None or not self.cfg.run.lease or epoch + 1 >= self.cfg.run.epochs:
             return until, False
         with contextlib.suppress(ValueError):  # the scheduler replaces it atomically: keep the last read
-            until = read_lease(self.cfg.lease)
+            until = read_lease(self.cfg.run.lease)
         return until, lease_expires(until, time.perf_counter() - began, time.time())
 
     def _test_accuracy(self) -> torch.Tensor | None:
         """The test accuracy, a 0-d tensor on the output worker's device (``None`` on the others); the test set is
         evaluated in chunks of a batch (a whole one could outgrow the device), every worker taking part in each
         (worker 0 holds the inputs, the output worker the targets)."""
-        x, y, chunk, correct = self.test_x, self.test_y, self.cfg.batch_size, None
+        x, y, chunk, correct = self.test_x, self.test_y, self.cfg.optimizer.batch_size, None
         for start in range(0, self.test_samples, chunk):
             logits = self.trainer.evaluate(None if x is None else x[start : start + chunk])
             if self.trainer.is_output:

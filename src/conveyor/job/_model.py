@@ -16,16 +16,16 @@ __all__ = ["model_and_data"]
 def model_and_data(cfg: TrainConfig, warm_start_plan: str | None = None) -> tuple[nn.Sequential, datasets.Dataset]:
     """The model (initialised from ``cfg.seed``, identical on every worker, then given the parent's weights a
     ``warm_start_plan`` maps) and its dataset."""
-    if ":" in cfg.model:
-        data = datasets.load(cfg.dataset or "digits", cfg.seed)
-        torch.manual_seed(cfg.seed)
-        blocks, _ = zoo.resolve(cfg.model, cfg.batch_size)
+    if ":" in cfg.model.name:
+        data = datasets.load(cfg.model.dataset or "digits", cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+        blocks, _ = zoo.resolve(cfg.model.name, cfg.optimizer.batch_size)
         model = blocks if isinstance(blocks, nn.Sequential) else nn.Sequential(*blocks)
     else:
-        data = datasets.load(cfg.dataset or zoo.default_dataset(cfg.model), cfg.seed)
-        torch.manual_seed(cfg.seed)
-        model = zoo.build(cfg.model, data, cfg.width, cfg.depth)
+        data = datasets.load(cfg.model.dataset or zoo.default_dataset(cfg.model.name), cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+        model = zoo.build(cfg.model.name, data, cfg.model.width, cfg.model.depth)
     apply_plan(
-        warm_start_plan, model, cfg.seed
+        warm_start_plan, model, cfg.run.seed
     )  # --warm-start: the parent's weights, transformed (the same in every worker)
     return model, data

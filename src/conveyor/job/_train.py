@@ -33,7 +33,7 @@ from torch import nn
 import conveyor.job._data as datasets
 from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
-from conveyor.job._config import AUTOCAST, RunState, TrainConfig, job_devices, loss_and_optimizer
+from conveyor.job._config import RunState, TrainConfig, job_devices, loss_and_optimizer
 from conveyor.job._costs import measure_costs
 from conveyor.job._energy import (
     EpochKnobs,
@@ -47,6 +47,7 @@ from conveyor.job._loader import EpochBatches
 from conveyor.job._loop import EpochLoop
 from conveyor.job._model import model_and_data
 from conveyor.job._report import energy_summary, plot_accuracy
+from conveyor.job._sections import AUTOCAST
 from conveyor.job._warmstart import prepare_warm_start, register_model
 from conveyor.runtime import (
     CoreShare,
@@ -74,11 +75,11 @@ def _measure_and_plan(
     ``steps`` batches, writes the plan file, and every worker gets the layout. ``cores``: the CPU's share, as
     :class:`~conveyor.runtime.CoreShare` last measured it (``None`` off the CPU)."""
     # At least two batches (the first a warm-up), at the microbatch count of a fixed layout if there is one.
-    B = cfg.batch_size
+    B = cfg.optimizer.batch_size
     sample = [(data.train_x[i * B : (i + 1) * B], data.train_y[i * B : (i + 1) * B]) for i in range(min(steps, 7))]
     fixed = fixed_layout(cfg, len(model), dist.get_world_size())
     microbatches = microbatches_of(cfg, dist.get_world_size()) if fixed is None else fixed.microbatches
-    emulation = Emulation(cfg.network, cfg.devices)
+    emulation = Emulation(cfg.emulation.network, cfg.emulation.devices)
     network, devices = emulation.topology(dist.get_world_size()), emulation.device_list(dist.get_world_size())
     device_cores = devices[dist.get_rank()].cores if devices else None
     costs = measure_costs(
@@ -87,11 +88,11 @@ def _measure_and_plan(
         microbatches=microbatches,
         loss_fn=loss_fn,
         optimizer=make_optimizer,
-        name=cfg.model,
+        name=cfg.model.name,
         network=network,
         device_cores=device_cores,
         device=default_device(),
-        autocast=AUTOCAST[cfg.autocast],
+        autocast=AUTOCAST[cfg.run.autocast],
         share=cores,
     )
     box: list[Layout | None] = [None]
@@ -113,26 +114,26 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
     cores = CoreShare(local_workers) if device.type == "cpu" else None  # threads to match the cores others leave
     model, data = model_and_data(cfg, state.warm_start_plan)  # the same initial weights on every worker
     folder = Path(run_dir)
-    loss_fn, make_optimizer = loss_and_optimizer(cfg, data.sequence)
-    steps = -(-len(data.train_x) // cfg.batch_size)  # batches per epoch, the last one maybe short
+    loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
+    steps = -(-len(data.train_x) // cfg.optimizer.batch_size)  # batches per epoch, the last one maybe short
     layout = _measure_and_plan(
         cfg, model, data=data, loss_fn=loss_fn, make_optimizer=make_optimizer, folder=folder, steps=steps, cores=cores
     )
-    torch.manual_seed(cfg.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
+    torch.manual_seed(cfg.run.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     pipe = _trainer(cfg, model, layout=layout, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
-    if cfg.resume:
-        pipe.load(cfg.resume)  # every worker reads it before any writes it (the end may save to the same path)
+    if cfg.run.resume:
+        pipe.load(cfg.run.resume)  # every worker reads it before any writes it (the end may save to the same path)
     done = pipe.steps // steps  # epochs the checkpoint has trained: the data order goes on from there
-    checkpoint = cfg.checkpoint or str(folder / "checkpoint.pt")
+    checkpoint = cfg.run.checkpoint or str(folder / "checkpoint.pt")
     batches = None
     if pipe.is_first or pipe.is_last:  # the data moves to the device here, once
         batches = EpochBatches(
             data.train_x if pipe.is_first else None,
             data.train_y if pipe.is_last else None,
-            cfg.batch_size,
-            cfg.seed,
+            cfg.optimizer.batch_size,
+            cfg.run.seed,
             device=device,
-            loader_workers=cfg.loader_workers,
+            loader_workers=cfg.run.loader_workers,
         )
     updates = steps  # this worker's updates per epoch
     if isinstance(pipe, Pipeline):
@@ -140,14 +141,14 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
     started_at = time.time()
     owns_gpu = device.type == "cuda" and local_rank < torch.cuda.device_count()  # GPU shared: the first meters it
     meter = open_meter(
-        cfg.energy_meter,
+        cfg.energy.meter,
         gpu_index=device.index if owns_gpu else None,
         measure_host=local_rank == 0,
         rank=dist.get_rank(),
     )
-    equal_steps = cfg.stragglers == "off" and len(set(layout.replicas)) == 1  # every worker: as many updates
+    equal_steps = cfg.stragglers is None and len(set(layout.replicas)) == 1  # every worker: as many updates
     gpu_index = device.index if device.type == "cuda" else None
-    knobs = EpochKnobs(cfg, gpu_index, equal_steps, updates, stop_above=state.stop_above)
+    knobs = EpochKnobs(cfg.energy, gpu_index, equal_steps, updates, stop_above=state.stop_above)
     loop = EpochLoop(
         cfg=cfg,
         trainer=pipe,
@@ -198,25 +199,26 @@ def _trainer(
 ) -> Pipeline | FlexiblePipeline:
     """A pipeline for ``layout``; with ``--stragglers`` on and the first stage replicated (data parallelism
     is one stage), a flexible one whose replicas share each batch's chunks."""
-    slack, reassign = mode_settings(cfg.stragglers, cfg.slack)
-    if cfg.stragglers != "off" and flexible_layout(layout.replicas):
+    stragglers = cfg.stragglers
+    if stragglers is not None and flexible_layout(layout.replicas):
+        slack, reassign = mode_settings(stragglers.mode, stragglers.slack)
         return FlexiblePipeline(
             model,
             loss_fn=loss_fn,
             optimizer=make_optimizer,
             balance=layout.balance,
             replicas=layout.replicas,
-            chunks=cfg.chunks,
+            chunks=stragglers.chunks,
             slack=slack,
             reassign=reassign,
-            predict=cfg.stale_correction,
+            predict=cfg.optimizer.stale_correction,
             device=device,
-            autocast=AUTOCAST[cfg.autocast],
+            autocast=AUTOCAST[cfg.run.autocast],
         )
-    if cfg.stragglers != "off" and dist.get_rank() == 0:
+    if stragglers is not None and dist.get_rank() == 0:
         layout_text = "-".join(map(str, layout.replicas))
         Console().print(
-            f"--stragglers {cfg.stragglers} applies to layouts whose first stage alone is replicated; "
+            f"--stragglers {stragglers.mode} applies to layouts whose first stage alone is replicated; "
             f"this one is {layout_text}: it runs as planned, synchronously"
         )
     return Pipeline(
@@ -228,9 +230,9 @@ def _trainer(
         schedule=layout.schedule,
         replicas=layout.replicas,
         device=device,
-        autocast=AUTOCAST[cfg.autocast],
+        autocast=AUTOCAST[cfg.run.autocast],
         recompute=layout.recompute,
-        correct_staleness=cfg.stale_correction,
+        correct_staleness=cfg.optimizer.stale_correction,
     )
 
 
@@ -260,25 +262,28 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     Raises:
         ValueError: the lease file (``cfg.lease``) cannot be read.
     """
-    if cfg.reliable is not None:
-        from conveyor.job._elastic import train_elastic
+    if cfg.elastic is not None:
+        from conveyor.job._elastic import join_elastic, train_elastic
 
+        if cfg.elastic.join:
+            join_elastic(cfg.elastic.join, cfg.run.run_dir)
+            return {}
         return train_elastic(cfg)
-    if cfg.lease:
-        read_lease(cfg.lease)  # fail here, with one line, rather than in worker 0
+    if cfg.run.lease:
+        read_lease(cfg.run.lease)  # fail here, with one line, rather than in worker 0
     device, backend, nprocs = job_devices(cfg)  # so do a device, a backend or a worker count this machine lacks
-    run_dir = Path(cfg.run_dir or f"runs/{cfg.model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(cfg.run.run_dir or f"runs/{cfg.model.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     for log in ("metrics.jsonl", "stragglers.jsonl"):  # a run folder used again starts its logs afresh
         (run_dir / log).unlink(missing_ok=True)
-    if cfg.checkpoint:
-        Path(cfg.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-    emulation = Emulation(cfg.network, cfg.devices, cfg.faults)
+    if cfg.run.checkpoint:
+        Path(cfg.run.checkpoint).parent.mkdir(parents=True, exist_ok=True)
+    emulation = Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults)
     cfg, recurring, stop_above = start_recurrence(cfg, lambda: len(model_and_data(cfg)[1].train_x), nprocs)
     plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
     state = RunState(stop_above=stop_above, warm_start_plan=plan)
     try:
-        with guarded_power_limits(cfg):
+        with guarded_power_limits(cfg.energy):
             per_rank = launch_emulated(
                 _worker,
                 cfg,
@@ -315,7 +320,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "peak_rss_bytes": [per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
         "layout": out["layout"],
         "run_dir": str(run_dir),
-        "checkpoint": cfg.checkpoint or str(run_dir / "checkpoint.pt"),
+        "checkpoint": cfg.run.checkpoint or str(run_dir / "checkpoint.pt"),
         "interrupted": out["interrupted"],
     }
     plan = out["layout"]["plan_file"]
@@ -325,7 +330,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "error": summary["samples_per_s"] / predicted - 1,  # measured against predicted
         "measured_at_start": plan["measured_at_start"],
     }
-    summary |= energy_summary(history, out["energy_meter"], out["energy_note"], cfg.target_accuracy)
+    summary |= energy_summary(history, out["energy_meter"], out["energy_note"], cfg.run.target_accuracy)
     keys = ("stopped_by_cost", "cost", "power_limit_w", "power_profile", "power_limit_note")
     summary |= {k: out[k] for k in keys if k in out}
     stopped = summary["interrupted"]  # a stopped run has no outcome to learn from, nor a finished model to keep
@@ -337,5 +342,5 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if not stopped:
         register_model(cfg, summary, lambda: model_and_data(cfg)[0])
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_accuracy({cfg.model: history}, run_dir / "accuracy.png", title=f"{cfg.model}: test accuracy")
+    plot_accuracy({cfg.model.name: history}, run_dir / "accuracy.png", title=f"{cfg.model.name}: test accuracy")
     return summary

@@ -23,15 +23,15 @@ def prepare_warm_start(
 ) -> tuple[str | None, dict[str, Any]]:
     """Choose the parent once (before the workers start), write the plan to ``run_dir/warm_start.json`` and
     return its path (``None``: no parent to start from), with what the summary gets."""
-    if not cfg.warm_start:
+    if not cfg.store.warm_start:
         return None, {}
     began = time.perf_counter()
     child = build()
-    plan, account = plan_warm_start(cfg.warm_start, child, ModelStore(cfg.store))
+    plan, account = plan_warm_start(cfg.store.warm_start, child, ModelStore(cfg.store.folder))
     Console().print(account, markup=False, highlight=False)
     if plan is None:
         return None, {"warm_start": {"parent": None, "reason": account, "seconds": time.perf_counter() - began}}
-    report = apply_warm_start(plan, child, cfg.seed)  # as every worker will: for the summary's coverage
+    report = apply_warm_start(plan, child, cfg.run.seed)  # as every worker will: for the summary's coverage
     seconds = time.perf_counter() - began  # what a user waits for before the workers start
     path = run_dir / "warm_start.json"
     path.write_text(plan.to_json())
@@ -58,17 +58,17 @@ def apply_plan(plan: str | None, model: nn.Module, seed: int) -> None:
 
 def register_model(cfg: TrainConfig, summary: dict[str, Any], build: Callable[[], nn.Module]) -> None:
     """With ``--register``: the run's final model, its architecture and final accuracy into the store."""
-    if not cfg.register or not summary.get("accuracy"):
+    if not cfg.store.register or not summary.get("accuracy"):
         return
     graph = json.loads(op_graph(build()).to_json())
     info = {
-        "width": cfg.width,
-        "depth": cfg.depth,
-        "dataset": cfg.dataset,
+        "width": cfg.model.width,
+        "depth": cfg.model.depth,
+        "dataset": cfg.model.dataset,
         "epochs": summary["epochs"],
         "run_dir": summary["run_dir"],
         "warm_start": summary.get("warm_start", {}).get("parent"),
     }
-    checkpoint = cfg.checkpoint or str(Path(summary["run_dir"]) / "checkpoint.pt")
-    entry = ModelStore(cfg.store).register(checkpoint, cfg.model, summary["accuracy"][-1], graph, info)
+    checkpoint = cfg.run.checkpoint or str(Path(summary["run_dir"]) / "checkpoint.pt")
+    entry = ModelStore(cfg.store.folder).register(checkpoint, cfg.model.name, summary["accuracy"][-1], graph, info)
     summary["registered"] = entry.id
