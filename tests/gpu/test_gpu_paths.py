@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from models import batches, mlp
 
 import conveyor.runtime._checkpoint as checkpoint
-from conveyor.job import TrainConfig, train
+from conveyor.job import TrainConfig, train, train_elastic
 from conveyor.runtime import Pipeline, default_device, launch, profile
 from conveyor.runtime._stage import as_blocks, build_stage, stage_ranges
 from conveyor.stragglers import FlexiblePipeline
@@ -121,13 +121,14 @@ def test_the_job_trains_evaluates_and_meters_on_the_gpu(tmp_path: Path) -> None:
     """The README's job on one GPU (it crashed at its first evaluation, comparing CUDA logits with CPU labels);
     NVML meters each epoch's energy."""
     summary = train(TrainConfig.from_options(workers=1, epochs=3, device="cuda", run_dir=str(tmp_path)))
-    assert summary["accuracy"][-1] > 0.8 and summary["layout"]["replicas"] == [1]
-    assert summary["energy_j"] is not None and "NVML" in summary["energy_meter"]
+    assert summary.accuracy[-1] > 0.8 and summary.layout["replicas"] == [1]
+    assert summary.energy_j is not None and "NVML" in summary.energy_meter
 
 
 def test_elastic_training_computes_on_the_gpu(tmp_path: Path) -> None:
-    summary = train(TrainConfig.from_options(reliable=1, workers=2, epochs=2, device="cuda", run_dir=str(tmp_path)))
-    assert summary["epochs"] == 2 and summary["accuracy"][-1] > 0.5
+    cfg = TrainConfig.from_options(reliable=1, workers=2, epochs=2, device="cuda", run_dir=str(tmp_path))
+    summary = train_elastic(cfg)
+    assert summary.epochs == 2 and summary.accuracy[-1] > 0.5
 
 
 def test_profiling_a_model_on_the_gpu() -> None:

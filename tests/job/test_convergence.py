@@ -27,7 +27,7 @@ def _epochs_to_target(run_dir: Path, **options: object) -> tuple[int, float]:
         **options,
     )
     result = train(cfg)
-    return result["epochs"], result["accuracy"][-1]
+    return result.epochs, result.accuracy[-1]
 
 
 def test_pipedream_and_2bw_reach_the_accuracy_of_data_parallelism(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 from emulation import needs_root
 
 from conveyor.emulate import Emulation
-from conveyor.job import TrainConfig, join_elastic, train
+from conveyor.job import TrainConfig, join_elastic, train_elastic
 from conveyor.job._elastic import check_faults
 
 pytestmark = pytest.mark.timeout(180)
@@ -30,11 +30,11 @@ def test_options_that_cannot_go_with_elastic_training_fail_in_one_line() -> None
 
 @pytest.mark.slow
 def test_an_elastic_pipeline_plans_from_worker_0s_profile(tmp_path: Path) -> None:
-    summary = train(
+    summary = train_elastic(
         TrainConfig.from_options(reliable=1, workers=3, epochs=2, run_dir=str(tmp_path), elastic_layout="pipeline")
     )
-    (start,) = summary["generations"]
-    assert sum(start["layout"]["replicas"]) == len(start["compute"]) and summary["epochs"] == 2
+    (start,) = summary.generations
+    assert sum(start["layout"]["replicas"]) == len(start["compute"]) and summary.epochs == 2
 
 
 @needs_root
@@ -42,10 +42,11 @@ def test_a_run_survives_a_revocation_and_takes_a_worker_in(tmp_path: Path) -> No
     faults = "revoke:worker=2,at=0.3;add:worker=2,at=0.6"
     # 60 epochs, so the run goes on long after the addition: on a busy machine a joiner took 4 s to start, and more
     # to be let in (40 epochs ended first)
-    summary = train(TrainConfig.from_options(reliable=1, workers=3, epochs=60, run_dir=str(tmp_path), faults=faults))
-    assert summary["epochs"] == 60 and summary["accuracy"][-1] > 0.9
-    reasons = [g["reason"] for g in summary["generations"]]
+    cfg = TrainConfig.from_options(reliable=1, workers=3, epochs=60, run_dir=str(tmp_path), faults=faults)
+    summary = train_elastic(cfg)
+    assert summary.epochs == 60 and summary.accuracy[-1] > 0.9
+    reasons = [g["reason"] for g in summary.generations]
     assert reasons[0] == "start" and "lost [2]" in reasons and any("joined" in r for r in reasons)
     for name in ("metrics.jsonl", "elastic.jsonl", "checkpoint.pt", "summary.json", "accuracy.png", "faults.jsonl"):
         assert (tmp_path / name).exists(), name
-    assert json.loads((tmp_path / "summary.json").read_text())["generations"] == summary["generations"]
+    assert json.loads((tmp_path / "summary.json").read_text())["generations"] == summary.generations

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import conveyor.runtime._checkpoint as checkpoint
-from conveyor.job import TrainConfig, closing_notes, train
+from conveyor.job import TrainConfig, train
 from conveyor.plan import layout_file, read_plan_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -31,8 +31,8 @@ def _check_run_folder(run: Path, epochs: int) -> None:
 )
 def test_every_schedule_learns_and_writes_its_run_folder(schedule: str, epochs: int, tmp_path: Path) -> None:
     summary = train(TrainConfig.from_options(stages=2, schedule=schedule, epochs=epochs, run_dir=str(tmp_path)))
-    assert summary["accuracy"][-1] > 0.8, summary["accuracy"]
-    assert summary["layout"]["schedule"] == schedule and len(summary["peak_rss_bytes"]) == 2
+    assert summary.accuracy[-1] > 0.8, summary.accuracy
+    assert summary.layout["schedule"] == schedule and len(summary.peak_rss_bytes) == 2
     _check_run_folder(tmp_path, epochs)
 
 
@@ -49,23 +49,23 @@ def test_planned_run_its_plan_file_and_resuming(tmp_path: Path) -> None:
         run_dir=str(tmp_path / "b"),
     )
     second = train(cfg)
-    assert second["layout"]["replicas"] == first["layout"]["replicas"]
+    assert second.layout["replicas"] == first.layout["replicas"]
     assert checkpoint.load(tmp_path / "b" / "checkpoint.pt")["steps"] == 3 * STEPS_PER_EPOCH
-    assert second["accuracy"][-1] >= first["accuracy"][-1] - 0.05
+    assert second.accuracy[-1] >= first.accuracy[-1] - 0.05
 
 
 def test_every_run_reports_its_prediction_and_whether_one_worker_is_faster(tmp_path: Path) -> None:
     summary = train(TrainConfig.from_options(stages=2, epochs=1, run_dir=str(tmp_path)))
-    prediction = summary["prediction"]
-    assert prediction["samples_per_s"] > 0
-    assert prediction["error"] == pytest.approx(summary["samples_per_s"] / prediction["samples_per_s"] - 1)
-    start = prediction["measured_at_start"]
+    prediction = summary.prediction
+    assert prediction.samples_per_s > 0
+    assert prediction.error == pytest.approx(summary.samples_per_s / prediction.samples_per_s - 1)
+    start = prediction.measured_at_start
     assert start["workers"] == 2 and start["link"]["bandwidth"] > 0 and start["single_worker_samples_per_s"] > 0
     plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["predicted"]["samples_per_s"] == prediction["samples_per_s"]
-    notes = closing_notes(summary)
-    assert notes[0].startswith(f"predicted {prediction['samples_per_s']:.0f} training samples/s, measured")
-    slower = min(summary["samples_per_s"], prediction["samples_per_s"]) < start["single_worker_samples_per_s"]
+    assert plan["predicted"]["samples_per_s"] == prediction.samples_per_s
+    notes = summary.notes()
+    assert notes[0].startswith(f"predicted {prediction.samples_per_s:.0f} training samples/s, measured")
+    slower = min(summary.samples_per_s, prediction.samples_per_s) < start["single_worker_samples_per_s"]
     assert (len(notes) == 2 and "one worker alone does" in notes[1]) == slower
 
 
@@ -73,7 +73,7 @@ def test_target_accuracy_stops_early(tmp_path: Path) -> None:
     summary = train(
         TrainConfig.from_options(stages=1, replicas="2", epochs=10, target_accuracy=0.5, run_dir=str(tmp_path))
     )
-    assert summary["epochs"] < 10 and summary["accuracy"][-1] >= 0.5
+    assert summary.epochs < 10 and summary.accuracy[-1] >= 0.5
 
 
 def test_replicas_that_divide_nothing_train_the_digits(tmp_path: Path) -> None:
@@ -81,8 +81,8 @@ def test_replicas_that_divide_nothing_train_the_digits(tmp_path: Path) -> None:
     summary = train(
         TrainConfig.from_options(stages=2, replicas="3-1", schedule="pipedream", epochs=3, run_dir=str(tmp_path))
     )
-    assert summary["layout"]["replicas"] == [3, 1] and len(summary["peak_rss_bytes"]) == 4
-    assert summary["accuracy"][-1] > 0.8, summary["accuracy"]
+    assert summary.layout["replicas"] == [3, 1] and len(summary.peak_rss_bytes) == 4
+    assert summary.accuracy[-1] > 0.8, summary.accuracy
     _check_run_folder(tmp_path, 3)
 
 
@@ -93,13 +93,13 @@ def test_a_plan_shaped_like_pipedreams_vgg16_15_1_runs_on_the_digits(tmp_path: P
     plan = layout_file("flush", 4, [4, 1], [7, 1], names)
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     summary = train(TrainConfig.from_options(plan=str(tmp_path / "plan.json"), epochs=1, run_dir=str(tmp_path / "run")))
-    assert summary["layout"]["replicas"] == [7, 1] and len(summary["peak_rss_bytes"]) == 8
+    assert summary.layout["replicas"] == [7, 1] and len(summary.peak_rss_bytes) == 8
     assert checkpoint.load(tmp_path / "run" / "checkpoint.pt")["steps"] == STEPS_PER_EPOCH
 
 
 def test_loader_processes_feed_the_readers(tmp_path: Path) -> None:
     summary = train(TrainConfig.from_options(stages=2, loader_workers=1, epochs=1, run_dir=str(tmp_path)))
-    assert summary["epochs"] == 1 and summary["accuracy"][-1] > 0.5
+    assert summary.epochs == 1 and summary.accuracy[-1] > 0.5
 
 
 def test_one_worker_is_a_plain_loop_and_its_second_epoch_can_be_profiled(tmp_path: Path) -> None:
@@ -110,8 +110,8 @@ def test_one_worker_is_a_plain_loop_and_its_second_epoch_can_be_profiled(tmp_pat
             workers=1, epochs=2, device="cpu", torch_profile=str(tmp_path / "profile"), run_dir=str(tmp_path / "run")
         )
     )
-    layout = summary["layout"]
+    layout = summary.layout
     assert (layout["schedule"], layout["balance"], layout["replicas"], layout["microbatches"]) == ("flush", [5], [1], 1)
-    assert layout["how"] == "one worker" and summary["accuracy"][-1] > 0.5
+    assert layout["how"] == "one worker" and summary.accuracy[-1] > 0.5
     assert "aten::addmm" in (tmp_path / "profile" / "worker0.txt").read_text()
     assert json.loads((tmp_path / "profile" / "worker0.json").read_text())["traceEvents"]

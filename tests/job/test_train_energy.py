@@ -64,7 +64,7 @@ def test_each_epochs_energy_is_the_sum_of_the_workers_replayed_windows(
         f"worker 0: zeus {VERSION}: replay of {logs}/energy-0.csv (GPU 0, 1); "
         f"worker 1: zeus {VERSION}: replay of {logs}/energy-1.csv (GPU 0, 1)"
     )
-    assert "time_to_accuracy_s" not in summary and "energy_to_accuracy_j" not in summary  # no target
+    assert summary["time_to_accuracy_s"] is None and summary["energy_to_accuracy_j"] is None  # no target
     assert _png_width(run / "accuracy.png") == 2016  # three panels: accuracy and loss by time, accuracy by energy
     out = capsys.readouterr().out
     assert "energy" in out and "0.7 kJ" in out
@@ -80,14 +80,14 @@ def test_a_worker_without_a_meter_is_left_out_and_said_so_and_the_target_has_its
         stages=1, replicas="2", epochs=3, target_accuracy=0.05, energy_meter=spec, run_dir=str(tmp_path / "run")
     )
     summary = train(cfg)
-    assert summary["epochs"] == 1  # any model beats 5% after an epoch
-    assert summary["energy_j"] == 101.0 and summary["epoch_energy_j"] == [101.0]
-    assert summary["energy_note"] == (
+    assert summary.epochs == 1  # any model beats 5% after an epoch
+    assert summary.energy_j == 101.0 and summary.epoch_energy_j == [101.0]
+    assert summary.energy_note == (
         f"energy is the sum over 1 of 2 workers' meters: worker 1 has no meter (no replay log at {tmp_path}/logs/"
         "energy-1.csv: energy is not recorded)"
     )
-    assert summary["time_to_accuracy_s"] == summary["epoch_seconds"][0] > 0
-    assert summary["energy_to_accuracy_j"] == 101.0
+    assert summary.time_to_accuracy_s == summary.epoch_seconds[0] > 0
+    assert summary.energy_to_accuracy_j == 101.0
     assert [(m["energy_j"], m["energy_total_j"]) for m in _metrics(tmp_path / "run")] == [(101.0, 101.0)]
 
 

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench._checks import require_known
+from conveyor.bench._run import run_job
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, train
+from conveyor.job import TrainConfig
 from conveyor.schedule import KINDS
 
 __all__ = ["STRATEGIES", "TARGETS", "ConvergenceConfig", "run"]
@@ -98,16 +99,16 @@ def run(
             target, cap = TARGETS[model]
             results[model] = {}
             for strategy in cfg.strategies:
-                runs = []
+                runs: list[dict[str, Any]] = []
                 for seed in range(cfg.seeds):
                     if progress is not None:
                         progress(f"{model} {strategy} seed {seed}")
-                    summary = train(_config(model, strategy, seed, cfg.workers, Path(tmp)))
+                    summary = run_job(_config(model, strategy, seed, cfg.workers, Path(tmp)))
                     runs.append(
                         {
                             "seed": seed,
-                            "epochs_to_target": epochs_to(summary["accuracy"], target),
-                            "accuracy": summary["accuracy"],
+                            "epochs_to_target": epochs_to(summary.accuracy, target),
+                            "accuracy": summary.accuracy,
                         }
                     )
                 median = summarise([r["epochs_to_target"] for r in runs], cap)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.job import TrainConfig, model_and_data, read_jsonl, train
+from conveyor.job import TrainConfig, model_and_data, read_jsonl, train_elastic
 
 __all__ = ["GOALS", "ElasticBenchConfig", "run"]
 
@@ -243,9 +243,9 @@ def measure_stages(cfg: ElasticBenchConfig, folder: Path) -> list[dict[str, Any]
                 sync_max=sync_max,
                 backup_only_min=backup_only_min,
             )
-            summary = train(job)
-            seconds = summary["epoch_seconds"][-1] - summary["epoch_seconds"][0]
-            samples = len(data.train_x) * (len(summary["epoch_seconds"]) - 1)
+            summary = train_elastic(job)
+            seconds = summary.epoch_seconds[-1] - summary.epoch_seconds[0]
+            samples = len(data.train_x) * (len(summary.epoch_seconds) - 1)
             rows.append(
                 {
                     "workers": workers,
@@ -262,23 +262,23 @@ def run(cfg: ElasticBenchConfig, folder: Path) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     if cfg.stage_workers and not cfg.epochs:
         return {"config": asdict(cfg), "stages": measure_stages(cfg, folder)}
-    base = train(_train_config(cfg, folder / "uninterrupted", None))
-    train_s = base["seconds"]
+    base = train_elastic(_train_config(cfg, folder / "uninterrupted", None))
+    train_s = base.seconds
     faults, events = _faults(cfg, train_s)
-    elastic = train(_train_config(cfg, folder / "conveyor", faults))
+    elastic = train_elastic(_train_config(cfg, folder / "conveyor", faults))
     victims = list(range(cfg.workers - cfg.revoke, cfg.workers))
     conveyor_events, lost = _conveyor_events(folder / "conveyor", events, victims), _committed_lost(folder / "conveyor")
     torchrun = _torchrun(cfg, folder / "torchrun", events)
     keep = ("gen", "reason", "compute", "layout", "from", "steps_redone")
-    generations = [{k: g[k] for k in keep} for g in elastic["generations"]]
+    generations = [{k: g[k] for k in keep} for g in elastic.generations]
     report: dict[str, Any] = {
         "config": {**asdict(cfg), "faults": faults},
-        "uninterrupted": {"final_accuracy": base["accuracy"][-1], "seconds": base["seconds"]},
+        "uninterrupted": {"final_accuracy": base.accuracy[-1], "seconds": base.seconds},
         "conveyor": {
             "events": conveyor_events,
             "committed_steps_lost": lost,
-            "final_accuracy": elastic["accuracy"][-1] if elastic["accuracy"] else None,
-            "seconds": elastic["seconds"],
+            "final_accuracy": elastic.accuracy[-1] if elastic.accuracy else None,
+            "seconds": elastic.seconds,
             "generations": generations,
         },
         "torchrun": torchrun,

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from conveyor.bench._checks import require_known
+from conveyor.bench._run import run_job
 from conveyor.errors import InputError
 from conveyor.job import (
     TrainConfig,
@@ -38,7 +39,6 @@ from conveyor.job import (
     model_and_data,
     read_jsonl,
     torch_profiled,
-    train,
 )
 from conveyor.runtime import default_device, launch
 
@@ -148,11 +148,11 @@ def _plain(case: Case, device: str, threads: list[int | None], profile: str | No
 def _conveyor(case: Case, device: str, folder: Path, profile: str | None) -> tuple[float, float]:
     """Conveyor's steady samples/s and its start-up prediction."""
     options = {"workers": 1, "device": device, "energy_meter": "off", "torch_profile": profile}
-    summary = train(case.train_config(run_dir=str(folder), **options))
+    summary = run_job(case.train_config(run_dir=str(folder), **options))
     epochs = read_jsonl(folder / "metrics.jsonl")
     totals = [0.0] + [e["train_seconds"] for e in epochs]  # cumulative: each epoch's is a difference
     seconds = [b - a for a, b in itertools.pairwise(totals)]
-    return _steady(seconds, epochs[0]["samples"]), summary["prediction"]["samples_per_s"]
+    return _steady(seconds, epochs[0]["samples"]), summary.prediction.samples_per_s
 
 
 def _spin() -> None:

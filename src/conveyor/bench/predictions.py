@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.bench._run import run_job
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, train
+from conveyor.job import TrainConfig
 from conveyor.schedule import KINDS
 
 __all__ = ["PredictionsConfig", "run"]
@@ -58,7 +59,7 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
                 if schedule == "dp"
                 else {"schedule": schedule}
             )
-            summary = train(
+            summary = run_job(
                 TrainConfig.from_options(
                     model=model,
                     workers=cfg.workers,
@@ -70,7 +71,7 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
                     **layout_options,
                 )
             )
-            layout = summary["layout"]
+            layout = summary.layout
             results.append(
                 {
                     "model": model,
@@ -78,13 +79,11 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
                     "schedule": layout["schedule"],
                     "replicas": layout["replicas"],
                     "balance": layout["balance"],
-                    "predicted_samples_per_s": summary["prediction"]["samples_per_s"],
-                    "measured_samples_per_s": summary["samples_per_s"],
-                    "error": summary["prediction"]["error"],
-                    "single_worker_samples_per_s": summary["prediction"]["measured_at_start"][
-                        "single_worker_samples_per_s"
-                    ],
-                    "measured_at_start": summary["prediction"]["measured_at_start"],
+                    "predicted_samples_per_s": summary.prediction.samples_per_s,
+                    "measured_samples_per_s": summary.samples_per_s,
+                    "error": summary.prediction.error,
+                    "single_worker_samples_per_s": summary.prediction.measured_at_start["single_worker_samples_per_s"],
+                    "measured_at_start": summary.prediction.measured_at_start,
                 }
             )
     medians = {

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench._checks import require_known
+from conveyor.bench._run import run_job
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, read_jsonl, train
+from conveyor.job import TrainConfig, read_jsonl
 from conveyor.plan import Topology
 from conveyor.runtime import WorkerError
 from conveyor.schedule import parse_replicas
@@ -172,9 +173,9 @@ def _network(cfg: StragglersConfig, workers: int) -> str:
 
 
 def _run_one(cfg: StragglersConfig, case: Case, pattern: str, mode: str, run_dir: Path) -> dict[str, Any]:
-    summary = train(_train_config(cfg, case, pattern, mode, run_dir))
-    start = summary["started_at"]
-    end = start + summary["seconds"]
+    summary = run_job(_train_config(cfg, case, pattern, mode, run_dir))
+    start = summary.started_at
+    end = start + summary.seconds
     events, steps = read_jsonl(run_dir / "faults.jsonl"), read_jsonl(run_dir / "stragglers.jsonl")
     replicas = [s for s in steps if s["stage"] == 0]
     return {
@@ -183,8 +184,8 @@ def _run_one(cfg: StragglersConfig, case: Case, pattern: str, mode: str, run_dir
         "batch_size": case.batch_size,
         "pattern": pattern,
         "mode": mode,
-        "seconds": summary["seconds"],
-        "final_accuracy": summary["accuracy"][-1],
+        "seconds": summary.seconds,
+        "final_accuracy": summary.accuracy[-1],
         "samples_moved": sum(s["taken"] for s in replicas),
         "wait_s": sum(s["wait_s"] for s in replicas) / case.replicas[0] if steps else None,  # per replica
         "mean_capacity_cores": mean_capacity(events, cfg.cores, case.workers, start, end),

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench._checks import require_known
+from conveyor.bench._run import run_job
 from conveyor.bench.ddp import train_ddp
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, plot_accuracy, train
+from conveyor.job import TrainConfig, plot_accuracy
 
 __all__ = ["STRATEGIES", "TTAConfig", "run"]
 
@@ -86,7 +87,7 @@ def _config(cfg: TTAConfig, strategy: str, run_dir: Path) -> TrainConfig:
 def _run_one(cfg: TTAConfig, strategy: str, tmp: Path) -> dict[str, Any]:
     """Train one strategy to the target, then (for comm_fraction) its layout on plain local processes."""
     train_cfg = _config(cfg, strategy, tmp)
-    summary = train_ddp(train_cfg, cfg.workers, tmp / strategy) if strategy == "ddp" else train(train_cfg)
+    summary = train_ddp(train_cfg, cfg.workers, tmp / strategy) if strategy == "ddp" else run_job(train_cfg).to_dict()
     local_rate = None
     if cfg.local_epochs and cfg.network:
         local = train_cfg.replaced(
@@ -97,7 +98,7 @@ def _run_one(cfg: TTAConfig, strategy: str, tmp: Path) -> dict[str, Any]:
         )
         if strategy != "ddp":  # the very layout the network run used
             local = local.replaced(workers=None, stages=None, replicas=None, plan=str(tmp / strategy / "plan.json"))
-        local_rate = (train_ddp(local, cfg.workers) if strategy == "ddp" else train(local))["samples_per_s"]
+        local_rate = (train_ddp(local, cfg.workers) if strategy == "ddp" else run_job(local).to_dict())["samples_per_s"]
     pairs = zip(summary["epoch_seconds"], summary["accuracy"], strict=True)
     history = [{"seconds": s, "accuracy": a} for s, a in pairs]
     reached = next((i for i, h in enumerate(history) if h["accuracy"] >= cfg.target), None)

@@ -27,8 +27,9 @@ from typing import Any
 from rich.progress import Progress
 
 from conveyor.bench._checks import require_known
+from conveyor.bench._run import run_job
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, gpt, mlp, resnet, train, vgg
+from conveyor.job import RunSummary, TrainConfig, gpt, mlp, resnet, vgg
 from conveyor.warmstart import ModelIndex, ModelStore, op_graph
 
 __all__ = ["FAMILIES", "GOALS", "Family", "WarmStartBenchConfig", "measure_matching", "plot", "report", "run"]
@@ -97,11 +98,11 @@ def _config(
     )
 
 
-def _row(name: str, *, family: Family, width: int, depth: int, warm: bool, summary: dict[str, Any]) -> dict[str, Any]:
+def _row(name: str, *, family: Family, width: int, depth: int, warm: bool, summary: RunSummary) -> dict[str, Any]:
     """One run's figures: time and epochs to the target (None if never reached), the final accuracy."""
-    prepare = summary.get("warm_start", {}).get("seconds", 0.0)
-    reached = next((i for i, a in enumerate(summary["accuracy"]) if a >= family.target), None)
-    info = summary.get("warm_start", {})
+    info = summary.warm_start or {}
+    prepare = info.get("seconds", 0.0)
+    reached = next((i for i, a in enumerate(summary.accuracy) if a >= family.target), None)
     return {
         "family": name,
         "model": f"{family.model} w{width} d{depth}",
@@ -111,14 +112,14 @@ def _row(name: str, *, family: Family, width: int, depth: int, warm: bool, summa
         "parent": info.get("parent"),
         "parent_model": None,
         "similarity": info.get("similarity"),
-        "seconds_to_target": None if reached is None else summary["epoch_seconds"][reached] + prepare,
+        "seconds_to_target": None if reached is None else summary.epoch_seconds[reached] + prepare,
         "epochs_to_target": None if reached is None else reached + 1,
-        "final_accuracy": summary["accuracy"][-1],
-        "last3_accuracy": sum(summary["accuracy"][-3:]) / len(summary["accuracy"][-3:]),
+        "final_accuracy": summary.accuracy[-1],
+        "last3_accuracy": sum(summary.accuracy[-3:]) / len(summary.accuracy[-3:]),
         "coverage": info.get("coverage", 0.0),
         "prepare_s": prepare,
-        "accuracy": summary["accuracy"],
-        "epoch_seconds": [s + prepare for s in summary["epoch_seconds"]],
+        "accuracy": summary.accuracy,
+        "epoch_seconds": [s + prepare for s in summary.epoch_seconds],
     }
 
 
@@ -136,7 +137,7 @@ def run(cfg: WarmStartBenchConfig, keep: Path | None = None) -> list[dict[str, A
             family = cfg.specs[name]
             for width, depth in family.parents:
                 run_dir = root / f"{name}-w{width}-d{depth}-stored"
-                train(
+                run_job(
                     _config(
                         family,
                         width=width,
@@ -153,7 +154,7 @@ def run(cfg: WarmStartBenchConfig, keep: Path | None = None) -> list[dict[str, A
                 for warm in (False, True):
                     run_dir = root / f"{name}-w{width}-d{depth}-{'warm' if warm else 'scratch'}"
                     extra = {"warm_start": "auto"} if warm else {}
-                    summary = train(
+                    summary = run_job(
                         _config(
                             family,
                             width=width,

@@ -6,7 +6,7 @@ import argparse
 import os
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -14,6 +14,9 @@ from conveyor.cli._common import add_emulation, console, positive, write_json
 from conveyor.errors import InputError
 from conveyor.processes import start_worker_server, under_torchrun
 from conveyor.schedule import KINDS
+
+if TYPE_CHECKING:
+    from conveyor.job import ElasticSummary, RunSummary
 
 DEVICES = ("auto", "cpu", "cuda")  # conveyor.runtime.DEVICES and BACKENDS written out: importing them loads torch
 BACKENDS = ("auto", "nccl", "gloo")
@@ -216,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
     from conveyor.emulate import Emulation
     from conveyor.job import (
         OPTION_FIELDS,
+        ElasticSummary,
+        RunSummary,
         TrainConfig,
         check_against_data,
         explicit_workers,
@@ -224,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         model_and_data,
         read_lease,
         train,
+        train_elastic,
     )
     from conveyor.plan import EpochFactors
 
@@ -256,28 +262,30 @@ def run(args: argparse.Namespace) -> int:
             f"training {cfg.model.name} on {data.name}: {len(data.train_x)} training samples, "
             f"batch {cfg.optimizer.batch_size}"
         )
-    result = train(cfg)
-    if result and "generations" in result:
+    result = train_elastic(cfg) if cfg.elastic is not None else train(cfg)
+    if result is None:  # a torchrun worker without the output: that one prints
+        return 0
+    if isinstance(result, ElasticSummary):
         _print_elastic(result)
-    elif result:
+    else:
         _print_run(result)
-        if args.json:
-            write_json(args.json, result)
-        if result["interrupted"]:
-            _print_go_on(args.argv, result, cfg.run.epochs - result["epochs"], recurring=cfg.energy.tune_batch_size)
-            return 130  # as a shell reports a command stopped by Ctrl-C
+    if args.json:
+        write_json(args.json, result.to_dict())
+    if isinstance(result, RunSummary) and result.interrupted:
+        _print_go_on(args.argv, result, cfg.run.epochs - result.epochs, recurring=cfg.energy.tune_batch_size)
+        return 130  # as a shell reports a command stopped by Ctrl-C
     return 0
 
 
-def _print_go_on(argv: list[str], result: dict[str, Any], left: int, *, recurring: bool) -> None:
+def _print_go_on(argv: list[str], result: RunSummary, left: int, *, recurring: bool) -> None:
     """What an interrupted run saved, and the command that trains its other ``left`` epochs (into a new run
     folder: the old one keeps its logs). A recurrence of ``--batch-size auto`` is not continued: it is recorded
     as interrupted, and its next run begins the next recurrence."""
-    said = f"interrupted after {result['epochs']} epochs; saved to {result['checkpoint']}"
+    said = f"interrupted after {result.epochs} epochs; saved to {result.checkpoint}"
     if recurring:
         console.print(f"{said}. This recurrence counts for nothing; run the job again", highlight=False, soft_wrap=True)
         return
-    go_on = shlex.join([*_without(argv, "--resume", "--epochs", "--run-dir"), "--resume", result["checkpoint"]])
+    go_on = shlex.join([*_without(argv, "--resume", "--epochs", "--run-dir"), "--resume", result.checkpoint])
     console.print(f"{said}. The other {left}: conveyor {go_on} --epochs {left}", highlight=False, soft_wrap=True)
 
 
@@ -294,47 +302,45 @@ def _without(argv: list[str], *options: str) -> list[str]:
     return kept
 
 
-def _print_elastic(result: dict[str, Any]) -> None:
+def _print_elastic(result: ElasticSummary) -> None:
     table = Table("generation", "why", "stage", "workers", "pipeline", "resumed at step", "steps redone", "seconds")
-    for g in result["generations"]:
+    for g in result.generations:
         layout = g.get("layout")  # a pipeline's replicas per stage, PipeDream-style: 2-1
         pipeline = "-".join(map(str, layout["replicas"])) if layout else "-"
         row = (g["gen"], g["reason"], g["stage"], len(g["compute"]), pipeline, g["resume_step"] + 1, g["steps_redone"])
         table.add_row(*map(str, row), f"{g['recover_s']:.2f}")
     console.print(table)
-    accuracy = result["accuracy"][-1] if result["accuracy"] else float("nan")
-    console.print(f"{result['epochs']} epochs, test accuracy {accuracy:.3f}, {result['seconds']:.1f} s")
-    console.print(f"run folder: {result['run_dir']}", highlight=False, soft_wrap=True)
+    accuracy = result.accuracy[-1] if result.accuracy else float("nan")
+    console.print(f"{result.epochs} epochs, test accuracy {accuracy:.3f}, {result.seconds:.1f} s")
+    console.print(f"run folder: {result.run_dir}", highlight=False, soft_wrap=True)
 
 
-def _print_run(result: dict[str, Any]) -> None:
-    from conveyor.job import closing_notes
-
+def _print_run(result: RunSummary) -> None:
     table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s", "energy")
-    energy = "n/a" if result.get("energy_j") is None else f"{result['energy_j'] / 1e3:.1f} kJ"
+    energy = "n/a" if result.energy_j is None else f"{result.energy_j / 1e3:.1f} kJ"
     table.add_row(
-        str(result["epochs"]),
-        f"{result['accuracy'][-1]:.3f}",
-        f"{result['loss'][-1]:.3f}",
-        f"{result['seconds']:.1f}",
-        f"{result['samples_per_s']:.0f}",
+        str(result.epochs),
+        f"{result.accuracy[-1]:.3f}",
+        f"{result.loss[-1]:.3f}",
+        f"{result.seconds:.1f}",
+        f"{result.samples_per_s:.0f}",
         energy,
     )
     console.print(table)
-    console.print(f"run folder: {result['run_dir']}", highlight=False, soft_wrap=True)  # whole, to copy
-    if result.get("energy_note"):
-        console.print(result["energy_note"], markup=False, highlight=False)
-    if "recurrence" in result:
-        r = result["recurrence"]
+    console.print(f"run folder: {result.run_dir}", highlight=False, soft_wrap=True)  # whole, to copy
+    if result.energy_note:
+        console.print(result.energy_note, markup=False, highlight=False)
+    if result.recurrence is not None:
+        r = result.recurrence
         console.print(
             f"recurrence {r['number']} of job {r['job']}: batch size {r['batch_size']} ({r['phase']}), learning rate "
-            f"{r['lr']:g}, cost {result['cost']:.4g}; target {'reached' if r['reached'] else 'not reached'}"
+            f"{r['lr']:g}, cost {result.cost:.4g}; target {'reached' if r['reached'] else 'not reached'}"
         )
-    if result.get("registered"):
-        console.print(f"stored the model as {result['registered']} (conveyor models list)")
-    if result.get("power_limit_w"):
-        console.print(f"GPU power limit: {result['power_limit_w']} W")
-    if result.get("power_limit_note"):
-        console.print(result["power_limit_note"], markup=False, highlight=False)
-    for note in closing_notes(result):
+    if result.registered:
+        console.print(f"stored the model as {result.registered} (conveyor models list)")
+    if result.power_limit_w:
+        console.print(f"GPU power limit: {result.power_limit_w} W")
+    if result.power_limit_note:
+        console.print(result.power_limit_note, markup=False, highlight=False)
+    for note in result.notes():
         console.print(note)

@@ -13,7 +13,7 @@ from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease, write_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._model import model_and_data
-from conveyor.job._report import closing_notes, plot_accuracy, read_jsonl
+from conveyor.job._report import plot_accuracy, read_jsonl
 from conveyor.job._sections import (
     ElasticConfig,
     EmulationConfig,
@@ -25,6 +25,7 @@ from conveyor.job._sections import (
     RunConfig,
     StragglersConfig,
 )
+from conveyor.job._summary import ElasticSummary, Prediction, RunSummary, Summary, write_run_folder
 from conveyor.job._trace import torch_profiled
 from conveyor.job._train import train
 from conveyor.job._zoo import gpt, mlp, resnet, resolve, vgg, vgg16
@@ -32,6 +33,7 @@ from conveyor.job._zoo import gpt, mlp, resnet, resolve, vgg, vgg16
 __all__ = [
     "OPTION_FIELDS",
     "ElasticConfig",
+    "ElasticSummary",
     "EmulationConfig",
     "EnergyConfig",
     "EpochBatches",
@@ -40,12 +42,14 @@ __all__ = [
     "ModelConfig",
     "ModelStoreConfig",
     "OptimizerConfig",
+    "Prediction",
     "RunConfig",
+    "RunSummary",
     "StragglersConfig",
+    "Summary",
     "TrainConfig",
     "check_against_data",
     "choose_layout",
-    "closing_notes",
     "explicit_workers",
     "fixed_layout",
     "gpt",
@@ -66,4 +70,5 @@ __all__ = [
     "vgg",
     "vgg16",
     "write_lease",
+    "write_run_folder",
 ]

@@ -39,8 +39,9 @@ from conveyor.errors import InputError
 from conveyor.job._config import TrainConfig, loss_and_optimizer
 from conveyor.job._layout import PIPELINE_MICROBATCHES
 from conveyor.job._model import model_and_data
-from conveyor.job._report import plot_accuracy, read_jsonl
+from conveyor.job._report import read_jsonl
 from conveyor.job._sections import ElasticConfig
+from conveyor.job._summary import ElasticSummary, write_run_folder
 from conveyor.plan import Profile
 from conveyor.runtime import profile, resolve_device
 
@@ -154,7 +155,7 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
     return result
 
 
-def train_elastic(cfg: TrainConfig) -> dict[str, Any]:
+def train_elastic(cfg: TrainConfig) -> ElasticSummary:
     """Run ``cfg`` as an elastic job on local workers (or the emulated cluster); return the run's summary."""
     run_dir = Path(cfg.run.run_dir or f"runs/{cfg.model.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -166,20 +167,16 @@ def train_elastic(cfg: TrainConfig) -> dict[str, Any]:
     launch_elastic(_worker, cfg, str(run_dir), workers, nprocs=workers, folder=run_dir, emulation=emulation)
     history = read_jsonl(run_dir / "metrics.jsonl")
     events = read_jsonl(run_dir / "elastic.jsonl")
-    summary = {
-        "epochs": len(history),
-        "accuracy": [h["accuracy"] for h in history],
-        "loss": [h["loss"] for h in history],
-        "seconds": history[-1]["seconds"] if history else 0.0,
-        "epoch_seconds": [h["seconds"] for h in history],
-        "generations": [e for e in events if e["event"] == "generation"],
-        "run_dir": str(run_dir),
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    if history:
-        plot_accuracy(
-            {cfg.model.name: history}, run_dir / "accuracy.png", title=f"{cfg.model.name}: test accuracy (elastic)"
-        )
+    summary = ElasticSummary(
+        run_dir=str(run_dir),
+        epochs=len(history),
+        accuracy=[h["accuracy"] for h in history],
+        loss=[h["loss"] for h in history],
+        seconds=history[-1]["seconds"] if history else 0.0,
+        epoch_seconds=[h["seconds"] for h in history],
+        generations=[e for e in events if e["event"] == "generation"],
+    )
+    write_run_folder(summary, history, model=cfg.model.name, title=f"{cfg.model.name}: test accuracy (elastic)")
     return summary
 
 

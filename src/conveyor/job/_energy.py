@@ -30,6 +30,7 @@ from conveyor.energy import (
 from conveyor.errors import InputError
 from conveyor.job._config import TrainConfig
 from conveyor.job._sections import EnergyConfig
+from conveyor.job._summary import RunSummary
 
 __all__ = ["EpochKnobs", "finish_recurrence", "guarded_power_limits", "start_recurrence"]
 
@@ -147,15 +148,15 @@ def start_recurrence(
     return run_cfg, recurring, started.stop_above
 
 
-def finish_recurrence(recurring: Recurring | None, summary: dict[str, Any], cfg: TrainConfig) -> None:
-    """Record the recurrence's outcome (reached the target or not) and add it to the run's summary."""
+def finish_recurrence(recurring: Recurring | None, summary: RunSummary, cfg: TrainConfig) -> RunSummary:
+    """Record the recurrence's outcome (reached the target or not); the run's summary with it."""
     if recurring is None:
-        return
-    assert recurring.started is not None
-    reached = max(summary["accuracy"], default=0.0) >= (cfg.run.target_accuracy or math.inf)
-    recurring.end(summary["cost"], summary.get("energy_j"), summary["seconds"], reached, summary["epochs"])
+        return summary
+    assert recurring.started is not None and summary.cost is not None  # every worker's knobs priced the run
+    reached = max(summary.accuracy, default=0.0) >= (cfg.run.target_accuracy or math.inf)
+    recurring.end(summary.cost, summary.energy_j, summary.seconds, reached, summary.epochs)
     started = recurring.started
-    summary["recurrence"] = {
+    recurrence = {
         "job": cfg.energy.job,
         "number": started.number + 1,
         "phase": started.phase,
@@ -165,6 +166,7 @@ def finish_recurrence(recurring: Recurring | None, summary: dict[str, Any], cfg:
         "stop_above": started.stop_above,
         "store": str(recurring.store.path),
     }
+    return dataclasses.replace(summary, recurrence=recurrence)
 
 
 def profiling_window(steps_per_epoch: int) -> tuple[int, int]:

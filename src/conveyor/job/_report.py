@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["closing_notes", "energy_summary", "plot_accuracy", "read_jsonl"]
+__all__ = ["energy_summary", "plot_accuracy", "read_jsonl"]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -83,27 +83,3 @@ def plot_accuracy(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def closing_notes(summary: dict[str, Any]) -> list[str]:
-    """What a user should know after a run: how the prediction fared, and whether one worker would have been
-    faster."""
-    if "prediction" not in summary:  # an elastic run: it predicts nothing
-        return []
-    prediction = summary["prediction"]
-    measured, predicted = summary["samples_per_s"], prediction["samples_per_s"]
-    single = prediction["measured_at_start"]["single_worker_samples_per_s"]
-    workers = prediction["measured_at_start"]["workers"]
-    notes = [f"predicted {predicted:.0f} training samples/s, measured {measured:.0f} ({prediction['error']:+.0%})"]
-    if workers > 1 and min(measured, predicted) < single:
-        slower = (
-            "measured and predicted"
-            if max(measured, predicted) < single
-            else ("measured" if measured < single else "predicted")
-        )
-        notes.append(
-            f"one worker alone does {single:.0f} samples/s (a plain PyTorch loop measured at start-up): this run on "
-            f"{workers} workers is {slower} slower; the model is too small for its transfers and per-step costs "
-            "to pay off here (--workers 1, or a larger model or batch)"
-        )
-    return notes

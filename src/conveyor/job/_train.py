@@ -33,6 +33,7 @@ from torch import nn
 import conveyor.job._data as datasets
 from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
+from conveyor.errors import InputError
 from conveyor.job._config import RunState, TrainConfig, job_devices, loss_and_optimizer
 from conveyor.job._costs import measure_costs
 from conveyor.job._energy import (
@@ -46,8 +47,9 @@ from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._loop import EpochLoop
 from conveyor.job._model import model_and_data
-from conveyor.job._report import energy_summary, plot_accuracy
+from conveyor.job._report import energy_summary
 from conveyor.job._sections import AUTOCAST
+from conveyor.job._summary import Prediction, RunSummary, write_run_folder
 from conveyor.job._warmstart import prepare_warm_start, register_model
 from conveyor.runtime import (
     CoreShare,
@@ -244,31 +246,16 @@ def _say_stopping() -> None:
     )
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run ``cfg`` on local workers (or as one worker of a torchrun job); return the run's summary.
-
-    The summary has ``epochs``, ``accuracy``, ``loss`` and ``epoch_seconds`` (per epoch), ``seconds``,
-    ``train_seconds``, ``samples_per_s`` (training samples per second of training), ``peak_rss_bytes`` (per
-    worker), ``prediction`` (the predicted training samples/s, its error against the measured one, and the
-    figures measured at start-up it rests on), the layout run and ``run_dir``. ``epochs`` counts this run's
-    epochs (with ``resume``, ``epochs_before`` those the checkpoint had trained); ``stopped_by_lease`` says
-    whether the lease ended the run before ``cfg.epochs``, ``interrupted`` whether a Ctrl-C or SIGTERM did (the
-    workers finish the epoch they are in and save as usual; a second one stops them at once) and ``checkpoint``
-    where the model was saved. Energy: ``energy_j`` (all workers, all epochs) and
-    ``epoch_energy_j``, null where no meter read; ``energy_meter`` (what measured it), ``energy_note`` (why
-    nothing or not every worker did, else null); once ``cfg.target_accuracy`` is reached, ``time_to_accuracy_s``
-    and ``energy_to_accuracy_j``.
+def train(cfg: TrainConfig) -> RunSummary | None:
+    """Run ``cfg`` on local workers (or as one worker of a torchrun job); return the run's summary, which its run
+    folder's ``summary.json`` holds too (``None`` in a torchrun worker other than the one with the output).
 
     Raises:
-        ValueError: the lease file (``cfg.lease``) cannot be read.
+        InputError: an elastic job (run by :func:`~conveyor.job.train_elastic`), or the lease file (``--lease``)
+            cannot be read.
     """
     if cfg.elastic is not None:
-        from conveyor.job._elastic import join_elastic, train_elastic
-
-        if cfg.elastic.join:
-            join_elastic(cfg.elastic.join, cfg.run.run_dir)
-            return {}
-        return train_elastic(cfg)
+        raise InputError("an elastic job (--reliable or --join) runs with conveyor.job.train_elastic or join_elastic")
     if cfg.run.lease:
         read_lease(cfg.run.lease)  # fail here, with one line, rather than in worker 0
     device, backend, nprocs = job_devices(cfg)  # so do a device, a backend or a worker count this machine lacks
@@ -302,45 +289,44 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise
     out = next((r for r in per_rank.values() if r["history"]), None)
     if out is None:  # under torchrun, only the output worker's process has the history
-        return {}
+        return None
     history = out["history"]
-    summary = {
-        "epochs": len(history),
-        "stopped_by_lease": out["stopped_by_lease"],
-        "epochs_before": out["epochs_before"],
-        "accuracy": [h["accuracy"] for h in history],
-        "loss": [h["loss"] for h in history],
-        "seconds": history[-1]["seconds"],
-        "epoch_seconds": [h["seconds"] for h in history],  # wall clock at the end of each epoch's evaluation
-        "train_seconds": history[-1]["train_seconds"],
-        "samples_per_s": history[-1]["samples_per_s"],  # training samples per second of training
-        "bytes_between_servers": history[-1]["bytes_between_servers"],  # while training, on an emulated network
-        "samples": history[-1]["samples"],
-        "started_at": out["started_at"],  # time.time() when training began (fault logs' "wall" is on this clock)
-        "peak_rss_bytes": [per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
-        "layout": out["layout"],
-        "run_dir": str(run_dir),
-        "checkpoint": cfg.run.checkpoint or str(run_dir / "checkpoint.pt"),
-        "interrupted": out["interrupted"],
-    }
-    plan = out["layout"]["plan_file"]
-    predicted = plan["predicted"]["samples_per_s"]
-    summary["prediction"] = {
-        "samples_per_s": predicted,
-        "error": summary["samples_per_s"] / predicted - 1,  # measured against predicted
-        "measured_at_start": plan["measured_at_start"],
-    }
-    summary |= energy_summary(history, out["energy_meter"], out["energy_note"], cfg.run.target_accuracy)
+    plan_file = out["layout"]["plan_file"]
+    predicted = plan_file["predicted"]["samples_per_s"]
+    last = history[-1]
     keys = ("stopped_by_cost", "cost", "power_limit_w", "power_profile", "power_limit_note")
-    summary |= {k: out[k] for k in keys if k in out}
-    stopped = summary["interrupted"]  # a stopped run has no outcome to learn from, nor a finished model to keep
-    if stopped and recurring is not None:
-        recurring.fail(interrupted=True)
-    elif not stopped:
-        finish_recurrence(recurring, summary, cfg)
-    summary |= warm
-    if not stopped:
-        register_model(cfg, summary, lambda: model_and_data(cfg)[0])
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_accuracy({cfg.model.name: history}, run_dir / "accuracy.png", title=f"{cfg.model.name}: test accuracy")
+    summary = RunSummary(
+        run_dir=str(run_dir),
+        epochs=len(history),
+        accuracy=[h["accuracy"] for h in history],
+        loss=[h["loss"] for h in history],
+        seconds=last["seconds"],
+        epoch_seconds=[h["seconds"] for h in history],
+        epochs_before=out["epochs_before"],
+        stopped_by_lease=out["stopped_by_lease"],
+        interrupted=out["interrupted"],
+        train_seconds=last["train_seconds"],
+        samples_per_s=last["samples_per_s"],
+        bytes_between_servers=last["bytes_between_servers"],
+        samples=last["samples"],
+        started_at=out["started_at"],
+        peak_rss_bytes=[per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
+        layout=out["layout"],
+        checkpoint=cfg.run.checkpoint or str(run_dir / "checkpoint.pt"),
+        prediction=Prediction(
+            samples_per_s=predicted,
+            error=last["samples_per_s"] / predicted - 1,  # measured against predicted
+            measured_at_start=plan_file["measured_at_start"],
+        ),
+        warm_start=warm,
+        **energy_summary(history, out["energy_meter"], out["energy_note"], cfg.run.target_accuracy),
+        **{k: out[k] for k in keys if k in out},
+    )
+    if summary.interrupted:  # a stopped run has no outcome to learn from, nor a finished model to keep
+        if recurring is not None:
+            recurring.fail(interrupted=True)
+    else:
+        summary = finish_recurrence(recurring, summary, cfg)
+        summary = register_model(cfg, summary, lambda: model_and_data(cfg)[0])
+    write_run_folder(summary, history, model=cfg.model.name, title=f"{cfg.model.name}: test accuracy")
     return summary

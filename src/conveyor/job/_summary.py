@@ -1,0 +1,116 @@
+"""A run's summary as typed records (what ``conveyor.train`` returns and ``summary.json`` holds), and the one
+writer of a run folder's summary and plot, used by every kind of run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from conveyor.job._report import plot_accuracy
+
+__all__ = ["ElasticSummary", "Prediction", "RunSummary", "Summary", "write_run_folder"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """The training throughput a run predicted from what it measured at start-up, and how far off it was."""
+
+    samples_per_s: float  # predicted training samples per second
+    error: float  # measured / predicted - 1
+    measured_at_start: dict[str, Any]  # the start-up measurements the prediction rests on (plan file's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """What every run reports: per epoch its test ``accuracy``, training ``loss`` and ``epoch_seconds`` (the wall
+    clock at the end of each epoch's evaluation); ``epochs`` run, ``seconds`` in all, and its ``run_dir``."""
+
+    run_dir: str
+    epochs: int
+    accuracy: list[float]
+    loss: list[float]
+    seconds: float
+    epoch_seconds: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as ``summary.json`` has it (JSON-ready)."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary(Summary):
+    """A run of fixed workers (``conveyor train``). ``epochs`` counts this run's epochs (with ``--resume``,
+    ``epochs_before`` those the checkpoint had trained). Energy figures are ``None`` where no meter read; the
+    recurrence, power-limit, warm-start and model-store fields where their options were not given."""
+
+    epochs_before: int
+    stopped_by_lease: bool  # the lease ended the run before its epochs
+    interrupted: bool  # a Ctrl-C or SIGTERM did (the workers finished their epoch and saved)
+    train_seconds: float
+    samples_per_s: float  # training samples per second of training
+    bytes_between_servers: int | None  # while training, on an emulated network
+    samples: int
+    started_at: float  # time.time() when training began (fault logs' "wall" is on this clock)
+    peak_rss_bytes: list[int]  # per worker
+    layout: dict[str, Any]  # the layout run, with its plan file
+    checkpoint: str  # where the model was saved
+    prediction: Prediction
+    energy_j: float | None  # all workers, all epochs
+    epoch_energy_j: list[float | None]
+    energy_meter: str | None  # what measured it
+    energy_note: str | None  # why nothing or not every worker did
+    time_to_accuracy_s: float | None = None  # once --target-accuracy is reached
+    energy_to_accuracy_j: float | None = None
+    stopped_by_cost: bool = False  # --batch-size auto: the recurrence passed beta x the least cost
+    cost: float | None = None  # --batch-size auto: the recurrence's cost
+    recurrence: dict[str, Any] | None = None  # --batch-size auto: the job, its number, phase, batch and outcome
+    power_limit_w: float | None = None  # --power-limit: the limit chosen
+    power_profile: list[dict[str, Any]] | None = None  # --power-limit auto: each limit's measured cost
+    power_limit_note: str | None = None  # --power-limit auto: why no limit was chosen
+    warm_start: dict[str, Any] | None = None  # --warm-start: the parent, its match, coverage and seconds
+    registered: str | None = None  # --register: the model store's id of the final model
+
+    def notes(self) -> list[str]:
+        """What a user should know after the run: how the prediction fared, and whether one worker would have
+        been faster."""
+        measured, predicted = self.samples_per_s, self.prediction.samples_per_s
+        single = self.prediction.measured_at_start["single_worker_samples_per_s"]
+        workers = self.prediction.measured_at_start["workers"]
+        notes = [
+            f"predicted {predicted:.0f} training samples/s, measured {measured:.0f} ({self.prediction.error:+.0%})"
+        ]
+        if workers > 1 and min(measured, predicted) < single:
+            slower = (
+                "measured and predicted"
+                if max(measured, predicted) < single
+                else ("measured" if measured < single else "predicted")
+            )
+            notes.append(
+                f"one worker alone does {single:.0f} samples/s (a plain PyTorch loop measured at start-up): this run "
+                f"on {workers} workers is {slower} slower; the model is too small for its transfers and per-step "
+                "costs to pay off here (--workers 1, or a larger model or batch)"
+            )
+        return notes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElasticSummary(Summary):
+    """An elastic job (``conveyor train --reliable``): its generations, each a membership the job ran with (why
+    it began, the workers, the layout, the step it resumed at, the steps redone and the seconds recovery took)."""
+
+    generations: list[dict[str, Any]]
+
+
+def write_run_folder(summary: Summary, history: Sequence[Mapping[str, Any]], *, model: str, title: str) -> None:
+    """``summary.json`` and, where an epoch ended, ``accuracy.png`` (the epochs of ``metrics.jsonl``) in the
+    summary's run folder."""
+    run_dir = Path(summary.run_dir)
+    (run_dir / "summary.json").write_text(summary.to_json())
+    if history:
+        plot_accuracy({model: history}, run_dir / "accuracy.png", title=title)
