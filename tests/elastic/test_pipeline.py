@@ -1,6 +1,6 @@
 """An elastic pipeline's stages are ranges of the flat weights and buffers, taken in order by the workers the
 planner's layout gives them; models it cannot cut fail in one line. (Runs through revocations: see
-test_elastic_trainer.)"""
+tests/elastic/test_trainer.py.)"""
 
 import pytest
 import torch
