@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -38,3 +39,17 @@ def test_text_windows_predict_the_next_character(tmp_path: Path) -> None:
 def test_bad_datasets(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load(spec)
+
+
+def test_the_digits_read_from_scikit_learns_file_are_load_digits(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from sklearn.datasets import load_digits
+
+    from conveyor.job._data import digits_table
+
+    data = load_digits()
+    expected = np.column_stack([data.data, data.target])
+    assert np.array_equal(digits_table(), expected)  # the shipped CSV, read without importing scikit-learn
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # the file not found: load_digits
+    assert np.array_equal(digits_table(), expected)
