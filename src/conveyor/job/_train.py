@@ -140,7 +140,6 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
     updates = steps  # this worker's updates per epoch
     if isinstance(pipe, Pipeline):
         updates = pipe.kind.updates(steps, layout.microbatches, pipe.replicas[pipe.stage])
-    started_at = time.time()
     owns_gpu = device.type == "cuda" and local_rank < torch.cuda.device_count()  # GPU shared: the first meters it
     meter = open_meter(
         cfg.energy.meter,
@@ -168,6 +167,10 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
         knobs=knobs,
         cores=cores,
     )
+    # Every worker ready before the first epoch's clock starts: a worker still setting up (local rank 0 opens the
+    # host's energy meter, an import of 1.7 s) would count in the others' first epoch, as waiting for it.
+    dist.barrier()
+    started_at = time.time()
     with meter, knobs:
         outcome = loop.run()
     statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
