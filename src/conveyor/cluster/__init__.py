@@ -3,11 +3,12 @@
 from conveyor.cluster._backends import Backend, Launched, LocalBackend, RayBackend
 from conveyor.cluster._generate import generate_jobs
 from conveyor.cluster._mechanism import Device, Devices, Rounds
+from conveyor.cluster._planned import planned_throughputs
 from conveyor.cluster._policies import POLICIES, allocate
 from conveyor.cluster._problem import Allocation, Problem
 from conveyor.cluster._real import DeviceTypes, RealRun, parse_device_types, run_real
 from conveyor.cluster._simulate import JobRecord, Simulation, simulate
-from conveyor.cluster._throughputs import OnlineThroughputs, ThroughputTable, default_gavel_path, planned_throughputs
+from conveyor.cluster._throughputs import OnlineThroughputs, ThroughputTable, default_gavel_path
 from conveyor.cluster._trace import TraceJob, read_trace, write_trace
 
 __all__ = [
