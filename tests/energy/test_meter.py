@@ -65,6 +65,21 @@ def test_auto_where_no_gpu_nor_rapl_is_readable_is_no_meter_with_its_reason(capf
     assert meter.end() is None and meter.status().available is False
 
 
+def test_a_worker_without_a_gpu_on_a_host_without_rapl_does_not_load_zeus(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import conveyor.energy._meter as meter_module
+
+    monkeypatch.setattr(meter_module, "POWERCAP", "/nonexistent/powercap")
+    monkeypatch.setitem(sys.modules, "zeus.monitor", None)  # an import of Zeus' monitor would raise here
+    meter = open_meter("auto", gpu_index=None, measure_host=True)
+    assert not meter.available and not meter.delegated
+    assert meter.reason == (
+        "no energy meter readable here (this worker uses no GPU, no RAPL under /nonexistent/powercap): "
+        "energy is not recorded"
+    )
+
+
 def test_a_worker_that_leaves_its_host_to_local_rank_0_has_nothing_to_measure_without_a_gpu() -> None:
     meter = open_meter("auto", gpu_index=None, measure_host=False)
     assert not meter.available and meter.delegated and "measured by local rank 0" in (meter.reason or "")
