@@ -117,11 +117,9 @@ class TrainConfig:
         out: dict[str, Any] = {}
         for option, (section, name) in OPTION_FIELDS.items():
             part = getattr(self, section)
-            out[option] = getattr(part if part is not None else SECTIONS[section](**_ENABLING[section]), name)
-        if self.stragglers is None:
+            out[option] = getattr(part, name) if part is not None else _DEFAULTS[option]
+        if self.stragglers is None:  # the field's default is a mode; off is the option's
             out["stragglers"] = "off"
-        if self.elastic is None:
-            out["reliable"] = out["join"] = None
         return out
 
 
@@ -150,7 +148,10 @@ OPTION_FIELDS: dict[str, tuple[str, str]] = {
     for f in fields(kind)
 }
 """``conveyor train``'s option (``_`` for ``-``) -> the section and field that hold it."""
-_ENABLING: dict[str, dict[str, Any]] = {"stragglers": {}, "elastic": {"reliable": 1}}  # defaults of absent sections
+_DEFAULTS: dict[str, Any] = {
+    option: next(f.default for f in fields(SECTIONS[section]) if f.name == name)
+    for option, (section, name) in OPTION_FIELDS.items()
+}  # every option's default, which an absent (None) section's options read as
 
 
 def check_sections(cfg: TrainConfig) -> None:
@@ -172,7 +173,7 @@ def check_sections(cfg: TrainConfig) -> None:
             raise InputError("--warm-start and --register apply to fixed workers: drop --reliable and --join")
     if cfg.store.warm_start and run.resume:
         raise InputError("--warm-start starts a new model from a parent's weights; --resume continues one: pick one")
-    if cfg.energy.tune_batch_size and run.target_accuracy is None:
+    if cfg.energy.tune_batch_size and (cfg.energy.job is None or run.target_accuracy is None):
         raise InputError(
             "--batch-size auto learns across recurrences of a job to a target: give --job NAME and --target-accuracy"
         )

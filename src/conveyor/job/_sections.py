@@ -147,11 +147,6 @@ class EnergyConfig:
             check_power_limit_spec(self.power_limit)
         if self.job is not None and not self.tune_batch_size:
             raise InputError("--job names a recurring job whose batch size is tuned: add --batch-size auto")
-        if self.tune_batch_size and self.job is None:
-            raise InputError(
-                "--batch-size auto learns across recurrences of a job to a target: give --job NAME and "
-                "--target-accuracy"
-            )
 
 
 @dataclass(frozen=True, kw_only=True)
