@@ -4,6 +4,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from conveyor.job import ElasticSummary, Prediction, RunSummary, write_run_folder
 
 
@@ -59,3 +61,18 @@ def test_notes_say_when_one_worker_would_be_faster(tmp_path: Path) -> None:
     assert "this run on 2 workers is measured slower" in slow.notes()[1]
     alone = _summary(tmp_path, measured=40.0, predicted=30.0, single=50.0, workers=1)
     assert len(alone.notes()) == 1  # one worker is the run itself
+
+
+def test_a_run_folder_used_again_starts_its_logs_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.job import open_run_folder
+
+    monkeypatch.chdir(tmp_path)  # the default folder is under ./runs
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text("{}\n")
+    (folder / "checkpoint.pt").write_text("kept")
+    assert open_run_folder(str(folder), "mlp", ("metrics.jsonl", "elastic.jsonl")) == folder
+    assert not (folder / "metrics.jsonl").exists() and (folder / "checkpoint.pt").read_text() == "kept"
+    named = open_run_folder(None, "pkg.models:tiny", ())
+    assert named.is_dir() and named.parent == Path("runs") and named.name.startswith("pkg.models-tiny-")

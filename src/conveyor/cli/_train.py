@@ -253,9 +253,8 @@ def run(args: argparse.Namespace) -> int:
     _, _, workers = job_devices(cfg)  # a device, backend or worker count this machine cannot run fails here
     model, data = model_and_data(cfg)  # so does an unknown model or dataset, before any worker starts
     check_against_data(cfg, model, len(data.train_x))  # a batch, microbatches or checkpoint that cannot fit
-    fixed_layout(
-        cfg, len(model), cfg.layout.workers or explicit_workers(cfg.layout) or 0
-    )  # and a layout that cannot work
+    # and a layout that cannot work
+    fixed_layout(cfg, len(model), cfg.layout.workers or explicit_workers(cfg.layout) or 0)
     Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults).check(workers)  # and so on
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(

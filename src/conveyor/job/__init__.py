@@ -25,7 +25,14 @@ from conveyor.job._sections import (
     RunConfig,
     StragglersConfig,
 )
-from conveyor.job._summary import ElasticSummary, Prediction, RunSummary, Summary, write_run_folder
+from conveyor.job._summary import (
+    ElasticSummary,
+    Prediction,
+    RunSummary,
+    Summary,
+    open_run_folder,
+    write_run_folder,
+)
 from conveyor.job._trace import torch_profiled
 from conveyor.job._train import train
 from conveyor.job._zoo import gpt, mlp, resnet, resolve, vgg, vgg16
@@ -59,6 +66,7 @@ __all__ = [
     "loss_and_optimizer",
     "mlp",
     "model_and_data",
+    "open_run_folder",
     "plot_accuracy",
     "read_jsonl",
     "read_lease",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from conveyor.job._layout import PIPELINE_MICROBATCHES
 from conveyor.job._model import model_and_data
 from conveyor.job._report import read_jsonl
 from conveyor.job._sections import ElasticConfig
-from conveyor.job._summary import ElasticSummary, write_run_folder
+from conveyor.job._summary import ElasticSummary, open_run_folder, write_run_folder
 from conveyor.plan import Profile
 from conveyor.runtime import profile, resolve_device
 
@@ -157,10 +156,7 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
 
 def train_elastic(cfg: TrainConfig) -> ElasticSummary:
     """Run ``cfg`` as an elastic job on local workers (or the emulated cluster); return the run's summary."""
-    run_dir = Path(cfg.run.run_dir or f"runs/{cfg.model.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for log in ("metrics.jsonl", "elastic.jsonl"):
-        (run_dir / log).unlink(missing_ok=True)
+    run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "elastic.jsonl"))
     workers = cfg.layout.workers or 4
     emulation = Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults)
     check_faults(emulation, _section(cfg)[1], workers)
@@ -187,6 +183,5 @@ def join_elastic(address: str, run_dir: str | None = None) -> dict[str, Any]:
         raise InputError(f"--join {address!r}: give HOST:PORT, as the job's worker 0 printed it")
     store = connect(host, int(port_text), is_leader=False, timeout_s=30)
     cfg = TrainConfig.from_options(**{**json.loads(store.get("config")), "join": None})
-    folder = Path(run_dir or f"runs/join-{time.strftime('%Y%m%d-%H%M%S')}")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = open_run_folder(run_dir, "join", ())
     return _worker(None, host, int(port_text), cfg, str(folder), 0)

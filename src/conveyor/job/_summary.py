@@ -1,9 +1,10 @@
-"""A run's summary as typed records (what ``conveyor.train`` returns and ``summary.json`` holds), and the one
-writer of a run folder's summary and plot, used by every kind of run."""
+"""A run's summary as typed records (what ``conveyor.train`` returns and ``summary.json`` holds), and the run
+folder every kind of run makes and writes the same way."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 from conveyor.job._report import plot_accuracy
 
-__all__ = ["ElasticSummary", "Prediction", "RunSummary", "Summary", "write_run_folder"]
+__all__ = ["ElasticSummary", "Prediction", "RunSummary", "Summary", "open_run_folder", "write_run_folder"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +106,16 @@ class ElasticSummary(Summary):
     it began, the workers, the layout, the step it resumed at, the steps redone and the seconds recovery took)."""
 
     generations: list[dict[str, Any]]
+
+
+def open_run_folder(run_dir: str | None, model: str, logs: Sequence[str]) -> Path:
+    """The run folder (``run_dir``, else ``runs/MODEL-TIME``), made if new; its ``logs`` are started afresh
+    (a run folder used again would otherwise append to the last run's)."""
+    folder = Path(run_dir or f"runs/{model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder.mkdir(parents=True, exist_ok=True)
+    for log in logs:
+        (folder / log).unlink(missing_ok=True)
+    return folder
 
 
 def write_run_folder(summary: Summary, history: Sequence[Mapping[str, Any]], *, model: str, title: str) -> None:

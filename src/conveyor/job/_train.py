@@ -49,7 +49,7 @@ from conveyor.job._loop import EpochLoop
 from conveyor.job._model import model_and_data
 from conveyor.job._report import energy_summary
 from conveyor.job._sections import AUTOCAST
-from conveyor.job._summary import Prediction, RunSummary, write_run_folder
+from conveyor.job._summary import Prediction, RunSummary, open_run_folder, write_run_folder
 from conveyor.job._warmstart import prepare_warm_start, register_model
 from conveyor.runtime import (
     CoreShare,
@@ -262,10 +262,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     if cfg.run.lease:
         read_lease(cfg.run.lease)  # fail here, with one line, rather than in worker 0
     device, backend, nprocs = job_devices(cfg)  # so do a device, a backend or a worker count this machine lacks
-    run_dir = Path(cfg.run.run_dir or f"runs/{cfg.model.name.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for log in ("metrics.jsonl", "stragglers.jsonl"):  # a run folder used again starts its logs afresh
-        (run_dir / log).unlink(missing_ok=True)
+    run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "stragglers.jsonl"))
     if cfg.run.checkpoint:
         Path(cfg.run.checkpoint).parent.mkdir(parents=True, exist_ok=True)
     emulation = Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults)
