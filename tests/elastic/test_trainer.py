@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, launch_elastic, planned_layouts
+from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, WorkerOutcome, launch_elastic, planned_layouts
 from conveyor.elastic._launch import _ElasticJob, _worker
 from conveyor.plan import Profile
 from conveyor.processes import LauncherOutput, worker_context
@@ -90,7 +90,7 @@ def work(
     victim: int | None,
     pipeline: bool,
     step_s: float,
-) -> dict[str, Any]:
+) -> WorkerOutcome:
     x, y = data()
     cls = ElasticTrainer
     if victim is not None and worker == abs(victim):
@@ -117,7 +117,7 @@ def work(
     return trainer.fit(ElasticJob(x, y, x, y, BATCH, EPOCHS), on_step)
 
 
-def late(delay_s: float, *args: Any) -> dict[str, Any]:
+def late(delay_s: float, *args: Any) -> WorkerOutcome:
     time.sleep(delay_s)
     return work(*args)
 
@@ -130,7 +130,7 @@ def run(
     victim: int | None = None,
     join_after_s: float = 0.0,
     pipeline: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[WorkerOutcome]:
     step_s = 0.05 if pipeline or join_after_s else 0.02  # a joiner takes seconds to start on a busy machine
     args = (str(tmp_path), opts, workers, kills, victim, pipeline, step_s)
     joiner = None
@@ -163,14 +163,14 @@ def generations(tmp_path: Path) -> list[dict[str, Any]]:
     return [e for e in lines if e["event"] == "generation"]
 
 
-def check_weights(results: list[dict[str, Any]]) -> None:
+def check_weights(results: list[WorkerOutcome]) -> None:
     steps = EPOCHS * -(-240 // BATCH)
     want = reference(steps)
-    finished = [r for r in results if r.get("weights") is not None]
+    finished = [r for r in results if r.weights is not None]
     assert finished
     for r in finished:
-        assert r["steps"] == steps
-        torch.testing.assert_close(r["weights"], want, atol=1e-5, rtol=0)
+        assert r.steps == steps
+        torch.testing.assert_close(r.weights, want, atol=1e-5, rtol=0)
 
 
 def test_stage_1_loses_a_worker_mid_step_and_the_owner_hands_over_the_step_before(tmp_path: Path) -> None:
@@ -201,7 +201,7 @@ def test_notice_hands_the_shard_over_and_a_joiner_takes_one(tmp_path: Path) -> N
     assert any("notice [2]" in r for r in reasons) and any("joined" in r for r in reasons)
     for g in gens[1:]:
         assert g["planned"] and g["from"] == "owners" and g["steps_redone"] == 0  # nothing lost, nothing redone
-    assert any(r.get("left_at") is not None and r["worker"] == 2 for r in results)
+    assert any(r.left_at is not None and r.worker == 2 for r in results)
 
 
 def test_stage_3_owner_killed_mid_state_transfer(tmp_path: Path) -> None:

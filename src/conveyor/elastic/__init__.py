@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conveyor.elastic._bidbrain import POLICIES, Outcome, simulate
-    from conveyor.elastic._job import ElasticJob, ElasticOptions
+    from conveyor.elastic._job import ElasticJob, ElasticOptions, WorkerOutcome
     from conveyor.elastic._launch import launch_elastic, store_address
     from conveyor.elastic._market import BILLINGS, PRICES, Billing, Market, MarketPrice, read_markets
     from conveyor.elastic._membership import Coordinator, Generation, JobFailed, MembershipChanged, connect
@@ -39,7 +39,7 @@ _HOME = {
     "_market": ("BILLINGS", "PRICES", "Billing", "Market", "MarketPrice", "read_markets"),
     "_membership": ("Coordinator", "Generation", "JobFailed", "MembershipChanged", "connect"),
     "_tiers": ("Roles", "agile_stage", "roles", "shard_bounds"),
-    "_job": ("ElasticJob", "ElasticOptions"),
+    "_job": ("ElasticJob", "ElasticOptions", "WorkerOutcome"),
     "_trainer": ("ElasticTrainer",),
 }
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
@@ -63,6 +63,7 @@ __all__ = [
     "Roles",
     "StageLayout",
     "Throughput",
+    "WorkerOutcome",
     "agile_stage",
     "agreed_layouts",
     "connect",

@@ -1,15 +1,16 @@
 """What an elastic job is given: its tolerances (:class:`ElasticOptions`) and its data and schedule
-(:class:`ElasticJob`)."""
+(:class:`ElasticJob`); and what each of its workers returns (:class:`WorkerOutcome`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX
 
-__all__ = ["ElasticJob", "ElasticOptions"]
+__all__ = ["ElasticJob", "ElasticOptions", "WorkerOutcome"]
 
 
 @dataclass(frozen=True)
@@ -37,3 +38,15 @@ class ElasticJob:
     epochs: int = 1
     seed: int = 0
     target_accuracy: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkerOutcome:
+    """What :meth:`~conveyor.elastic.ElasticTrainer.fit` returns on one worker."""
+
+    worker: int
+    steps: int = 0  # the steps the job completed, as this worker saw them end (0: it left)
+    losses: list[float] = field(default_factory=list)  # this worker's batch losses, a step each it computed
+    events: list[dict[str, Any]] = field(default_factory=list)  # the lines it wrote to elastic.jsonl
+    weights: torch.Tensor | None = None  # the final flat weights, on a worker computing at the end
+    left_at: int | None = None  # the last step it completed before it was revoked (None: it stayed)

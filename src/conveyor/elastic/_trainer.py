@@ -38,7 +38,7 @@ from torch import nn
 
 from conveyor.elastic._comm import Waiting, Watch
 from conveyor.elastic._handover import Left
-from conveyor.elastic._job import ElasticJob, ElasticOptions
+from conveyor.elastic._job import ElasticJob, ElasticOptions, WorkerOutcome
 from conveyor.elastic._membership import (
     NOTICE,
     Generation,
@@ -54,7 +54,7 @@ from conveyor.elastic._steps import LossFn, Steps
 from conveyor.elastic._tiers import shard_bounds
 from conveyor.runtime import save_checkpoint
 
-__all__ = ["ElasticJob", "ElasticOptions", "ElasticTrainer"]
+__all__ = ["ElasticTrainer"]
 
 
 class ElasticTrainer(Steps):
@@ -165,7 +165,7 @@ class ElasticTrainer(Steps):
         self.events: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------- the run
-    def fit(self, job: ElasticJob, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+    def fit(self, job: ElasticJob, on_step: Callable[[int], None] | None = None) -> WorkerOutcome:
         """Train until ``job``'s epochs are done (or its target accuracy is reached), whoever comes and goes."""
         if self.device is not None:  # the data moves to the GPU once
             on = {
@@ -182,7 +182,7 @@ class ElasticTrainer(Steps):
         if self.joiner and NOTICE.is_set():  # revoked while starting: joining would only cost the others a recovery
             print(f"worker {self.worker}: revocation notice before joining: it exits", flush=True)
             self.heartbeat.close()
-            return {"worker": self.worker, "left_at": None, "events": []}
+            return WorkerOutcome(self.worker)
         if self.joiner:  # ask the coordinator to take this worker in at the next step boundary
             n = self.store.add("joins", 1) - 1
             self.store.set(f"join/{n}", str(self.worker))  # the coordinator reads it once it is there
@@ -197,7 +197,7 @@ class ElasticTrainer(Steps):
                         break
                     continue
         except Left:
-            return {"worker": self.worker, "left_at": self.done, "events": self.events}
+            return WorkerOutcome(self.worker, events=self.events, left_at=self.done)
         except dist.DistNetworkError as exc:  # the store went away with worker 0
             raise JobFailed(
                 f"the job's store on reliable worker 0 is unreachable ({exc}): the reliable tier was "
@@ -210,13 +210,14 @@ class ElasticTrainer(Steps):
             self.coordinator.close()
         else:
             self.store.set(f"exited/{self.worker}", "1")
-        return {
-            "worker": self.worker,
-            "steps": self.done + 1,
-            "losses": self.losses,
-            "events": self.events,
-            "weights": self.flat.weights() if self.worker in self.watch.gen.roles.compute else None,  # type: ignore[union-attr]
-        }
+        computing = self.watch.gen is not None and self.worker in self.watch.gen.roles.compute
+        return WorkerOutcome(
+            self.worker,
+            steps=self.done + 1,
+            losses=self.losses,
+            events=self.events,
+            weights=self.flat.weights() if computing else None,
+        )
 
     def _newest_with_me(self) -> Generation:
         while True:

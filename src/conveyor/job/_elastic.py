@@ -13,10 +13,10 @@ it resumed from, the steps redone, the seconds it took; and when each resumed), 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from rich.console import Console
@@ -28,6 +28,7 @@ from conveyor.elastic import (
     ElasticOptions,
     ElasticTrainer,
     StageLayout,
+    WorkerOutcome,
     agreed_layouts,
     connect,
     launch_elastic,
@@ -106,7 +107,7 @@ def _layouts(
     return agreed_layouts(planned_layouts(prof, float(store.get("bandwidth")), microbatches), store)
 
 
-def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> dict[str, Any]:
+def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> WorkerOutcome:
     model, data = model_and_data(cfg)
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     layout = _layouts(cfg, model, example=data.train_x, worker=worker, host=host, port=port, workers=workers)
@@ -149,9 +150,8 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
         disable=worker != 0,
     ) as bar:
         task = bar.add_task("training", total=steps)
-        result = trainer.fit(job, lambda t: bar.update(task, completed=t + 1))
-    result.pop("weights", None)
-    return result
+        outcome = trainer.fit(job, lambda t: bar.update(task, completed=t + 1))
+    return dataclasses.replace(outcome, weights=None)  # the launcher needs none of them
 
 
 def train_elastic(cfg: TrainConfig) -> ElasticSummary:
@@ -176,7 +176,7 @@ def train_elastic(cfg: TrainConfig) -> ElasticSummary:
     return summary
 
 
-def join_elastic(address: str, run_dir: str | None = None) -> dict[str, Any]:
+def join_elastic(address: str, run_dir: str | None = None) -> WorkerOutcome:
     """Join the elastic job whose store is at ``HOST:PORT`` from this process, with that job's configuration."""
     host, _, port_text = address.rpartition(":")
     if not host or not port_text.isdigit():
