@@ -75,3 +75,24 @@ def factory(batch_size: int) -> tuple[nn.Sequential, torch.Tensor]:
 def not_a_model(batch_size: int) -> int:
     """A factory that returns something else."""
     return batch_size
+
+
+class ResidualMLP(nn.Module):
+    """A user's own model for the digits: residual ``forward``s, no ``nn.Sequential`` of blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(64, 64)
+        self.hidden = nn.ModuleList(nn.Linear(64, 64) for _ in range(3))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.inp(x))
+        for layer in self.hidden:
+            h = h + torch.relu(layer(h))
+        return self.head(h)
+
+
+def residual(batch_size: int) -> tuple[nn.Module, torch.Tensor]:
+    """``conveyor train --model models:residual``: the user's module as it is."""
+    return ResidualMLP(), torch.zeros(batch_size, 64)

@@ -121,3 +121,12 @@ def test_the_python_guide_runs(tmp_path: Path) -> None:
     summary = tmp_path / "runs" / "from-python" / "summary.json"
     assert summary.is_file() and (summary.parent / "checkpoint.pt").is_file()
     assert (tmp_path / "pipeline_example.pt").is_file()
+
+
+def test_the_own_model_guides_code_splits_as_it_says(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/guides/models-and-data.md's block runs (in this process: it starts no worker) and prints the blocks
+    its comment shows."""
+    [(_, code)] = _python_blocks(ROOT / "docs" / "guides" / "models-and-data.md")
+    exec(compile(code, "models-and-data.md", "exec"), {"__name__": "guide"})
+    shown = re.search(r"print\(.*\)\s+# (.*)$", code, re.M)
+    assert shown is not None and capsys.readouterr().out.strip() == shown.group(1)

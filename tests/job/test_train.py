@@ -115,3 +115,12 @@ def test_one_worker_is_a_plain_loop_and_its_second_epoch_can_be_profiled(tmp_pat
     assert layout["how"] == "one worker" and summary.accuracy[-1] > 0.5
     assert "aten::addmm" in (tmp_path / "profile" / "worker0.txt").read_text()
     assert json.loads((tmp_path / "profile" / "worker0.json").read_text())["traceEvents"]
+
+
+def test_a_users_own_module_trains_as_a_pipeline(tmp_path: Path) -> None:
+    """``--model models:residual``: a residual module, not an nn.Sequential, split into two stages."""
+    cfg = TrainConfig.from_options(model="models:residual", stages=2, epochs=2, run_dir=str(tmp_path))
+    summary = train(cfg)
+    assert len(summary.layout["balance"]) == 2 and summary.accuracy[-1] > 0.8, summary.accuracy
+    state = checkpoint.load(tmp_path / "checkpoint.pt")["model"]
+    assert "inp.inp.weight" in state and "head.head.bias" in state  # each block under its submodule's name

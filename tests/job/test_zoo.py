@@ -13,6 +13,34 @@ def test_builtin_and_user_factories() -> None:
     assert example.shape == (2, 3)
 
 
+def test_a_factorys_own_module_is_split_into_blocks() -> None:
+    from models import residual
+
+    torch.manual_seed(0)
+    blocks, example = resolve("models:residual", 4)
+    torch.manual_seed(0)
+    model, _ = residual(4)
+    assert example.shape == (4, 64)
+    assert [name for name, _ in blocks.named_children()] == ["inp", "hidden_0", "hidden_1", "hidden_2", "head"]
+    x = torch.randn(4, 64)
+    torch.testing.assert_close(blocks(x), model(x))
+
+
+def test_a_model_returning_a_mapping_is_trained_on_its_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (pip install -e '.[models]')"
+    )
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=8, bos_token_id=0, eos_token_id=0, use_cache=False
+    )
+    monkeypatch.setattr(
+        "models.factory", lambda b: (transformers.GPT2LMHeadModel(config), torch.randint(0, 40, (b, 8))), raising=True
+    )
+    blocks, example = resolve("models:factory", 2)
+    assert list(blocks.named_children())[-1][0] == "logits"
+    assert blocks(example).shape == (2, 8, 40)
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

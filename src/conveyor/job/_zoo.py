@@ -6,7 +6,10 @@ can cut it anywhere. The first five are sized to train on a CPU in seconds; ``re
 3x32x32 images) and ``gpt2`` (12 blocks 768 wide, 12 heads, 163M weights with its untied head, on windows of
 256 tokens) to keep a GPU busy. All scale by ``width`` and ``depth``.
 
-A user's factory takes the batch size and returns ``(model, example_batch)``.
+A user's factory takes the batch size and returns ``(model, example_batch)``: an ``nn.Sequential`` or a list of
+blocks is cut between its blocks; any other module is split by :func:`conveyor.runtime.split_model` (traced
+with ``torch.export``), and a model that returns a mapping (a Hugging Face ``ModelOutput``) is trained on its
+``logits``.
 
 Example:
     >>> from conveyor.job._data import load
@@ -18,7 +21,7 @@ Example:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -27,10 +30,11 @@ from torch import nn
 
 from conveyor.errors import InputError
 from conveyor.job._data import Dataset
-from conveyor.runtime import Blocks
+from conveyor.runtime import GraphBlock, split_model
 
 __all__ = [
     "MODELS",
+    "Logits",
     "ResidualBlock",
     "TransformerBlock",
     "build",
@@ -225,11 +229,13 @@ def build(name: str, dataset: Dataset, width: int | None = None, depth: int | No
     return MODELS[name][0](dataset, width, depth)
 
 
-def resolve(spec: str, batch_size: int) -> tuple[Blocks, Any]:
-    """A model and an example batch for ``spec``: a zoo name (on its default dataset) or ``module:factory``.
+def resolve(spec: str, batch_size: int) -> tuple[nn.Sequential, Any]:
+    """A model as blocks, and an example batch, for ``spec``: a zoo name (on its default dataset) or
+    ``module:factory``.
 
     Raises:
-        ValueError: the name is unknown, the factory cannot be imported, or it returns something else.
+        InputError: the name is unknown, the factory cannot be imported, returns something else, or returns a
+            module ``torch.export`` cannot trace.
     """
     if ":" not in spec:
         from conveyor.job._data import load
@@ -242,7 +248,26 @@ def resolve(spec: str, batch_size: int) -> tuple[Blocks, Any]:
             f"the factory {spec!r} returned {type(result).__name__}: it must return (model, example_batch) "
             "for the batch size it is given"
         )
-    return result
+    model, example = result
+    if isinstance(model, list):
+        return nn.Sequential(*model), example
+    if isinstance(model, nn.Sequential):
+        return model, example
+    blocks = split_model(model, example)
+    last = blocks[-1]
+    assert isinstance(last, GraphBlock)
+    if last.out_spec is not None and isinstance(last.out_spec.type, type) and issubclass(last.out_spec.type, Mapping):
+        if "logits" not in (last.out_spec.context or []):
+            raise InputError(f"the factory {spec!r}'s model returns a mapping without logits: return the logits")
+        blocks.add_module("logits", Logits())
+    return blocks, example
+
+
+class Logits(nn.Module):
+    """The ``logits`` of a model's output mapping (a Hugging Face ``ModelOutput``): what the loss takes."""
+
+    def forward(self, output: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return output["logits"]
 
 
 def load_factory(spec: str) -> Callable[[int], Any]:

@@ -20,6 +20,7 @@ from conveyor.runtime._microbatch import batch_size, to_device
 from conveyor.runtime._microbatch import split as split_batch
 from conveyor.runtime._pipeline import OptimizerFactory, Pipeline, WorldSizeError
 from conveyor.runtime._profiler import profile
+from conveyor.runtime._split import GraphBlock, split_model
 from conveyor.runtime._stage import (
     Blocks,
     StagePosition,
@@ -41,6 +42,7 @@ __all__ = [
     "Blocks",
     "CheckpointError",
     "CoreShare",
+    "GraphBlock",
     "Link",
     "OptimizerFactory",
     "Pipeline",
@@ -75,6 +77,7 @@ __all__ = [
     "save_stages",
     "set_mean_grads",
     "split_batch",
+    "split_model",
     "stage_ranges",
     "stop_requested",
     "to_device",
