@@ -59,7 +59,35 @@ def branchy() -> nn.Sequential:
     return nn.Sequential(Fork(), Mix(), Embed(), Head())
 
 
-MODELS = {"mlp": (mlp, {2: [3, 2], 4: [1, 1, 2, 1]}), "branchy": (branchy, {2: [2, 2], 4: [1, 1, 1, 1]})}
+class Tangle(nn.Module):
+    """A user's module, not blocks: a skip from the first layer to the last, and l1's weight used again by
+    ``tied`` two layers later (as tied embeddings are)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.tied, self.head = nn.Linear(16, 16), nn.Linear(16, 4)
+        self.tied.weight = self.l1.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = torch.relu(self.inp(x))
+        h = torch.tanh(self.l2(torch.tanh(self.l1(skip))))
+        return self.head(h + skip + torch.tanh(self.tied(h)))
+
+
+def tangle() -> nn.Sequential:
+    """:class:`Tangle` split by torch.export into five blocks (inp, l1, l2, tied, head), as mlp has."""
+    from conveyor.runtime import split_model
+
+    torch.manual_seed(0)
+    return split_model(Tangle(), torch.zeros(2, 8))
+
+
+MODELS = {
+    "mlp": (mlp, {2: [3, 2], 4: [1, 1, 2, 1]}),
+    "branchy": (branchy, {2: [2, 2], 4: [1, 1, 1, 1]}),
+    "tangle": (tangle, {2: [3, 2], 4: [1, 1, 2, 1]}),
+}
 
 
 def batches(n: int = 3, size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:

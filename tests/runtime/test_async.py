@@ -8,7 +8,7 @@ import pytest
 import reference
 import torch
 import torch.nn.functional as F
-from models import batches, mlp
+from models import batches, mlp, tangle
 
 from conveyor.runtime._launch import WorkerError, launch
 from conveyor.runtime._pipeline import Pipeline
@@ -25,6 +25,7 @@ OPTIMIZERS = {
 }
 ASYNC = ("pipedream", "pipedream-vs", "2bw")
 BALANCE = {2: [3, 2], 3: [2, 2, 1], 4: [1, 1, 2, 1]}
+MODELS = {"mlp": mlp, "tangle": tangle}  # five blocks each: tangle is a module split by torch.export
 # (schedule, optimizer, max_grad_norm, autocast)
 Case = tuple[str, str, float | None, torch.dtype | None]
 
@@ -44,12 +45,13 @@ def _run(
     m: int = MICROBATCHES,
     sizes: tuple[int, ...] | None = None,
     correct: bool = False,
+    model: str = "mlp",
 ) -> dict[Case, dict[str, Any]]:
     out = {}
     for case in cases:
         schedule, opt, clip, autocast = case
         pipe = Pipeline(
-            mlp(),
+            MODELS[model](),
             BALANCE[len(replicas)],
             microbatches=m,
             loss_fn=F.cross_entropy,
@@ -77,9 +79,10 @@ def _reference(
     m: int = MICROBATCHES,
     sizes: tuple[int, ...] | None = None,
     correct: bool = False,
+    model_name: str = "mlp",
 ) -> dict[str, torch.Tensor]:
     schedule, opt, clip, autocast = case
-    model = mlp()
+    model = MODELS[model_name]()
     stages = [build_stage(model, r) for r in stage_ranges(BALANCE[len(replicas)], len(as_blocks(model)))]
     reference.train(
         stages, _data(sizes), m, schedule, replicas, OPTIMIZERS[opt], F.cross_entropy, clip, autocast, correct
@@ -94,10 +97,11 @@ def _check(
     m: int = MICROBATCHES,
     sizes: tuple[int, ...] | None = None,
     correct: bool = False,
+    model: str = "mlp",
 ) -> dict[Case, dict[str, Any]]:
-    per_rank = launch(_run, replicas, cases, m, sizes, correct, nprocs=sum(replicas), timeout_s=200)
+    per_rank = launch(_run, replicas, cases, m, sizes, correct, model, nprocs=sum(replicas), timeout_s=200)
     for case in cases:
-        ref = _reference(replicas, case, m, sizes, correct)
+        ref = _reference(replicas, case, m, sizes, correct, model)
         seen = set()
         for rank, result in per_rank.items():
             got = result[case]["params"]
@@ -135,6 +139,14 @@ def test_clipping_and_autocast() -> None:
 def test_replicated_stages_match_their_update_equations(replicas: tuple[int, ...]) -> None:
     opts = ["sgd", "adam"] if replicas == (2, 2) else ["sgd"]
     _check(replicas, [(s, opt, None, None) for s in ("flush", "gpipe", *ASYNC) for opt in opts])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [(1, 1, 1), (2, 1)])
+def test_a_split_model_follows_the_update_equations(replicas: tuple[int, ...]) -> None:
+    """A module split by torch.export: its skip crosses every cut, its tied weight goes from the stage that
+    holds it to the one that uses it again, stashed version and all; every schedule keeps the equations."""
+    _check(replicas, [(s, "sgd", None, None) for s in ("flush", *ASYNC)], model="tangle")
 
 
 @pytest.mark.slow
