@@ -47,8 +47,12 @@ def test_options_fill_the_sections_and_come_back_the_same() -> None:
 
 
 def test_each_section_checks_its_own_fields_and_the_config_the_rules_between_them() -> None:
-    from conveyor.job import ElasticConfig, EnergyConfig, OptimizerConfig, RunConfig
+    from conveyor.job import ElasticConfig, EnergyConfig, ModelConfig, OptimizerConfig, RunConfig
 
+    with pytest.raises(ValueError, match="--model-args goes with a module:callable model, not mlp"):
+        ModelConfig(args="width=3")
+    with pytest.raises(ValueError, match="--model-args 'depth': give NAME=VALUE"):
+        ModelConfig(name="models:residual", args="depth")
     with pytest.raises(ValueError, match="--lr must be above 0"):
         OptimizerConfig(lr=float("nan"))
     with pytest.raises(ValueError, match="--epochs must be at least 1"):

@@ -124,3 +124,18 @@ def test_a_users_own_module_trains_as_a_pipeline(tmp_path: Path) -> None:
     assert len(summary.layout["balance"]) == 2 and summary.accuracy[-1] > 0.8, summary.accuracy
     state = checkpoint.load(tmp_path / "checkpoint.pt")["model"]
     assert "inp.inp.weight" in state and "head.head.bias" in state  # each block under its submodule's name
+
+
+def test_a_hugging_face_model_trains_from_its_class(tmp_path: Path) -> None:
+    """GPT-2 from transformers' own class and a small configuration, on the bundled text, in two stages: its
+    tied embedding is held by the first stage and used again by the head on the second."""
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[models]')")
+    args = "n_layer=2,n_embd=32,n_head=2,vocab_size=103,bos_token_id=0,eos_token_id=0"
+    cfg = TrainConfig.from_options(
+        model="transformers:GPT2LMHeadModel", model_args=args, dataset="text", stages=2, epochs=1, run_dir=str(tmp_path)
+    )
+    summary = train(cfg)
+    assert summary.epochs == 1 and summary.loss[0] < 4.0  # below log(103) = 4.63, a uniform guess
+    state = checkpoint.load(tmp_path / "checkpoint.pt")["model"]
+    assert any(k.endswith("transformer.wte.weight") for k in state)
+    assert not any(k.endswith("lm_head.weight") for k in state)  # held once, as the embedding

@@ -34,7 +34,8 @@ def test_a_model_returning_a_mapping_is_trained_on_its_logits(monkeypatch: pytes
         n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=8, bos_token_id=0, eos_token_id=0, use_cache=False
     )
     monkeypatch.setattr(
-        "models.factory", lambda b: (transformers.GPT2LMHeadModel(config), torch.randint(0, 40, (b, 8))), raising=True
+        "models.factory",
+        lambda batch_size: (transformers.GPT2LMHeadModel(config), torch.randint(0, 40, (batch_size, 8))),
     )
     blocks, example = resolve("models:factory", 2)
     assert list(blocks.named_children())[-1][0] == "logits"
@@ -126,3 +127,37 @@ def test_vgg16_is_shaped_like_vgg16() -> None:
     weights = sum(p.numel() for p in model.parameters())
     assert 0.88 < sum(p.numel() for m in linears for p in m.parameters()) / weights < 0.92
     assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)  # digits, scaled up to 32x32 inside
+
+
+def test_model_arguments_are_python_literals_or_words() -> None:
+    from conveyor.job import model_arguments
+
+    assert model_arguments("") == {}
+    assert model_arguments("num_classes=10, depths=[1,1],act=gelu,p=0.5,bias=False") == {
+        "num_classes": 10,
+        "depths": [1, 1],
+        "act": "gelu",
+        "p": 0.5,
+        "bias": False,
+    }
+    with pytest.raises(ValueError, match="give NAME=VALUE items"):
+        model_arguments("10")
+
+
+def _text() -> object:
+    from conveyor.job import load_dataset
+
+    return load_dataset("text")
+
+
+def test_a_library_class_is_built_from_its_arguments_and_fed_from_the_dataset() -> None:
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[models]')")
+    gpt2 = "transformers:GPT2LMHeadModel"
+    small = "n_layer=1,n_embd=16,n_head=2,bos_token_id=0,eos_token_id=0"
+    blocks, example = resolve(gpt2, 4, _text(), f"{small},vocab_size=103")  # type: ignore[arg-type]
+    assert example.shape == (4, 32) and list(blocks.named_children())[-1][0] == "logits"
+    assert blocks(example).shape == (4, 32, 103)
+    with pytest.raises(ValueError, match=r"scores 50 classes but text has 103: .*vocab_size"):
+        resolve(gpt2, 4, _text(), f"{small},vocab_size=50")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cannot be called with --model-args"):
+        resolve("models:residual", 4, None, "width=3")

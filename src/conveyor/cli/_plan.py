@@ -18,7 +18,9 @@ __all__ = ["add_parsers", "plan", "profile"]
 
 def add_parsers(sub: Any) -> None:
     prof = sub.add_parser("profile", help="measure a model block by block and save the profile as JSON")
-    prof.add_argument("model", help="a built-in model (mlp) or package.module:factory")
+    prof.add_argument("model", help="a zoo model (mlp, ...), or module:callable (any nn.Module)")
+    prof.add_argument("--model-args", default="", help="NAME=VALUE,... for a module:callable, e.g. num_classes=10")
+    prof.add_argument("--dataset", default=None, help="where a callable's example batch comes from (default: digits)")
     prof.add_argument("--batch-size", type=positive, default=64)
     prof.add_argument(
         "--batch-sizes", type=sizes, default=(), help="also measure these smaller sizes, e.g. 8,16,32 (for planning)"
@@ -55,16 +57,19 @@ def add_parsers(sub: Any) -> None:
     plan.add_argument("--json", type=Path, default=None, help="write the plan file here")
 
 
-def _measure(name: str, batch_size: int, device: str | None, repeats: int, batch_sizes: tuple[int, ...]) -> Any:
-    from conveyor.job import resolve
+def _measure(args: argparse.Namespace) -> Any:
+    from conveyor.job import load_dataset, resolve
     from conveyor.runtime import profile as measure
 
-    model, example = resolve(name, batch_size)
-    return measure(model, example, name=name, device=device, repeats=repeats, batch_sizes=batch_sizes)
+    data = load_dataset(args.dataset) if args.dataset else None
+    model, example = resolve(args.model, args.batch_size, data, args.model_args)
+    return measure(
+        model, example, name=args.model, device=args.device, repeats=args.repeats, batch_sizes=args.batch_sizes
+    )
 
 
 def profile(args: argparse.Namespace) -> None:
-    measure_args = (args.model, args.batch_size, args.device, args.repeats, args.batch_sizes)
+    measure_args = (args,)
     if args.device_cores is None:
         result = _measure(*measure_args)
     else:  # in a worker process whose cgroup gives it the device's cores

@@ -26,7 +26,12 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> None:
     train = sub.add_parser("train", help="profile, plan and train a model; writes a run folder")
-    train.add_argument("--model", default="mlp", help="mlp, vgg, resnet, gpt, or package.module:factory")
+    train.add_argument(
+        "--model", default="mlp", help="a zoo model (mlp, vgg, resnet, gpt, ...), or module:callable (any nn.Module)"
+    )
+    train.add_argument(
+        "--model-args", default="", help="NAME=VALUE,... for a module:callable, e.g. num_classes=10 or n_layer=2"
+    )
     train.add_argument("--dataset", default=None, help="digits, digit-images, text, text:PATH, torchvision:NAME:ROOT")
     train.add_argument("--width", type=positive, default=None, help="scale a zoo model's width")
     train.add_argument("--depth", type=positive, default=None, help="scale a zoo model's depth")

@@ -8,6 +8,8 @@ from conveyor.job._config import (
     job_devices,
     loss_and_optimizer,
 )
+from conveyor.job._data import Dataset
+from conveyor.job._data import load as load_dataset
 from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._lease import lease_expires, read_lease, write_lease
@@ -35,10 +37,11 @@ from conveyor.job._summary import (
 )
 from conveyor.job._trace import torch_profiled
 from conveyor.job._train import train
-from conveyor.job._zoo import gpt, mlp, resnet, resolve, vgg, vgg16
+from conveyor.job._zoo import gpt, mlp, model_arguments, resnet, resolve, vgg, vgg16
 
 __all__ = [
     "OPTION_FIELDS",
+    "Dataset",
     "ElasticConfig",
     "ElasticSummary",
     "EmulationConfig",
@@ -63,9 +66,11 @@ __all__ = [
     "job_devices",
     "join_elastic",
     "lease_expires",
+    "load_dataset",
     "loss_and_optimizer",
     "mlp",
     "model_and_data",
+    "model_arguments",
     "open_run_folder",
     "plot_accuracy",
     "read_jsonl",

@@ -136,6 +136,7 @@ SECTIONS: dict[str, type[Any]] = {
 }
 _RENAMED = {
     ("model", "name"): "model",
+    ("model", "args"): "model_args",
     ("optimizer", "name"): "optimizer",
     ("energy", "meter"): "energy_meter",
     ("stragglers", "mode"): "stragglers",

@@ -19,7 +19,7 @@ def model_and_data(cfg: TrainConfig, warm_start_plan: str | None = None) -> tupl
     if ":" in cfg.model.name:
         data = datasets.load(cfg.model.dataset or "digits", cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
-        model, _ = zoo.resolve(cfg.model.name, cfg.optimizer.batch_size)
+        model, _ = zoo.resolve(cfg.model.name, cfg.optimizer.batch_size, data, cfg.model.args)
     else:
         data = datasets.load(cfg.model.dataset or zoo.default_dataset(cfg.model.name), cfg.run.seed)
         torch.manual_seed(cfg.run.seed)

@@ -9,6 +9,7 @@ import torch
 
 from conveyor.energy import check_meter_spec, check_power_limit_spec
 from conveyor.errors import InputError
+from conveyor.job._zoo import model_arguments
 from conveyor.runtime import BACKENDS, DEVICES
 from conveyor.stragglers import mode_settings
 
@@ -32,12 +33,18 @@ AUTOCAST = {"off": None, "bf16": torch.bfloat16}
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """What is trained on what: ``--model``, ``--dataset``, ``--width``, ``--depth``."""
+    """What is trained on what: ``--model``, ``--model-args``, ``--dataset``, ``--width``, ``--depth``."""
 
     name: str = "mlp"  # --model
+    args: str = ""  # --model-args: NAME=VALUE,... for a module:callable
     dataset: str | None = None  # default: the model's own (digits for mlp, text for gpt)
     width: int | None = None
     depth: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.args and ":" not in self.name:
+            raise InputError(f"--model-args goes with a module:callable model, not {self.name}: use --width, --depth")
+        model_arguments(self.args)  # a malformed one fails here
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,10 +6,13 @@ can cut it anywhere. The first five are sized to train on a CPU in seconds; ``re
 3x32x32 images) and ``gpt2`` (12 blocks 768 wide, 12 heads, 163M weights with its untied head, on windows of
 256 tokens) to keep a GPU busy. All scale by ``width`` and ``depth``.
 
-A user's factory takes the batch size and returns ``(model, example_batch)``: an ``nn.Sequential`` or a list of
-blocks is cut between its blocks; any other module is split by :func:`conveyor.runtime.split_model` (traced
-with ``torch.export``), and a model that returns a mapping (a Hugging Face ``ModelOutput``) is trained on its
-``logits``.
+A user's ``module:factory`` takes the batch size (a parameter named ``batch_size``) and returns ``(model,
+example_batch)``; any other callable (a library's constructor, ``torchvision.models:resnet18``) is called with
+``--model-args`` alone and returns the model, whose example batch then comes from the dataset; a Hugging Face
+model class (``transformers:GPT2LMHeadModel``) is given its own configuration class made from ``--model-args``.
+An ``nn.Sequential`` or a list of blocks is cut between its blocks; any other module is split by
+:func:`conveyor.runtime.split_model` (traced with ``torch.export``), and a model that returns a mapping (a
+Hugging Face ``ModelOutput``) is trained on its ``logits``.
 
 Example:
     >>> from conveyor.job._data import load
@@ -20,7 +23,10 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import importlib
+import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,6 +48,7 @@ __all__ = [
     "gpt",
     "load_factory",
     "mlp",
+    "model_arguments",
     "resnet",
     "resolve",
     "vgg",
@@ -229,38 +236,94 @@ def build(name: str, dataset: Dataset, width: int | None = None, depth: int | No
     return MODELS[name][0](dataset, width, depth)
 
 
-def resolve(spec: str, batch_size: int) -> tuple[nn.Sequential, Any]:
-    """A model as blocks, and an example batch, for ``spec``: a zoo name (on its default dataset) or
-    ``module:factory``.
+def model_arguments(text: str) -> dict[str, Any]:
+    """``--model-args``: ``"num_classes=10,depths=[1,1],name=x"`` -> ``{"num_classes": 10, "depths": [1, 1],
+    "name": "x"}`` (Python literals; anything else is a string).
 
     Raises:
-        InputError: the name is unknown, the factory cannot be imported, returns something else, or returns a
-            module ``torch.export`` cannot trace.
+        InputError: an item is not ``NAME=VALUE``.
     """
-    if ":" not in spec:
-        from conveyor.job._data import load
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in re.split(r",\s*(?=[A-Za-z_]\w*\s*=)", text))):
+        name, equals, value = item.partition("=")
+        if not equals or not name.strip().isidentifier():
+            raise InputError(f"--model-args {text!r}: give NAME=VALUE items separated by commas, e.g. num_classes=10")
+        try:
+            out[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            out[name.strip()] = value.strip()
+    return out
 
+
+def resolve(spec: str, batch_size: int, data: Dataset | None = None, args: str = "") -> tuple[nn.Sequential, Any]:
+    """A model as blocks, and an example batch, for ``spec``: a zoo name (on its default dataset) or
+    ``module:callable`` (see the module docstring), given ``args`` (``--model-args``); ``data`` gives the example
+    batch of a callable that returns the model alone (default: the digits).
+
+    Raises:
+        InputError: the name is unknown, the callable cannot be imported, does not take ``args``, returns
+            something else, or returns a module ``torch.export`` cannot trace.
+    """
+    from conveyor.job._data import load
+
+    if ":" not in spec:
         data = load(default_dataset(spec))
         return build(spec, data), data.train_x[:batch_size]
-    result = load_factory(spec)(batch_size)
+    result = _call(spec, load_factory(spec), batch_size, model_arguments(args))
+    if isinstance(result, nn.Module):
+        result = (result, (data or load("digits")).train_x[:batch_size])
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module | list)):
         raise InputError(
             f"the factory {spec!r} returned {type(result).__name__}: it must return (model, example_batch) "
-            "for the batch size it is given"
+            "for the batch size it is given, or the model"
         )
     model, example = result
     if isinstance(model, list):
         return nn.Sequential(*model), example
     if isinstance(model, nn.Sequential):
         return model, example
+    blocks = _split(spec, model, example)
+    if data is not None:
+        _check_classes(spec, blocks, data)
+    return blocks, example
+
+
+def _check_classes(spec: str, blocks: nn.Sequential, data: Dataset) -> None:
+    """Refuse a split model whose outputs do not score ``data``'s classes (traced shapes: nothing runs)."""
+    last = blocks[-1] if isinstance(blocks[-1], GraphBlock) else blocks[-2]  # (before Logits)
+    assert isinstance(last, GraphBlock)
+    [output] = last.code.training.graph.find_nodes(op="output")
+    values = [getattr(a, "meta", {}).get("val") for a in output.args[0]]
+    scores = [v.shape for v in values if isinstance(v, torch.Tensor) and v.dim() >= 2]
+    if scores and scores[0][-1] != data.classes:
+        raise InputError(
+            f"--model {spec} scores {scores[0][-1]} classes but {data.name} has {data.classes}: give the model "
+            f"{data.classes} outputs (--model-args num_classes={data.classes}, or vocab_size= for a language model)"
+        )
+
+
+def _call(spec: str, make: Callable[..., Any], batch_size: int, kwargs: dict[str, Any]) -> Any:
+    config_class = getattr(make, "config_class", None)
+    try:
+        if isinstance(make, type) and config_class is not None:  # a Hugging Face model: its config's arguments
+            config = config_class(**{"use_cache": False, **kwargs})  # (a cache of keys and values is for inference)
+            return make(config)
+        takes_batch = "batch_size" in inspect.signature(make).parameters
+        return make(batch_size, **kwargs) if takes_batch else make(**kwargs)
+    except TypeError as exc:
+        raise InputError(f"--model {spec} cannot be called with --model-args {kwargs}: {exc}") from None
+
+
+def _split(spec: str, model: nn.Module, example: Any) -> nn.Sequential:
+    """``model`` split into blocks; a model that returns a mapping gets a last block that takes its logits."""
     blocks = split_model(model, example)
     last = blocks[-1]
     assert isinstance(last, GraphBlock)
     if last.out_spec is not None and isinstance(last.out_spec.type, type) and issubclass(last.out_spec.type, Mapping):
         if "logits" not in (last.out_spec.context or []):
-            raise InputError(f"the factory {spec!r}'s model returns a mapping without logits: return the logits")
+            raise InputError(f"the model of {spec!r} returns a mapping without logits: return the logits")
         blocks.add_module("logits", Logits())
-    return blocks, example
+    return blocks
 
 
 class Logits(nn.Module):

@@ -102,6 +102,24 @@ def _cut(nodes: list[fx.Node], weights: dict[str, int], target: int) -> tuple[li
     return segments, refined
 
 
+def _is_shape(node: fx.Node) -> bool:
+    """Whether ``node`` computes a number from shapes (a batch size traced as dynamic), not a tensor."""
+    return isinstance(node.meta.get("val"), int | float | bool | torch.SymInt | torch.SymFloat | torch.SymBool)
+
+
+def _with_shapes(ops: list[fx.Node], parts: list[list[fx.Node]]) -> list[list[fx.Node]]:
+    """``parts`` (of the tensor operations) with each shape computation in the part of its last input, so that
+    a size is read where its tensor is and only the number crosses the cuts after it."""
+    part_of = {node: i for i, part in enumerate(parts) for node in part}
+    for node in ops:
+        if _is_shape(node):
+            part_of[node] = max((part_of[n] for n in node.all_input_nodes if n in part_of), default=0)
+    placed: list[list[fx.Node]] = [[] for _ in parts]
+    for node in ops:
+        placed[part_of[node]].append(node)
+    return placed
+
+
 def _replay(nodes: list[fx.Node], refined: list[str]) -> list[_Segment]:
     segments = _segments(nodes, 1)
     for key in refined:
@@ -134,8 +152,10 @@ def _align(train: list[_Segment], other: list[_Segment]) -> list[list[fx.Node]]:
 
 def _export(model: nn.Module, example: tuple[Any, ...], training: bool) -> fx.GraphModule:
     model.train(training)
+    batch = torch.export.Dim.DYNAMIC  # microbatches, and an epoch's last batch, have other sizes than the example
+    shapes = tuple({0: batch} if isinstance(a, torch.Tensor) and a.dim() > 0 else None for a in example)
     try:
-        return torch.export.export(model, example).module()
+        return torch.export.export(model, example, dynamic_shapes=shapes).module()
     except Exception as exc:
         raise InputError(
             f"torch.export cannot trace {type(model).__name__}: {_first_problem(str(exc))}: give the model as an "
@@ -254,9 +274,22 @@ class _Code:
     training: fx.GraphModule
     evaluation: fx.GraphModule
     out_spec: Any
+    mutated: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())  # per mode: inputs written in place
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Code:
         return self
+
+
+def _written_in_place(graph: fx.GraphModule, held: int) -> frozenset[int]:
+    """Which of the graph's values in (after its ``held`` tensors) an operation writes in place (``x += y``)."""
+    placeholders = {node: i - held for i, node in enumerate(graph.graph.find_nodes(op="placeholder")) if i >= held}
+    written = set()
+    for node in graph.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        for arg, spec in zip(node.args, schema.arguments if schema is not None else [], strict=False):
+            if spec.alias_info is not None and spec.alias_info.is_write and arg in placeholders:
+                written.add(placeholders[arg])
+    return frozenset(written)
 
 
 class GraphBlock(nn.Module):
@@ -286,7 +319,8 @@ class GraphBlock(nn.Module):
             else:
                 holder.register_buffer(attr, tensor, persistent=attr not in owner._non_persistent_buffers_set)
         self.holds = holds
-        self.code = _Code(training, evaluation, out_spec)  # not a submodule: the state is the held tensors alone
+        mutated = (_written_in_place(training, len(holds)), _written_in_place(evaluation, len(holds)))
+        self.code = _Code(training, evaluation, out_spec, mutated)  # not a submodule: the state is the held tensors
 
     @property
     def out_spec(self) -> Any:
@@ -312,10 +346,19 @@ class GraphBlock(nn.Module):
     def forward(self, values: Any) -> Any:
         held = [_attribute(self, name) for name in self.holds]
         graph = self.code.training if self.training else self.code.evaluation
-        out = graph(*held, *(values if isinstance(values, tuple) else (values,)))
+        values = values if isinstance(values, tuple) else (values,)
+        written = self.code.mutated[0 if self.training else 1]
+        if written:  # a value another stage sent is a leaf autograd cannot let an operation write: write a copy
+            values = tuple(_writable(v) if i in written else v for i, v in enumerate(values))
+        out = graph(*held, *values)
         if self.code.out_spec is not None:
             return pytree.tree_unflatten(list(out), self.code.out_spec)
         return out[0] if len(out) == 1 else tuple(out)
+
+
+def _writable(value: Any) -> Any:
+    leaf = isinstance(value, torch.Tensor) and value.is_leaf and value.requires_grad
+    return value.clone() if leaf else value
 
 
 def _op_name(target: Any) -> str:
@@ -344,8 +387,12 @@ def split_model(model: nn.Module, example: Any, *, target_blocks: int = TARGET_B
     finally:
         model.train(was_training)
     weights = {name: sum(p.numel() for p in m.parameters()) for name, m in model.named_modules()}
-    segments, refined = _cut(training.ops, weights, target_blocks)
-    parts = {"training": [s.nodes for s in segments], "evaluation": _align(segments, _replay(evaluation.ops, refined))}
+    segments, refined = _cut([n for n in training.ops if not _is_shape(n)], weights, target_blocks)
+    evaluation_segments = _replay([n for n in evaluation.ops if not _is_shape(n)], refined)
+    parts = {
+        "training": _with_shapes(training.ops, [s.nodes for s in segments]),
+        "evaluation": _with_shapes(evaluation.ops, _align(segments, evaluation_segments)),
+    }
     flows = {"training": _flow(training, parts["training"]), "evaluation": _flow(evaluation, parts["evaluation"])}
     blocks: dict[str, GraphBlock] = {}
     for i, segment in enumerate(segments):
