@@ -1,4 +1,5 @@
-"""Bundled datasets: digits as vectors and images, Python's documentation and user files as text."""
+"""Bundled datasets: digits as vectors and images, Python's documentation and user files as text; folders of
+images; synthetic samples of any shape."""
 
 from pathlib import Path
 
@@ -34,6 +35,9 @@ def test_text_windows_predict_the_next_character(tmp_path: Path) -> None:
         ("mnist", "unknown dataset 'mnist'"),
         ("text:/no/such/file.txt", "cannot read the text corpus"),
         ("torchvision:NoSuchSet:/tmp", "torchvision"),
+        ("synthetic:3x4:1:20", "give synthetic:SHAPE:CLASSES:N"),
+        ("synthetic:3xa:2:20", "give synthetic:SHAPE:CLASSES:N"),
+        ("imagefolder:/no/such/folder", "imagefolder:/no/such/folder: no such folder"),
     ],
 )
 def test_bad_datasets(spec: str, message: str) -> None:
@@ -53,3 +57,37 @@ def test_the_digits_read_from_scikit_learns_file_are_load_digits(monkeypatch: py
     assert np.array_equal(digits_table(), expected)  # the shipped CSV, read without importing scikit-learn
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # the file not found: load_digits
     assert np.array_equal(digits_table(), expected)
+
+
+def _images(folder: Path, classes: dict[str, int], size: tuple[int, int] = (10, 12)) -> None:
+    """``count`` random RGB images per class under ``folder/CLASS/``; the first of each ``size`` (width,
+    height), the others 2 pixels larger, so they are resized."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name, count in classes.items():
+        (folder / name).mkdir(parents=True)
+        for i in range(count):
+            w, h = size if i == 0 else (size[0] + 2, size[1] + 2)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / name / f"{i}.png")
+
+
+def test_an_image_folder_is_read_resized_and_split(tmp_path: Path) -> None:
+    _images(tmp_path / "flat", {"cat": 6, "dog": 4})
+    d = load(f"imagefolder:{tmp_path / 'flat'}")
+    assert d.classes == 2 and len(d.train_x) + len(d.test_x) == 10 and len(d.train_x) == 8
+    assert d.train_x.shape[1:] == (3, 12, 10) and float(d.train_x.min()) >= 0.0 and float(d.train_x.max()) <= 1.0
+    assert sorted(torch.cat([d.train_y, d.test_y]).tolist()) == [0] * 6 + [1] * 4  # classes by folder name
+    _images(tmp_path / "split" / "train", {"a": 3, "b": 3, "c": 2})
+    _images(tmp_path / "split" / "val", {"a": 1, "c": 2})
+    d = load(f"imagefolder:{tmp_path / 'split'}")
+    assert (len(d.train_x), len(d.test_x), d.classes) == (8, 3, 3)
+    assert d.test_y.tolist() == [0, 2, 2]  # the held-out folder's classes numbered as the training folder's
+    with pytest.raises(ValueError, match="found 0 class folders"):
+        load(f"imagefolder:{tmp_path / 'flat' / 'cat'}")
+
+
+def test_synthetic_samples_of_any_shape() -> None:
+    d = load("synthetic:1x5x6:4:50")
+    assert d.train_x.shape == (40, 1, 5, 6) and d.classes == 4 and int(d.train_y.max()) < 4
+    torch.testing.assert_close(load("synthetic:1x5x6:4:50").train_x, d.train_x)  # drawn from the seed

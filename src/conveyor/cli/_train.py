@@ -32,7 +32,12 @@ def add_parser(sub: Any) -> None:
     train.add_argument(
         "--model-args", default="", help="NAME=VALUE,... for a module:callable, e.g. num_classes=10 or n_layer=2"
     )
-    train.add_argument("--dataset", default=None, help="digits, digit-images, text, text:PATH, torchvision:NAME:ROOT")
+    train.add_argument(
+        "--dataset",
+        default=None,
+        help="digits, digit-images, text, text:PATH, imagefolder:PATH, synthetic:SHAPE:CLASSES:N, "
+        "synthetic-images, synthetic-text, torchvision:NAME:ROOT",
+    )
     train.add_argument("--width", type=positive, default=None, help="scale a zoo model's width")
     train.add_argument("--depth", type=positive, default=None, help="scale a zoo model's depth")
     train.add_argument(

@@ -8,7 +8,11 @@ disk, ``torchvision:NAME:ROOT`` loads one of its image datasets (``torchvision:C
 download happens at run time. ``synthetic-images`` (3x32x32, CIFAR's shape) and ``synthetic-text`` (windows
 of 256 tokens over GPT-2's vocabulary of 50,257) are drawn from the seed, sized to measure GPU-sized models
 (``resnet18``, ``gpt2``); each has a pattern to learn (a class's image is its own template plus noise; a token
-mostly follows from the one before), so accuracy rises, but they stand for no real task.
+mostly follows from the one before), so accuracy rises, but they stand for no real task;
+``synthetic:SHAPE:CLASSES:N`` draws ``N`` such samples of any shape (``synthetic:3x64x64:100:4096``).
+``imagefolder:PATH`` reads a folder of images, one subfolder per class (torchvision's ImageFolder layout), with
+Pillow, into memory: ``PATH/train/CLASS/*`` and ``PATH/test/CLASS/*`` (or ``val``) where those exist, else
+``PATH/CLASS/*`` split 80:20; every image converted to RGB and resized to the first one's size.
 
 Example:
     >>> d = load("digits")
@@ -38,7 +42,10 @@ DATASETS = (
     "torchvision:NAME:ROOT",
     "synthetic-images",
     "synthetic-text",
+    "synthetic:SHAPE:CLASSES:N",
+    "imagefolder:PATH",
 )
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 GPT2_VOCAB = 50257
 
 
@@ -129,13 +136,77 @@ def _torchvision(name: str, root: str) -> Dataset:
     return Dataset(f"torchvision:{name}", parts[0], parts[1], parts[2], parts[3], classes)
 
 
-def _synthetic_images(seed: int, samples: int = 6144, classes: int = 10) -> Dataset:
-    """Each class a random 3x32x32 template; a sample its class's template plus as much noise."""
+def _synthetic_images(
+    seed: int, samples: int = 6144, classes: int = 10, shape: tuple[int, ...] = (3, 32, 32), name: str = ""
+) -> Dataset:
+    """Each class a random template of ``shape``; a sample its class's template plus as much noise."""
     g = torch.Generator().manual_seed(seed)
-    templates = torch.randn(classes, 3, 32, 32, generator=g)
+    templates = torch.randn(classes, *shape, generator=g)
     labels = torch.randint(classes, (samples,), generator=g)
-    images = templates[labels] + torch.randn(samples, 3, 32, 32, generator=g)
-    return _split("synthetic-images", images, labels, classes=classes, seed=seed)
+    images = templates[labels] + torch.randn(samples, *shape, generator=g)
+    return _split(name or "synthetic-images", images, labels, classes=classes, seed=seed)
+
+
+def _synthetic(spec: str, seed: int) -> Dataset:
+    """``synthetic:SHAPE:CLASSES:N``, e.g. ``synthetic:3x64x64:100:4096``."""
+    parts = spec.split(":")
+    try:
+        shape = tuple(int(d) for d in parts[1].split("x"))
+        classes, samples = int(parts[2]), int(parts[3])
+        if len(parts) != 4 or min(*shape, classes, samples) < 1 or classes < 2 or samples < 10:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise InputError(
+            f"dataset {spec!r}: give synthetic:SHAPE:CLASSES:N, e.g. synthetic:3x64x64:100:4096 (2 classes or more, "
+            "10 samples or more)"
+        ) from None
+    return _synthetic_images(seed, samples, classes, shape, spec)
+
+
+def _image_files(folder: Path) -> dict[str, list[Path]]:
+    """Each class subfolder's images, the classes sorted by name."""
+    classes = sorted(d for d in folder.iterdir() if d.is_dir())
+    return {d.name: sorted(f for f in d.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES) for d in classes}
+
+
+def _read_images(
+    files: dict[str, list[Path]], names: list[str], size: tuple[int, int] | None
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    from PIL import Image
+
+    images, labels = [], []
+    for label, name in enumerate(names):
+        for file in files.get(name, []):
+            with Image.open(file) as image:
+                rgb = image.convert("RGB")
+                size = size or rgb.size
+                images.append(np.asarray(rgb.resize(size) if rgb.size != size else rgb))
+            labels.append(label)
+    assert size is not None
+    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div(255) if images else torch.empty(0)
+    return x, torch.tensor(labels, dtype=torch.long), size
+
+
+def _image_folder(root: str, seed: int) -> Dataset:
+    folder = Path(root).expanduser()
+    if not folder.is_dir():
+        raise InputError(f"imagefolder:{root}: no such folder (give one with a subfolder of images per class)")
+    held_out = next((folder / s for s in ("test", "val") if (folder / s).is_dir()), None)
+    if (folder / "train").is_dir() and held_out is not None:
+        train, test = _image_files(folder / "train"), _image_files(held_out)
+    else:
+        train, test = _image_files(folder), {}
+    names = sorted(set(train) | set(test))
+    if len(names) < 2 or sum(len(f) for f in train.values()) < 2:
+        raise InputError(
+            f"imagefolder:{root}: found {len(names)} class folders with {sum(len(f) for f in train.values())} "
+            f"images ({', '.join(IMAGE_SUFFIXES)}); give PATH/CLASS/IMAGE, two classes or more"
+        )
+    x, y, size = _read_images(train, names, None)
+    if not test:
+        return _split(f"imagefolder:{root}", x, y, classes=len(names), seed=seed)
+    test_x, test_y, _ = _read_images(test, names, size)
+    return Dataset(f"imagefolder:{root}", x, y, test_x, test_y, len(names))
 
 
 def _synthetic_text(seed: int, samples: int = 2048, context: int = 256, vocab: int = GPT2_VOCAB) -> Dataset:
@@ -165,6 +236,10 @@ def load(spec: str, seed: int = 0, context: int = 32) -> Dataset:
         return _synthetic_text(seed)
     if spec == "text" or spec.startswith("text:"):
         return _text(spec[5:] or None, context, seed)
+    if spec.startswith("synthetic:"):
+        return _synthetic(spec, seed)
+    if spec.startswith("imagefolder:"):
+        return _image_folder(spec.removeprefix("imagefolder:"), seed)
     if spec.startswith("torchvision:") and spec.count(":") == 2:
         _, name, root = spec.split(":")
         return _torchvision(name, root)
