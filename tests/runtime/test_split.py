@@ -202,11 +202,15 @@ def _case(name: str) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]
     """A model, three batches for it, and its loss."""
     if name == "skip":
         return skip_across("batch"), _data(), F.cross_entropy
-    model, _ = _hugging_face()[name]
+    model, _ = _hugging_face()[name.removesuffix("-mask")]
     g = torch.Generator().manual_seed(1)
-    if name == "gpt2":
+    if name.startswith("gpt2"):
         windows = [torch.randint(0, 50, (8, 17), generator=g) for _ in range(3)]
-        batches = [(w[:, :-1], w[:, 1:]) for w in windows]  # each token predicts the next
+        batches: list[tuple[Any, torch.Tensor]] = [(w[:, :-1], w[:, 1:]) for w in windows]  # the next token
+        if name == "gpt2-mask":  # keyword inputs: the first rows padded at the start, the mask saying so
+            mask = torch.ones(8, 16, dtype=torch.long)
+            mask[:3, :4] = 0
+            batches = [({"input_ids": x, "attention_mask": mask}, y) for x, y in batches]
 
         def next_token(out: Any, y: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
@@ -223,18 +227,19 @@ def _reference(name: str) -> dict[str, Any]:
     losses = []
     for x, y in batches:
         opt.zero_grad()
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(model(**x) if isinstance(x, dict) else model(x), y)
         loss.backward()
         losses.append(loss.item())
         opt.step()
     model.eval()
     with torch.no_grad():
-        return {"losses": losses, "state": model.state_dict(), "eval": model(batches[1][0])}
+        x = batches[1][0]
+        return {"losses": losses, "state": model.state_dict(), "eval": model(**x) if isinstance(x, dict) else model(x)}
 
 
 # Per model: the workers' stage sizes (of the split's blocks), and microbatches (1 where BatchNorm would see
 # other statistics on fewer samples than the batch).
-LAYOUTS = {"skip": ((2, 3, 3), 1), "gpt2": ((9, None), 4), "resnet": ((8, None), 1)}
+LAYOUTS = {"skip": ((2, 3, 3), 1), "gpt2": ((9, None), 4), "gpt2-mask": ((9, None), 4), "resnet": ((8, None), 1)}
 
 
 def _pipelined(name: str) -> dict[str, Any]:
@@ -255,18 +260,19 @@ def _pipelined(name: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", ["skip", "gpt2", "resnet"])
+@pytest.mark.parametrize("name", ["skip", "gpt2", "gpt2-mask", "resnet"])
 def test_a_pipeline_of_the_blocks_matches_one_step_on_the_whole_batch(name: str) -> None:
     """skip: three stages with BatchNorm; the skip crosses two cuts, the tied weight one (its stage-2 use gets it
     from stage 1, and its gradient goes back there). gpt2: two stages, the tied embedding used again by the
-    head on the other stage, four microbatches. resnet: two stages, BatchNorm, shortcuts, in-place adds on
+    head on the other stage, four microbatches; gpt2-mask: the same given keyword arguments, the attention mask
+    reaching every block that uses it. resnet: two stages, BatchNorm, shortcuts, in-place adds on
     values the other stage sent. (tests/runtime/test_pipeline.py and test_async.py run a split model on more.)"""
     if name != "skip":
         _hugging_face()  # skips without transformers
     stages = len(LAYOUTS[name][0])
     per_rank = launch(_pipelined, name, nprocs=stages, timeout_s=200)
     want = _reference(name)
-    tied = {"skip": {"tied.weight"}, "gpt2": {"lm_head.weight"}, "resnet": set()}[name]
+    tied = {"skip": {"tied.weight"}, "resnet": set()}.get(name, {"lm_head.weight"})
     for schedule in ("gpipe", "flush"):
         state: dict[str, torch.Tensor] = {}
         for result in per_rank.values():

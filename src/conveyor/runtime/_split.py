@@ -150,12 +150,18 @@ def _align(train: list[_Segment], other: list[_Segment]) -> list[list[fx.Node]]:
     return parts
 
 
-def _export(model: nn.Module, example: tuple[Any, ...], training: bool) -> fx.GraphModule:
+def _export(model: nn.Module, example: tuple[Any, ...] | dict[str, Any], training: bool) -> fx.GraphModule:
+    """``model`` traced on ``example`` (positional arguments, or keyword arguments by name)."""
     model.train(training)
     batch = torch.export.Dim.DYNAMIC  # microbatches, and an epoch's last batch, have other sizes than the example
-    shapes = tuple({0: batch} if isinstance(a, torch.Tensor) and a.dim() > 0 else None for a in example)
+
+    def dynamic(a: Any) -> Any:
+        return {0: batch} if isinstance(a, torch.Tensor) and a.dim() > 0 else None
+
+    args, kwargs = ((), example) if isinstance(example, dict) else (example, {})
+    shapes = {k: dynamic(v) for k, v in kwargs.items()} if kwargs else tuple(dynamic(a) for a in args)
     try:
-        return torch.export.export(model, example, dynamic_shapes=shapes).module()
+        return torch.export.export(model, args, kwargs, dynamic_shapes=shapes).module()
     except Exception as exc:
         raise InputError(
             f"torch.export cannot trace {type(model).__name__}: {_first_problem(str(exc))}: give the model as an "
@@ -183,11 +189,16 @@ class _Graph:
     attrs: dict[fx.Node, str]  # get_attr node -> the first name its tensor has in the model
     outputs: list[Any]  # the output node's flat values
     out_spec: Any
+    keywords: list[str]  # the names of the inputs, in order, where the example gave keyword arguments
 
 
 def _parse(gm: fx.GraphModule, model: nn.Module) -> _Graph:
     canonical: dict[int, str] = {}
-    graph = _Graph([], [], {}, [], getattr(gm, "_out_spec", None))
+    in_spec = getattr(gm, "_in_spec", None)  # ((args...), {kwargs...})
+    children = [] if in_spec is None else in_spec.children() if hasattr(in_spec, "children") else in_spec.children_specs
+    kwargs = children[1] if len(children) == 2 else None
+    keywords = list(kwargs.context) if kwargs is not None and kwargs.type is dict else []
+    graph = _Graph([], [], {}, [], getattr(gm, "_out_spec", None), keywords)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             graph.inputs.append(node)
@@ -275,6 +286,7 @@ class _Code:
     evaluation: fx.GraphModule
     out_spec: Any
     mutated: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())  # per mode: inputs written in place
+    keywords: tuple[str, ...] = ()  # the first block's: the names its input mapping's values are taken by
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Code:
         return self
@@ -308,6 +320,7 @@ class GraphBlock(nn.Module):
         training: fx.GraphModule,
         evaluation: fx.GraphModule,
         out_spec: Any = None,
+        keywords: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         for name in holds:
@@ -320,7 +333,7 @@ class GraphBlock(nn.Module):
                 holder.register_buffer(attr, tensor, persistent=attr not in owner._non_persistent_buffers_set)
         self.holds = holds
         mutated = (_written_in_place(training, len(holds)), _written_in_place(evaluation, len(holds)))
-        self.code = _Code(training, evaluation, out_spec, mutated)  # not a submodule: the state is the held tensors
+        self.code = _Code(training, evaluation, out_spec, mutated, keywords)  # not a submodule: its state is `holds`
 
     @property
     def out_spec(self) -> Any:
@@ -346,6 +359,8 @@ class GraphBlock(nn.Module):
     def forward(self, values: Any) -> Any:
         held = [_attribute(self, name) for name in self.holds]
         graph = self.code.training if self.training else self.code.evaluation
+        if self.code.keywords:  # the first block of a model traced on keyword arguments
+            values = tuple(values[k] for k in self.code.keywords)
         values = values if isinstance(values, tuple) else (values,)
         written = self.code.mutated[0 if self.training else 1]
         if written:  # a value another stage sent is a leaf autograd cannot let an operation write: write a copy
@@ -373,14 +388,15 @@ def split_model(model: nn.Module, example: Any, *, target_blocks: int = TARGET_B
 
     Args:
         model: any module ``torch.export`` can trace; left in the mode it was given in.
-        example: an input batch: a tensor, or a tuple of the forward's positional arguments.
+        example: an input batch: a tensor, a tuple of the forward's positional arguments, or a dict of its
+            keyword arguments (``input_ids``, ``attention_mask``), which the first block then takes.
         target_blocks: how many blocks to aim for (fewer where the model has fewer submodules).
 
     Raises:
         InputError: ``torch.export`` cannot trace the model (the message names the failing operation), or its
             training and evaluation graphs run different submodules.
     """
-    args = example if isinstance(example, tuple) else (example,)
+    args = example if isinstance(example, tuple | dict) else (example,)
     was_training = model.training
     try:
         training, evaluation = (_parse(_export(model, args, mode), model) for mode in (True, False))
@@ -403,8 +419,14 @@ def split_model(model: nn.Module, example: Any, *, target_blocks: int = TARGET_B
             takes: list[Value] = list(graph.inputs) if i == 0 else flow.live[i]
             gives = graph.outputs if i == len(segments) - 1 else flow.live[i + 1]
             graphs.append(_block_graph(graph, parts[mode][i], holds=holds, takes=takes, gives=gives))
-        out_spec = training.out_spec if i == len(segments) - 1 else None
-        block = GraphBlock(model, holds=holds, training=graphs[0], evaluation=graphs[1], out_spec=out_spec)
+        block = GraphBlock(
+            model,
+            holds=holds,
+            training=graphs[0],
+            evaluation=graphs[1],
+            out_spec=training.out_spec if i == len(segments) - 1 else None,
+            keywords=tuple(training.keywords) if i == 0 else (),
+        )
         blocks[_block_name(segment.key, blocks)] = block
     _check_flows(flows["training"], flows["evaluation"])
     return nn.Sequential(OrderedDict(blocks))
