@@ -124,3 +124,13 @@ class ResidualMLP(nn.Module):
 def residual(batch_size: int) -> tuple[nn.Module, torch.Tensor]:
     """``conveyor train --model models:residual``: the user's module as it is."""
     return ResidualMLP(), torch.zeros(batch_size, 64)
+
+
+def factory_n(n: int) -> tuple[nn.Sequential, torch.Tensor]:
+    """A factory whose batch-size parameter has another name."""
+    return nn.Sequential(nn.Linear(3, 3)), torch.zeros(n, 3)
+
+
+def broken(width: int = 3) -> nn.Module:
+    """A constructor whose own code fails: its error is its own, not a --model-args one."""
+    raise TypeError(f"a bug inside the user's constructor (width {width})")

@@ -161,3 +161,12 @@ def test_a_library_class_is_built_from_its_arguments_and_fed_from_the_dataset() 
         resolve(gpt2, 4, _text(), f"{small},vocab_size=50")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cannot be called with --model-args"):
         resolve("models:residual", 4, None, "width=3")
+
+
+def test_factories_constructors_and_their_own_errors() -> None:
+    _, example = resolve("models:factory_n", 5)  # the batch size, whatever its parameter's name
+    assert example.shape == (5, 3)
+    with pytest.raises(TypeError, match="a bug inside the user's constructor"):  # not reported as a bad option
+        resolve("models:broken", 2, None, "width=4")
+    with pytest.raises(ValueError, match=r"cannot be called with --model-args \{'depth': 2\}: it takes \(width"):
+        resolve("models:broken", 2, None, "depth=2")

@@ -286,3 +286,93 @@ def test_a_pipeline_of_the_blocks_matches_one_step_on_the_whole_batch(name: str)
         torch.testing.assert_close(
             getattr(got, "logits", got), getattr(expected, "logits", expected), rtol=1e-5, atol=1e-6
         )
+
+
+class Regions(nn.Module):
+    """A constant the trace lifts out of the code, a region under no_grad, and a training-only size read
+    (stochastic depth, as torchvision's models have): training and evaluation pass different values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x) * torch.tensor([1.0, 2.0, 3.0, 4.0])
+        with torch.no_grad():
+            scale = h.abs().mean() + 1
+        if self.training:
+            h = h * (torch.rand(x.shape[0], 1) > -1)  # keeps every sample: deterministic
+        return self.b(h / scale)
+
+
+def test_constants_regions_and_a_size_read_only_in_training() -> None:
+    torch.manual_seed(0)
+    model = Regions()
+    blocks = split_model(model, torch.randn(6, 4))
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(blocks(x), model(x))
+    blocks.eval()
+    model.eval()
+    torch.testing.assert_close(blocks(x), model(x))
+    assert "lifted_tensor_0" not in "".join(blocks.state_dict())  # a constant is not saved
+
+
+def test_an_example_of_one_sample_and_a_write_through_a_view_of_a_received_value() -> None:
+    class ViewWrite(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)
+            h[:, :2] += self.b(x)  # writes h, which the block before made, through a view
+            return h
+
+    torch.manual_seed(0)
+    model = ViewWrite()
+    blocks = split_model(model, torch.randn(1, 4))  # one sample: traced on two, the batch still dynamic
+    x = torch.randn(5, 4)
+    given = blocks[0](x)
+    received = tuple(
+        v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in given
+    )
+    blocks[1](received).sum().backward()  # the copy of a leaf that needs its gradient, written through a view
+    torch.testing.assert_close(blocks(x), model(x))
+
+
+def test_a_buffer_written_away_from_where_it_is_first_used_is_refused() -> None:
+    class Counter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.register_buffer("steps", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x) + self.steps
+            out = self.b(h)
+            self.steps.add_(1)  # in the model's own forward, after b: a later block than a, which reads it first
+            return out
+
+    with pytest.raises(InputError, match="steps is used first in block 0 but written in place in block 1"):
+        split_model(Counter(), torch.randn(2, 4))
+
+
+def test_blocks_moved_to_another_device_run_there() -> None:
+    """Graphs traced on the CPU name it (arange's device, export's checks); a block moved elsewhere runs a copy
+    that names its own device (the meta device stands in for a GPU here)."""
+    model, x = _hugging_face()["gpt2"]
+    blocks = split_model(model, x).to("meta")
+    assert blocks(x.to("meta")).logits.device.type == "meta"
+
+
+def test_a_submodule_named_like_a_sequential_method_gets_a_number() -> None:
+    class Named(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.append, self.pop = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.pop(self.append(x))
+
+    blocks = split_model(Named(), torch.randn(2, 4))
+    assert [name for name, _ in blocks.named_children()] == ["append_2", "pop_2"]

@@ -11,6 +11,7 @@ from rich.table import Table
 from conveyor.cli._bench_cluster import add_cluster, run_cluster
 from conveyor.cli._bench_elastic import add_elastic, add_spot, run_elastic, run_spot
 from conveyor.cli._bench_energy import add_energy, run_energy
+from conveyor.cli._bench_models import add_models, run_models
 from conveyor.cli._bench_overhead import add_overhead, run_overhead
 from conveyor.cli._bench_stragglers import add_stragglers, run_stragglers
 from conveyor.cli._bench_warmstart import add_warmstart, run_warmstart
@@ -90,6 +91,7 @@ def add_parser(sub: Any) -> None:
     add_energy(which)
     add_warmstart(which)
     add_overhead(which)
+    add_models(which)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -110,6 +112,7 @@ def run(args: argparse.Namespace) -> None:
         "energy": run_energy,
         "warmstart": run_warmstart,
         "overhead": run_overhead,
+        "models": run_models,
     }[args.bench](args)
 
 

@@ -69,14 +69,13 @@ def _measure(args: argparse.Namespace) -> Any:
 
 
 def profile(args: argparse.Namespace) -> None:
-    measure_args = (args,)
     if args.device_cores is None:
-        result = _measure(*measure_args)
+        result = _measure(args)
     else:  # in a worker process whose cgroup gives it the device's cores
         from conveyor.emulate import Emulation, launch_emulated
 
         emulation = Emulation(devices=f"{args.device_cores:g}")
-        result = launch_emulated(_measure, *measure_args, nprocs=1, emulation=emulation)[0]
+        result = launch_emulated(_measure, args, nprocs=1, emulation=emulation)[0]
     table = Table("block", "what", "forward ms", "backward ms", "output MB", "saved MB", "params MB")
     for layer in result.layers:
         table.add_row(

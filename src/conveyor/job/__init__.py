@@ -37,7 +37,7 @@ from conveyor.job._summary import (
 )
 from conveyor.job._trace import torch_profiled
 from conveyor.job._train import train
-from conveyor.job._zoo import gpt, mlp, model_arguments, resnet, resolve, vgg, vgg16
+from conveyor.job._zoo import gpt, mlp, model_arguments, resnet, resolve, user_model, vgg, vgg16
 
 __all__ = [
     "OPTION_FIELDS",
@@ -80,6 +80,7 @@ __all__ = [
     "torch_profiled",
     "train",
     "train_elastic",
+    "user_model",
     "vgg",
     "vgg16",
     "write_lease",

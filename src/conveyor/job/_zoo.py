@@ -51,6 +51,7 @@ __all__ = [
     "model_arguments",
     "resnet",
     "resolve",
+    "user_model",
     "vgg",
     "vgg16",
 ]
@@ -269,15 +270,7 @@ def resolve(spec: str, batch_size: int, data: Dataset | None = None, args: str =
     if ":" not in spec:
         data = load(default_dataset(spec))
         return build(spec, data), data.train_x[:batch_size]
-    result = _call(spec, load_factory(spec), batch_size, model_arguments(args))
-    if isinstance(result, nn.Module):
-        result = (result, (data or load("digits")).train_x[:batch_size])
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module | list)):
-        raise InputError(
-            f"the factory {spec!r} returned {type(result).__name__}: it must return (model, example_batch) "
-            "for the batch size it is given, or the model"
-        )
-    model, example = result
+    model, example = user_model(spec, batch_size, data, args)
     if isinstance(model, list):
         return nn.Sequential(*model), example
     if isinstance(model, nn.Sequential):
@@ -288,12 +281,33 @@ def resolve(spec: str, batch_size: int, data: Dataset | None = None, args: str =
     return blocks, example
 
 
+def user_model(spec: str, batch_size: int, data: Dataset | None = None, args: str = "") -> tuple[Any, Any]:
+    """What ``module:callable`` gives, as it gives it (not split): the model (a module or a list of blocks) and an
+    example batch (from ``data``, default the digits, when the callable returns the model alone).
+
+    Raises:
+        InputError: the callable cannot be imported, does not take ``args`` or returns something else.
+    """
+    from conveyor.job._data import load
+
+    result = _call(spec, load_factory(spec), batch_size, model_arguments(args))
+    if isinstance(result, nn.Module):
+        result = (result, (data or load("digits")).train_x[:batch_size])
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module | list)):
+        raise InputError(
+            f"the factory {spec!r} returned {type(result).__name__}: it must return (model, example_batch) "
+            "for the batch size it is given, or the model"
+        )
+    return result
+
+
 def _check_classes(spec: str, blocks: nn.Sequential, data: Dataset) -> None:
     """Refuse a split model whose outputs do not score ``data``'s classes (traced shapes: nothing runs)."""
     last = blocks[-1] if isinstance(blocks[-1], GraphBlock) else blocks[-2]  # (before Logits)
     assert isinstance(last, GraphBlock)
-    [output] = last.code.training.graph.find_nodes(op="output")
-    values = [getattr(a, "meta", {}).get("val") for a in output.args[0]]
+    values, spec_out = last.traced_outputs(), last.output_spec
+    if _is_mapping(spec_out) and "logits" in spec_out.context:
+        values = [values[list(spec_out.context).index("logits")]]
     scores = [v.shape for v in values if isinstance(v, torch.Tensor) and v.dim() >= 2]
     if scores and scores[0][-1] != data.classes:
         raise InputError(
@@ -302,16 +316,38 @@ def _check_classes(spec: str, blocks: nn.Sequential, data: Dataset) -> None:
         )
 
 
+def _is_mapping(spec: Any) -> bool:
+    return spec is not None and isinstance(spec.type, type) and issubclass(spec.type, Mapping)
+
+
 def _call(spec: str, make: Callable[..., Any], batch_size: int, kwargs: dict[str, Any]) -> Any:
+    """A Hugging Face model class is given its configuration made from ``kwargs``; a callable with a parameter
+    named ``batch_size`` is given it; any other is called with ``kwargs`` alone if it takes them so, else with
+    the batch size first (a ``factory(n)``).
+
+    Raises:
+        InputError: it takes none of these (errors raised inside it are its own, and keep their traceback).
+    """
     config_class = getattr(make, "config_class", None)
-    try:
-        if isinstance(make, type) and config_class is not None:  # a Hugging Face model: its config's arguments
+    if isinstance(make, type) and config_class is not None:
+        try:
             config = config_class(**{"use_cache": False, **kwargs})  # (a cache of keys and values is for inference)
-            return make(config)
-        takes_batch = "batch_size" in inspect.signature(make).parameters
-        return make(batch_size, **kwargs) if takes_batch else make(**kwargs)
-    except TypeError as exc:
-        raise InputError(f"--model {spec} cannot be called with --model-args {kwargs}: {exc}") from None
+        except TypeError as exc:
+            raise InputError(f"--model {spec}: its configuration does not take --model-args {kwargs}: {exc}") from None
+        return make(config)
+    try:
+        signature = inspect.signature(make)
+    except (TypeError, ValueError):  # a callable without a signature Python can read: as it is given
+        return make(**kwargs)
+    has_batch = "batch_size" in signature.parameters
+    attempts = [((), {"batch_size": batch_size, **kwargs})] if has_batch else [((), kwargs), ((batch_size,), kwargs)]
+    for args, named in attempts:
+        try:
+            signature.bind(*args, **named)
+        except TypeError:
+            continue
+        return make(*args, **named)
+    raise InputError(f"--model {spec} cannot be called with --model-args {kwargs}: it takes {signature}")
 
 
 def _split(spec: str, model: nn.Module, example: Any) -> nn.Sequential:
@@ -319,8 +355,8 @@ def _split(spec: str, model: nn.Module, example: Any) -> nn.Sequential:
     blocks = split_model(model, example)
     last = blocks[-1]
     assert isinstance(last, GraphBlock)
-    if last.out_spec is not None and isinstance(last.out_spec.type, type) and issubclass(last.out_spec.type, Mapping):
-        if "logits" not in (last.out_spec.context or []):
+    if _is_mapping(last.output_spec):
+        if "logits" not in last.output_spec.context:
             raise InputError(f"the model of {spec!r} returns a mapping without logits: return the logits")
         blocks.add_module("logits", Logits())
     return blocks

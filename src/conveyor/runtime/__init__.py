@@ -15,12 +15,13 @@ from conveyor.runtime._devices import (
     resolve_backend,
     resolve_device,
 )
+from conveyor.runtime._graph_block import GraphBlock
 from conveyor.runtime._launch import WorkerError, launch, stop_requested, under_torchrun
 from conveyor.runtime._microbatch import batch_size, to_device
 from conveyor.runtime._microbatch import split as split_batch
 from conveyor.runtime._pipeline import OptimizerFactory, Pipeline, WorldSizeError
 from conveyor.runtime._profiler import profile
-from conveyor.runtime._split import GraphBlock, split_model
+from conveyor.runtime._split import split_model
 from conveyor.runtime._stage import (
     Blocks,
     StagePosition,

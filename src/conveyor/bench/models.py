@@ -1,0 +1,181 @@
+"""``conveyor bench models``: users' own models, split by torch.export, against the same models unsplit.
+
+For each case (a ``module:callable`` with its ``--model-args`` and dataset):
+
+- **split against unsplit**: a plain PyTorch loop on one worker trains the model as the user wrote it and, from
+  the same initial weights on the same batches, its split (:func:`conveyor.runtime.split_model`): samples per
+  second over the epochs after the first, and the accuracy after each epoch;
+- **Conveyor on one worker** (``conveyor train --workers 1``), and the zoo's ``nn.Sequential`` twin where one
+  exists (the same layers, written as blocks);
+- **the planner's layout on** ``workers`` (default 4): stages, replicas, schedule, samples/s and peak memory
+  per worker;
+- **two stages**: accuracy after each epoch of ``conveyor train --stages 2``, set against the plain loop's.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from conveyor.bench._checks import require_known
+from conveyor.bench._run import run_job
+from conveyor.errors import InputError
+from conveyor.job import TrainConfig, load_dataset, loss_and_optimizer, read_jsonl, user_model
+from conveyor.runtime import launch, split_model
+
+__all__ = ["CASES", "Case", "ModelsBenchConfig", "TwinMLP", "run"]
+
+
+class TwinMLP(nn.Module):
+    """The zoo's ``mlp`` (64 -> 128 -> 128 -> 10 with ReLUs) written as a user would: a module with a
+    ``forward``, not an ``nn.Sequential``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.out = nn.Linear(64, 128), nn.Linear(128, 128), nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.out(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model, its arguments and data, how it trains, and its zoo twin (``None``: there is none)."""
+
+    model: str
+    model_args: str = ""
+    dataset: str = "digits"
+    epochs: int = 4
+    batch_size: int = 64
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    twin: str | None = None
+
+    def train_config(self, **options: Any) -> TrainConfig:
+        fields = {k: v for k, v in asdict(self).items() if k != "twin"}
+        return TrainConfig.from_options(**fields, energy_meter="off", **options)
+
+
+_GPT2 = "n_layer=2,n_embd=64,n_head=2,vocab_size=103,n_positions=32,bos_token_id=0,eos_token_id=0"
+_RESNET = "num_channels=1,num_labels=10,embedding_size=16,hidden_sizes=[16,32],depths=[1,1]"
+CASES = {
+    "module-mlp": Case("conveyor.bench.models:TwinMLP", epochs=12, twin="mlp"),
+    "gpt2": Case("transformers:GPT2LMHeadModel", _GPT2, "text", epochs=3, optimizer="adam", lr=3e-3),
+    "resnet": Case("transformers:ResNetForImageClassification", _RESNET, "digit-images", epochs=4),
+}
+
+
+@dataclass(frozen=True)
+class ModelsBenchConfig:
+    """What ``conveyor bench models`` runs."""
+
+    models: tuple[str, ...] = tuple(CASES)
+    workers: int = 4
+    epochs: int | None = None  # every case's, instead of its own (at least 2: the first is a warm-up)
+    cases: dict[str, Case] = field(default_factory=lambda: CASES)
+
+    def __post_init__(self) -> None:
+        require_known("models", self.models, self.cases)
+        if self.workers < 2 or (self.epochs is not None and self.epochs < 2):
+            raise InputError("--workers must be at least 2 and --epochs at least 2 (the first is a warm-up)")
+
+
+def _plain_worker(case: Case) -> dict[str, Any]:
+    """The plain loop on the model as written and on its split, from the same weights and batches: each one's
+    epoch seconds and accuracy after each epoch."""
+    cfg = case.train_config()
+    data = load_dataset(case.dataset, cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    model, example = user_model(case.model, case.batch_size, data, case.model_args)
+    loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
+    out = {}
+    for name in ("unsplit", "split"):
+        trained = copy.deepcopy(model)
+        net = split_model(trained, example) if name == "split" else trained
+        optimizer = make_optimizer(list(trained.parameters()))
+        seconds, accuracy = [], []
+        for epoch in range(case.epochs):
+            order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(cfg.run.seed + epoch))
+            net.train()
+            start = time.perf_counter()
+            for index in order.split(case.batch_size):
+                optimizer.zero_grad(set_to_none=True)
+                loss_fn(_logits(net(data.train_x[index])), data.train_y[index]).backward()
+                optimizer.step()
+            seconds.append(time.perf_counter() - start)
+            net.eval()
+            with torch.no_grad():
+                hits = _logits(net(data.test_x)).argmax(-1) == data.test_y
+            accuracy.append(hits.double().mean().item())
+        out[name] = {"epoch_seconds": seconds, "accuracy": accuracy, "samples": len(data.train_x)}
+    return out
+
+
+def _logits(output: Any) -> Any:
+    return output["logits"] if isinstance(output, dict) or hasattr(output, "logits") else output
+
+
+def _steady(epoch_seconds: list[float], samples: int) -> float:
+    """Samples per second over the epochs after the first."""
+    return samples * (len(epoch_seconds) - 1) / sum(epoch_seconds[1:])
+
+
+def _conveyor(cfg: TrainConfig) -> dict[str, Any]:
+    """One ``conveyor train`` run: its layout, steady samples/s, accuracy per epoch and peak memory per worker."""
+    summary = run_job(cfg)
+    folder = Path(summary.run_dir)
+    totals = [0.0] + [e["train_seconds"] for e in read_jsonl(folder / "metrics.jsonl")]
+    layout = summary.layout
+    return {
+        "samples_per_s": _steady([b - a for a, b in itertools.pairwise(totals)], summary.samples // summary.epochs),
+        "accuracy": summary.accuracy,
+        "layout": {k: layout[k] for k in ("schedule", "balance", "replicas", "microbatches")},
+        "peak_rss_bytes": summary.peak_rss_bytes,
+    }
+
+
+def _measure(case: Case, workers: int, folder: Path) -> dict[str, Any]:
+    plain = launch(_plain_worker, case, nprocs=1, timeout_s=3600)[0]
+    unsplit, split = (_steady(plain[k]["epoch_seconds"], plain[k]["samples"]) for k in ("unsplit", "split"))
+    one = _conveyor(case.train_config(workers=1, run_dir=str(folder / "one")))
+    twin = None
+    if case.twin is not None:
+        twin_case = Case(**{**asdict(case), "model": case.twin, "model_args": "", "twin": None})
+        twin = _conveyor(twin_case.train_config(workers=1, run_dir=str(folder / "twin")))
+    return {
+        "model": case.model,
+        "model_args": case.model_args,
+        "dataset": case.dataset,
+        "plain_unsplit_samples_per_s": unsplit,
+        "plain_split_samples_per_s": split,
+        "split_over_unsplit": split / unsplit,
+        "plain_accuracy": plain["unsplit"]["accuracy"],
+        "plain_split_accuracy": plain["split"]["accuracy"],
+        "conveyor_one_worker": one,
+        "twin": None if twin is None else {"model": case.twin, **twin},
+        "planned": _conveyor(case.train_config(workers=workers, run_dir=str(folder / "planned"))),
+        "two_stages": _conveyor(case.train_config(stages=2, run_dir=str(folder / "two-stages"))),
+    }
+
+
+def run(cfg: ModelsBenchConfig) -> dict[str, Any]:
+    """Measure every case; the JSON-ready report (``config``, ``results``, the machine)."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="conveyor-models-") as tmp:
+        for name in cfg.models:
+            case = cfg.cases[name]
+            if cfg.epochs is not None:
+                case = Case(**{**asdict(case), "epochs": cfg.epochs})
+            results.append({"case": name, **_measure(case, cfg.workers, Path(tmp) / name)})
+    config = {k: v for k, v in asdict(cfg).items() if k != "cases"}
+    config["cases"] = {name: asdict(cfg.cases[name]) for name in cfg.models}
+    machine = {"cores": torch.get_num_threads(), "torch": torch.__version__}
+    return {"config": config, "results": results, "machine": machine}
