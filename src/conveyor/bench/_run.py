@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conveyor.job import RunSummary, TrainConfig, train
 
-__all__ = ["run_job"]
+__all__ = ["run_job", "steady_rate"]
 
 
 def run_job(cfg: TrainConfig) -> RunSummary:
@@ -13,3 +13,8 @@ def run_job(cfg: TrainConfig) -> RunSummary:
     if summary is None:  # only a torchrun worker without the output gets none, and benchmarks launch their own
         raise RuntimeError("a benchmark's run came back without a summary: run benchmarks without torchrun")
     return summary
+
+
+def steady_rate(epoch_seconds: list[float], samples: int) -> float:
+    """Samples per second over the epochs after the first (the first warms up: allocator, kernels, threads)."""
+    return samples * (len(epoch_seconds) - 1) / sum(epoch_seconds[1:])

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from conveyor.bench._checks import require_known
-from conveyor.bench._run import run_job
+from conveyor.bench._run import run_job, steady_rate
 from conveyor.errors import InputError
 from conveyor.job import TrainConfig, load_dataset, loss_and_optimizer, read_jsonl, user_model
 from conveyor.runtime import launch, split_model
@@ -123,11 +123,6 @@ def _logits(output: Any) -> Any:
     return output["logits"] if isinstance(output, dict) or hasattr(output, "logits") else output
 
 
-def _steady(epoch_seconds: list[float], samples: int) -> float:
-    """Samples per second over the epochs after the first."""
-    return samples * (len(epoch_seconds) - 1) / sum(epoch_seconds[1:])
-
-
 def _conveyor(cfg: TrainConfig) -> dict[str, Any]:
     """One ``conveyor train`` run: its layout, steady samples/s, accuracy per epoch and peak memory per worker."""
     summary = run_job(cfg)
@@ -135,7 +130,7 @@ def _conveyor(cfg: TrainConfig) -> dict[str, Any]:
     totals = [0.0] + [e["train_seconds"] for e in read_jsonl(folder / "metrics.jsonl")]
     layout = summary.layout
     return {
-        "samples_per_s": _steady([b - a for a, b in itertools.pairwise(totals)], summary.samples // summary.epochs),
+        "samples_per_s": steady_rate([b - a for a, b in itertools.pairwise(totals)], summary.samples // summary.epochs),
         "accuracy": summary.accuracy,
         "layout": {k: layout[k] for k in ("schedule", "balance", "replicas", "microbatches")},
         "peak_rss_bytes": summary.peak_rss_bytes,
@@ -144,7 +139,7 @@ def _conveyor(cfg: TrainConfig) -> dict[str, Any]:
 
 def _measure(case: Case, workers: int, folder: Path) -> dict[str, Any]:
     plain = launch(_plain_worker, case, nprocs=1, timeout_s=3600)[0]
-    unsplit, split = (_steady(plain[k]["epoch_seconds"], plain[k]["samples"]) for k in ("unsplit", "split"))
+    unsplit, split = (steady_rate(plain[k]["epoch_seconds"], plain[k]["samples"]) for k in ("unsplit", "split"))
     one = _conveyor(case.train_config(workers=1, run_dir=str(folder / "one")))
     twin = None
     if case.twin is not None:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from conveyor.bench._checks import require_known
-from conveyor.bench._run import run_job
+from conveyor.bench._run import run_job, steady_rate
 from conveyor.errors import InputError
 from conveyor.job import (
     TrainConfig,
@@ -101,11 +101,6 @@ class OverheadBenchConfig:
             raise InputError("repeats must be at least 1 and epochs at least 2 (the first is a warm-up)")
 
 
-def _steady(epoch_seconds: list[float], samples: int) -> float:
-    """Samples per second over the epochs after the first."""
-    return samples * (len(epoch_seconds) - 1) / sum(epoch_seconds[1:])
-
-
 def _plain_worker(case: Case, threads: list[int | None], profile: str | None) -> tuple[dict[str, list[float]], int]:
     """The plain loop, in a worker of its own, once at each thread count (``None``: as it is): each run's epochs'
     training seconds by thread count, and the samples of an epoch."""
@@ -142,7 +137,7 @@ def _plain_worker(case: Case, threads: list[int | None], profile: str | None) ->
 def _plain(case: Case, device: str, threads: list[int | None], profile: str | None) -> dict[str, float]:
     """The plain loop's steady samples/s at each thread count."""
     runs, samples = launch(_plain_worker, case, threads, profile, nprocs=1, device=device, timeout_s=3600)[0]
-    return {count: _steady(seconds, samples) for count, seconds in runs.items()}
+    return {count: steady_rate(seconds, samples) for count, seconds in runs.items()}
 
 
 def _conveyor(case: Case, device: str, folder: Path, profile: str | None) -> tuple[float, float]:
@@ -152,7 +147,7 @@ def _conveyor(case: Case, device: str, folder: Path, profile: str | None) -> tup
     epochs = read_jsonl(folder / "metrics.jsonl")
     totals = [0.0] + [e["train_seconds"] for e in epochs]  # cumulative: each epoch's is a difference
     seconds = [b - a for a, b in itertools.pairwise(totals)]
-    return _steady(seconds, epochs[0]["samples"]), summary.prediction.samples_per_s
+    return steady_rate(seconds, epochs[0]["samples"]), summary.prediction.samples_per_s
 
 
 def _spin() -> None:
