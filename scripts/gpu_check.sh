@@ -4,8 +4,8 @@
 #   scripts/gpu_check.sh [OUTPUT_FOLDER]      (default gpu-check/; about 8 minutes on one H100)
 #
 # Runs the README's main job as typed, every schedule on one worker, several workers sharing the GPU (gloo),
-# stragglers and elastic training on the GPU, --power-limit auto long enough to choose a limit, the tests
-# marked gpu, and the overhead benchmark on CUDA. Each step's output goes to OUTPUT_FOLDER/STEP.log; the
+# stragglers and elastic training on the GPU, a Hugging Face GPT-2 split by torch.export, --power-limit auto
+# long enough to choose a limit, the tests marked gpu, and the overhead and models benchmarks on CUDA. Each step's output goes to OUTPUT_FOLDER/STEP.log; the
 # benchmark's JSON and plot, and every run's summary, go there too. The last lines say which steps passed;
 # the exit status is the number that failed. Uses the Python on PATH: where `import conveyor` fails it runs
 # `pip install -e ".[test]"` first (with a CUDA build of PyTorch already installed, that keeps it).
@@ -57,6 +57,10 @@ step shared-pipedream train shared-pipedream --backend gloo --stages 2 --replica
 step shared-stragglers train shared-stragglers --backend gloo --stages 1 --replicas 2 --stragglers flexrr --epochs 2
 step shared-elastic train shared-elastic --backend gloo --workers 3 --reliable 1 --epochs 2
 step shared-bf16 train shared-bf16 --backend gloo --model gpt --stages 2 --autocast bf16 --epochs 1
+# Users' own models, split by torch.export: GPT-2 from transformers' class, one worker, then two stages sharing it.
+gpt2_args="n_layer=4,n_embd=256,n_head=4,vocab_size=103,bos_token_id=0,eos_token_id=0"
+step split-gpt2 train split-gpt2 --model transformers:GPT2LMHeadModel --model-args "$gpt2_args" --dataset text --workers 1 --epochs 2
+step split-gpt2-stages train split-gpt2-stages --model transformers:GPT2LMHeadModel --model-args "$gpt2_args" --dataset text --backend gloo --stages 2 --epochs 2
 # --power-limit auto: batches of 8 make 180 steps an epoch, three limits profiled per epoch.
 step power-limit-auto train power-limit-auto --workers 1 --power-limit auto --batch-size 8 --epochs 10
 step power-limit-chosen python -c "
@@ -68,6 +72,8 @@ sys.exit(0 if s.get('power_limit_w') else 1)"
 step pytest-gpu python -m pytest -m gpu -q -p no:cacheprovider
 # One worker against a plain PyTorch loop, on CUDA (one run of each here; the README's figures take 3).
 step overhead conveyor bench overhead --devices cuda --repeats 1 --json "$out/overhead.json" --plot "$out/overhead.png"
+# Users' models split against unsplit (the plain loops on the GPU; four workers share it over gloo).
+step models conveyor bench models --json "$out/models.json"
 
 echo
 echo "passed: ${#passed[@]}"

@@ -145,3 +145,47 @@ def test_shared_gpu_mode_puts_every_worker_on_the_gpu() -> None:
     assert launch(_device_of_default, nprocs=3, device="cuda", backend="gloo", timeout_s=120) == {
         r: f"cuda:{r % gpus}" for r in range(3)
     }
+
+
+def test_a_split_model_traced_on_the_cpu_runs_on_the_gpu() -> None:
+    """GPT-2's graphs name the CPU they were traced on (arange's device, export's metadata checks): moved to the
+    GPU, its blocks run copies that name the GPU, and compute what the model computes there."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    from conveyor.runtime import split_model
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=50,
+        n_positions=16,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    x = torch.randint(0, 50, (4, 16))
+    blocks = split_model(model, x).cuda()  # shares the model's parameters: the model moves too
+    out = blocks(x.cuda()).logits
+    assert out.device.type == "cuda"
+    torch.testing.assert_close(out, model(x.cuda()).logits)
+
+
+def test_a_hugging_face_model_trains_in_two_stages_sharing_the_gpu(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    cfg = TrainConfig.from_options(
+        model="transformers:GPT2LMHeadModel",
+        model_args="n_layer=2,n_embd=32,n_head=2,vocab_size=103,bos_token_id=0,eos_token_id=0",
+        dataset="text",
+        stages=2,
+        backend="gloo",
+        device="cuda",
+        epochs=1,
+        run_dir=str(tmp_path),
+    )
+    summary = train(cfg)
+    assert summary.epochs == 1 and summary.loss[0] < 4.0

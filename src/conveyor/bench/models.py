@@ -2,9 +2,10 @@
 
 For each case (a ``module:callable`` with its ``--model-args`` and dataset):
 
-- **split against unsplit**: a plain PyTorch loop on one worker trains the model as the user wrote it and, from
-  the same initial weights on the same batches, its split (:func:`conveyor.runtime.split_model`): samples per
-  second over the epochs after the first, and the accuracy after each epoch;
+- **split against unsplit**: a plain PyTorch loop on one worker (the GPU where there is one) trains the model
+  as the user wrote it and, from the same initial weights on the same batches, its split
+  (:func:`conveyor.runtime.split_model`): samples per second over the epochs after the first, and the accuracy
+  after each epoch;
 - **Conveyor on one worker** (``conveyor train --workers 1``), and the zoo's ``nn.Sequential`` twin where one
   exists (the same layers, written as blocks);
 - **the planner's layout on** ``workers`` (default 4): stages, replicas, schedule, samples/s and peak memory
@@ -29,7 +30,7 @@ from conveyor.bench._checks import require_known
 from conveyor.bench._run import run_job, steady_rate
 from conveyor.errors import InputError
 from conveyor.job import TrainConfig, load_dataset, loss_and_optimizer, read_jsonl, user_model
-from conveyor.runtime import launch, split_model
+from conveyor.runtime import default_device, launch, split_model
 
 __all__ = ["CASES", "Case", "ModelsBenchConfig", "TwinMLP", "run"]
 
@@ -91,31 +92,33 @@ class ModelsBenchConfig:
 def _plain_worker(case: Case) -> dict[str, Any]:
     """The plain loop on the model as written and on its split, from the same weights and batches: each one's
     epoch seconds and accuracy after each epoch."""
-    cfg = case.train_config()
+    cfg, device = case.train_config(), default_device()
     data = load_dataset(case.dataset, cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     model, example = user_model(case.model, case.batch_size, data, case.model_args)
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
+    x, y, test_x, test_y = (t.to(device) for t in (data.train_x, data.train_y, data.test_x, data.test_y))
     out = {}
     for name in ("unsplit", "split"):
-        trained = copy.deepcopy(model)
-        net = split_model(trained, example) if name == "split" else trained
+        trained = copy.deepcopy(model).to(device)
+        net = split_model(trained, example.to(device)) if name == "split" else trained
         optimizer = make_optimizer(list(trained.parameters()))
         seconds, accuracy = [], []
         for epoch in range(case.epochs):
-            order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(cfg.run.seed + epoch))
+            order = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.run.seed + epoch)).to(device)
             net.train()
             start = time.perf_counter()
             for index in order.split(case.batch_size):
                 optimizer.zero_grad(set_to_none=True)
-                loss_fn(_logits(net(data.train_x[index])), data.train_y[index]).backward()
+                loss_fn(_logits(net(x[index])), y[index]).backward()
                 optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             seconds.append(time.perf_counter() - start)
             net.eval()
             with torch.no_grad():
-                hits = _logits(net(data.test_x)).argmax(-1) == data.test_y
-            accuracy.append(hits.double().mean().item())
-        out[name] = {"epoch_seconds": seconds, "accuracy": accuracy, "samples": len(data.train_x)}
+                accuracy.append((_logits(net(test_x)).argmax(-1) == test_y).double().mean().item())
+        out[name] = {"epoch_seconds": seconds, "accuracy": accuracy, "samples": len(x)}
     return out
 
 
@@ -137,6 +140,12 @@ def _conveyor(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
+def _sharing(workers: int) -> dict[str, str]:
+    """More workers than GPUs share them over gloo (NCCL takes one GPU per worker)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"backend": "gloo"} if 0 < gpus < workers else {}
+
+
 def _measure(case: Case, workers: int, folder: Path) -> dict[str, Any]:
     plain = launch(_plain_worker, case, nprocs=1, timeout_s=3600)[0]
     unsplit, split = (steady_rate(plain[k]["epoch_seconds"], plain[k]["samples"]) for k in ("unsplit", "split"))
@@ -156,8 +165,8 @@ def _measure(case: Case, workers: int, folder: Path) -> dict[str, Any]:
         "plain_split_accuracy": plain["split"]["accuracy"],
         "conveyor_one_worker": one,
         "twin": None if twin is None else {"model": case.twin, **twin},
-        "planned": _conveyor(case.train_config(workers=workers, run_dir=str(folder / "planned"))),
-        "two_stages": _conveyor(case.train_config(stages=2, run_dir=str(folder / "two-stages"))),
+        "planned": _conveyor(case.train_config(workers=workers, run_dir=str(folder / "planned"), **_sharing(workers))),
+        "two_stages": _conveyor(case.train_config(stages=2, run_dir=str(folder / "two-stages"), **_sharing(2))),
     }
 
 
