@@ -26,6 +26,7 @@ def test_a_factorys_own_module_is_split_into_blocks() -> None:
     torch.testing.assert_close(blocks(x), model(x))
 
 
+@pytest.mark.slow  # traces GPT-2 (seconds)
 def test_a_model_returning_a_mapping_is_trained_on_its_logits(monkeypatch: pytest.MonkeyPatch) -> None:
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed (pip install -e '.[models]')"
@@ -150,6 +151,7 @@ def _text() -> object:
     return load_dataset("text")
 
 
+@pytest.mark.slow  # traces GPT-2 (seconds)
 def test_a_library_class_is_built_from_its_arguments_and_fed_from_the_dataset() -> None:
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[models]')")
     gpt2 = "transformers:GPT2LMHeadModel"

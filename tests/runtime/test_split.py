@@ -136,6 +136,7 @@ def _hugging_face() -> dict[str, tuple[nn.Module, torch.Tensor]]:
     return {"gpt2": (gpt2, torch.randint(0, 50, (4, 16))), "resnet": (resnet, torch.randn(4, 3, 32, 32))}
 
 
+@pytest.mark.slow  # traces Hugging Face models (seconds)
 @pytest.mark.parametrize("name", ["gpt2", "resnet"])
 def test_hugging_face_models_split_as_they_come(name: str) -> None:
     """GPT-2 (tied embeddings, its causal mask made inside) and a ResNet (BatchNorm, shortcuts), from their
@@ -357,6 +358,7 @@ def test_a_buffer_written_away_from_where_it_is_first_used_is_refused() -> None:
         split_model(Counter(), torch.randn(2, 4))
 
 
+@pytest.mark.slow  # traces Hugging Face models (seconds)
 def test_blocks_moved_to_another_device_run_there() -> None:
     """Graphs traced on the CPU name it (arange's device, export's checks); a block moved elsewhere runs a copy
     that names its own device (the meta device stands in for a GPU here)."""
