@@ -134,3 +134,28 @@ def factory_n(n: int) -> tuple[nn.Sequential, torch.Tensor]:
 def broken(width: int = 3) -> nn.Module:
     """A constructor whose own code fails: its error is its own, not a --model-args one."""
     raise TypeError(f"a bug inside the user's constructor (width {width})")
+
+
+def small_gpt2() -> nn.Module:
+    """transformers' GPT-2 from a small configuration without dropout (so training is deterministic); skips the
+    test where transformers is not installed."""
+    import pytest
+
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (pip install -e '.[models]')"
+    )
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=50,
+        n_positions=16,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return transformers.GPT2LMHeadModel(config)

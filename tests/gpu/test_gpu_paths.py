@@ -12,7 +12,7 @@ import reference
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from models import batches, mlp
+from models import batches, mlp, small_gpt2
 
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.job import TrainConfig, train, train_elastic
@@ -151,24 +151,9 @@ def test_shared_gpu_mode_puts_every_worker_on_the_gpu() -> None:
 def test_a_split_model_traced_on_the_cpu_runs_on_the_gpu() -> None:
     """GPT-2's graphs name the CPU they were traced on (arange's device, export's metadata checks): moved to the
     GPU, its blocks run copies that name the GPU, and compute what the model computes there."""
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     from conveyor.runtime import split_model
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        vocab_size=50,
-        n_positions=16,
-        use_cache=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    model = transformers.GPT2LMHeadModel(config)
+    model = small_gpt2()
     reference = copy.deepcopy(model).cuda()
     x = torch.randint(0, 50, (4, 16))
     out = split_model(model, x).cuda()(x.cuda()).logits

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from models import small_gpt2
 from torch import nn
 
 from conveyor.errors import InputError
@@ -114,22 +115,7 @@ def _hugging_face() -> dict[str, tuple[nn.Module, torch.Tensor]]:
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed (pip install -e '.[models]')"
     )
-    torch.manual_seed(0)
-    gpt2 = transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(
-            n_layer=2,
-            n_embd=32,
-            n_head=2,
-            vocab_size=50,
-            n_positions=16,
-            use_cache=False,
-            bos_token_id=0,
-            eos_token_id=0,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-    )
+    gpt2 = small_gpt2()
     resnet = transformers.ResNetForImageClassification(
         transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=10)
     )
