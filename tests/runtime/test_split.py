@@ -44,6 +44,13 @@ def skip_across(norm: str = "batch") -> SkipAcross:
     return SkipAcross(norm)
 
 
+def _as_received(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` as the next stage receives them: each float tensor a leaf that needs its gradient."""
+    return tuple(
+        v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values
+    )
+
+
 def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -166,7 +173,7 @@ def test_blocks_take_other_batch_sizes_and_a_value_another_stage_sent() -> None:
     given = blocks[0](x)  # x, h, and the batch size read where x is: it crosses as a number
     assert sorted(type(v).__name__ for v in given) == ["Tensor", "Tensor", "int"]
     assert [v for v in given if isinstance(v, int)] == [3]
-    sent = tuple(v.detach().requires_grad_() if isinstance(v, torch.Tensor) else v for v in given)  # as received
+    sent = _as_received(given)
     out = blocks[2](blocks[1](sent))
     out.sum().backward()
     want = reference(x)
@@ -320,9 +327,7 @@ def test_an_example_of_one_sample_and_a_write_through_a_view_of_a_received_value
     blocks = split_model(model, torch.randn(1, 4))  # one sample: traced on two, the batch still dynamic
     x = torch.randn(5, 4)
     given = blocks[0](x)
-    received = tuple(
-        v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in given
-    )
+    received = _as_received(given)
     blocks[1](received).sum().backward()  # the copy of a leaf that needs its gradient, written through a view
     torch.testing.assert_close(blocks(x), model(x))
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from conveyor.job import RunSummary, TrainConfig, train
+import itertools
+from pathlib import Path
 
-__all__ = ["run_job", "steady_rate"]
+from conveyor.job import RunSummary, TrainConfig, read_jsonl, train
+
+__all__ = ["run_job", "run_rate", "steady_rate"]
 
 
 def run_job(cfg: TrainConfig) -> RunSummary:
@@ -18,3 +21,10 @@ def run_job(cfg: TrainConfig) -> RunSummary:
 def steady_rate(epoch_seconds: list[float], samples: int) -> float:
     """Samples per second over the epochs after the first (the first warms up: allocator, kernels, threads)."""
     return samples * (len(epoch_seconds) - 1) / sum(epoch_seconds[1:])
+
+
+def run_rate(folder: Path) -> float:
+    """A run's steady training samples/s, from its ``metrics.jsonl`` (whose seconds and samples are cumulative)."""
+    epochs = read_jsonl(folder / "metrics.jsonl")
+    totals = [0.0] + [e["train_seconds"] for e in epochs]
+    return steady_rate([b - a for a, b in itertools.pairwise(totals)], epochs[0]["samples"])

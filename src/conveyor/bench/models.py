@@ -16,7 +16,6 @@ For each case (a ``module:callable`` with its ``--model-args`` and dataset):
 from __future__ import annotations
 
 import copy
-import itertools
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,9 +26,9 @@ import torch
 from torch import nn
 
 from conveyor.bench._checks import require_known
-from conveyor.bench._run import run_job, steady_rate
+from conveyor.bench._run import run_job, run_rate, steady_rate
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, load_dataset, loss_and_optimizer, read_jsonl, user_model
+from conveyor.job import TrainConfig, load_dataset, loss_and_optimizer, user_model
 from conveyor.runtime import default_device, launch, split_model
 
 __all__ = ["CASES", "Case", "ModelsBenchConfig", "TwinMLP", "run"]
@@ -129,11 +128,9 @@ def _logits(output: Any) -> Any:
 def _conveyor(cfg: TrainConfig) -> dict[str, Any]:
     """One ``conveyor train`` run: its layout, steady samples/s, accuracy per epoch and peak memory per worker."""
     summary = run_job(cfg)
-    folder = Path(summary.run_dir)
-    totals = [0.0] + [e["train_seconds"] for e in read_jsonl(folder / "metrics.jsonl")]
     layout = summary.layout
     return {
-        "samples_per_s": steady_rate([b - a for a, b in itertools.pairwise(totals)], summary.samples // summary.epochs),
+        "samples_per_s": run_rate(Path(summary.run_dir)),
         "accuracy": summary.accuracy,
         "layout": {k: layout[k] for k in ("schedule", "balance", "replicas", "microbatches")},
         "peak_rss_bytes": summary.peak_rss_bytes,

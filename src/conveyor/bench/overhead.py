@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import multiprocessing
 import os
 import statistics
@@ -31,13 +30,12 @@ from typing import Any
 import torch
 
 from conveyor.bench._checks import require_known
-from conveyor.bench._run import run_job, steady_rate
+from conveyor.bench._run import run_job, run_rate, steady_rate
 from conveyor.errors import InputError
 from conveyor.job import (
     TrainConfig,
     loss_and_optimizer,
     model_and_data,
-    read_jsonl,
     torch_profiled,
 )
 from conveyor.runtime import default_device, launch
@@ -144,10 +142,7 @@ def _conveyor(case: Case, device: str, folder: Path, profile: str | None) -> tup
     """Conveyor's steady samples/s and its start-up prediction."""
     options = {"workers": 1, "device": device, "energy_meter": "off", "torch_profile": profile}
     summary = run_job(case.train_config(run_dir=str(folder), **options))
-    epochs = read_jsonl(folder / "metrics.jsonl")
-    totals = [0.0] + [e["train_seconds"] for e in epochs]  # cumulative: each epoch's is a difference
-    seconds = [b - a for a, b in itertools.pairwise(totals)]
-    return steady_rate(seconds, epochs[0]["samples"]), summary.prediction.samples_per_s
+    return run_rate(folder), summary.prediction.samples_per_s
 
 
 def _spin() -> None:

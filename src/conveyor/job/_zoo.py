@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.errors import InputError
-from conveyor.job._data import Dataset
+from conveyor.job._data import Dataset, load
 from conveyor.runtime import GraphBlock, split_model
 
 __all__ = [
@@ -265,8 +265,6 @@ def resolve(spec: str, batch_size: int, data: Dataset | None = None, args: str =
         InputError: the name is unknown, the callable cannot be imported, does not take ``args``, returns
             something else, or returns a module ``torch.export`` cannot trace.
     """
-    from conveyor.job._data import load
-
     if ":" not in spec:
         data = load(default_dataset(spec))
         return build(spec, data), data.train_x[:batch_size]
@@ -275,10 +273,7 @@ def resolve(spec: str, batch_size: int, data: Dataset | None = None, args: str =
         return nn.Sequential(*model), example
     if isinstance(model, nn.Sequential):
         return model, example
-    blocks = _split(spec, model, example)
-    if data is not None:
-        _check_classes(spec, blocks, data)
-    return blocks, example
+    return _split(spec, model, example, data), example
 
 
 def user_model(spec: str, batch_size: int, data: Dataset | None = None, args: str = "") -> tuple[Any, Any]:
@@ -288,8 +283,6 @@ def user_model(spec: str, batch_size: int, data: Dataset | None = None, args: st
     Raises:
         InputError: the callable cannot be imported, does not take ``args`` or returns something else.
     """
-    from conveyor.job._data import load
-
     result = _call(spec, load_factory(spec), batch_size, model_arguments(args))
     if isinstance(result, nn.Module):
         result = (result, (data or load("digits")).train_x[:batch_size])
@@ -301,10 +294,9 @@ def user_model(spec: str, batch_size: int, data: Dataset | None = None, args: st
     return result
 
 
-def _check_classes(spec: str, blocks: nn.Sequential, data: Dataset) -> None:
-    """Refuse a split model whose outputs do not score ``data``'s classes (traced shapes: nothing runs)."""
-    last = blocks[-1] if isinstance(blocks[-1], GraphBlock) else blocks[-2]  # (before Logits)
-    assert isinstance(last, GraphBlock)
+def _check_classes(spec: str, last: GraphBlock, data: Dataset) -> None:
+    """Refuse a split model whose outputs (its ``last`` block's) do not score ``data``'s classes (traced shapes:
+    nothing runs)."""
     values, spec_out = last.traced_outputs(), last.output_spec
     if _is_mapping(spec_out) and "logits" in spec_out.context:
         values = [values[list(spec_out.context).index("logits")]]
@@ -350,11 +342,14 @@ def _call(spec: str, make: Callable[..., Any], batch_size: int, kwargs: dict[str
     raise InputError(f"--model {spec} cannot be called with --model-args {kwargs}: it takes {signature}")
 
 
-def _split(spec: str, model: nn.Module, example: Any) -> nn.Sequential:
-    """``model`` split into blocks; a model that returns a mapping gets a last block that takes its logits."""
+def _split(spec: str, model: nn.Module, example: Any, data: Dataset | None) -> nn.Sequential:
+    """``model`` split into blocks, its outputs checked against ``data``'s classes where given; a model that
+    returns a mapping gets a last block that takes its logits."""
     blocks = split_model(model, example)
     last = blocks[-1]
     assert isinstance(last, GraphBlock)
+    if data is not None:
+        _check_classes(spec, last, data)
     if _is_mapping(last.output_spec):
         if "logits" not in last.output_spec.context:
             raise InputError(f"the model of {spec!r} returns a mapping without logits: return the logits")

@@ -16,7 +16,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-__all__ = ["GraphBlock", "view_base", "written_args", "written_in_place"]
+__all__ = ["GraphBlock", "view_base", "written_args"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _moved(graph: fx.GraphModule, device: torch.device) -> fx.GraphModule:
     return moved
 
 
-def written_in_place(graph: fx.GraphModule, skip: int) -> frozenset[int]:
+def _written_in_place(graph: fx.GraphModule, skip: int) -> frozenset[int]:
     """Which of ``graph``'s inputs after the first ``skip`` an operation writes in place, directly (``x += y``)
     or through a view of it (``x[:, :2] += y``)."""
     inputs = {node: i - skip for i, node in enumerate(graph.graph.find_nodes(op="placeholder")) if i >= skip}
@@ -120,7 +120,7 @@ class GraphBlock(nn.Module):
             self._slots.append((holder, attr))
         self._held_names = list(held)
         self._code = _Code(training, evaluation, out_spec, keywords, device)
-        self._written = (written_in_place(training, len(held)), written_in_place(evaluation, len(held)))
+        self._written = (_written_in_place(training, len(held)), _written_in_place(evaluation, len(held)))
 
     @property
     def output_spec(self) -> Any:
