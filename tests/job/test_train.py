@@ -4,6 +4,7 @@ import itertools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import conveyor.runtime._checkpoint as checkpoint
@@ -139,3 +140,25 @@ def test_a_hugging_face_model_trains_from_its_class(tmp_path: Path) -> None:
     state = checkpoint.load(tmp_path / "checkpoint.pt")["model"]
     assert any(k.endswith("transformer.wte.weight") for k in state)
     assert not any(k.endswith("lm_head.weight") for k in state)  # held once, as the embedding
+
+
+def test_a_hugging_face_dataset_of_images_trains_from_its_folder(tmp_path: Path) -> None:
+    """``--dataset hf:PATH``: 300 images of 8x8 saved with ``save_to_disk``, each its class's pattern plus noise."""
+    datasets = pytest.importorskip(
+        "datasets", reason="Hugging Face datasets is not installed (pip install '.[models]')"
+    )
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    templates = rng.integers(0, 256, (3, 8, 8, 3))
+    labels = rng.integers(0, 3, 300)
+    images = [
+        Image.fromarray(np.clip(templates[k] + rng.normal(0, 40, (8, 8, 3)), 0, 255).astype(np.uint8)) for k in labels
+    ]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=3)})
+    datasets.Dataset.from_dict({"image": images, "label": labels.tolist()}, features).save_to_disk(str(tmp_path / "d"))
+    cfg = TrainConfig.from_options(
+        model="resnet", dataset=f"hf:{tmp_path / 'd'}", stages=2, epochs=3, run_dir=str(tmp_path / "run")
+    )
+    summary = train(cfg)
+    assert summary.accuracy[-1] > 0.8, summary.accuracy  # three classes: a guess is right a third of the time

@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
     train.add_argument(
         "--dataset",
         default=None,
-        help="digits, digit-images, text, text:PATH, imagefolder:PATH, synthetic:SHAPE:CLASSES:N, "
+        help="digits, digit-images, text, text:PATH, imagefolder:PATH, hf:PATH, synthetic:SHAPE:CLASSES:N, "
         "synthetic-images, synthetic-text, torchvision:NAME:ROOT",
     )
     train.add_argument("--width", type=positive, default=None, help="scale a zoo model's width")

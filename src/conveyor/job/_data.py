@@ -12,7 +12,9 @@ mostly follows from the one before), so accuracy rises, but they stand for no re
 ``synthetic:SHAPE:CLASSES:N`` draws ``N`` such samples of any shape (``synthetic:3x64x64:100:4096``).
 ``imagefolder:PATH`` reads a folder of images, one subfolder per class (torchvision's ImageFolder layout), with
 Pillow, into memory: ``PATH/train/CLASS/*`` and ``PATH/test/CLASS/*`` (or ``val``) where those exist, else
-``PATH/CLASS/*`` split 80:20; every image converted to RGB and resized to the first one's size.
+``PATH/CLASS/*`` split 80:20; every image converted to RGB and resized to the first one's size. ``hf:PATH`` reads
+a Hugging Face dataset saved with ``save_to_disk`` (images and labels, or tokenised text: see
+:mod:`conveyor.job._hf_data`).
 
 Example:
     >>> d = load("digits")
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from conveyor.errors import InputError
+from conveyor.job._hf_data import load_hf, rgb_stack
 
 __all__ = ["DATASETS", "Dataset", "digits_table", "load"]
 
@@ -44,6 +47,7 @@ DATASETS = (
     "synthetic-text",
     "synthetic:SHAPE:CLASSES:N",
     "imagefolder:PATH",
+    "hf:PATH",
 )
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 GPT2_VOCAB = 50257
@@ -171,19 +175,17 @@ def _image_files(folder: Path) -> dict[str, list[Path]]:
 
 def _read_images(
     files: dict[str, list[Path]], names: list[str], size: tuple[int, int] | None
-) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int] | None]:
     from PIL import Image
 
     images, labels = [], []
     for label, name in enumerate(names):
         for file in files.get(name, []):
             with Image.open(file) as image:
-                rgb = image.convert("RGB")
-                size = size or rgb.size
-                images.append(np.asarray(rgb.resize(size) if rgb.size != size else rgb))
+                image.load()
+                images.append(image)
             labels.append(label)
-    assert size is not None
-    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div(255) if images else torch.empty(0)
+    x, size = rgb_stack(images, size)
     return x, torch.tensor(labels, dtype=torch.long), size
 
 
@@ -243,4 +245,7 @@ def load(spec: str, seed: int = 0, context: int = 32) -> Dataset:
     if spec.startswith("torchvision:") and spec.count(":") == 2:
         _, name, root = spec.split(":")
         return _torchvision(name, root)
+    if spec.startswith("hf:"):
+        name, (train_x, train_y, test_x, test_y), classes, sequence = load_hf(spec[3:], seed, context)
+        return Dataset(name, train_x, train_y, test_x, test_y, classes, sequence)
     raise InputError(f"unknown dataset {spec!r}: use one of {', '.join(DATASETS)}")
