@@ -149,6 +149,15 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         (["train", "--model", "models.factory"], "(a factory is named with a colon: models:factory)"),
         (["train", "--reliable", "1", "--checkpoint-every", "2"], "--checkpoint-every saves a run of fixed workers"),
         (["train", "--resume", "OTHER_MODEL"], "OTHER_MODEL is from another model (missing 0.bias, 0.weight, 2.bias"),
+        (
+            ["train", "--materialize", "stage", "--stragglers", "slack"],
+            "--materialize stage builds each worker's stage",
+        ),
+        (["train", "--model", "mlp", "--dataset", "hf:MASKED"], "one input tensor is needed for the zoo's models"),
+        (
+            ["train", "--model", "models:residual", "--dataset", "hf:MASKED", "--batch-size", "4", "--reliable", "1"],
+            "for an elastic job",
+        ),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(
@@ -162,6 +171,12 @@ def test_bad_input_is_one_line_without_traceback(
     checkpoint.save(tmp_path / "OTHER_MODEL", {"weight": torch.zeros(2)})
     paths = {name: str(tmp_path / name) for name in ("NOT_A_CHECKPOINT", "BINARY", "OTHER_MODEL")}
     paths["PLAN"] = str(tmp_path / "plan.json")
+    if any("MASKED" in a for a in args):
+        datasets = pytest.importorskip("datasets", reason="Hugging Face datasets is not installed")
+        masked = {"input_ids": [[1, 2]] * 10, "attention_mask": [[1, 1]] * 10, "label": list(range(10))}
+        datasets.Dataset.from_dict(masked).save_to_disk(str(tmp_path / "masked"))
+        capsys.readouterr()  # (its progress bar)
+    paths["hf:MASKED"] = f"hf:{tmp_path / 'masked'}"
     assert main([paths.get(a, a) for a in args]) == 2
     err = capsys.readouterr().err
     assert message in err

@@ -124,9 +124,11 @@ def test_the_python_guide_runs(tmp_path: Path) -> None:
 
 
 def test_the_own_model_guides_code_splits_as_it_says(capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/guides/models-and-data.md's block runs (in this process: it starts no worker) and prints the blocks
-    its comment shows."""
-    [(_, code)] = _python_blocks(ROOT / "docs" / "guides" / "models-and-data.md")
-    exec(compile(code, "models-and-data.md", "exec"), {"__name__": "guide"})
-    shown = re.search(r"print\(.*\)\s+# (.*)$", code, re.M)
-    assert shown is not None and capsys.readouterr().out.strip() == shown.group(1)
+    """docs/guides/models-and-data.md's blocks run in turn (in this process: they start no worker) and print what
+    their comments show."""
+    blocks = [code for _, code in _python_blocks(ROOT / "docs" / "guides" / "models-and-data.md")]
+    namespace = {"__name__": "guide"}
+    for code in blocks:
+        exec(compile(code, "models-and-data.md", "exec"), namespace)
+    shown = [m.group(1) for code in blocks for m in re.finditer(r"print\(.*\)\s+# (.*)$", code, re.M)]
+    assert len(shown) == 2 and capsys.readouterr().out.strip().splitlines() == shown

@@ -63,3 +63,7 @@ def test_each_section_checks_its_own_fields_and_the_config_the_rules_between_the
         ElasticConfig()
     with pytest.raises(ValueError, match="--lease bounds a conveyor train run of fixed workers"):
         TrainConfig(elastic=ElasticConfig(reliable=1), run=RunConfig(lease="lease.json"))
+    with pytest.raises(ValueError, match="--materialize 'half': use one of whole, stage"):
+        TrainConfig.from_options(materialize="half")
+    with pytest.raises(ValueError, match="--materialize stage builds each worker's stage alone, for a fixed pipeline"):
+        TrainConfig.from_options(materialize="stage", stragglers="slack")

@@ -62,6 +62,24 @@ def test_token_rows_with_labels_are_sequence_classification(tmp_path: Path) -> N
     assert (d.train_x.shape, d.classes, d.sequence, d.train_y.tolist()) == ((6, 3), 2, False, [0, 1] * 3)
 
 
+def test_an_attention_mask_makes_each_input_a_dict_of_both(tmp_path: Path) -> None:
+    ids, mask = [[5, 6, 0], [7, 0, 0]] * 5, [[1, 1, 0], [1, 0, 0]] * 5
+    datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": mask, "label": [1, 0] * 5}).save_to_disk(
+        str(tmp_path / "masked")
+    )
+    d = load(f"hf:{tmp_path / 'masked'}")
+    assert isinstance(d.train_x, dict) and sorted(d.train_x) == ["attention_mask", "input_ids"]
+    assert d.samples == 8 and d.train_x["input_ids"].shape == d.train_x["attention_mask"].shape == (8, 3)
+    for i in range(8):  # each row's mask stays with its ids and its label
+        row = d.train_x["input_ids"][i].tolist()
+        assert d.train_x["attention_mask"][i].tolist() == [int(t != 0) for t in row]
+        assert int(d.train_y[i]) == (1 if row[0] == 5 else 0)
+    with pytest.raises(
+        ValueError, match=r"one input tensor is needed for the zoo's models, and .* gives input_ids, attention_mask"
+    ):
+        d.tensor_inputs("the zoo's models")
+
+
 @pytest.mark.parametrize(
     ("columns", "message"),
     [

@@ -25,3 +25,15 @@ def test_batches_on_the_device_are_the_loaders_in_the_same_order() -> None:
 def test_a_reader_of_one_part_gets_none_for_the_other() -> None:
     batches = EpochBatches(None, torch.arange(10), batch_size=4, seed=0)
     assert [(x, len(y)) for x, y in batches] == [(None, 4), (None, 4), (None, 2)]
+
+
+def test_named_inputs_are_indexed_alike_and_come_back_by_name() -> None:
+    x = {"input_ids": torch.arange(20).reshape(10, 2), "attention_mask": torch.arange(10)[:, None].repeat(1, 2)}
+    y = torch.arange(10)
+    for reader in (EpochBatches(x, y, batch_size=4, seed=1), EpochBatches(x, None, batch_size=4, seed=1)):
+        batches = list(reader)
+        assert [len(b[0]["input_ids"]) for b in batches] == [4, 4, 2]
+        for inputs, targets in batches:
+            assert torch.equal(inputs["input_ids"][:, 0], 2 * inputs["attention_mask"][:, 0])  # rows kept together
+            assert targets is None or torch.equal(inputs["attention_mask"][:, 0], targets)
+    assert all(x is None for x, _ in EpochBatches(None, y, batch_size=4, seed=1))

@@ -51,14 +51,15 @@ def main() -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"] + 1
-    per_epoch = -(-len(data.train_x) // cfg.optimizer.batch_size)
+    train_x, test_x = data.tensor_inputs("the restart baseline")
+    per_epoch = -(-len(train_x) // cfg.optimizer.batch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [b for b in model.buffers() if b.is_floating_point()]
     if rank == 0:
         (args.folder / "training-started").touch()
     for t in range(start, cfg.run.epochs * per_epoch):
         epoch, i = divmod(t, per_epoch)
-        order = torch.randperm(len(data.train_x), generator=torch.Generator().manual_seed(cfg.run.seed + epoch))
+        order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(cfg.run.seed + epoch))
         batch = order[i * cfg.optimizer.batch_size : (i + 1) * cfg.optimizer.batch_size]
         share = -(-len(batch) // world)
         mine = batch[rank * share : (rank + 1) * share]
@@ -66,7 +67,7 @@ def main() -> None:
         optimizer.zero_grad()
         n = float(len(mine))
         if len(mine):
-            (loss_fn(model(data.train_x[mine]), data.train_y[mine]) * n).backward()
+            (loss_fn(model(train_x[mine]), data.train_y[mine]) * n).backward()
         grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
         flat = torch.cat([*grads, *(b.reshape(-1) * n for b in buffers), torch.tensor([n])])
         dist.all_reduce(flat)
@@ -88,7 +89,7 @@ def main() -> None:
         if i == per_epoch - 1:
             model.eval()
             with torch.no_grad():
-                accuracy = float((model(data.test_x).argmax(-1) == data.test_y).float().mean())
+                accuracy = float((model(test_x).argmax(-1) == data.test_y).float().mean())
             with (args.folder / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps({"epoch": epoch + 1, "wall": time.time(), "accuracy": accuracy}) + "\n")
     dist.destroy_process_group()

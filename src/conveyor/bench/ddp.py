@@ -52,7 +52,7 @@ def _worker(cfg: TrainConfig) -> dict[str, Any]:
             with torch.no_grad():
                 accuracy[0] = (model(data.test_x).argmax(-1) == data.test_y).float().mean()
         dist.broadcast(accuracy, src=0)
-        samples = (epoch + 1) * len(data.train_x)
+        samples = (epoch + 1) * data.samples
         history.append(
             {
                 "seconds": time.perf_counter() - start,

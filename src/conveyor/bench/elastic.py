@@ -135,7 +135,7 @@ def _committed_lost(folder: Path) -> int:
 def _torchrun(cfg: ElasticBenchConfig, folder: Path, events: list[tuple[str, bool, float]]) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     _, data = model_and_data(TrainConfig.from_options(model=cfg.model, seed=cfg.seed))
-    per_epoch = -(-len(data.train_x) // cfg.batch_size)
+    per_epoch = -(-data.samples // cfg.batch_size)
     every = cfg.checkpoint_every or per_epoch
     job = TrainConfig.from_options(
         model=cfg.model, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed
@@ -245,7 +245,7 @@ def measure_stages(cfg: ElasticBenchConfig, folder: Path) -> list[dict[str, Any]
             )
             summary = train_elastic(job)
             seconds = summary.epoch_seconds[-1] - summary.epoch_seconds[0]
-            samples = len(data.train_x) * (len(summary.epoch_seconds) - 1)
+            samples = data.samples * (len(summary.epoch_seconds) - 1)
             rows.append(
                 {
                     "workers": workers,

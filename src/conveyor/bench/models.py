@@ -10,7 +10,10 @@ For each case (a ``module:callable`` with its ``--model-args`` and dataset):
   exists (the same layers, written as blocks);
 - **the planner's layout on** ``workers`` (default 4): stages, replicas, schedule, samples/s and peak memory
   per worker;
-- **two stages**: accuracy after each epoch of ``conveyor train --stages 2``, set against the plain loop's.
+- **two stages**: accuracy after each epoch of ``conveyor train --stages 2``, set against the plain loop's;
+
+then **memory**: a model big in weights and cheap in compute (:data:`MEMORY`) in two stages, built whole in every
+worker and built per stage (``--materialize stage``): each worker's peak resident memory.
 """
 
 from __future__ import annotations
@@ -31,19 +34,22 @@ from conveyor.errors import InputError
 from conveyor.job import TrainConfig, load_dataset, loss_and_optimizer, user_model
 from conveyor.runtime import default_device, launch, split_model
 
-__all__ = ["CASES", "Case", "ModelsBenchConfig", "TwinMLP", "run"]
+__all__ = ["CASES", "MEMORY", "Case", "ModelsBenchConfig", "TwinMLP", "run"]
 
 
 class TwinMLP(nn.Module):
-    """The zoo's ``mlp`` (64 -> 128 -> 128 -> 10 with ReLUs) written as a user would: a module with a
-    ``forward``, not an ``nn.Sequential``."""
+    """The zoo's ``mlp`` (64 -> 128 -> 128 -> 10 with ReLUs, ``depth`` hidden layers of ``width``) written as a user
+    would: a module with a ``forward``, not an ``nn.Sequential``."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 128, depth: int = 2) -> None:
         super().__init__()
-        self.fc1, self.fc2, self.out = nn.Linear(64, 128), nn.Linear(128, 128), nn.Linear(128, 10)
+        self.hidden = nn.ModuleList(nn.Linear(64 if i == 0 else width, width) for i in range(depth))
+        self.out = nn.Linear(width, 10)
 
     def forward(self, x: torch.Tensor) -> Any:
-        return self.out(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+        for layer in self.hidden:
+            x = torch.relu(layer(x))
+        return self.out(x)
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,8 @@ CASES = {
     "gpt2": Case("transformers:GPT2LMHeadModel", _GPT2, "text", epochs=3, optimizer="adam", lr=3e-3),
     "resnet": Case("transformers:ResNetForImageClassification", _RESNET, "digit-images", epochs=4),
 }
+MEMORY = Case("conveyor.bench.models:TwinMLP", "width=4096,depth=4", epochs=2)
+"""Big in weights (50.6M, 202 MB), cheap in compute: two stages built whole in every worker, and per stage."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,7 @@ class ModelsBenchConfig:
     workers: int = 4
     epochs: int | None = None  # every case's, instead of its own (at least 2: the first is a warm-up)
     cases: dict[str, Case] = field(default_factory=lambda: CASES)
+    memory: Case | None = MEMORY  # None: no memory comparison
 
     def __post_init__(self) -> None:
         require_known("models", self.models, self.cases)
@@ -96,7 +105,8 @@ def _plain_worker(case: Case) -> dict[str, Any]:
     torch.manual_seed(cfg.run.seed)
     model, example = user_model(case.model, case.batch_size, data, case.model_args)
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
-    x, y, test_x, test_y = (t.to(device) for t in (data.train_x, data.train_y, data.test_x, data.test_y))
+    inputs = data.tensor_inputs("bench models' plain loop")
+    x, y, test_x, test_y = (t.to(device) for t in (inputs[0], data.train_y, inputs[1], data.test_y))
     out = {}
     for name in ("unsplit", "split"):
         trained = copy.deepcopy(model).to(device)
@@ -167,8 +177,24 @@ def _measure(case: Case, workers: int, folder: Path) -> dict[str, Any]:
     }
 
 
+def _memory(case: Case, folder: Path) -> dict[str, Any]:
+    """``case`` in two stages, built whole in every worker and then per stage (``--materialize stage``)."""
+    with torch.device("meta"):
+        model, _ = user_model(case.model, case.batch_size, None, case.model_args)
+    return {
+        "model": case.model,
+        "model_args": case.model_args,
+        "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        **{
+            how: _conveyor(case.train_config(stages=2, materialize=how, run_dir=str(folder / how), **_sharing(2)))
+            for how in ("whole", "stage")
+        },
+    }
+
+
 def run(cfg: ModelsBenchConfig) -> dict[str, Any]:
-    """Measure every case; the JSON-ready report (``config``, ``results``, the machine)."""
+    """Measure every case, then the memory case; the JSON-ready report (``config``, ``results``, ``memory``, the
+    machine)."""
     results = []
     with tempfile.TemporaryDirectory(prefix="conveyor-models-") as tmp:
         for name in cfg.models:
@@ -176,7 +202,8 @@ def run(cfg: ModelsBenchConfig) -> dict[str, Any]:
             if cfg.epochs is not None:
                 case = Case(**{**asdict(case), "epochs": cfg.epochs})
             results.append({"case": name, **_measure(case, cfg.workers, Path(tmp) / name)})
+        memory = None if cfg.memory is None else _memory(cfg.memory, Path(tmp) / "memory")
     config = {k: v for k, v in asdict(cfg).items() if k != "cases"}
     config["cases"] = {name: asdict(cfg.cases[name]) for name in cfg.models}
     machine = {"cores": torch.get_num_threads(), "torch": torch.__version__}
-    return {"config": config, "results": results, "machine": machine}
+    return {"config": config, "results": results, "memory": memory, "machine": machine}

@@ -106,7 +106,7 @@ def _plain_worker(case: Case, threads: list[int | None], profile: str | None) ->
     cfg = case.train_config()
     model, data = model_and_data(cfg)
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
-    x, y = data.train_x.to(device), data.train_y.to(device)
+    x, y = data.tensor_inputs("bench overhead")[0].to(device), data.train_y.to(device)
     dtype = {"off": None, "bf16": torch.bfloat16}[case.autocast]
     runs: dict[str, list[float]] = {}
     for count in threads:

@@ -38,6 +38,13 @@ def add_parser(sub: Any) -> None:
         help="digits, digit-images, text, text:PATH, imagefolder:PATH, hf:PATH, synthetic:SHAPE:CLASSES:N, "
         "synthetic-images, synthetic-text, torchvision:NAME:ROOT",
     )
+    train.add_argument(
+        "--materialize",
+        choices=("whole", "stage"),
+        default="whole",
+        help="whole: every worker builds the whole model; stage: each builds it on the meta device and makes "
+        "real only its stage (a model larger than one worker), initialised per module",
+    )
     train.add_argument("--width", type=positive, default=None, help="scale a zoo model's width")
     train.add_argument("--depth", type=positive, default=None, help="scale a zoo model's depth")
     train.add_argument(
@@ -262,13 +269,15 @@ def run(args: argparse.Namespace) -> int:
     )
     _, _, workers = job_devices(cfg)  # a device, backend or worker count this machine cannot run fails here
     model, data = model_and_data(cfg)  # so does an unknown model or dataset, before any worker starts
-    check_against_data(cfg, model, len(data.train_x))  # a batch, microbatches or checkpoint that cannot fit
+    check_against_data(cfg, model, data.samples)  # a batch, microbatches or checkpoint that cannot fit
+    if cfg.elastic is not None:
+        data.tensor_inputs("an elastic job")  # its steps take one input tensor
     # and a layout that cannot work
     fixed_layout(cfg, len(model), cfg.layout.workers or explicit_workers(cfg.layout) or 0)
     Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults).check(workers)  # and so on
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(
-            f"training {cfg.model.name} on {data.name}: {len(data.train_x)} training samples, "
+            f"training {cfg.model.name} on {data.name}: {data.samples} training samples, "
             f"batch {cfg.optimizer.batch_size}"
         )
     result = train_elastic(cfg) if cfg.elastic is not None else train(cfg)

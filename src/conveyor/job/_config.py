@@ -172,6 +172,13 @@ def check_sections(cfg: TrainConfig) -> None:
             raise InputError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
         if cfg.store.warm_start or cfg.store.register:
             raise InputError("--warm-start and --register apply to fixed workers: drop --reliable and --join")
+    if cfg.model.materialize == "stage" and (
+        elastic or cfg.stragglers or cfg.store.warm_start or cfg.energy.tune_batch_size
+    ):
+        raise InputError(
+            "--materialize stage builds each worker's stage alone, for a fixed pipeline: drop --reliable, --join, "
+            "--stragglers, --warm-start and --batch-size auto"
+        )
     if cfg.store.warm_start and run.resume:
         raise InputError("--warm-start starts a new model from a parent's weights; --resume continues one: pick one")
     if cfg.energy.tune_batch_size and (cfg.energy.job is None or run.target_accuracy is None):

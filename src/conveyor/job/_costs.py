@@ -28,7 +28,19 @@ import torch.distributed as dist
 from torch import nn
 
 from conveyor.plan import Level, Profile, RuntimeCosts, Topology
-from conveyor.runtime import P2P, CoreShare, Link, measure_allreduce, measure_link, measure_overhead, profile
+from conveyor.runtime import (
+    P2P,
+    CoreShare,
+    Link,
+    Materialize,
+    batch_size,
+    measure_allreduce,
+    measure_link,
+    measure_overhead,
+    profile,
+    split_batch,
+    to_device,
+)
 
 __all__ = ["Costs", "measure_costs"]
 
@@ -43,7 +55,8 @@ class Costs:
         allreduce: seconds per step and bytes per second of a ring all-reduce among all the workers
             (``None`` with one worker).
         overhead_s: the executor's own time per compute action.
-        single_worker_samples_per_s: a plain PyTorch loop on one worker with every core.
+        single_worker_samples_per_s: a plain PyTorch loop on one worker with every core (``None`` where the
+            model was built on the meta device: it was not run whole).
         workers: the job's workers.
         cores: the cores the workers share (``None`` on GPUs or emulated devices: one each).
         network: the emulated network's topology, when the job runs on one.
@@ -53,7 +66,7 @@ class Costs:
     link: Link | None
     allreduce: tuple[float, float] | None
     overhead_s: float
-    single_worker_samples_per_s: float
+    single_worker_samples_per_s: float | None
     workers: int
     cores: int | None
     network: Topology | None = None
@@ -94,7 +107,7 @@ class Costs:
 
 def measure_costs(
     model: nn.Sequential,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    batches: list[tuple[Any, torch.Tensor]],
     *,
     microbatches: int,
     loss_fn: Callable[[Any, Any], torch.Tensor],
@@ -105,6 +118,7 @@ def measure_costs(
     device: torch.device,
     autocast: torch.dtype | None = None,
     share: CoreShare | None = None,
+    materialize: Materialize | None = None,
 ) -> Costs | None:
     """Measure (every worker calls it); the first worker's :class:`Costs`, ``None`` elsewhere. ``batches`` are
     whole training batches, at least two (the first is a warm-up). ``network`` is the emulated network the job
@@ -118,19 +132,22 @@ def measure_costs(
     ``device`` is the worker's, ``autocast`` the dtype the pipeline's forwards run in (or ``None``), and
     ``share`` the worker's share of the CPU (:class:`~conveyor.runtime.CoreShare`): it first picks the worker's
     threads with a forward and backward at the microbatch size, and the plain loop runs on as many threads as
-    other processes leave cores (default: every core)."""
+    other processes leave cores (default: every core). ``materialize``: the model was built on the meta device
+    (``--materialize stage``), and only the profile is measured, one block real at a time; the whole model's
+    measures (the executor's overhead, the threads, the plain loop) are not taken: none of it fits."""
     rank, world = dist.get_rank(), dist.get_world_size()
     cores = len(os.sched_getaffinity(0))
-    batches = [(x.to(device), y.to(device)) for x, y in batches]  # on the device before anything is timed
+    batches = [(to_device(x, device), y.to(device)) for x, y in batches]  # on the device before anything is timed
     alone = device_cores is not None
     # Without emulated devices every worker profiles at once: the times are those of a core as busy as in the
     # run (sharing it costs more than the share: caches, switches), then put per core; the simulator shares the
     # cores again.
     shares = min(1.0, cores / world) if device.type == "cpu" else 1.0
     per_core = 1.0 / device_cores if device_cores is not None else shares
-    example = batches[0][0][: -(-len(batches[0][0]) // microbatches)]
+    example = split_batch(batches[0][0], microbatches)[0]
     prof, overhead = None, 0.0
-    if share is not None and not alone:
+    whole = materialize is None  # the whole model is real and may be run
+    if share is not None and not alone and whole:
         share.choose(
             _training_step(
                 model, batches[0], microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer, device=device
@@ -148,19 +165,24 @@ def measure_costs(
             warmup=2,
             optimizer=optimizer,
             autocast=autocast,
+            materialize=materialize,
         )
         compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
         compute += sum(lay.step_s for lay in prof.layers)
-        overhead, batch_s = measure_overhead(
-            model,
-            batches,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            microbatches=microbatches,
-            compute_s=compute,
-            device=device,
-            fastest=alone,
-            autocast=autocast,
+        overhead, batch_s = (
+            (0.0, 0.0)
+            if not whole
+            else measure_overhead(
+                model,
+                batches,
+                loss_fn=loss_fn,
+                optimizer=optimizer,
+                microbatches=microbatches,
+                compute_s=compute,
+                device=device,
+                fastest=alone,
+                autocast=autocast,
+            )
         )
         if 0 < batch_s < compute:
             # Timed block by block, the profile counts each block's own fixed costs (its input made a leaf, a backward
@@ -170,21 +192,21 @@ def measure_costs(
     dist.barrier()
     link, allreduce = None, None
     if world > 1:
-        work = _forward_backward(model, batches[0], microbatches, loss_fn, device)
+        work = _forward_backward(model, batches[0], microbatches, loss_fn, device) if whole else None
         peer = rank ^ 1  # pairs 0-1, 2-3, ...: every worker sends (and computes) while the first pair measures
         p2p = P2P(device)  # on every worker: on CUDA its first one makes a group
         if peer < world and (rank < 2 or not alone):
-            link = measure_link(p2p, peer, leader=rank % 2 == 0, busy=None if alone else work)
+            link = measure_link(p2p, peer, leader=rank % 2 == 0, busy=work if not alone else None)
         dist.barrier()
-        allreduce = measure_allreduce(busy=None if alone else work)
+        allreduce = measure_allreduce(busy=work if not alone else None)
     dist.barrier()
     free = None if share is None else share.free
     single = (
         _plain_loop(
             model, batches, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast, free_cores=free
         )
-        if rank == 0
-        else 0.0
+        if rank == 0 and whole
+        else None
     )
     dist.barrier()
     if rank != 0:
@@ -197,16 +219,16 @@ def measure_costs(
 
 
 def _copy_and_microbatch(
-    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], microbatches: int, device: torch.device
+    model: nn.Module, batch: tuple[Any, torch.Tensor], microbatches: int, device: torch.device
 ) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """A copy of the model on ``device``, and a microbatch of ``batch`` there."""
-    size = -(-len(batch[0]) // microbatches)
-    return copy.deepcopy(model).to(device), batch[0][:size].to(device), batch[1][:size].to(device)
+    x, y = (split_batch(part, microbatches)[0] for part in batch)
+    return copy.deepcopy(model).to(device), to_device(x, device), y.to(device)
 
 
 def _forward_backward(
     model: nn.Module,
-    batch: tuple[torch.Tensor, torch.Tensor],
+    batch: tuple[Any, torch.Tensor],
     microbatches: int,
     loss_fn: Callable[[Any, Any], Any],
     device: torch.device,
@@ -218,7 +240,7 @@ def _forward_backward(
 
 def _training_step(
     model: nn.Module,
-    batch: tuple[torch.Tensor, torch.Tensor],
+    batch: tuple[Any, torch.Tensor],
     *,
     microbatches: int,
     loss_fn: Callable[[Any, Any], Any],
@@ -248,7 +270,7 @@ def _scaled(prof: Profile, factor: float) -> Profile:
 
 def _plain_loop(
     model: nn.Module,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    batches: list[tuple[Any, torch.Tensor]],
     *,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
@@ -267,7 +289,7 @@ def _plain_loop(
     try:
         times = []
         for x, y in batches:
-            x, y = x.to(device), y.to(device)
+            x, y = to_device(x, device), y.to(device)
             start = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             with mixed:
@@ -279,4 +301,4 @@ def _plain_loop(
             times.append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
-    return len(batches[0][0]) / statistics.median(times[1:])
+    return batch_size(batches[0][0]) / statistics.median(times[1:])

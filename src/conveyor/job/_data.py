@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from conveyor.errors import InputError
+from conveyor.job._dataset import Dataset, Inputs, rows
 from conveyor.job._hf_data import load_hf, rgb_stack
 
-__all__ = ["DATASETS", "Dataset", "digits_table", "load"]
+__all__ = ["DATASETS", "Dataset", "Inputs", "digits_table", "load", "rgb_stack", "rows"]
 
 DATASETS = (
     "digits",
@@ -51,20 +51,6 @@ DATASETS = (
 )
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 GPT2_VOCAB = 50257
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """Train and test tensors. ``classes`` is the number of labels (the vocabulary for text);
-    ``sequence`` says targets are per position (language modelling) rather than per sample."""
-
-    name: str
-    train_x: torch.Tensor
-    train_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    classes: int
-    sequence: bool = False
 
 
 def _split(name: str, x: torch.Tensor, y: torch.Tensor, *, classes: int, seed: int, sequence: bool = False) -> Dataset:
@@ -246,6 +232,5 @@ def load(spec: str, seed: int = 0, context: int = 32) -> Dataset:
         _, name, root = spec.split(":")
         return _torchvision(name, root)
     if spec.startswith("hf:"):
-        name, (train_x, train_y, test_x, test_y), classes, sequence = load_hf(spec[3:], seed, context)
-        return Dataset(name, train_x, train_y, test_x, test_y, classes, sequence)
+        return load_hf(spec[3:], seed, context)
     raise InputError(f"unknown dataset {spec!r}: use one of {', '.join(DATASETS)}")

@@ -109,8 +109,9 @@ def _layouts(
 
 def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> WorkerOutcome:
     model, data = model_and_data(cfg)
+    train_x, test_x = data.tensor_inputs("an elastic job")
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
-    layout = _layouts(cfg, model, example=data.train_x, worker=worker, host=host, port=port, workers=workers)
+    layout = _layouts(cfg, model, example=train_x, worker=worker, host=host, port=port, workers=workers)
     trainer = ElasticTrainer(
         model,
         loss_fn=loss_fn,
@@ -132,16 +133,16 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
             f"conveyor train --join {host}:{port}"
         )
     job = ElasticJob(
-        data.train_x,
+        train_x,
         data.train_y,
-        data.test_x,
+        test_x,
         data.test_y,
         cfg.optimizer.batch_size,
         cfg.run.epochs,
         cfg.run.seed,
         cfg.run.target_accuracy,
     )
-    steps = cfg.run.epochs * -(-len(data.train_x) // cfg.optimizer.batch_size)
+    steps = cfg.run.epochs * -(-data.samples // cfg.optimizer.batch_size)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -6,7 +6,8 @@ is cut 80:20 from the seed. What it holds decides the task:
 - an image column (``datasets.Image``) and a label column (``datasets.ClassLabel``, or one named ``label`` or
   ``labels``): image classification, every image converted to RGB and resized to the first one's size;
 - an ``input_ids`` column and a label column: sequence classification, the rows all of one length (padded by the
-  tokenizer: the whole row is the input, there is no attention mask);
+  tokenizer); with an ``attention_mask`` column, each batch is a dict of both, given to the model by name
+  (``model(input_ids=..., attention_mask=...)``);
 - an ``input_ids`` column alone: language modelling, the next token the target. Rows of one length are windows
   already (as ``run_clm``'s ``group_texts`` leaves them); rows of several lengths are joined and cut into windows of
   ``context`` tokens.
@@ -26,22 +27,11 @@ import numpy as np
 import torch
 
 from conveyor.errors import InputError
+from conveyor.job._dataset import Dataset, Inputs
 
 __all__ = ["load_hf", "rgb_stack"]
 
 LABEL_NAMES = ("label", "labels")
-
-
-def rgb_stack(images: Any, size: tuple[int, int] | None) -> tuple[torch.Tensor, tuple[int, int] | None]:
-    """PIL images as one ``(N, 3, H, W)`` float tensor in [0, 1], each converted to RGB and resized to ``size``
-    (width, height; the first image's where ``None``)."""
-    arrays = []
-    for image in images:
-        rgb = image.convert("RGB")
-        size = size or rgb.size
-        arrays.append(np.asarray(rgb.resize(size) if rgb.size != size else rgb))
-    x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float().div(255) if arrays else torch.empty(0)
-    return x, size
 
 
 def _splits(saved: Any, seed: int) -> tuple[Any, Any]:
@@ -79,6 +69,13 @@ def _token_rows(part: Any, name: str) -> list[list[int]]:
     return rows
 
 
+def _inputs(part: Any, ids: list[list[int]]) -> Inputs:
+    """The token ids, with the attention mask by name where the dataset has one."""
+    if "attention_mask" not in part.features:
+        return torch.tensor(ids)
+    return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(list(part["attention_mask"]))}
+
+
 def _windows(rows: list[list[int]], context: int) -> torch.Tensor:
     """``(N, L)`` token windows: the rows themselves where they are of one length, else the rows joined and cut."""
     if len({len(r) for r in rows}) == 1:
@@ -86,6 +83,18 @@ def _windows(rows: list[list[int]], context: int) -> torch.Tensor:
     joined = torch.tensor([t for r in rows for t in r], dtype=torch.long)
     count = len(joined) // (context + 1)
     return joined[: count * (context + 1)].view(count, context + 1)
+
+
+def rgb_stack(images: Any, size: tuple[int, int] | None) -> tuple[torch.Tensor, tuple[int, int] | None]:
+    """PIL images as one ``(N, 3, H, W)`` float tensor in [0, 1], each converted to RGB and resized to ``size``
+    (width, height; the first image's where ``None``)."""
+    arrays = []
+    for image in images:
+        rgb = image.convert("RGB")
+        size = size or rgb.size
+        arrays.append(np.asarray(rgb.resize(size) if rgb.size != size else rgb))
+    x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float().div(255) if arrays else torch.empty(0)
+    return x, size
 
 
 @contextlib.contextmanager
@@ -104,8 +113,8 @@ def _progress_bars_locked_by_a_thread_lock() -> Iterator[None]:
             del tqdm._lock
 
 
-def load_hf(root: str, seed: int, context: int) -> tuple[str, list[torch.Tensor], int, bool]:
-    """``(name, [train_x, train_y, test_x, test_y], classes, sequence)`` of the saved dataset at ``root``."""
+def load_hf(root: str, seed: int, context: int) -> Dataset:
+    """The dataset saved at ``root`` (see the module docstring)."""
     name = f"hf:{root}"
     try:
         import datasets
@@ -119,17 +128,12 @@ def load_hf(root: str, seed: int, context: int) -> tuple[str, list[torch.Tensor]
         return _tensors(name, *_splits(saved, seed), context)
 
 
-def _tensors(name: str, train: Any, test: Any, context: int) -> tuple[str, list[torch.Tensor], int, bool]:
+def _tensors(name: str, train: Any, test: Any, context: int) -> Dataset:
     image, label = _columns(train)
     if image is not None and label is not None:
         train_x, size = rgb_stack(train[image], None)
-        parts = [
-            train_x,
-            torch.tensor(list(train[label])),
-            rgb_stack(test[image], size)[0],
-            torch.tensor(list(test[label])),
-        ]
-        return name, parts, _classes(train, label, parts[1::2]), False
+        ys = [torch.tensor(list(part[label])) for part in (train, test)]
+        return Dataset(name, train_x, ys[0], rgb_stack(test[image], size)[0], ys[1], _classes(train, label, ys))
     if "input_ids" not in train.features:
         raise InputError(
             f"{name} has columns {', '.join(train.features)}: give an image column and a label column, or an "
@@ -139,15 +143,12 @@ def _tensors(name: str, train: Any, test: Any, context: int) -> tuple[str, list[
     if label is not None:
         if len({len(r) for r in rows[0] + rows[1]}) != 1:
             raise InputError(f"{name}: the input_ids rows differ in length; pad them to one (padding='max_length')")
-        parts = [
-            torch.tensor(rows[0]),
-            torch.tensor(list(train[label])),
-            torch.tensor(rows[1]),
-            torch.tensor(list(test[label])),
-        ]
-        return name, parts, _classes(train, label, parts[1::2]), False
+        xs = [_inputs(part, r) for part, r in zip((train, test), rows, strict=True)]
+        ys = [torch.tensor(list(part[label])) for part in (train, test)]
+        return Dataset(name, xs[0], ys[0], xs[1], ys[1], _classes(train, label, ys))
     windows = [_windows(r, context) for r in rows]
     if min(len(w) for w in windows) == 0:
         raise InputError(f"{name}: too few tokens for one window of {context + 1} in each split")
     vocab = int(max(int(w.max()) for w in windows)) + 1
-    return name, [windows[0][:, :-1], windows[0][:, 1:], windows[1][:, :-1], windows[1][:, 1:]], vocab, True
+    train_w, test_w = windows
+    return Dataset(name, train_w[:, :-1], train_w[:, 1:], test_w[:, :-1], test_w[:, 1:], vocab, sequence=True)

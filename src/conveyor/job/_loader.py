@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
 
 __all__ = ["EpochBatches", "EpochOrder"]
@@ -42,7 +43,8 @@ class EpochBatches:
     """``(inputs or None, targets or None)`` batches of one epoch, for :meth:`~conveyor.runtime.Pipeline.train`.
 
     Args:
-        inputs, targets: the training tensors; give ``None`` for a part this worker does not read.
+        inputs, targets: the training tensors (the inputs may be tensors by name); give ``None`` for a part this
+            worker does not read.
         batch_size: samples per batch (the last batch of an epoch may have fewer).
         seed: the shuffling seed.
         device: where the batches are used: the tensors move there once (without ``loader_workers``).
@@ -56,7 +58,7 @@ class EpochBatches:
 
     def __init__(
         self,
-        inputs: torch.Tensor | None,
+        inputs: torch.Tensor | dict[str, torch.Tensor] | None,
         targets: torch.Tensor | None,
         batch_size: int,
         seed: int,
@@ -64,9 +66,13 @@ class EpochBatches:
         device: torch.device | None = None,
         loader_workers: int = 0,
     ) -> None:
-        parts = [t for t in (inputs, targets) if t is not None]
+        leaves: list[Any] = []
+        self._spec: pytree.TreeSpec | None = None
+        if inputs is not None:  # named inputs: a tensor each
+            leaves, self._spec = pytree.tree_flatten(inputs)
+        parts = leaves + ([targets] if targets is not None else [])
         self.order = EpochOrder(len(parts[0]), seed)
-        self._which = (inputs is not None, targets is not None)
+        self._which = (len(leaves), targets is not None)  # how many tensors are inputs; whether targets follow
         self._batch_size = batch_size
         self._device = device or torch.device("cpu")
         self._parts: list[torch.Tensor] = []
@@ -88,9 +94,11 @@ class EpochBatches:
         return -(-len(self.order) // self._batch_size)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        has_inputs, has_targets = self._which
+        inputs, has_targets = self._which
+        spec = self._spec
         for parts in self._batches():
-            yield (parts[0] if has_inputs else None, parts[-1] if has_targets else None)
+            x = pytree.tree_unflatten(list(parts[:inputs]), spec) if spec is not None else None
+            yield (x, parts[-1] if has_targets else None)
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, ...] | list[torch.Tensor]]:
         if self._loader is not None:

@@ -24,6 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from conveyor.emulate import ServerTraffic
 from conveyor.energy import Meter
 from conveyor.job._config import TrainConfig
+from conveyor.job._data import Inputs, rows
 from conveyor.job._energy import EpochKnobs
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
@@ -107,7 +108,7 @@ class EpochLoop:
     cfg: TrainConfig
     trainer: Trainer
     batches: EpochBatches | None  # the first and last stages' batches, None between
-    test_x: torch.Tensor | None  # worker 0's
+    test_x: Inputs | None  # worker 0's
     test_y: torch.Tensor | None  # the output worker's
     test_samples: int  # on every worker, which takes part in each chunk's evaluation
     train_samples: int
@@ -225,7 +226,7 @@ class EpochLoop:
         (worker 0 holds the inputs, the output worker the targets)."""
         x, y, chunk, correct = self.test_x, self.test_y, self.cfg.optimizer.batch_size, None
         for start in range(0, self.test_samples, chunk):
-            logits = self.trainer.evaluate(None if x is None else x[start : start + chunk])
+            logits = self.trainer.evaluate(None if x is None else rows(x, slice(start, start + chunk)))
             if self.trainer.is_output:
                 assert y is not None
                 hits = (logits.argmax(-1) == y[start : start + chunk]).sum()

@@ -31,17 +31,25 @@ OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 AUTOCAST = {"off": None, "bf16": torch.bfloat16}
 
 
+MATERIALIZE = ("whole", "stage")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """What is trained on what: ``--model``, ``--model-args``, ``--dataset``, ``--width``, ``--depth``."""
+    """What is trained on what: ``--model``, ``--model-args``, ``--dataset``, ``--width``, ``--depth``; and
+    ``--materialize``: ``whole`` builds the whole model in every worker, ``stage`` builds it on the meta device
+    and makes real only each worker's stage, initialised per module (:func:`conveyor.runtime.initialise_from`)."""
 
     name: str = "mlp"  # --model
     args: str = ""  # --model-args: NAME=VALUE,... for a module:callable
     dataset: str | None = None  # default: the model's own (digits for mlp, text for gpt)
     width: int | None = None
     depth: int | None = None
+    materialize: str = "whole"
 
     def __post_init__(self) -> None:
+        if self.materialize not in MATERIALIZE:
+            raise InputError(f"--materialize {self.materialize!r}: use one of {', '.join(MATERIALIZE)}")
         if self.args and ":" not in self.name:
             raise InputError(f"--model-args goes with a module:callable model, not {self.name}: use --width, --depth")
         model_arguments(self.args)  # a malformed one fails here

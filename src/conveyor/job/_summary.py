@@ -86,7 +86,7 @@ class RunSummary(Summary):
         notes = [
             f"predicted {predicted:.0f} training samples/s, measured {measured:.0f} ({self.prediction.error:+.0%})"
         ]
-        if workers > 1 and min(measured, predicted) < single:
+        if single is not None and workers > 1 and min(measured, predicted) < single:
             slower = (
                 "measured and predicted"
                 if max(measured, predicted) < single

@@ -46,7 +46,7 @@ from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatch
 from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._loop import EpochLoop
-from conveyor.job._model import model_and_data
+from conveyor.job._model import materializer, model_and_data
 from conveyor.job._report import energy_summary
 from conveyor.job._sections import AUTOCAST
 from conveyor.job._summary import Prediction, RunSummary, open_run_folder, write_run_folder
@@ -56,6 +56,7 @@ from conveyor.runtime import (
     OptimizerFactory,
     Pipeline,
     default_device,
+    to_device,
 )
 from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
 
@@ -78,7 +79,10 @@ def _measure_and_plan(
     :class:`~conveyor.runtime.CoreShare` last measured it (``None`` off the CPU)."""
     # At least two batches (the first a warm-up), at the microbatch count of a fixed layout if there is one.
     B = cfg.optimizer.batch_size
-    sample = [(data.train_x[i * B : (i + 1) * B], data.train_y[i * B : (i + 1) * B]) for i in range(min(steps, 7))]
+    sample = [
+        (datasets.rows(data.train_x, slice(i * B, (i + 1) * B)), data.train_y[i * B : (i + 1) * B])
+        for i in range(min(steps, 7))
+    ]
     fixed = fixed_layout(cfg, len(model), dist.get_world_size())
     microbatches = microbatches_of(cfg, dist.get_world_size()) if fixed is None else fixed.microbatches
     emulation = Emulation(cfg.emulation.network, cfg.emulation.devices)
@@ -96,11 +100,12 @@ def _measure_and_plan(
         device=default_device(),
         autocast=AUTOCAST[cfg.run.autocast],
         share=cores,
+        materialize=materializer(cfg, model),
     )
     box: list[Layout | None] = [None]
     if costs is not None:
         names = [name for name, _ in model.named_children()]
-        chosen = choose_layout(cfg, names=names, costs=costs, batches=steps, samples=len(data.train_x), layout=fixed)
+        chosen = choose_layout(cfg, names=names, costs=costs, batches=steps, samples=data.samples, layout=fixed)
         (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
         Console().print(chosen.describe())
         box[0] = chosen
@@ -117,7 +122,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
     model, data = model_and_data(cfg, state.warm_start_plan)  # the same initial weights on every worker
     folder = Path(run_dir)
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
-    steps = -(-len(data.train_x) // cfg.optimizer.batch_size)  # batches per epoch, the last one maybe short
+    steps = -(-data.samples // cfg.optimizer.batch_size)  # batches per epoch, the last one maybe short
     layout = _measure_and_plan(
         cfg, model, data=data, loss_fn=loss_fn, make_optimizer=make_optimizer, folder=folder, steps=steps, cores=cores
     )
@@ -154,10 +159,10 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
         cfg=cfg,
         trainer=pipe,
         batches=batches,
-        test_x=data.test_x.to(device) if pipe.worker == 0 else None,
+        test_x=to_device(data.test_x, device) if pipe.worker == 0 else None,
         test_y=data.test_y.to(device) if pipe.is_output else None,
-        test_samples=len(data.test_x),
-        train_samples=len(data.train_x),
+        test_samples=len(data.test_y),
+        train_samples=data.samples,
         updates=updates,
         first_epoch=done,
         folder=folder,
@@ -238,6 +243,7 @@ def _trainer(
         autocast=AUTOCAST[cfg.run.autocast],
         recompute=layout.recompute,
         correct_staleness=cfg.optimizer.stale_correction,
+        materialize=materializer(cfg, model),
     )
 
 
@@ -266,7 +272,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     if cfg.run.checkpoint:
         Path(cfg.run.checkpoint).parent.mkdir(parents=True, exist_ok=True)
     emulation = Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults)
-    cfg, recurring, stop_above = start_recurrence(cfg, lambda: len(model_and_data(cfg)[1].train_x), nprocs)
+    cfg, recurring, stop_above = start_recurrence(cfg, lambda: model_and_data(cfg)[1].samples, nprocs)
     plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
     state = RunState(stop_above=stop_above, warm_start_plan=plan)
     try:

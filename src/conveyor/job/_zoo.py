@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.errors import InputError
-from conveyor.job._data import Dataset, load
+from conveyor.job._data import Dataset, load, rows
 from conveyor.runtime import GraphBlock, split_model
 
 __all__ = [
@@ -185,24 +185,29 @@ def gpt(
     return nn.Sequential(Embedding(vocab, context, width), *blocks, nn.LayerNorm(width), nn.Linear(width, vocab))
 
 
+def _inputs(d: Dataset) -> torch.Tensor:
+    return d.tensor_inputs("the zoo's models")[0]
+
+
 def _images(d: Dataset) -> tuple[int, int]:
-    if d.train_x.dim() != 4:
-        raise InputError(f"this model needs images (N, C, H, W); dataset {d.name} has shape {tuple(d.train_x.shape)}")
-    return d.train_x.shape[1], d.train_x.shape[-1]
+    x = _inputs(d)
+    if x.dim() != 4:
+        raise InputError(f"this model needs images (N, C, H, W); dataset {d.name} has shape {tuple(x.shape)}")
+    return x.shape[1], x.shape[-1]
 
 
 # name -> (builder from a dataset, width and depth, the dataset it trains on by default)
 MODELS: dict[str, tuple[Callable[[Dataset, int | None, int | None], nn.Sequential], str]] = {
-    "mlp": (lambda d, w, n: mlp(d.train_x[0].numel(), d.classes, w or 128, n or 2), "digits"),
+    "mlp": (lambda d, w, n: mlp(_inputs(d)[0].numel(), d.classes, w or 128, n or 2), "digits"),
     "vgg": (lambda d, w, n: vgg(_images(d)[0], d.classes, w or 16, n or 2, _images(d)[1]), "digit-images"),
     "vgg16": (lambda d, w, n: vgg16(_images(d)[0], d.classes, w or 8, min(n or 5, 5), _images(d)[1]), "digit-images"),
     "resnet": (lambda d, w, n: resnet(_images(d)[0], d.classes, w or 16, n or 2), "digit-images"),
-    "gpt": (lambda d, w, n: gpt(d.classes, d.train_x.shape[1], width=w or 64, depth=n or 4), "text"),
+    "gpt": (lambda d, w, n: gpt(d.classes, _inputs(d).shape[1], width=w or 64, depth=n or 4), "text"),
     # ResNet-18 for 32x32 images (He et al.'s CIFAR stem: a 3x3 convolution, no max-pool): 4 stages of 2 blocks.
     "resnet18": (lambda d, w, n: resnet(_images(d)[0], d.classes, w or 64, n or 4), "synthetic-images"),
     "gpt2": (
         lambda d, w, n: gpt(
-            d.classes, d.train_x.shape[1], width=w or 768, depth=n or 12, heads=max(1, (w or 768) // 64)
+            d.classes, _inputs(d).shape[1], width=w or 768, depth=n or 12, heads=max(1, (w or 768) // 64)
         ),
         "synthetic-text",
     ),
@@ -267,7 +272,7 @@ def resolve(spec: str, batch_size: int, data: Dataset | None = None, args: str =
     """
     if ":" not in spec:
         data = load(default_dataset(spec))
-        return build(spec, data), data.train_x[:batch_size]
+        return build(spec, data), rows(data.train_x, slice(batch_size))
     model, example = user_model(spec, batch_size, data, args)
     if isinstance(model, list):
         return nn.Sequential(*model), example
@@ -285,7 +290,7 @@ def user_model(spec: str, batch_size: int, data: Dataset | None = None, args: st
     """
     result = _call(spec, load_factory(spec), batch_size, model_arguments(args))
     if isinstance(result, nn.Module):
-        result = (result, (data or load("digits")).train_x[:batch_size])
+        result = (result, rows((data or load("digits")).train_x, slice(batch_size)))
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module | list)):
         raise InputError(
             f"the factory {spec!r} returned {type(result).__name__}: it must return (model, example_batch) "

@@ -17,6 +17,7 @@ from conveyor.runtime._devices import (
 )
 from conveyor.runtime._graph_block import GraphBlock
 from conveyor.runtime._launch import WorkerError, launch, stop_requested, under_torchrun
+from conveyor.runtime._materialize import Materialize, initialise_from, is_on_meta, load_from
 from conveyor.runtime._microbatch import batch_size, to_device
 from conveyor.runtime._microbatch import split as split_batch
 from conveyor.runtime._pipeline import OptimizerFactory, Pipeline, WorldSizeError
@@ -45,6 +46,7 @@ __all__ = [
     "CoreShare",
     "GraphBlock",
     "Link",
+    "Materialize",
     "OptimizerFactory",
     "Pipeline",
     "StagePosition",
@@ -63,8 +65,11 @@ __all__ = [
     "default_workers",
     "differentiable_leaves",
     "even_balance",
+    "initialise_from",
+    "is_on_meta",
     "launch",
     "load_checkpoint",
+    "load_from",
     "load_stage",
     "measure_allreduce",
     "measure_link",

@@ -28,6 +28,7 @@ class _Code:
     out_spec: Any  # the model's output structure (the last block's), else None
     keywords: tuple[str, ...]  # the first block's, traced on keyword arguments: its input mapping's names
     device: torch.device  # where the graphs were traced
+    source: nn.Module | None  # the model split (its modules know how to initialise the tensors held)
     moved: dict[str, tuple[fx.GraphModule, fx.GraphModule]] = field(default_factory=dict, compare=False)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Code:
@@ -107,6 +108,7 @@ class GraphBlock(nn.Module):
         out_spec: Any = None,
         keywords: tuple[str, ...] = (),
         device: torch.device,
+        source: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self._slots: list[tuple[nn.Module, str]] = []  # where each held tensor is, read at every call
@@ -119,13 +121,18 @@ class GraphBlock(nn.Module):
                 holder.register_buffer(attr, tensor, persistent=name not in transient)
             self._slots.append((holder, attr))
         self._held_names = list(held)
-        self._code = _Code(training, evaluation, out_spec, keywords, device)
+        self._code = _Code(training, evaluation, out_spec, keywords, device, source)
         self._written = (_written_in_place(training, len(held)), _written_in_place(evaluation, len(held)))
 
     @property
     def output_spec(self) -> Any:
         """The structure of the model's output (``None`` on every block but the last)."""
         return self._code.out_spec
+
+    @property
+    def source(self) -> nn.Module | None:
+        """The model this block was split from: the tensors it holds are that model's, by the same names."""
+        return self._code.source
 
     def traced_outputs(self) -> list[Any]:
         """What the training graph gave for the example it was traced on: its flat outputs' fake values."""

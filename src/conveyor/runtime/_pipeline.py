@@ -30,6 +30,7 @@ from conveyor.errors import InputError
 from conveyor.runtime._devices import default_device
 from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
+from conveyor.runtime._materialize import Materialize, placed
 from conveyor.runtime._microbatch import batch_size, split
 from conveyor.runtime._stage import Blocks, StagePosition, as_blocks, block_shapes, build_stage, stage_ranges
 from conveyor.runtime._transport import P2P
@@ -109,6 +110,9 @@ class Pipeline(StagePosition):
             as the last backward of an update has made its gradients (as ``DistributedDataParallel``'s
             ``bucket_cap_mb``).
         debug: check at every backward that the microbatch's weights are the ones its forward used.
+        materialize: for a model built on the meta device, how this worker gives its stage real tensors
+            (:func:`~conveyor.runtime.initialise_from` or :func:`~conveyor.runtime.load_from`): the other stages'
+            take no memory here.
 
     Raises:
         RuntimeError: torch.distributed is not initialised.
@@ -133,6 +137,7 @@ class Pipeline(StagePosition):
         correct_staleness: bool = True,
         bucket_bytes: int = BUCKET_BYTES,
         debug: bool = False,
+        materialize: Materialize | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -161,7 +166,7 @@ class Pipeline(StagePosition):
         self.device = torch.device(device) if device is not None else default_device()
         # The whole model's names and shapes, to check that a checkpoint belongs to this model.
         self._model_shapes = block_shapes(blocks)
-        self.module = build_stage(model, ranges[self.stage]).to(self.device)
+        self.module = placed(build_stage(model, ranges[self.stage]), self.device, materialize)
         params = list(self.module.parameters())
         self.optimizer = optimizer(params) if optimizer is not None and params else None
         self._predict = self.kind.staleness(self.stage, self.replicas) if correct_staleness else 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -27,6 +28,7 @@ from torch.utils import _pytree as pytree
 from conveyor.errors import InputError
 from conveyor.plan import Layer, Profile
 from conveyor.runtime._devices import default_device
+from conveyor.runtime._materialize import Materialize, is_on_meta, placed
 from conveyor.runtime._microbatch import batch_size
 from conveyor.runtime._stage import Blocks, as_blocks
 from conveyor.runtime._transport import differentiable_leaves
@@ -120,6 +122,7 @@ def profile(
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
     batch_sizes: Sequence[int] = (),
     autocast: torch.dtype | None = None,
+    materialize: Materialize | None = None,
 ) -> Profile:
     """Profile every block of ``model`` on the batch ``example``.
 
@@ -136,6 +139,9 @@ def profile(
             rows are used), kept as the profile's :attr:`~conveyor.plan._profiles.Profile.variants`.
         autocast: run the forwards under ``torch.autocast`` to this dtype (``torch.bfloat16``), as the pipeline's
             ``autocast`` does.
+        materialize: for a model built on the meta device, how a block gets real tensors
+            (:func:`~conveyor.runtime.initialise_from`): one block at a time is real, each given back after it
+            is measured, so the model need not fit the device.
 
     Raises:
         ValueError: a batch size larger than the example's.
@@ -157,6 +163,7 @@ def profile(
                 warmup=warmup,
                 optimizer=optimizer,
                 autocast=autocast,
+                materialize=materialize,
             )
 
         return replace(measure(example), variants=tuple(measure(x) for x in rows))
@@ -166,7 +173,8 @@ def profile(
     x = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), example)
     layers = []
     for block_name, block in as_blocks(model):
-        block = block.to(device)
+        on_meta = is_on_meta(block)
+        block = placed(nn.Sequential(OrderedDict([(block_name, block)])), device, materialize)[0]
         for _ in range(warmup):
             _measure(block, x, device, autocast)
         runs = [_measure(block, x, device, autocast) for _ in range(repeats)]
@@ -186,6 +194,8 @@ def profile(
                 step_s=step_s,
             )
         )
+        if on_meta:  # measured: its memory goes back, so that one block at a time is real
+            block.to_empty(device=torch.device("meta"))
         x = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out)
     edges = tuple((i, i + 1) for i in range(len(layers) - 1))
     return Profile(name, tuple(layers), edges, batch_size(example))

@@ -259,10 +259,12 @@ def split_model(model: nn.Module, example: Any, *, target_blocks: int = TARGET_B
     submodule.
 
     Args:
-        model: any module ``torch.export`` can trace; left in the mode it was given in.
+        model: any module ``torch.export`` can trace; left in the mode it was given in. One built on the meta
+            device (``with torch.device("meta"):``) is traced there, and its blocks hold tensors without values
+            until a worker makes its stage real (:func:`~conveyor.runtime.initialise_from`).
         example: an input batch: a tensor, a tuple of the forward's positional arguments, or a dict of its
             keyword arguments (``input_ids``, ``attention_mask``), which the first block then takes. Dimension 0
-            of every tensor in it is the batch.
+            of every tensor in it is the batch. It is moved to the meta device for a model built there.
         target_blocks: how many blocks to aim for (fewer where the model has fewer submodules).
 
     Raises:
@@ -271,6 +273,8 @@ def split_model(model: nn.Module, example: Any, *, target_blocks: int = TARGET_B
             first use a tensor in different blocks.
     """
     example = _at_least_two(example if isinstance(example, tuple | dict) else (example,))
+    if any(t.is_meta for t in model.parameters()):  # built on the meta device: traced there, nothing computed
+        example = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), example)
     was_training = model.training
     try:
         training, evaluation = (_parse(_export(model, example, mode), model) for mode in (True, False))
@@ -289,7 +293,7 @@ def split_model(model: nn.Module, example: Any, *, target_blocks: int = TARGET_B
     device = next((t.device for t in training.tensors.values()), torch.device("cpu"))
     blocks: dict[str, GraphBlock] = {}
     for i, segment in enumerate(segments):
-        blocks[_block_name(segment, blocks)] = _block(i, len(segments), graphs, flows, device)
+        blocks[_block_name(segment, blocks)] = _block(i, len(segments), graphs, flows, device, model)
     return nn.Sequential(OrderedDict(blocks))
 
 
@@ -299,6 +303,7 @@ def _block(
     graphs: dict[str, tuple[_Graph, list[list[fx.Node]]]],
     flows: dict[str, _Flow],
     device: torch.device,
+    source: nn.Module,
 ) -> GraphBlock:
     """Segment ``i`` of ``count`` as a block, its graphs in both modes."""
     holds = sorted({name for flow in flows.values() for name in flow.holds[i]})
@@ -317,6 +322,7 @@ def _block(
         out_spec=training.out_spec if i == count - 1 else None,
         keywords=tuple(training.keywords) if i == 0 else (),
         device=device,
+        source=source,
     )
 
 

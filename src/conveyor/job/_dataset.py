@@ -1,0 +1,53 @@
+"""What every dataset is: train and test tensors in memory, the inputs one tensor or tensors by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conveyor.errors import InputError
+
+__all__ = ["Dataset", "Inputs", "rows"]
+
+Inputs = torch.Tensor | dict[str, torch.Tensor]
+"""A dataset's inputs: one tensor, or tensors by the name of the model's argument they are (``input_ids`` and
+``attention_mask``), every one with a row per sample."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Train and test tensors. ``classes`` is the number of labels (the vocabulary for text);
+    ``sequence`` says targets are per position (language modelling) rather than per sample."""
+
+    name: str
+    train_x: Inputs
+    train_y: torch.Tensor
+    test_x: Inputs
+    test_y: torch.Tensor
+    classes: int
+    sequence: bool = False
+
+    @property
+    def samples(self) -> int:
+        """Training samples."""
+        return len(self.train_y)
+
+    def tensor_inputs(self, needs: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training and test inputs, where each is one tensor.
+
+        Raises:
+            InputError: the inputs are named tensors (``input_ids`` and ``attention_mask``); ``needs`` says who
+                needs one tensor.
+        """
+        if isinstance(self.train_x, dict) or isinstance(self.test_x, dict):
+            names = ", ".join(self.train_x)
+            raise InputError(
+                f"one input tensor is needed for {needs}, and {self.name} gives {names}: use a module:callable model"
+            )
+        return self.train_x, self.test_x
+
+
+def rows(x: Inputs, index: slice | torch.Tensor) -> Inputs:
+    """The samples ``index`` selects, of every input tensor."""
+    return {k: v[index] for k, v in x.items()} if isinstance(x, dict) else x[index]
