@@ -369,3 +369,24 @@ def test_a_submodule_named_like_a_sequential_method_gets_a_number() -> None:
 
     blocks = split_model(Named(), torch.randn(2, 4))
     assert [name for name, _ in blocks.named_children()] == ["append_2", "pop_2"]
+
+
+def _given_whole(stages: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = SkipAcross("layer")
+    x, y = torch.randn(8, 8), torch.randint(10, (8,))
+    pipe = Pipeline(model, stages, example=x, microbatches=2, loss_fn=F.cross_entropy, optimizer=SGD, schedule="gpipe")
+    return {"loss": pipe.train_step(x, y), "blocks": len(pipe.module)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_pipeline_given_the_module_and_an_example_splits_it_and_steps_as_the_module() -> None:
+    """``Pipeline(model, 2, example=batch)``: split there, in two stages of as many blocks as can be."""
+    per_rank = launch(_given_whole, 2, nprocs=2, timeout_s=100)
+    torch.manual_seed(0)
+    model = SkipAcross("layer")
+    x, y = torch.randn(8, 8), torch.randint(10, (8,))
+    assert per_rank[1]["loss"] == pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-6)
+    blocks = len(split_model(model, x))
+    assert [per_rank[r]["blocks"] for r in (0, 1)] == [-(-blocks // 2), blocks // 2]

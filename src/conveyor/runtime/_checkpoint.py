@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from conveyor.errors import InputError
+from conveyor.runtime._transport import host_group
 
 __all__ = [
     "CheckpointError",
@@ -151,23 +152,54 @@ def save_stages(
     each stage (its first replica), whose part goes into the file. Returns once the file is complete.
     """
     state = None
-    if writes:  # on the CPU: gathered through host memory, and loadable on a machine without the device
-        cpu = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    if writes:
         named = None if optimizer is None else named_optimizer_state(optimizer, module)
-        state = (cpu, pytree.tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), named))
-    worker0 = dist.get_rank() == 0
-    parts: list[Any] = [None] * dist.get_world_size() if worker0 else []
-    dist.gather_object(state, parts if worker0 else None, dst=0)
-    if worker0:
-        states = [p for p in parts if p is not None]
-        model = {k: v for weights, _ in states for k, v in weights.items()}
-        opts = [o for _, o in states if o is not None]
+        state = ({k: v.detach() for k, v in module.state_dict().items()}, named)
+    parts = _gather_in_host_memory(state)
+    if parts is not None:
+        model = {k: v for weights, _ in parts for k, v in weights.items()}
+        opts = [o for _, o in parts if o is not None]
         optim = {
             "state": {k: v for o in opts for k, v in o["state"].items()},
             "param_groups": opts[0]["param_groups"] if opts else [],
         }
         save(path, model, optimizer=optim, steps=steps)
     dist.barrier()  # the file is complete for everyone once this returns
+
+
+_CHECKPOINT_TAG = 7919  # its messages match no pipeline message
+
+
+def _gather_in_host_memory(state: Any) -> list[Any] | None:
+    """Every worker's ``state`` (``None`` where it has none to give) on worker 0, its tensors in host memory, in
+    worker order (``None`` elsewhere). Each structure goes by ``gather_object`` with its tensors' shapes in their
+    place, then each tensor in a message of its own over gloo, copied to the host one at a time: pickling the
+    tensors with the structure would hold several copies of the whole model on worker 0 at once (the pickles,
+    the gather padded to the largest, the unpickled tensors)."""
+    group, rank = host_group(), dist.get_rank()
+    leaves, spec = pytree.tree_flatten(state)
+    at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    shapes = {i: (tuple(leaves[i].shape), leaves[i].dtype) for i in at}
+    skeleton = None if state is None else (spec, [shapes.get(i, leaf) for i, leaf in enumerate(leaves)], at)
+    skeletons: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
+    dist.gather_object(skeleton, skeletons if rank == 0 else None, dst=0, group=group)
+    if rank != 0:
+        for i in at:
+            dist.send(leaves[i].detach().cpu().contiguous(), dst=0, group=group, tag=_CHECKPOINT_TAG)
+        return None
+    parts = []
+    for source, received in enumerate(skeletons):
+        if received is None:
+            continue
+        spec_k, flat, tensor_at = received
+        for i in tensor_at:
+            if source == 0:
+                flat[i] = leaves[i].detach().cpu()
+            else:
+                flat[i] = torch.empty(flat[i][0], dtype=flat[i][1])
+                dist.recv(flat[i], src=source, group=group, tag=_CHECKPOINT_TAG)
+        parts.append(pytree.tree_unflatten(flat, spec_k))
+    return parts
 
 
 def load_stage(

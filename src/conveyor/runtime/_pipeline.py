@@ -32,7 +32,16 @@ from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
 from conveyor.runtime._materialize import Materialize, placed
 from conveyor.runtime._microbatch import batch_size, split
-from conveyor.runtime._stage import Blocks, StagePosition, as_blocks, block_shapes, build_stage, stage_ranges
+from conveyor.runtime._split import split_model
+from conveyor.runtime._stage import (
+    Blocks,
+    StagePosition,
+    as_blocks,
+    block_shapes,
+    build_stage,
+    even_balance,
+    stage_ranges,
+)
 from conveyor.runtime._transport import P2P
 from conveyor.runtime._update import BUCKET_BYTES, Updater
 from conveyor.runtime._versions import WeightVersions
@@ -84,8 +93,9 @@ class Pipeline(StagePosition):
 
     Args:
         model: an ``nn.Sequential``, or a list of modules where each block's output is the next one's
-            input (any pytree of tensors: a tensor, a tuple, a dict).
-        balance: the number of consecutive blocks in each stage, e.g. ``[2, 2]``.
+            input (any pytree of tensors: a tensor, a tuple, a dict); or any module with ``example``.
+        balance: the number of consecutive blocks in each stage, e.g. ``[2, 2]``; or the number of stages, of
+            blocks as equal in number as can be.
         microbatches: how many microbatches each batch is split into.
         loss_fn: ``loss_fn(output, target) -> scalar``, the mean over a microbatch's samples.
         optimizer: builds a stage's optimizer from its parameters, e.g. ``partial(torch.optim.SGD, lr=0.1)``.
@@ -113,6 +123,8 @@ class Pipeline(StagePosition):
         materialize: for a model built on the meta device, how this worker gives its stage real tensors
             (:func:`~conveyor.runtime.initialise_from` or :func:`~conveyor.runtime.load_from`): the other stages'
             take no memory here.
+        example: an input batch, to split a ``model`` that is neither an ``nn.Sequential`` nor a list with
+            :func:`~conveyor.runtime.split_model` (every worker traces it alike).
 
     Raises:
         RuntimeError: torch.distributed is not initialised.
@@ -122,8 +134,8 @@ class Pipeline(StagePosition):
 
     def __init__(
         self,
-        model: Blocks,
-        balance: list[int],
+        model: Blocks | nn.Module,
+        balance: list[int] | int,
         *,
         microbatches: int,
         loss_fn: LossFn,
@@ -138,14 +150,17 @@ class Pipeline(StagePosition):
         bucket_bytes: int = BUCKET_BYTES,
         debug: bool = False,
         materialize: Materialize | None = None,
+        example: Any = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
                 "torch.distributed is not initialised: run your function with conveyor.launch(fn, nprocs=N) "
                 "or under torchrun"
             )
-        blocks = as_blocks(model)
-        ranges = stage_ranges(balance, len(blocks))
+        single = isinstance(model, nn.Module) and not isinstance(model, nn.Sequential)
+        whole = split_model(model, example) if single and example is not None else model
+        blocks = as_blocks(whole)  # (a single module without an example fails here, saying to give one)
+        ranges = stage_ranges(even_balance(len(blocks), balance) if isinstance(balance, int) else balance, len(blocks))
         self.kind = kind(schedule)
         self.replicas = check_replicas(len(ranges), replicas)
         self.microbatches = microbatches
@@ -166,7 +181,7 @@ class Pipeline(StagePosition):
         self.device = torch.device(device) if device is not None else default_device()
         # The whole model's names and shapes, to check that a checkpoint belongs to this model.
         self._model_shapes = block_shapes(blocks)
-        self.module = placed(build_stage(model, ranges[self.stage]), self.device, materialize)
+        self.module = placed(build_stage(whole, ranges[self.stage]), self.device, materialize)
         params = list(self.module.parameters())
         self.optimizer = optimizer(params) if optimizer is not None and params else None
         self._predict = self.kind.staleness(self.stage, self.replicas) if correct_staleness else 0

@@ -28,7 +28,7 @@ __all__ = ["Blocks", "StagePosition", "as_blocks", "block_shapes", "build_stage"
 Blocks = nn.Sequential | Sequence[nn.Module]
 
 
-def as_blocks(model: Blocks) -> list[tuple[str, nn.Module]]:
+def as_blocks(model: Blocks | nn.Module) -> list[tuple[str, nn.Module]]:
     """The named blocks of ``model``: an ``nn.Sequential`` keeps its names, a list is numbered 0, 1, ...
 
     Raises:
@@ -38,8 +38,8 @@ def as_blocks(model: Blocks) -> list[tuple[str, nn.Module]]:
         return list(model.named_children())
     if isinstance(model, nn.Module):
         raise TypeError(
-            f"{type(model).__name__} is a single module: give the pipeline an nn.Sequential or a list of "
-            "blocks whose outputs feed the next block, so it knows where it may cut"
+            f"{type(model).__name__} is a single module: give the pipeline an example batch to split it at its "
+            "submodules (Pipeline(model, stages, example=batch, ...)), or an nn.Sequential or a list of blocks"
         )
     blocks = list(model)
     for i, b in enumerate(blocks):
@@ -92,7 +92,7 @@ def block_shapes(blocks: list[tuple[str, nn.Module]]) -> dict[str, torch.Size]:
     return {f"{name}.{k}": v.shape for name, block in blocks for k, v in block.state_dict().items()}
 
 
-def build_stage(model: Blocks, block_range: tuple[int, int]) -> nn.Sequential:
+def build_stage(model: Blocks | nn.Module, block_range: tuple[int, int]) -> nn.Sequential:
     """The blocks ``[start, stop)`` of ``model`` as an ``nn.Sequential`` under their original names."""
     start, stop = block_range
     return nn.Sequential(OrderedDict(as_blocks(model)[start:stop]))
