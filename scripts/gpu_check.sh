@@ -61,6 +61,8 @@ step shared-bf16 train shared-bf16 --backend gloo --model gpt --stages 2 --autoc
 gpt2_args="n_layer=4,n_embd=256,n_head=4,vocab_size=103,bos_token_id=0,eos_token_id=0"
 step split-gpt2 train split-gpt2 --model transformers:GPT2LMHeadModel --model-args "$gpt2_args" --dataset text --workers 1 --epochs 2
 step split-gpt2-stages train split-gpt2-stages --model transformers:GPT2LMHeadModel --model-args "$gpt2_args" --dataset text --backend gloo --stages 2 --epochs 2
+# The same built on the meta device, each worker making only its stage real on the GPU (initialised there).
+step split-gpt2-meta train split-gpt2-meta --model transformers:GPT2LMHeadModel --model-args "$gpt2_args" --dataset text --backend gloo --stages 2 --materialize stage --epochs 2
 # --power-limit auto: batches of 8 make 180 steps an epoch, three limits profiled per epoch.
 step power-limit-auto train power-limit-auto --workers 1 --power-limit auto --batch-size 8 --epochs 10
 step power-limit-chosen python -c "

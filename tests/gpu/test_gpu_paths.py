@@ -175,3 +175,23 @@ def test_a_hugging_face_model_trains_in_two_stages_sharing_the_gpu(tmp_path: Pat
     )
     summary = train(cfg)
     assert summary.epochs == 1 and summary.loss[0] < 4.0
+
+
+def test_a_model_built_on_meta_is_made_real_on_the_gpu_and_computes_as_loaded(tmp_path: Path) -> None:
+    """GPT-2 built on the meta device, traced there (its graphs name the meta device), its blocks made real on
+    the GPU from the unsplit model's state dict: they compute what the model computes; initialised there instead,
+    every tensor is on the GPU."""
+    from conveyor.runtime import initialise_from, load_from, split_model
+    from conveyor.runtime._materialize import placed
+
+    model, x = small_gpt2(), torch.randint(0, 50, (4, 16))
+    torch.save(model.state_dict(), tmp_path / "gpt2.pt")
+    with torch.device("meta"):
+        empty = small_gpt2()
+    blocks = placed(split_model(empty, x), torch.device("cuda"), load_from(tmp_path / "gpt2.pt"))
+    torch.testing.assert_close(blocks(x.cuda()).logits, copy.deepcopy(model).cuda()(x.cuda()).logits)
+    with torch.device("meta"):
+        fresh = small_gpt2()
+    again = split_model(fresh, x)
+    initialise_from(fresh, seed=0)(again, torch.device("cuda"))
+    assert all(t.device.type == "cuda" for t in [*again.parameters(), *again.buffers()])

@@ -180,7 +180,9 @@ def _gather_in_host_memory(state: Any) -> list[Any] | None:
     leaves, spec = pytree.tree_flatten(state)
     at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     shapes = {i: (tuple(leaves[i].shape), leaves[i].dtype) for i in at}
-    skeleton = None if state is None else (spec, [shapes.get(i, leaf) for i, leaf in enumerate(leaves)], at)
+    skeleton = None  # the structure as text: a pickled TreeSpec warns on unpickling
+    if state is not None:
+        skeleton = (pytree.treespec_dumps(spec), [shapes.get(i, leaf) for i, leaf in enumerate(leaves)], at)
     skeletons: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
     dist.gather_object(skeleton, skeletons if rank == 0 else None, dst=0, group=group)
     if rank != 0:
@@ -198,7 +200,7 @@ def _gather_in_host_memory(state: Any) -> list[Any] | None:
             else:
                 flat[i] = torch.empty(flat[i][0], dtype=flat[i][1])
                 dist.recv(flat[i], src=source, group=group, tag=_CHECKPOINT_TAG)
-        parts.append(pytree.tree_unflatten(flat, spec_k))
+        parts.append(pytree.tree_unflatten(flat, pytree.treespec_loads(spec_k)))
     return parts
 
 

@@ -157,8 +157,9 @@ class Pipeline(StagePosition):
                 "torch.distributed is not initialised: run your function with conveyor.launch(fn, nprocs=N) "
                 "or under torchrun"
             )
-        single = isinstance(model, nn.Module) and not isinstance(model, nn.Sequential)
-        whole = split_model(model, example) if single and example is not None else model
+        whole = model
+        if isinstance(model, nn.Module) and not isinstance(model, nn.Sequential) and example is not None:
+            whole = split_model(model, example)
         blocks = as_blocks(whole)  # (a single module without an example fails here, saying to give one)
         ranges = stage_ranges(even_balance(len(blocks), balance) if isinstance(balance, int) else balance, len(blocks))
         self.kind = kind(schedule)
