@@ -9,7 +9,9 @@ worker's stage holds, so a model larger than one worker's memory can be split. T
   module's name, then its ``reset_parameters()`` (a Hugging Face model's ``_init_weights(module)`` instead, which
   also gives the modules inside it their model-specific scale). The weights so made depend on the seed, the
   module's name and the device type, not on which worker makes them: any split gives the same model, the same
-  as :func:`initialise_from` applied to the whole model (the tests check). They are not the values the model's
+  as :func:`initialise_from` applied to the whole model (the tests check), as long as no module's own
+  initialisation draws for tensors that different stages hold (a module's draws for tensors left on the meta
+  device take nothing from the generator, so the draws after them would shift). They are not the values the model's
   constructor would draw on the CPU (it draws every module in turn from one generator).
 - :func:`load_from`: a state dict file (``torch.save(model.state_dict(), path)``), memory-mapped, so a worker
   reads only its stage's tensors.

@@ -77,7 +77,8 @@ def _store() -> dist.Store:
 class Pipeline(StagePosition):
     """A model split into stages over the workers of the default process group.
 
-    Every worker constructs the same full model and the same ``Pipeline``; each keeps only its stage.
+    Every worker constructs the same full model and the same ``Pipeline``; each keeps only its stage (a model
+    built on the meta device takes no memory until each worker makes its stage real: ``materialize``).
     Workers are assigned stage by stage: with ``replicas=[2, 1]`` workers 0 and 1 run stage 0 and worker
     2 runs stage 1. Microbatch ``k`` runs on replica ``k % r`` of a stage with ``r`` replicas, and the
     replicas all-reduce their gradients in a process group of their own before each optimizer step, as
