@@ -5,10 +5,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+import conveyor.runtime
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.cli import _parser, main
 from conveyor.stragglers import MODES
@@ -315,6 +317,28 @@ def test_bad_plan_and_profile_input(
     assert main([a.replace("PROFILE", str(tmp_path / "p.json")) for a in args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_model_built_on_meta_is_profiled_a_block_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``conveyor profile --materialize stage``: each block made real in turn, and the same blocks, weights and
+    outputs as the model built whole."""
+    made: list[list[str]] = []
+    original = conveyor.runtime.initialise_from
+
+    def counted(model: torch.nn.Module, *, seed: int) -> Any:
+        materialize = original(model, seed=seed)
+        return lambda stage, device: (made.append([n for n, _ in stage.named_children()]), materialize(stage, device))
+
+    monkeypatch.setattr(conveyor.runtime, "initialise_from", counted)
+    profiles = {}
+    for how in ("whole", "stage"):
+        path = tmp_path / f"{how}.json"
+        args = ["profile", "models:residual", "--materialize", how, "--repeats", "2", "--json", str(path)]
+        assert main(args) == 0
+        profiles[how] = json.loads(path.read_text())["layers"]
+    for key in ("name", "param_bytes", "output_bytes", "saved_bytes", "optimizer_bytes"):
+        assert [layer[key] for layer in profiles["stage"]] == [layer[key] for layer in profiles["whole"]], key
+    assert made == [[layer["name"]] for layer in profiles["stage"]]  # one block at a time, each once
 
 
 def test_bench_planner_writes_its_report() -> None:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.table import Table
 
 from conveyor.cli._common import console, positive, sizes, write_json
@@ -26,6 +27,13 @@ def add_parsers(sub: Any) -> None:
         "--batch-sizes", type=sizes, default=(), help="also measure these smaller sizes, e.g. 8,16,32 (for planning)"
     )
     prof.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    prof.add_argument(
+        "--materialize",
+        choices=("whole", "stage"),
+        default="whole",
+        help="whole: build the model, then profile it; stage: build it on the meta device and make one block real "
+        "at a time (a model larger than the device), initialised per module",
+    )
     prof.add_argument("--repeats", type=positive, default=10)
     prof.add_argument(
         "--device-cores",
@@ -58,13 +66,26 @@ def add_parsers(sub: Any) -> None:
 
 
 def _measure(args: argparse.Namespace) -> Any:
-    from conveyor.job import load_dataset, resolve
+    from conveyor.job import default_dataset, load_dataset, resolve, rows
+    from conveyor.runtime import initialise_from
     from conveyor.runtime import profile as measure
 
     data = load_dataset(args.dataset) if args.dataset else None
-    model, example = resolve(args.model, args.batch_size, data, args.model_args)
+    if args.materialize == "stage":  # the data real, the model on the meta device, the example from the data
+        data = data or load_dataset("digits" if ":" in args.model else default_dataset(args.model))
+        with torch.device("meta"):
+            model, _ = resolve(args.model, args.batch_size, data, args.model_args)
+        example = rows(data.train_x, slice(args.batch_size))
+    else:
+        model, example = resolve(args.model, args.batch_size, data, args.model_args)
     return measure(
-        model, example, name=args.model, device=args.device, repeats=args.repeats, batch_sizes=args.batch_sizes
+        model,
+        example,
+        name=args.model,
+        device=args.device,
+        repeats=args.repeats,
+        batch_sizes=args.batch_sizes,
+        materialize=initialise_from(model, seed=0) if args.materialize == "stage" else None,
     )
 
 

@@ -8,7 +8,7 @@ from conveyor.job._config import (
     job_devices,
     loss_and_optimizer,
 )
-from conveyor.job._data import Dataset
+from conveyor.job._data import Dataset, rows
 from conveyor.job._data import load as load_dataset
 from conveyor.job._elastic import join_elastic, train_elastic
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
@@ -37,7 +37,7 @@ from conveyor.job._summary import (
 )
 from conveyor.job._trace import torch_profiled
 from conveyor.job._train import train
-from conveyor.job._zoo import gpt, mlp, model_arguments, resnet, resolve, user_model, vgg, vgg16
+from conveyor.job._zoo import default_dataset, gpt, mlp, model_arguments, resnet, resolve, user_model, vgg, vgg16
 
 __all__ = [
     "OPTION_FIELDS",
@@ -60,6 +60,7 @@ __all__ = [
     "TrainConfig",
     "check_against_data",
     "choose_layout",
+    "default_dataset",
     "explicit_workers",
     "fixed_layout",
     "gpt",
@@ -77,6 +78,7 @@ __all__ = [
     "read_lease",
     "resnet",
     "resolve",
+    "rows",
     "torch_profiled",
     "train",
     "train_elastic",

@@ -262,7 +262,7 @@ def model_arguments(text: str) -> dict[str, Any]:
 
 
 def resolve(spec: str, batch_size: int, data: Dataset | None = None, args: str = "") -> tuple[nn.Sequential, Any]:
-    """A model as blocks, and an example batch, for ``spec``: a zoo name (on its default dataset) or
+    """A model as blocks, and an example batch, for ``spec``: a zoo name (on ``data``, default its own dataset) or
     ``module:callable`` (see the module docstring), given ``args`` (``--model-args``); ``data`` gives the example
     batch of a callable that returns the model alone (default: the digits).
 
@@ -271,7 +271,7 @@ def resolve(spec: str, batch_size: int, data: Dataset | None = None, args: str =
             something else, or returns a module ``torch.export`` cannot trace.
     """
     if ":" not in spec:
-        data = load(default_dataset(spec))
+        data = data or load(default_dataset(spec))
         return build(spec, data), rows(data.train_x, slice(batch_size))
     model, example = user_model(spec, batch_size, data, args)
     if isinstance(model, list):
