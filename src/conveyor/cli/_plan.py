@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.table import Table
 
 from conveyor.cli._common import console, positive, sizes, write_json
@@ -66,6 +65,8 @@ def add_parsers(sub: Any) -> None:
 
 
 def _measure(args: argparse.Namespace) -> Any:
+    import torch  # (here: conveyor plan works without torch)
+
     from conveyor.job import default_dataset, load_dataset, resolve, rows
     from conveyor.runtime import initialise_from
     from conveyor.runtime import profile as measure
