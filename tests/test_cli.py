@@ -319,6 +319,7 @@ def test_bad_plan_and_profile_input(
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_model_built_on_meta_is_profiled_a_block_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``conveyor profile --materialize stage``: each block made real in turn, and the same blocks, weights and
     outputs as the model built whole."""
