@@ -73,7 +73,7 @@ def _measure(args: argparse.Namespace) -> Any:
 
     data = load_dataset(args.dataset) if args.dataset else None
     if args.materialize == "stage":  # the data real, the model on the meta device, the example from the data
-        data = data or load_dataset("digits" if ":" in args.model else default_dataset(args.model))
+        data = data or load_dataset(default_dataset(args.model))
         with torch.device("meta"):
             model, _ = resolve(args.model, args.batch_size, data, args.model_args)
         example = rows(data.train_x, slice(args.batch_size))

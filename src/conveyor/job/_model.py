@@ -20,11 +20,10 @@ def model_and_data(cfg: TrainConfig, warm_start_plan: str | None = None) -> tupl
     """The model (initialised from ``cfg.seed``, identical on every worker, then given the parent's weights a
     ``warm_start_plan`` maps; with ``--materialize stage``, built on the meta device: see :func:`materializer`)
     and its dataset."""
-    user = ":" in cfg.model.name
-    data = datasets.load(cfg.model.dataset or ("digits" if user else zoo.default_dataset(cfg.model.name)), cfg.run.seed)
+    data = datasets.load(cfg.model.dataset or zoo.default_dataset(cfg.model.name), cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     with torch.device("meta") if cfg.model.materialize == "stage" else contextlib.nullcontext():
-        if user:
+        if ":" in cfg.model.name:
             model, _ = zoo.resolve(cfg.model.name, cfg.optimizer.batch_size, data, cfg.model.args)
         else:
             model = zoo.build(cfg.model.name, data, cfg.model.width, cfg.model.depth)

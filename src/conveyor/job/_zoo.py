@@ -215,7 +215,9 @@ MODELS: dict[str, tuple[Callable[[Dataset, int | None, int | None], nn.Sequentia
 
 
 def default_dataset(name: str) -> str:
-    """The dataset zoo model ``name`` trains on by default."""
+    """The dataset zoo model ``name`` trains on by default; the digits for a ``module:callable``."""
+    if ":" in name:
+        return "digits"
     if name not in MODELS:
         module, dot, factory = name.rpartition(".")
         hint = f" (a factory is named with a colon: {module}:{factory})" if dot else ""
