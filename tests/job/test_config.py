@@ -67,3 +67,36 @@ def test_each_section_checks_its_own_fields_and_the_config_the_rules_between_the
         TrainConfig.from_options(materialize="half")
     with pytest.raises(ValueError, match="--materialize stage builds each worker's stage alone, for a fixed pipeline"):
         TrainConfig.from_options(materialize="stage", stragglers="slack")
+
+
+WAN = {"network": "2:1.25e9,3:6.25e6", "stages": 1, "replicas": "6", "schedule": "flush"}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"wan": "gaia"}, r"^--wan gaia trains across data centres: give --network with the WAN as its outer level"),
+        ({**WAN, "network": "6:1.25e9", "wan": "diloco"}, r"^--wan diloco needs two data centres or more"),
+        ({**WAN, "network": "2:1.25e9,1:6.25e6", "wan": "gaia"}, r"^--wan gaia needs two data centres or more"),
+        ({**WAN, "wan": "gaia", "wan_threshold": 0.0}, r"^--wan-threshold is a relative change in \(0, 1\), got 0"),
+        ({**WAN, "wan": "gaia", "wan_threshold": 1.0}, r"^--wan-threshold is a relative change in \(0, 1\), got 1"),
+        ({**WAN, "wan": "gaia", "wan_staleness": 0}, r"^--wan-staleness is at least 1 update, got 0"),
+        ({**WAN, "wan": "diloco", "local_steps": 0}, r"^--local-steps must be at least 1"),
+        ({**WAN, "wan": "gaia", "schedule": "pipedream"}, r"^--wan gaia: the data centres step together"),
+        ({**WAN, "wan": "gaia", "stragglers": "slack"}, r"^--wan gaia runs fixed workers"),
+        ({**WAN, "wan": "gaia", "resume": "x.pt"}, r"^--wan gaia keeps each data centre's unsent updates in memory"),
+        ({**WAN, "wan": "fast"}, r"^--wan 'fast': use one of off, gaia, diloco"),
+    ],
+)
+def test_a_bad_wan_setting_is_one_line(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        TrainConfig.from_options(**options)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_wan_mode_on_data_centres_is_accepted() -> None:
+    from conveyor.job import WanConfig
+
+    cfg = TrainConfig.from_options(**WAN, wan="gaia", wan_threshold=0.05)
+    assert cfg.wan == WanConfig(mode="gaia", threshold=0.05)
+    assert TrainConfig.from_options(**cfg.options()) == cfg

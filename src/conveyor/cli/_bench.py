@@ -14,6 +14,7 @@ from conveyor.cli._bench_energy import add_energy, run_energy
 from conveyor.cli._bench_models import add_models, run_models
 from conveyor.cli._bench_overhead import add_overhead, run_overhead
 from conveyor.cli._bench_stragglers import add_stragglers, run_stragglers
+from conveyor.cli._bench_wan import add_wan, run_wan
 from conveyor.cli._bench_warmstart import add_warmstart, run_warmstart
 from conveyor.cli._common import add_emulation, config, console, floats, names, positive, sizes, write_json
 
@@ -92,6 +93,7 @@ def add_parser(sub: Any) -> None:
     add_warmstart(which)
     add_overhead(which)
     add_models(which)
+    add_wan(which)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -113,6 +115,7 @@ def run(args: argparse.Namespace) -> None:
         "warmstart": run_warmstart,
         "overhead": run_overhead,
         "models": run_models,
+        "wan": run_wan,
     }[args.bench](args)
 
 

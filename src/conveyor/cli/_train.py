@@ -152,6 +152,29 @@ def add_parser(sub: Any) -> None:
     )
     train.add_argument("--slack", type=int, default=1, help="steps a replica may run ahead of the slowest")
     train.add_argument("--chunks", type=positive, default=2, help="chunks each replica owns per batch (reassignment)")
+    wan = train.add_argument_group("data centres joined by a WAN: the outer level of --network (conveyor.gaia)")
+    wan.add_argument(  # conveyor.job's WAN_MODES written out: importing it would load torch at start-up
+        "--wan",
+        choices=["gaia", "diloco", "off"],
+        default="off",
+        help="synchronous inside each data centre; across them gaia sends only significant updates, diloco "
+        "takes --local-steps steps then an outer Nesterov step, off all-reduces every update across the WAN",
+    )
+    wan.add_argument(
+        "--wan-threshold",
+        type=float,
+        default=0.05,
+        help="gaia: an update crosses once its step is this fraction of the weight it moves (Gaia used 1%%)",
+    )
+    wan.add_argument(
+        "--wan-staleness",
+        type=int,
+        default=1,
+        help="gaia's mirror clock: an update is read at most this many - 1 updates after it is sent (1: at once, "
+        "no overlap of the WAN with training)",
+    )
+    wan.add_argument("--local-steps", type=int, default=16, help="diloco: updates between outer steps")
+    wan.add_argument("--outer-lr", type=float, default=0.7, help="diloco: the outer Nesterov step's rate")
     elastic = train.add_argument_group("elastic training on revocable workers (conveyor.elastic)")
     elastic.add_argument(
         "--reliable",

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
         Network,
         ServerTraffic,
         address,
-        between_groups,
         links_of,
         sent_bytes,
     )
@@ -45,7 +44,7 @@ _HOME = {
     "_driver": ("FaultDriver",),
     "_faults": ("Fault", "parse_faults"),
     "_launch": ("WorkerRevoked", "launch_emulated"),
-    "_network": ("Link", "Network", "ServerTraffic", "address", "between_groups", "links_of", "sent_bytes"),
+    "_network": ("Link", "Network", "ServerTraffic", "address", "links_of", "sent_bytes"),
     "_privileges": ("EmulationError", "require_netem"),
     "_traces": ("replay_trace",),
 }
@@ -65,7 +64,6 @@ __all__ = [
     "WorkerRevoked",
     "WorkerSetup",
     "address",
-    "between_groups",
     "check_cluster",
     "cpu_loop",
     "cpu_loop_seconds",

@@ -24,7 +24,7 @@ from conveyor.emulate._netns import Namespace, enter_namespace
 from conveyor.errors import InputError
 from conveyor.plan import Topology
 
-__all__ = ["FABRIC_ENV", "Link", "Network", "ServerTraffic", "address", "between_groups", "links_of", "sent_bytes"]
+__all__ = ["FABRIC_ENV", "Link", "Network", "ServerTraffic", "address", "links_of", "sent_bytes"]
 
 INTERFACE = "eth0"  # every worker's one interface, the one gloo is told to use
 FABRIC_ENV = "CONVEYOR_FABRIC"  # a worker's way to its cluster's fabric namespace, for the link counters
@@ -104,31 +104,25 @@ def sent_bytes(fabric: str | None = None) -> dict[str, int] | None:
     }
 
 
-def between_groups(sent: dict[str, int], level: int = 1) -> int:
-    """The bytes that left the groups of level ``level - 1`` (level 1: between servers), from :func:`sent_bytes`.
-
-    Example:
-        >>> between_groups({"w0": 5, "u1.0": 7, "d1.0": 3, "u1.1": 2})
-        9
-    """
-    return sum(n for dev, n in sent.items() if dev.startswith(f"u{level}."))
-
-
 class ServerTraffic:
-    """The bytes sent between the emulated servers over the spans between :meth:`start` and :meth:`stop`.
+    """The bytes sent out of the groups of level ``level - 1`` (level 1: between the emulated servers) over the
+    spans between :meth:`start` and :meth:`stop`: ``total``, and ``by_group``, each group's.
 
     ``total`` stays ``None`` off an emulated network, or with ``counting`` false (a worker that does not
     report); a worker's spans count every worker's traffic, as the links carry it.
     """
 
-    def __init__(self, counting: bool = True) -> None:
+    def __init__(self, counting: bool = True, level: int = 1) -> None:
         self.total: int | None = 0 if counting and os.environ.get(FABRIC_ENV) else None
-        self._at = 0
+        self.level = level
+        self.by_group: dict[int, int] = {}
+        self._at: dict[int, int] = {}
 
-    def _now(self) -> int:
+    def _now(self) -> dict[int, int]:
         sent = sent_bytes()
         assert sent is not None
-        return between_groups(sent)
+        prefix = f"u{self.level}."
+        return {int(dev[len(prefix) :]): n for dev, n in sent.items() if dev.startswith(prefix)}
 
     def start(self) -> None:
         if self.total is not None:
@@ -136,7 +130,9 @@ class ServerTraffic:
 
     def stop(self) -> None:
         if self.total is not None:
-            self.total += self._now() - self._at
+            for group, n in self._now().items():
+                self.by_group[group] = self.by_group.get(group, 0) + n - self._at.get(group, 0)
+            self.total = sum(self.by_group.values())
 
 
 def _bridge(level: int, group: int) -> str:

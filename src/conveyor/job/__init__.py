@@ -26,6 +26,7 @@ from conveyor.job._sections import (
     OptimizerConfig,
     RunConfig,
     StragglersConfig,
+    WanConfig,
 )
 from conveyor.job._summary import (
     ElasticSummary,
@@ -58,6 +59,7 @@ __all__ = [
     "StragglersConfig",
     "Summary",
     "TrainConfig",
+    "WanConfig",
     "check_against_data",
     "choose_layout",
     "default_dataset",

@@ -26,8 +26,9 @@ from conveyor.job._sections import (
     OptimizerConfig,
     RunConfig,
     StragglersConfig,
+    WanConfig,
 )
-from conveyor.plan import read_plan_file
+from conveyor.plan import Topology, read_plan_file
 from conveyor.runtime import (
     Blocks,
     OptimizerFactory,
@@ -76,6 +77,7 @@ class TrainConfig:
     stragglers: StragglersConfig | None = None
     elastic: ElasticConfig | None = None
     store: ModelStoreConfig = field(default_factory=ModelStoreConfig)
+    wan: WanConfig = field(default_factory=WanConfig)
 
     def __post_init__(self) -> None:
         check_sections(self)
@@ -133,6 +135,7 @@ SECTIONS: dict[str, type[Any]] = {
     "stragglers": StragglersConfig,
     "elastic": ElasticConfig,
     "store": ModelStoreConfig,
+    "wan": WanConfig,
 }
 _RENAMED = {
     ("model", "name"): "model",
@@ -142,6 +145,9 @@ _RENAMED = {
     ("stragglers", "mode"): "stragglers",
     ("elastic", "layout"): "elastic_layout",
     ("store", "folder"): "store",
+    ("wan", "mode"): "wan",
+    ("wan", "threshold"): "wan_threshold",
+    ("wan", "staleness"): "wan_staleness",
 }
 OPTION_FIELDS: dict[str, tuple[str, str]] = {
     _RENAMED.get((section, f.name), f.name): (section, f.name)
@@ -179,6 +185,8 @@ def check_sections(cfg: TrainConfig) -> None:
             "--materialize stage builds each worker's stage alone, for a fixed pipeline: drop --reliable, --join, "
             "--stragglers, --warm-start and --batch-size auto"
         )
+    if cfg.wan.mode != "off":
+        check_wan(cfg)
     if cfg.store.warm_start and run.resume:
         raise InputError("--warm-start starts a new model from a parent's weights; --resume continues one: pick one")
     if cfg.energy.tune_batch_size and (cfg.energy.job is None or run.target_accuracy is None):
@@ -187,6 +195,28 @@ def check_sections(cfg: TrainConfig) -> None:
         )
     if cfg.energy.tune_batch_size and (run.lease or run.resume):
         raise InputError("a recurrence of --batch-size auto runs whole, from scratch: drop --lease and --resume")
+
+
+def check_wan(cfg: TrainConfig) -> None:
+    """``--wan``'s rules: a topology of two data centres or more, sites that step together, fixed workers."""
+    mode, network = cfg.wan.mode, cfg.emulation.network
+    if network is None:
+        raise InputError(
+            f"--wan {mode} trains across data centres: give --network with the WAN as its outer level, e.g. "
+            "--network 2:1.25e9,3:6.25e6 (3 data centres of 2 workers)"
+        )
+    levels = Topology.parse(network).levels
+    if len(levels) < 2 or levels[-1].count < 2:
+        raise InputError(
+            f"--wan {mode} needs two data centres or more, the outer level of --network: {network} is one data centre "
+            f"(add a level, e.g. {network},2:6.25e6)"
+        )
+    if cfg.layout.schedule not in ("flush", "gpipe"):
+        raise InputError(f"--wan {mode}: the data centres step together: give --schedule flush or gpipe")
+    if cfg.elastic is not None or cfg.stragglers is not None:
+        raise InputError(f"--wan {mode} runs fixed workers: drop --reliable, --join and --stragglers")
+    if cfg.run.resume:
+        raise InputError(f"--wan {mode} keeps each data centre's unsent updates in memory only: drop --resume")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,6 +29,7 @@ from conveyor.job._energy import EpochKnobs
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._trace import torch_profiled
+from conveyor.plan import Topology
 from conveyor.runtime import CoreShare, stop_requested
 
 __all__ = ["EpochLoop", "EpochRecord", "LoopOutcome", "Trainer"]
@@ -140,10 +141,16 @@ class EpochLoop:
                 self.meter.begin()
                 began = time.perf_counter()
                 traffic.start()
+                wan = self._wan_traffic()  # this epoch's
+                if wan is not None:
+                    wan.start()
                 losses = self._train_epoch(epoch, updated)
                 train_seconds += time.perf_counter() - began
                 traffic.stop()
                 self._write_straggler_records(epoch)
+                if wan is not None:
+                    wan.stop()
+                    self._write_wan_records(epoch, wan)
                 correct = self._test_accuracy()
                 joules, evaluated = self.meter.end(), time.perf_counter()
                 until, lease_out = self._lease(until, epoch, began)
@@ -211,6 +218,25 @@ class EpochLoop:
         if gather is not None and (records := gather()) is not None:
             with (self.folder / "stragglers.jsonl").open("a") as f:
                 f.writelines(json.dumps({"epoch": epoch + 1, **r}) + "\n" for r in records)
+
+    def _wan_traffic(self) -> ServerTraffic | None:
+        """With ``--wan``, worker 0's count of what each data centre sends up its WAN link (the outer level)."""
+        network = self.cfg.emulation.network
+        if self.cfg.wan.mode == "off" or network is None:
+            return None
+        return ServerTraffic(dist.get_rank() == 0, level=len(Topology.parse(network).levels) - 1)
+
+    def _write_wan_records(self, epoch: int, wan: ServerTraffic) -> None:
+        """wan.jsonl: per data centre and epoch, the bytes its WAN link carried (the kernel's count, frames
+        included; ``null`` off an emulated network) beside what the outer sync sent and how stale its reads were."""
+        gather = getattr(self.trainer, "wan_records", None)
+        records = gather() if gather is not None else None
+        if records is None:
+            return
+        with (self.folder / "wan.jsonl").open("a") as f:
+            for r in records:
+                sent = wan.by_group.get(r["site"], 0) if wan.total is not None else None
+                f.write(json.dumps({"epoch": epoch + 1, "wan_bytes": sent, **r}) + "\n")
 
     def _lease(self, until: float | None, epoch: int, began: float) -> tuple[float | None, bool]:
         """Worker 0's lease, read again, and whether another epoch as long as this one would end past it."""

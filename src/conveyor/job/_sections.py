@@ -178,6 +178,33 @@ class StragglersConfig:
         mode_settings(self.mode, self.slack)
 
 
+WAN_MODES = ("off", "gaia", "diloco")  # conveyor.gaia.WAN_MODES, written out: the parser must not import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class WanConfig:
+    """Data centres joined by the emulated network's outer level, a WAN (:mod:`conveyor.gaia`): synchronous inside
+    each, ``mode`` across them."""
+
+    mode: str = "off"  # --wan: gaia, diloco, or off (one all-reduce over every replica, across the WAN)
+    threshold: float = 0.05  # --wan-threshold: gaia's significance, a relative change of a weight
+    staleness: int = 1  # --wan-staleness: the mirror clock's bound; 1 reads each exchange at once
+    local_steps: int = 16  # diloco's updates between outer steps
+    outer_lr: float = 0.7  # diloco's outer Nesterov rate
+
+    def __post_init__(self) -> None:
+        if self.mode not in WAN_MODES:
+            raise InputError(f"--wan {self.mode!r}: use one of {', '.join(WAN_MODES)}")
+        if not 0 < self.threshold < 1:
+            raise InputError(f"--wan-threshold is a relative change in (0, 1), got {self.threshold}")
+        if self.staleness < 1:
+            raise InputError(f"--wan-staleness is at least 1 update, got {self.staleness}")
+        if self.local_steps < 1 or not self.outer_lr > 0:
+            raise InputError(
+                f"--local-steps must be at least 1 and --outer-lr above 0, got {self.local_steps} and {self.outer_lr}"
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ElasticConfig:
     """Elastic training on revocable workers (:mod:`conveyor.elastic`): a job whose first ``reliable`` workers

@@ -34,6 +34,7 @@ import conveyor.job._data as datasets
 from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
 from conveyor.errors import InputError
+from conveyor.gaia import outer_sync
 from conveyor.job._config import RunState, TrainConfig, job_devices, loss_and_optimizer
 from conveyor.job._costs import measure_costs
 from conveyor.job._energy import (
@@ -51,9 +52,11 @@ from conveyor.job._report import energy_summary
 from conveyor.job._sections import AUTOCAST
 from conveyor.job._summary import Prediction, RunSummary, open_run_folder, write_run_folder
 from conveyor.job._warmstart import prepare_warm_start, register_model
+from conveyor.plan import Topology
 from conveyor.runtime import (
     CoreShare,
     OptimizerFactory,
+    OuterSync,
     Pipeline,
     default_device,
     to_device,
@@ -244,6 +247,22 @@ def _trainer(
         recompute=layout.recompute,
         correct_staleness=cfg.optimizer.stale_correction,
         materialize=materializer(cfg, model),
+        outer=_outer_sync(cfg),
+    )
+
+
+def _outer_sync(cfg: TrainConfig) -> OuterSync | None:
+    """``--wan``'s exchange between the data centres, the outer level of ``--network``."""
+    if cfg.wan.mode == "off" or cfg.emulation.network is None:
+        return None
+    wan = cfg.wan
+    return outer_sync(
+        wan.mode,
+        sites=Topology.parse(cfg.emulation.network).levels[-1].count,
+        threshold=wan.threshold,
+        staleness=wan.staleness,
+        local_steps=wan.local_steps,
+        outer_lr=wan.outer_lr,
     )
 
 

@@ -20,6 +20,7 @@ from conveyor.runtime._launch import WorkerError, launch, stop_requested, under_
 from conveyor.runtime._materialize import Materialize, initialise_from, is_on_meta, load_from
 from conveyor.runtime._microbatch import batch_size, to_device
 from conveyor.runtime._microbatch import split as split_batch
+from conveyor.runtime._outer import OuterSync, SiteLinks, site_parts
 from conveyor.runtime._pipeline import OptimizerFactory, Pipeline, WorldSizeError
 from conveyor.runtime._profiler import profile
 from conveyor.runtime._split import split_model
@@ -48,7 +49,9 @@ __all__ = [
     "Link",
     "Materialize",
     "OptimizerFactory",
+    "OuterSync",
     "Pipeline",
+    "SiteLinks",
     "StagePosition",
     "StashError",
     "WeightVersions",
@@ -82,6 +85,7 @@ __all__ = [
     "save_checkpoint",
     "save_stages",
     "set_mean_grads",
+    "site_parts",
     "split_batch",
     "split_model",
     "stage_ranges",

@@ -32,6 +32,7 @@ from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
 from conveyor.runtime._materialize import Materialize, placed
 from conveyor.runtime._microbatch import batch_size, split
+from conveyor.runtime._outer import OuterSync, SiteLinks, site_parts
 from conveyor.runtime._split import split_model
 from conveyor.runtime._stage import (
     Blocks,
@@ -126,6 +127,9 @@ class Pipeline(StagePosition):
             take no memory here.
         example: an input batch, to split a ``model`` that is neither an ``nn.Sequential`` nor a list with
             :func:`~conveyor.runtime.split_model` (every worker traces it alike).
+        outer: the workers sit in ``outer.sites`` sites joined by a WAN (ranks handed out site by site): a stage's
+            replicas all-reduce within their site, and ``outer`` keeps the sites in step (:mod:`conveyor.gaia`).
+            Needs a schedule with one update per batch (``gpipe``, ``flush``).
 
     Raises:
         RuntimeError: torch.distributed is not initialised.
@@ -152,6 +156,7 @@ class Pipeline(StagePosition):
         debug: bool = False,
         materialize: Materialize | None = None,
         example: Any = None,
+        outer: OuterSync | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -194,17 +199,20 @@ class Pipeline(StagePosition):
         # Every worker creates every group, in the same order, as torch.distributed requires.
         groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]
         self._replica_group = groups[self.stage]
+        self.outer, self._spans_sites = outer, False
+        reduce_group = self._site_groups(outer) if outer is not None else self._replica_group
         updater = Updater(
             self.module,
             self.optimizer,
-            group=self._replica_group,
+            group=reduce_group,
             max_grad_norm=max_grad_norm,
             clip_whole_model=self.kind.synchronous,
             replicas=self.replicas[self.stage],
             device=self.device,
             bucket_bytes=bucket_bytes,
-            count_group=self._count_groups(groups)[self.stage],
-            averaged=self.kind.update == "batch",
+            count_group=self._count_groups(groups)[self.stage] if outer is None else None,
+            averaged=self.kind.update == "batch" and not (outer is not None and outer.site_mean),
+            outer=outer if self._spans_sites else None,
         )
         self._stashing = self.kind.stashes(self.replicas, self.stage)
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
@@ -224,6 +232,59 @@ class Pipeline(StagePosition):
         )
         self.steps = 0  # batches trained on
         self.updates = 0  # this worker's optimizer steps
+
+    def _site_groups(self, outer: OuterSync) -> dist.ProcessGroup | None:
+        """Every stage's replicas grouped by site, each site's group and the sites' leaders' (gloo) made by every
+        worker in the same order; this worker's site group, and its links attached to ``outer`` if its stage
+        spans sites. (The sample count then rides in the last bucket: the exchange waits on the host anyway.)"""
+        if not self.kind.synchronous:
+            raise ValueError(
+                f"an outer sync across sites needs a synchronous schedule (gpipe, flush): {self.kind.name}"
+            )
+        world = dist.get_world_size()
+        if outer.sites < 2 or world % outer.sites:
+            raise ValueError(f"{outer.sites} sites cannot share {world} workers equally")
+        mine: SiteLinks | None = None
+        site_group: dist.ProcessGroup | None = None
+        for stage, workers in enumerate(self._stage_workers):
+            parts = site_parts(workers, world, outer.sites)
+            local = [dist.new_group(part) if len(part) > 1 else None for part in parts]
+            leaders = [part[0] for part in parts]
+            wan = dist.new_group(leaders, backend="gloo") if len(parts) > 1 else None
+            for part, group in zip(parts, local, strict=True):
+                if stage == self.stage and self.worker in part:
+                    site_group = group
+                    site = self.worker // (world // outer.sites)
+                    links = SiteLinks(
+                        site=site,
+                        sites=len(parts),
+                        local=group,
+                        local_ranks=part,
+                        wan=wan if self.worker == part[0] else None,
+                        leaders=leaders,
+                        device=self.device,
+                    )
+                    mine = links if len(parts) > 1 else None
+        self._spans_sites = mine is not None
+        if mine is not None:
+            outer.attach(list(self.module.parameters()), mine)
+        return site_group
+
+    def wan_records(self) -> list[dict[str, Any]] | None:
+        """Every site leader's outer-sync counts since the last call, gathered on worker 0 (``None`` elsewhere, or
+        without an outer sync)."""
+        if self.outer is None:
+            return None
+        mine = self.outer.records() if self._spans_sites and self._is_site_leader() else None
+        gathered: list[Any] = [None] * dist.get_world_size() if self.worker == 0 else []
+        dist.gather_object(mine, gathered if self.worker == 0 else None, dst=0)
+        return [r for r in gathered if r is not None] if self.worker == 0 else None
+
+    def _is_site_leader(self) -> bool:
+        assert self.outer is not None
+        world = dist.get_world_size()
+        part = site_parts(self._stage_workers[self.stage], world, self.outer.sites)
+        return any(p[0] == self.worker for p in part)
 
     def _count_groups(self, groups: list[Any]) -> list[Any]:
         """On CUDA, a gloo group per replicated stage, where replicas sum their sample counts in host memory

@@ -31,6 +31,10 @@ The sample count rides along with the last bucket, except on CUDA, where it is s
 same replicas (``count_group``) in host memory: the worker needs the count on the host (an update without a
 sample must not step), and reading it off the GPU would make the worker wait for its GPU at every update.
 
+With an :class:`~conveyor.runtime._outer.OuterSync` (replicas in several sites joined by a WAN), the replicas
+all-reduce within their site only, and the outer sync replaces the site's gradient (its share of ``g``, or its
+mean for ``site_mean``) with what the site steps with, then may replace the weights after the step.
+
 ``STEP`` then clips ``g`` (to a norm over the whole model for synchronous schedules, whose stages step
 together; over the stage for asynchronous ones) and steps the optimizer. An update without a sample on
 any replica leaves the weights as they are.
@@ -43,6 +47,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from conveyor.runtime._outer import OuterSync
 
 __all__ = ["Updater", "pack_grads", "reduce_dtype", "set_mean_grads"]
 
@@ -67,6 +73,7 @@ class Updater:
             rides in the last bucket).
         averaged: the backwards already sum to the update's mean gradient (see the module docstring): only sum
             over the replicas.
+        outer: what the stage's sites exchange over the WAN (``group`` is then the site's replicas alone).
     """
 
     def __init__(
@@ -82,8 +89,10 @@ class Updater:
         bucket_bytes: int = BUCKET_BYTES,
         count_group: dist.ProcessGroup | None = None,
         averaged: bool = False,
+        outer: OuterSync | None = None,
     ) -> None:
         self.module, self.optimizer, self.group, self.device = module, optimizer, group, device
+        self.outer = outer
         self.count_group, self.averaged = count_group, averaged
         self.max_grad_norm, self.clip_whole_model, self.replicas = max_grad_norm, clip_whole_model, replicas
         self.params = [p for p in module.parameters() if p.requires_grad]
@@ -128,7 +137,13 @@ class Updater:
         self._started.append((flat, dist.all_reduce(flat, group=self.group, async_op=True)))
 
     def reduce(self, samples: int) -> None:
-        """Sum the gradients and the sample count over the replicas and divide: the update's mean gradient."""
+        """Sum the gradients and the sample count over the replicas and divide: the update's mean gradient; then
+        the outer sync's exchange between sites, if any."""
+        self._reduce_replicas(samples)
+        if self.outer is not None and self.outer.after_reduce(self.params, self.optimizer) and not self.samples:
+            self.samples = 1  # the site had no sample but others' updates arrived: it steps with them
+
+    def _reduce_replicas(self, samples: int) -> None:
         if self.group is None:
             self.samples = samples
             grads = [] if self.averaged or not samples else [p.grad for p in self.params if p.grad is not None]
@@ -159,6 +174,8 @@ class Updater:
             if self.samples:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        if self.outer is not None:
+            self.outer.after_step(self.params)
 
     def _clip(self) -> None:
         assert self.max_grad_norm is not None

@@ -1,0 +1,63 @@
+"""``conveyor bench wan``: its options and its table."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from conveyor.cli._common import config, console, floats, names, positive, write_json
+
+__all__ = ["add_wan", "run_wan"]
+
+
+def add_wan(which: Any) -> None:
+    """The ``wan`` benchmark's parser under ``conveyor bench``."""
+    bench = which.add_parser("wan", help="data centres joined by a slow WAN: gaia, diloco, BSP and one LAN (root)")
+    bench.add_argument("--models", type=names, default=None, help="zoo models (default: vgg16,gpt)")
+    bench.add_argument("--targets", type=floats, default=None, help="target accuracy per model (default: 0.85,0.31)")
+    bench.add_argument(
+        "--wan-bytes-per-s", type=floats, default=None, help="WAN bandwidths (default 6.25e6,3.125e7: 50, 250 Mbit/s)"
+    )
+    bench.add_argument("--sites", type=positive, default=None, help="data centres (default 3)")
+    bench.add_argument("--per-site", type=positive, default=None, help="workers per data centre (default 2)")
+    bench.add_argument("--modes", type=names, default=None, help="lan,bsp,gaia,diloco (default: all)")
+    bench.add_argument("--epochs", type=positive, default=None, help="at most, per run (default 8)")
+    bench.add_argument("--json", type=Path, default=None, help="write the report here")
+    bench.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
+
+
+def run_wan(args: argparse.Namespace) -> None:
+    """Run the benchmark, print its table, write the JSON and the plot."""
+    from conveyor.bench.wan import WanBenchConfig, run
+
+    given = argparse.Namespace(**{k: v for k, v in vars(args).items() if v is not None})  # unset: the defaults
+    result = run(config(WanBenchConfig, given), plot=str(args.plot) if args.plot else None)
+    table = Table("model", "WAN Mbit/s", "mode", "s to target", "epochs", "final acc", "WAN B/sample", "x LAN")
+    table.add_column("speedup vs bsp")
+    table.add_column("bytes saved")
+    table.title = "time to accuracy across data centres"
+    for r in result["results"]:
+        table.add_row(
+            r["model"],
+            f"{r['wan_bytes_per_s'] * 8 / 1e6:g}",
+            r["mode"],
+            _num(r["seconds_to_target"], ".1f"),
+            _num(r["epochs_to_target"], "d"),
+            f"{r['final_accuracy']:.3f}",
+            _num(r["wan_bytes_per_sample"], ".0f"),
+            _num(r["lan_ratio"], ".2f"),
+            _num(r["speedup_vs_bsp"], ".2f"),
+            _num(r["bytes_saved"], ".1%"),
+        )
+    console.print(table)
+    if args.plot:
+        console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, result)
+
+
+def _num(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

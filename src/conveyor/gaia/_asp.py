@@ -1,0 +1,166 @@
+"""Gaia's Approximate Synchronous Parallel between sites: only significant updates cross the WAN.
+
+Sites ``d = 1..D`` hold replicas of a stage; inside a site they all-reduce as usual. At update ``t`` site ``d``
+holds its share of the batch's mean gradient, ``g_d(t) = (1/N) sum over its samples i of grad l_i`` (so that
+``sum_d g_d(t)`` is the whole batch's mean gradient ``g(t)``), and its leader keeps what it has not sent yet:
+
+    a_d <- a_d + g_d(t)
+
+An entry is **significant** when the step it would make is a large enough part of the weight it moves:
+
+    S_d(t) = { i : eta |a_d,i| > tau |w_d,i| }
+
+with ``eta`` the optimizer's learning rate and ``w_d`` the site's weights. The leader posts the significant
+entries ``u_d(t) = sum over i in S_d(t) of a_d,i e_i`` to every other site and zeroes them in ``a_d``; the
+insignificant ones wait, accumulating, until they matter. The exchange (a notice of the entry count, then the
+payloads, sent only by the sites that announced some: :mod:`conveyor.gaia._exchange`) runs beside the training,
+and every replica of site ``d`` steps its optimizer with
+
+    G_d(t) = g_d(t) + sum over e != d, over the exchanges t' the site takes at t, of u_e(t')
+
+its own share at once (a site always sees its own updates) and the others' significant ones as they arrive.
+The **mirror clock** bounds how late: at update ``t`` a site takes every exchange already finished and waits for
+those posted at ``t - s + 1`` or before (``s``, ``staleness``, at least 1), so no significant update is read
+more than ``s - 1`` updates after it was posted. With ``s = 1`` and ``tau = 0`` every non-zero entry is
+significant and taken at once, so ``G_d(t) = g(t)`` on every site: synchronous data parallelism, whatever the
+optimizer. The sites' weights otherwise differ by what is pending and in flight.
+
+Where Conveyor departs from Gaia (NSDI'17), stated: the mirror clock counts updates between a post and its
+reading (Gaia's parameter servers bound the clocks' distance between data centres); the threshold is fixed for
+the run (Gaia lowers it over time); the significance is the SGD step ``eta a`` for every optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from conveyor.gaia._exchange import Courier, Payload, share_in_site
+from conveyor.runtime import SiteLinks, pack_grads, set_mean_grads
+
+__all__ = ["Gaia"]
+
+
+class Gaia:
+    """The significance filter, selective barrier and mirror clock between sites (see the module docstring).
+
+    Args:
+        sites: how many sites the workers sit in (ranks handed out site by site).
+        threshold: ``tau``, the relative change that makes an update significant (Gaia evaluated 1%; 5% took
+            fewer bytes at a like accuracy in ``conveyor bench wan``'s sweep); 0 sends every update at once.
+        staleness: ``s``, the mirror clock's bound: an update is read at most ``s - 1`` updates after it was
+            posted (1: each exchange is waited for at once, no overlap; more cost accuracy in the sweep).
+    """
+
+    site_mean = False
+
+    def __init__(self, sites: int, *, threshold: float = 0.05, staleness: int = 1) -> None:
+        if not 0 <= threshold < 1 or staleness < 1:
+            raise ValueError(f"threshold must be in [0, 1) and staleness at least 1, got {threshold} and {staleness}")
+        self.sites, self.threshold, self.staleness = sites, threshold, staleness
+        self.links: SiteLinks | None = None
+        self.pending: torch.Tensor | None = None  # a_d, the leader's
+        self.sent_at: torch.Tensor | None = None  # the update each entry of a_d was last sent at (-1: never)
+        self.courier: Courier | None = None
+        self._counts = _Counts()
+
+    def attach(self, params: Sequence[torch.Tensor], links: SiteLinks) -> None:
+        self.links = links
+        if links.is_leader:
+            n = sum(p.numel() for p in params)
+            self.pending = torch.zeros(n, dtype=torch.float32, device=links.device)
+            self.sent_at = torch.full((n,), -1, dtype=torch.int32, device=links.device)
+            self.courier = Courier(links, n)
+
+    def after_reduce(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> bool:
+        assert self.links is not None
+        n = sum(p.numel() for p in params)
+        grads: torch.Tensor | None = None
+        payloads: list[Payload] = []
+        if self.courier is not None:
+            lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else 1.0
+            grads = pack_grads(params, torch.float32, self.links.device)
+            self.courier.post(*self._significant(grads, torch.cat([p.detach().reshape(-1) for p in params]), lr))
+            for delivery in self.courier.take(behind=self.staleness - 1):
+                self._counts.delivered(self.courier.posted - 1 - delivery.update, delivery.sent)
+                payloads += delivery.payloads
+        received = share_in_site(self.links, payloads, n)
+        self._counts.updates += 1
+        self._counts.updates_total += 1
+        if not received:
+            return False  # the site steps with its own share, already on .grad
+        grads = pack_grads(params, torch.float32, self.links.device) if grads is None else grads
+        for where, what in received:
+            grads.index_add_(0, where, what)
+        set_mean_grads(params, grads, 1)
+        return True
+
+    def _significant(self, grads: torch.Tensor, weights: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the site's share to what is pending; take out and return the significant entries (an entry that
+        is zero is not: ``0 > tau |w|`` fails). Each pass over every entry costs, so an entry's age is counted
+        from the update it was last sent at (updates where its gradient was exactly 0, a dead ReLU's, count too)."""
+        assert self.pending is not None and self.sent_at is not None
+        self.pending += grads
+        chosen = self.pending.abs().mul_(lr) > weights.abs().mul_(self.threshold)
+        indices = chosen.nonzero().reshape(-1)
+        values = self.pending[indices]
+        self.pending[indices] = 0
+        now = self._counts.updates_total
+        self._counts.posted(now - self.sent_at[indices], int(grads.numel()))
+        self.sent_at[indices] = now
+        return indices, values
+
+    def after_step(self, params: Sequence[torch.Tensor]) -> None:
+        """Gaia replaces no weights: each site's own steps move them."""
+
+    def records(self) -> dict[str, Any]:
+        assert self.links is not None
+        out = self._counts.summary(self.links.site)
+        self._counts = _Counts(self._counts.updates_total)
+        return out
+
+
+class _Counts:
+    """What one site's leader posted and took since the last :meth:`Gaia.records`."""
+
+    def __init__(self, updates_total: int = 0) -> None:
+        self.updates_total = updates_total  # since the start, unlike the others
+        self.updates = self.entries = self.wan_bytes = self.size = self.waited_max = self.late_max = 0
+        self.waited_sum = self.late_sum = 0.0
+        self.deliveries = 0
+
+    def posted(self, ages: torch.Tensor, size: int) -> None:
+        """Entries posted, each after ``ages`` updates pending (1: posted at the update that made it)."""
+        self.size = size
+        if ages.numel():
+            self.entries += int(ages.numel())
+            self.waited_sum += float((ages - 1).sum())
+            self.waited_max = max(self.waited_max, int(ages.max()) - 1)
+
+    def delivered(self, late: int, sent: int) -> None:
+        """An exchange taken ``late`` updates after it was posted; the bytes this leader sent in it."""
+        self.deliveries += 1
+        self.late_sum += late
+        self.late_max = max(self.late_max, late)
+        self.wan_bytes += sent
+
+    def summary(self, site: int) -> dict[str, Any]:
+        """``staleness``: updates between a change and its reading by the other sites, its time pending (an
+        insignificant change waits) plus its exchange's lateness (the mirror clock's bound)."""
+        waited = self.waited_sum / self.entries if self.entries else 0.0
+        late = self.late_sum / self.deliveries if self.deliveries else 0.0
+        return {
+            "site": site,
+            "updates": self.updates,
+            "entries_sent": self.entries,
+            "sent_fraction": self.entries / (self.updates * self.size) if self.updates and self.size else 0.0,
+            "payload_bytes": self.wan_bytes,
+            "pending_mean": waited,
+            "pending_max": self.waited_max,
+            "late_mean": late,
+            "late_max": self.late_max,
+            "staleness_mean": waited + late,
+            "staleness_max": self.waited_max + self.late_max,
+        }

@@ -1,0 +1,79 @@
+"""Replicas of a stage in several sites (data centres) joined by a slow outer link (a WAN).
+
+Inside a site, a stage's replicas all-reduce their gradients as usual (:mod:`conveyor.runtime._update`); across
+sites an :class:`OuterSync` decides what travels and when (:mod:`conveyor.gaia`: Gaia's significance filter,
+DiLoCo's outer steps). Ranks are handed out site by site, as the topology hands them out: with ``world`` workers
+in ``sites`` sites, worker ``r`` sits in site ``r // (world // sites)``.
+
+The hooks run where the updater is: :meth:`OuterSync.after_reduce` once the site's gradient is on ``.grad``
+(before clipping and the optimizer's step), :meth:`OuterSync.after_step` after the step; every replica of the
+stage calls both at every update, in the same order, so collectives over the sites line up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["OuterSync", "SiteLinks", "site_parts"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteLinks:
+    """What one replica of a stage reaches: its site's replicas over the LAN and the sites' leaders over the WAN.
+
+    ``local`` is the process group of the site's replicas (``None`` when the site holds one); ``local_ranks`` their
+    global ranks, the first the site's leader, which alone talks over the WAN; ``wan`` the gloo group of every
+    site's leader (``None`` on the others); ``leaders`` their global ranks, site by site.
+    """
+
+    site: int
+    sites: int
+    local: dist.ProcessGroup | None
+    local_ranks: list[int]
+    wan: dist.ProcessGroup | None
+    leaders: list[int]
+    device: torch.device
+
+    @property
+    def is_leader(self) -> bool:
+        return dist.get_rank() == self.local_ranks[0]
+
+
+class OuterSync(Protocol):
+    """How the sites holding replicas of a stage keep them in step (see the module docstring)."""
+
+    sites: int
+    site_mean: bool  # after_reduce wants the site's mean gradient (else its share of the whole batch's mean)
+
+    def attach(self, params: Sequence[torch.Tensor], links: SiteLinks) -> None:
+        """Called once, with the stage's parameters and this replica's links, before the first update."""
+
+    def after_reduce(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> bool:
+        """The site's gradient is on ``.grad``: replace it with what this site steps with; whether it is an update."""
+
+    def after_step(self, params: Sequence[torch.Tensor]) -> None:
+        """The optimizer has stepped (or not, without samples): the weights may be replaced."""
+
+    def records(self) -> dict[str, Any]:
+        """This replica's counts since the last call (what travelled over the WAN, how stale), then reset."""
+
+
+def site_parts(workers: Sequence[int], world: int, sites: int) -> list[list[int]]:
+    """``workers`` (global ranks, ascending) grouped by site, the empty sites left out.
+
+    Example:
+        >>> site_parts([0, 1, 2, 3, 4, 5], 6, 3)
+        [[0, 1], [2, 3], [4, 5]]
+        >>> site_parts([0, 1, 2], 4, 2)
+        [[0, 1], [2]]
+    """
+    per_site = world // sites
+    parts: dict[int, list[int]] = {}
+    for w in workers:
+        parts.setdefault(w // per_site, []).append(w)
+    return [parts[s] for s in sorted(parts)]
