@@ -34,8 +34,8 @@ def encode(indices: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
 
     Example:
         >>> data = encode(torch.tensor([1, 6]), torch.tensor([0.5, -2.0]), 8)
-        >>> data.numel(), decode(data, 8, 2)
-        (16, (tensor([1, 6]), tensor([ 0.5000, -2.0000])))
+        >>> data.numel(), decode(data, 8, 2)  # 2 of 8: a 1-byte bitmap and 2 values, not 2 indices and 2 values
+        (9, (tensor([1, 6]), tensor([ 0.5000, -2.0000])))
     """
     k = int(indices.numel())
     values = values.to(torch.float32).reshape(-1)
