@@ -184,3 +184,76 @@ def test_diloco_takes_local_steps_then_an_outer_nesterov_step() -> None:
     for rank, result in out.items():
         torch.testing.assert_close(result["weights"], expected[rank // 2], rtol=1e-5, atol=1e-6, msg=f"worker {rank}")
     assert [r["rounds"] for r in out[0]["records"]] == [2, 2]
+
+
+def _train_pipeline(balance: list[int], replicas: list[int], sites: int) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    pipe = Pipeline(
+        mlp(),
+        balance,
+        microbatches=3,
+        loss_fn=F.cross_entropy,
+        optimizer=partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM),
+        replicas=replicas,
+        outer=Gaia(sites, threshold=0.0, staleness=1),
+    )
+    pipe.train(batches(n=STEPS, size=SIZE) if pipe.is_first or pipe.is_last else None)
+    return {"params": {k: v.detach().clone() for k, v in pipe.module.named_parameters()}, "stage": pipe.stage}
+
+
+@pytest.mark.parametrize(("balance", "replicas", "sites"), [([3, 2], [3, 1], 2), ([3, 2], [3, 3], 3)])
+def test_replicated_stages_across_data_centres_take_the_whole_batch_step(
+    balance: list[int], replicas: list[int], sites: int
+) -> None:
+    # Data centres of 2 workers: a replicated stage spans two (3 replicas: 2 + 1, or 1 + 2 from the second data
+    # centre on); with a threshold of 0 the pipeline takes the unsplit model's step on each batch.
+    out = launch(_train_pipeline, balance, replicas, sites, nprocs=sum(replicas), timeout_s=150)
+    model = mlp()
+    _set_flat(model, dp_reference())
+    expected = dict(model.named_parameters())
+    for rank, result in out.items():
+        assert result["params"], f"worker {rank} holds no parameters"
+        for name, p in result["params"].items():
+            torch.testing.assert_close(p, expected[name].detach(), rtol=1e-5, atol=1e-6, msg=f"worker {rank} {name}")
+
+
+def _save_and_resume(make: Any, path: str) -> dict[str, Any]:
+    """Train, save, and load the checkpoint into a new pipeline: each site's outer state before and after."""
+    torch.set_num_threads(1)
+
+    def pipeline() -> Pipeline:
+        return Pipeline(
+            mlp(),
+            1,
+            microbatches=4,
+            loss_fn=F.cross_entropy,
+            optimizer=partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM),
+            replicas=[4],
+            outer=make(),
+        )
+
+    first = pipeline()
+    first.train(batches(n=STEPS, size=SIZE))
+    first.save(path)
+    again = pipeline()
+    again.load(path)
+    assert first.outer is not None and again.outer is not None
+    return {"saved": first.outer.state_dict(), "loaded": again.outer.state_dict()}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [partial(Gaia, 2, threshold=0.5, staleness=1), partial(DiLoCo, 2, local_steps=3)],
+    ids=["gaia", "diloco"],
+)
+def test_a_checkpoint_keeps_each_data_centres_outer_state(make: Any, tmp_path) -> None:
+    out = launch(_save_and_resume, make, str(tmp_path / "model.pt"), nprocs=4, timeout_s=150)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "model.pt.stage0.site0", "model.pt.stage0.site1"]
+    for rank in (0, 2):  # the sites' leaders: what each site had still to send, or its round's anchor and momentum
+        saved, loaded = out[rank]["saved"], out[rank]["loaded"]
+        assert saved and saved.keys() == loaded.keys()
+        assert any(v.abs().sum() > 0 for v in saved.values())
+        for key in saved:
+            torch.testing.assert_close(loaded[key], saved[key], rtol=0, atol=0, msg=f"worker {rank} {key}")
+    if "pending" in out[0]["saved"]:  # gaia's is each site's own (diloco's anchor is every site's)
+        assert not torch.equal(out[0]["saved"]["pending"], out[2]["saved"]["pending"])

@@ -84,7 +84,6 @@ WAN = {"network": "2:1.25e9,3:6.25e6", "stages": 1, "replicas": "6", "schedule":
         ({**WAN, "wan": "diloco", "local_steps": 0}, r"^--local-steps must be at least 1"),
         ({**WAN, "wan": "gaia", "schedule": "pipedream"}, r"^--wan gaia: the data centres step together"),
         ({**WAN, "wan": "gaia", "stragglers": "slack"}, r"^--wan gaia runs fixed workers"),
-        ({**WAN, "wan": "gaia", "resume": "x.pt"}, r"^--wan gaia keeps each data centre's unsent updates in memory"),
         ({**WAN, "wan": "fast"}, r"^--wan 'fast': use one of off, gaia, diloco"),
     ],
 )

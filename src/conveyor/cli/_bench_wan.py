@@ -35,10 +35,8 @@ def run_wan(args: argparse.Namespace) -> None:
 
     given = argparse.Namespace(**{k: v for k, v in vars(args).items() if v is not None})  # unset: the defaults
     result = run(config(WanBenchConfig, given), plot=str(args.plot) if args.plot else None)
-    table = Table("model", "WAN Mbit/s", "mode", "s to target", "epochs", "final acc", "WAN B/sample", "x LAN")
-    table.add_column("speedup vs bsp")
-    table.add_column("bytes saved")
-    table.title = "time to accuracy across data centres"
+    table = Table("model", "Mbit/s", "mode", "s", "epochs", "acc", "WAN B/sample", "x LAN", "vs bsp", "saved")
+    table.title = "seconds to the target across data centres"
     for r in result["results"]:
         table.add_row(
             r["model"],

@@ -115,6 +115,14 @@ class Gaia:
     def after_step(self, params: Sequence[torch.Tensor]) -> None:
         """Gaia replaces no weights: each site's own steps move them."""
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The leader's unsent updates ``a_d`` (nothing on the other replicas)."""
+        return {} if self.pending is None else {"pending": self.pending.cpu()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if self.pending is not None and "pending" in state:
+            self.pending.copy_(state["pending"])
+
     def records(self) -> dict[str, Any]:
         assert self.links is not None
         out = self._counts.summary(self.links.site)

@@ -85,6 +85,21 @@ class DiLoCo:
                 p.copy_(part.view_as(p))
         self._counts["rounds"] += 1
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The round's anchor, the outer momentum and the updates counted (the same on every replica of a site)."""
+        assert self.anchor is not None and self.outer is not None
+        state = {"anchor": self.anchor.detach().cpu(), "updates": torch.tensor(self.updates)}
+        momentum = self.outer.state.get(self.anchor, {}).get("momentum_buffer")
+        return state if momentum is None else {**state, "momentum": momentum.cpu()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        assert self.anchor is not None and self.outer is not None
+        with torch.no_grad():
+            self.anchor.copy_(state["anchor"])
+        self.updates = int(state["updates"])
+        if "momentum" in state:
+            self.outer.state[self.anchor]["momentum_buffer"] = state["momentum"].to(self.anchor.device)
+
     def records(self) -> dict[str, Any]:
         assert self.links is not None
         out: dict[str, Any] = {"site": self.links.site, **self._counts}

@@ -91,7 +91,7 @@ class Courier:
         counts = torch.cat(gathered).tolist()
         ops, received, sent = [], [], 8 * (links.sites - 1)
         for site, leader in enumerate(links.leaders):
-            if site == links.site:
+            if site == links.index:
                 continue
             if mine is not None:
                 ops.append(dist.P2POp(dist.isend, mine, leader, group=wan))

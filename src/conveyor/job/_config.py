@@ -215,8 +215,6 @@ def check_wan(cfg: TrainConfig) -> None:
         raise InputError(f"--wan {mode}: the data centres step together: give --schedule flush or gpipe")
     if cfg.elastic is not None or cfg.stragglers is not None:
         raise InputError(f"--wan {mode} runs fixed workers: drop --reliable, --join and --stragglers")
-    if cfg.run.resume:
-        raise InputError(f"--wan {mode} keeps each data centre's unsent updates in memory only: drop --resume")
 
 
 @dataclass(frozen=True, kw_only=True)

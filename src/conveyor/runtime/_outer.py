@@ -19,19 +19,21 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-__all__ = ["OuterSync", "SiteLinks", "site_parts"]
+__all__ = ["OuterSync", "SiteLinks", "site_links", "site_parts"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class SiteLinks:
     """What one replica of a stage reaches: its site's replicas over the LAN and the sites' leaders over the WAN.
 
-    ``local`` is the process group of the site's replicas (``None`` when the site holds one); ``local_ranks`` their
-    global ranks, the first the site's leader, which alone talks over the WAN; ``wan`` the gloo group of every
-    site's leader (``None`` on the others); ``leaders`` their global ranks, site by site.
+    ``site`` is the site's number among all (the topology's), ``index`` its place among the ``sites`` the stage
+    spans; ``local`` is the process group of the site's replicas (``None`` when the site holds one);
+    ``local_ranks`` their global ranks, the first the site's leader, which alone talks over the WAN; ``wan`` the
+    gloo group of every site's leader (``None`` on the others); ``leaders`` their global ranks, site by site.
     """
 
     site: int
+    index: int
     sites: int
     local: dist.ProcessGroup | None
     local_ranks: list[int]
@@ -62,6 +64,12 @@ class OuterSync(Protocol):
     def records(self) -> dict[str, Any]:
         """This replica's counts since the last call (what travelled over the WAN, how stale), then reset."""
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps of this site's replica (what is still to send, an outer optimizer's state)."""
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Take back :meth:`state_dict`'s."""
+
 
 def site_parts(workers: Sequence[int], world: int, sites: int) -> list[list[int]]:
     """``workers`` (global ranks, ascending) grouped by site, the empty sites left out.
@@ -77,3 +85,34 @@ def site_parts(workers: Sequence[int], world: int, sites: int) -> list[list[int]
     for w in workers:
         parts.setdefault(w // per_site, []).append(w)
     return [parts[s] for s in sorted(parts)]
+
+
+def site_links(
+    stage_workers: Sequence[Sequence[int]], stage: int, sites: int, device: torch.device
+) -> tuple[dist.ProcessGroup | None, SiteLinks | None]:
+    """Every stage's replicas grouped by site: each site's group, and the sites' leaders' (gloo), made by every
+    worker in the same order. Returns this worker's site group (its replicas' all-reduce) and, where its stage
+    spans sites, its links."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    if sites < 2 or world % sites:
+        raise ValueError(f"{sites} sites cannot share {world} workers equally")
+    mine: tuple[dist.ProcessGroup | None, SiteLinks | None] = (None, None)
+    for s, workers in enumerate(stage_workers):
+        parts = site_parts(workers, world, sites)
+        local = [dist.new_group(part) if len(part) > 1 else None for part in parts]
+        leaders = [part[0] for part in parts]
+        wan = dist.new_group(leaders, backend="gloo") if len(parts) > 1 else None
+        for index, (part, group) in enumerate(zip(parts, local, strict=True)):
+            if s == stage and me in part:
+                links = SiteLinks(
+                    site=me // (world // sites),
+                    index=index,
+                    sites=len(parts),
+                    local=group,
+                    local_ranks=part,
+                    wan=wan if me == part[0] else None,
+                    leaders=leaders,
+                    device=device,
+                )
+                mine = (group, links if len(parts) > 1 else None)
+    return mine

@@ -32,7 +32,7 @@ from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
 from conveyor.runtime._materialize import Materialize, placed
 from conveyor.runtime._microbatch import batch_size, split
-from conveyor.runtime._outer import OuterSync, SiteLinks, site_parts
+from conveyor.runtime._outer import OuterSync, SiteLinks, site_links
 from conveyor.runtime._split import split_model
 from conveyor.runtime._stage import (
     Blocks,
@@ -199,8 +199,9 @@ class Pipeline(StagePosition):
         # Every worker creates every group, in the same order, as torch.distributed requires.
         groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]
         self._replica_group = groups[self.stage]
-        self.outer, self._spans_sites = outer, False
-        reduce_group = self._site_groups(outer) if outer is not None else self._replica_group
+        self.outer = outer
+        self._site: SiteLinks | None = None  # where this worker's stage spans sites
+        reduce_group = self._site_links(outer) if outer is not None else self._replica_group
         updater = Updater(
             self.module,
             self.optimizer,
@@ -212,7 +213,7 @@ class Pipeline(StagePosition):
             bucket_bytes=bucket_bytes,
             count_group=self._count_groups(groups)[self.stage] if outer is None else None,
             averaged=self.kind.update == "batch" and not (outer is not None and outer.site_mean),
-            outer=outer if self._spans_sites else None,
+            outer=outer if self._site is not None else None,
         )
         self._stashing = self.kind.stashes(self.replicas, self.stage)
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
@@ -233,58 +234,27 @@ class Pipeline(StagePosition):
         self.steps = 0  # batches trained on
         self.updates = 0  # this worker's optimizer steps
 
-    def _site_groups(self, outer: OuterSync) -> dist.ProcessGroup | None:
-        """Every stage's replicas grouped by site, each site's group and the sites' leaders' (gloo) made by every
-        worker in the same order; this worker's site group, and its links attached to ``outer`` if its stage
+    def _site_links(self, outer: OuterSync) -> dist.ProcessGroup | None:
+        """The site group this worker's replicas all-reduce in; its links attached to ``outer`` where its stage
         spans sites. (The sample count then rides in the last bucket: the exchange waits on the host anyway.)"""
         if not self.kind.synchronous:
             raise ValueError(
-                f"an outer sync across sites needs a synchronous schedule (gpipe, flush): {self.kind.name}"
+                f"an outer sync across sites needs a synchronous schedule (gpipe, flush), not {self.kind.name}"
             )
-        world = dist.get_world_size()
-        if outer.sites < 2 or world % outer.sites:
-            raise ValueError(f"{outer.sites} sites cannot share {world} workers equally")
-        mine: SiteLinks | None = None
-        site_group: dist.ProcessGroup | None = None
-        for stage, workers in enumerate(self._stage_workers):
-            parts = site_parts(workers, world, outer.sites)
-            local = [dist.new_group(part) if len(part) > 1 else None for part in parts]
-            leaders = [part[0] for part in parts]
-            wan = dist.new_group(leaders, backend="gloo") if len(parts) > 1 else None
-            for part, group in zip(parts, local, strict=True):
-                if stage == self.stage and self.worker in part:
-                    site_group = group
-                    site = self.worker // (world // outer.sites)
-                    links = SiteLinks(
-                        site=site,
-                        sites=len(parts),
-                        local=group,
-                        local_ranks=part,
-                        wan=wan if self.worker == part[0] else None,
-                        leaders=leaders,
-                        device=self.device,
-                    )
-                    mine = links if len(parts) > 1 else None
-        self._spans_sites = mine is not None
-        if mine is not None:
-            outer.attach(list(self.module.parameters()), mine)
-        return site_group
+        group, self._site = site_links(self._stage_workers, self.stage, outer.sites, self.device)
+        if self._site is not None:
+            outer.attach(list(self.module.parameters()), self._site)
+        return group
 
     def wan_records(self) -> list[dict[str, Any]] | None:
         """Every site leader's outer-sync counts since the last call, gathered on worker 0 (``None`` elsewhere, or
         without an outer sync)."""
         if self.outer is None:
             return None
-        mine = self.outer.records() if self._spans_sites and self._is_site_leader() else None
+        mine = self.outer.records() if self._site is not None and self._site.is_leader else None
         gathered: list[Any] = [None] * dist.get_world_size() if self.worker == 0 else []
         dist.gather_object(mine, gathered if self.worker == 0 else None, dst=0)
         return [r for r in gathered if r is not None] if self.worker == 0 else None
-
-    def _is_site_leader(self) -> bool:
-        assert self.outer is not None
-        world = dist.get_world_size()
-        part = site_parts(self._stage_workers[self.stage], world, self.outer.sites)
-        return any(p[0] == self.worker for p in part)
 
     def _count_groups(self, groups: list[Any]) -> list[Any]:
         """On CUDA, a gloo group per replicated stage, where replicas sum their sample counts in host memory
@@ -460,6 +430,8 @@ class Pipeline(StagePosition):
         """
         first_replica = self.worker == self._workers_of(self.stage)[0]
         checkpoint.save_stages(path, self.module, self.optimizer, first_replica, self.steps)
+        if self.outer is not None and self._site is not None and self._site.is_leader:
+            torch.save(self.outer.state_dict(), self._site_path(path))  # each site's own, beside the checkpoint
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint saved by any pipeline (any stage count) of this model, or from a plain model.
@@ -468,6 +440,13 @@ class Pipeline(StagePosition):
             CheckpointError: the file is unreadable or belongs to another model.
         """
         self.steps = checkpoint.load_stage(path, self.module, self.optimizer, self._model_shapes)
+        if self.outer is not None and self._site is not None and os.path.exists(self._site_path(path)):
+            self.outer.load_state_dict(torch.load(self._site_path(path), weights_only=True))
+
+    def _site_path(self, path: str | os.PathLike[str]) -> str:
+        """Where a site's leader keeps its outer sync's state: ``PATH.stageS.siteD`` (on its own machine)."""
+        assert self._site is not None
+        return f"{os.fspath(path)}.stage{self.stage}.site{self._site.site}"
 
 
 class _Parts:
