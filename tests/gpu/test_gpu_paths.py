@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from models import batches, mlp, small_gpt2
 
 import conveyor.runtime._checkpoint as checkpoint
+from conveyor.gaia import DiLoCo, Gaia
 from conveyor.job import TrainConfig, train, train_elastic
 from conveyor.runtime import Pipeline, default_device, launch, profile
 from conveyor.runtime._stage import as_blocks, build_stage, stage_ranges
@@ -195,3 +196,38 @@ def test_a_model_built_on_meta_is_made_real_on_the_gpu_and_computes_as_loaded(tm
     again = split_model(fresh, x)
     initialise_from(fresh, seed=0)(again, torch.device("cuda"))
     assert all(t.device.type == "cuda" for t in [*again.parameters(), *again.buffers()])
+
+
+def _across_data_centres(make: Any) -> dict[str, torch.Tensor]:
+    pipe = Pipeline(
+        mlp(),
+        1,
+        microbatches=4,
+        loss_fn=F.cross_entropy,
+        optimizer=partial(torch.optim.SGD, lr=0.05),
+        replicas=[4],
+        outer=make(),
+    )
+    assert pipe.device.type == "cuda"
+    pipe.train([(x.to(pipe.device), y.to(pipe.device)) for x, y in batches(n=3, size=24)])
+    return _on_cpu(pipe.module)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [partial(Gaia, 2, threshold=0.0, staleness=1), partial(DiLoCo, 2, local_steps=1, outer_lr=1.0, outer_momentum=0.0)],
+    ids=["gaia", "diloco"],
+)
+def test_data_centres_sharing_the_gpu_take_the_synchronous_step(make: Any) -> None:
+    # 2 data centres of 2 workers on one GPU: gaia at threshold 0 and diloco at one local step with an outer SGD of
+    # rate 1 are synchronous data parallelism (plain SGD), the WAN exchange going through host memory.
+    per_rank = launch(_across_data_centres, make, nprocs=4, device="cuda", backend="gloo", timeout_s=240)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x, y in batches(n=3, size=24):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    for rank, params in per_rank.items():
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=1e-6, msg=f"worker {rank} {name}")

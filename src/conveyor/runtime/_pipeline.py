@@ -431,7 +431,7 @@ class Pipeline(StagePosition):
         first_replica = self.worker == self._workers_of(self.stage)[0]
         checkpoint.save_stages(path, self.module, self.optimizer, first_replica, self.steps)
         if self.outer is not None and self._site is not None and self._site.is_leader:
-            torch.save(self.outer.state_dict(), self._site_path(path))  # each site's own, beside the checkpoint
+            checkpoint.save(self._site_path(path), self.outer.state_dict())  # each site's own, atomically
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint saved by any pipeline (any stage count) of this model, or from a plain model.
@@ -441,7 +441,7 @@ class Pipeline(StagePosition):
         """
         self.steps = checkpoint.load_stage(path, self.module, self.optimizer, self._model_shapes)
         if self.outer is not None and self._site is not None and os.path.exists(self._site_path(path)):
-            self.outer.load_state_dict(torch.load(self._site_path(path), weights_only=True))
+            self.outer.load_state_dict(checkpoint.load(self._site_path(path))["model"])
 
     def _site_path(self, path: str | os.PathLike[str]) -> str:
         """Where a site's leader keeps its outer sync's state: ``PATH.stageS.siteD`` (on its own machine)."""
