@@ -99,15 +99,14 @@ def _run_one(cfg: WanBenchConfig, model: str, target: float, mode: str, wan: flo
         {"seconds": s, "accuracy": a, "loss": loss}
         for s, a, loss in zip(summary.epoch_seconds, summary.accuracy, summary.loss, strict=True)
     ]
-    reached = next((i for i, h in enumerate(history) if h["accuracy"] >= target), None)
     between = summary.bytes_between_servers if wan is not None else 0
     wan_log = run_dir / "wan.jsonl"
     records = [json.loads(line) for line in wan_log.read_text().splitlines()] if wan_log.exists() else []
     return {
         "model": model,
         "mode": mode,
-        "seconds_to_target": None if reached is None else history[reached]["seconds"],
-        "epochs_to_target": None if reached is None else reached + 1,
+        "seconds_to_target": summary.time_to_accuracy_s,  # the run stops at the epoch that reaches the target
+        "epochs_to_target": None if summary.time_to_accuracy_s is None else summary.epochs,
         "final_accuracy": history[-1]["accuracy"],
         "wan_bytes_per_sample": None if between is None else between / summary.samples,
         "staleness_mean": _mean([r["staleness_mean"] for r in records]) if records else None,

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from conveyor.gaia._exchange import broadcast_dense, mean_over_sites
 from conveyor.runtime import SiteLinks
@@ -59,7 +60,7 @@ class DiLoCo:
 
     def attach(self, params: Sequence[torch.Tensor], links: SiteLinks) -> None:
         self.links = links
-        self.anchor = torch.cat([p.detach().reshape(-1) for p in params]).float()
+        self.anchor = parameters_to_vector(params).detach().float()
         momentum = self.outer_momentum
         self.outer = torch.optim.SGD([self.anchor], lr=self.outer_lr, momentum=momentum, nesterov=momentum > 0)
 
@@ -74,7 +75,7 @@ class DiLoCo:
         if self.updates % self.local_steps:
             return
         with torch.no_grad():
-            delta = self.anchor - torch.cat([p.detach().reshape(-1) for p in params]).float()
+            delta = self.anchor - parameters_to_vector(params).float()
             if self.links.is_leader:
                 self._counts["payload_bytes"] += mean_over_sites(self.links, delta)
             broadcast_dense(self.links, delta)

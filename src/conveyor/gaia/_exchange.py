@@ -127,8 +127,7 @@ def share_in_site(links: SiteLinks, payloads: list[Payload], n: int) -> Received
             payloads = list(zip(counts.tolist(), flat.split(sizes), strict=True))
     received: Received = []
     for k, data in payloads:
-        indices, values = decode(data.to(links.device), n, k)
-        received.append((indices.to(links.device), values))
+        received.append(decode(data.to(links.device), n, k))  # on the device, as the data
     return received
 
 
