@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 import torch
@@ -23,6 +25,23 @@ def _reason() -> str | None:
 
 REASON = _reason()
 needs_root = pytest.mark.root  # skipped, saying why, where REASON is not None (conftest.py)
+
+
+T = TypeVar("T")
+
+
+def measured_within(measure: Callable[[], T], within: Callable[[T], bool], tries: int = 3) -> T:
+    """``measure()`` again, up to ``tries`` times, until ``within`` holds of it; the last measurement.
+
+    For speeds against wall-clock time, which the host's noise moves (on CI's VM a whole core once read 0.43
+    cores for seconds): a fault in the emulation fails every try, a burst of noise rarely all three.
+    """
+    result = measure()
+    for _ in range(tries - 1):
+        if within(result):
+            break
+        result = measure()
+    return result
 
 
 def send_seconds(nbytes: int) -> float:

@@ -8,7 +8,17 @@ import re
 import statistics
 
 import pytest
-from emulation import barriers_forever, gaps, longest_send, loop_seconds, loop_times, needs_root, routes, send_seconds
+from emulation import (
+    barriers_forever,
+    gaps,
+    longest_send,
+    loop_seconds,
+    loop_times,
+    measured_within,
+    needs_root,
+    routes,
+    send_seconds,
+)
 
 from conveyor.emulate import Emulation, EmulationError, WorkerRevoked, cpu_loop_seconds, launch_emulated
 from conveyor.emulate._privileges import require_netem
@@ -66,12 +76,30 @@ def test_latency_without_netem_is_one_line() -> None:
 
 def test_a_quarter_core_is_four_times_slower_than_a_whole_one() -> None:
     # The quota holds exactly: the worker runs a quarter of the wall-clock time. Its speed against a whole
-    # core's is looser: each stop costs work (cold caches), and the host's noise moves both.
+    # core's is looser: each stop costs work (cold caches), and the host's noise moves both (on CI's VM it
+    # once read 6.4x), so the two are measured again, up to three times, while the speed is out.
     cpu_loop_seconds(50)
     iterations = max(1, round(1.0 / (cpu_loop_seconds(200) / 200)))  # a second on a whole core
-    fast, slow = launch_emulated(loop_seconds, iterations, nprocs=2, emulation=Emulation(devices="1,0.25")).values()
+
+    def measure() -> tuple[tuple[float, float], tuple[float, float]]:
+        fast, slow = launch_emulated(loop_seconds, iterations, nprocs=2, emulation=Emulation(devices="1,0.25")).values()
+        return fast, slow
+
+    fast, slow = measured_within(measure, lambda m: m[1][0] / m[0][0] == pytest.approx(4.0, rel=0.25))
     assert slow[1] / slow[0] == pytest.approx(0.25, rel=0.10)
     assert slow[0] / fast[0] == pytest.approx(4.0, rel=0.25)
+
+
+def _slowed_period(times: list[tuple[float, float]], slowdown: float) -> list[tuple[float, float]]:
+    """The longest run of loops whose share of a core (CPU over wall-clock time) is under 1.3x the slowed one."""
+    slowed = [cpu / wall < 1.3 / slowdown for wall, cpu in times]
+    runs = [[t for _, t in g] for k, g in itertools.groupby(zip(slowed, times, strict=True), key=lambda x: x[0]) if k]
+    return max(runs, key=len, default=[])
+
+
+def _slowdown_against_work(times: list[tuple[float, float]], slowdown: float) -> float:
+    walls = [wall for wall, _ in _slowed_period(times, slowdown)]
+    return statistics.median(walls) / statistics.median(cpu for _, cpu in times) if walls else 0.0
 
 
 @pytest.mark.parametrize(
@@ -79,26 +107,31 @@ def test_a_quarter_core_is_four_times_slower_than_a_whole_one() -> None:
 )
 def test_a_straggler_runs_slower_for_its_period(fault: str, slowdown: float, tmp_path) -> None:
     # A quota cut to a quarter core makes a loop 4x slower; a competing busy process in the worker's
-    # cgroup (FlexRR's disrupted machine) takes half of its core's time. A loop is slowed when its share of
-    # a core (CPU over wall-clock time) is under 1.3x the slowed share: the share is exact whatever the host
-    # does, the slowdown against the loops' CPU time (the work) looser (a stop costs work, the host is noisy).
+    # cgroup (FlexRR's disrupted machine) takes half of its core's time. The share of a core is exact
+    # whatever the host does; the slowdown against the loops' CPU time (the work) is looser: on CI's VM the
+    # host's noise inflated the whole-core loops' CPU time and a 4x slowdown read 2.5x, and a throttled
+    # quarter core's cold restarts made it read 5.8x and 7.2x. So that reading is only checked to be far from
+    # none and not wildly over, measured again, up to three times, while it is out.
     cpu_loop_seconds(50)
     iterations = max(1, round(0.1 / (cpu_loop_seconds(200) / 200)))  # 0.1 s on a whole core: medians of many
     emulation = Emulation(devices="1,1", faults=fault)
-    times = launch_emulated(loop_times, iterations, 7.0, nprocs=2, emulation=emulation, log_dir=tmp_path)[1]
-    slowed = [cpu / wall < 1.3 / slowdown for wall, cpu in times]
-    runs = [[t for _, t in g] for k, g in itertools.groupby(zip(slowed, times, strict=True), key=lambda x: x[0]) if k]
-    period = max(runs, key=len, default=[])  # the longest run of slowed loops
-    walls = [wall for wall, _ in period]
-    assert len(period) >= 2
+
+    def measure() -> list[tuple[float, float]]:
+        times: list[tuple[float, float]] = launch_emulated(
+            loop_times, iterations, 7.0, nprocs=2, emulation=emulation, log_dir=tmp_path
+        )[1]
+        return times
+
+    def plausible(times: list[tuple[float, float]]) -> bool:
+        return 0.5 * slowdown <= _slowdown_against_work(times, slowdown) <= 2.0 * slowdown
+
+    times = measured_within(measure, plausible)
+    walls = [wall for wall, _ in _slowed_period(times, slowdown)]
+    assert len(walls) >= 2
     assert 3.0 - 2 * max(walls) <= sum(walls) <= 3.0 + max(walls)  # it lasts for=3 s, less its two edges
-    assert statistics.median(cpu / wall for wall, cpu in period) == pytest.approx(1 / slowdown, rel=0.15)
-    # Against the loops' CPU time the slowdown is loose: on CI's VM the host's noise inflated the whole-core
-    # loops' CPU time and a 4x slowdown read 2.5x, and a throttled quarter core's cold restarts made it read
-    # 5.8x and 7.2x (a median of two 0.2 s loops), so this only checks it is far from none and not wildly over
-    # (the share above holds the rate).
-    work = statistics.median(cpu for _, cpu in times)
-    assert 0.5 * slowdown <= statistics.median(walls) / work <= 2.0 * slowdown
+    shares = [cpu / wall for wall, cpu in _slowed_period(times, slowdown)]
+    assert statistics.median(shares) == pytest.approx(1 / slowdown, rel=0.15)
+    assert plausible(times), _slowdown_against_work(times, slowdown)
 
 
 def test_a_pause_stops_the_worker_for_its_duration(tmp_path) -> None:
