@@ -168,8 +168,8 @@ class EnergyConfig:
 class StragglersConfig:
     """Work reassignment among a replicated first stage's replicas (:mod:`conveyor.stragglers`)."""
 
-    mode: str = "flexrr"  # --stragglers: flexrr, slack or reassign
-    slack: int = 1  # steps a replica may run ahead of the slowest (flexrr or slack)
+    mode: str = "flexrr"  # --stragglers: flexrr, slack, reassign or backup
+    slack: int = 1  # steps a replica may run ahead of the slowest (flexrr or slack; the others are synchronous)
     chunks: int = 2  # chunks each replica owns per batch: the reassignment granularity
 
     def __post_init__(self) -> None:

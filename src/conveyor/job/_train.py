@@ -214,7 +214,7 @@ def _trainer(
     is one stage), a flexible one whose replicas share each batch's chunks."""
     stragglers = cfg.stragglers
     if stragglers is not None and flexible_layout(layout.replicas):
-        slack, reassign = mode_settings(stragglers.mode, stragglers.slack)
+        settings = mode_settings(stragglers.mode, stragglers.slack)
         return FlexiblePipeline(
             model,
             loss_fn=loss_fn,
@@ -222,8 +222,9 @@ def _trainer(
             balance=layout.balance,
             replicas=layout.replicas,
             chunks=stragglers.chunks,
-            slack=slack,
-            reassign=reassign,
+            slack=settings.slack,
+            reassign=settings.reassign,
+            backup=settings.backup,
             predict=cfg.optimizer.stale_correction,
             device=device,
             autocast=AUTOCAST[cfg.run.autocast],

@@ -1,13 +1,15 @@
-"""Stragglers (FlexRR): replicas that reassign work from slow peers and tolerate bounded staleness (slack)."""
+"""Stragglers (FlexRR): replicas that reassign work from slow peers, back up chunks stalled peers hold, and
+tolerate bounded staleness (slack)."""
 
 from conveyor.stragglers._claims import StepClaims
-from conveyor.stragglers._modes import MODES, flexible_layout, mode_settings
+from conveyor.stragglers._modes import MODES, ModeSettings, flexible_layout, mode_settings
 from conveyor.stragglers._route import Router
 from conveyor.stragglers._trainer import FlexiblePipeline, StepRecord
 
 __all__ = [
     "MODES",
     "FlexiblePipeline",
+    "ModeSettings",
     "Router",
     "StepClaims",
     "StepRecord",

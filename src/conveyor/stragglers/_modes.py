@@ -1,29 +1,43 @@
-"""The straggler modes of ``conveyor train --stragglers``: which of slack and reassignment each turns on, and
-the layouts they apply to."""
+"""The straggler modes of ``conveyor train --stragglers``: which of slack, reassignment and backups each turns
+on, and the layouts they apply to."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from conveyor.errors import InputError
 
-__all__ = ["MODES", "flexible_layout", "mode_settings"]
+__all__ = ["MODES", "ModeSettings", "flexible_layout", "mode_settings"]
 
-MODES = ("flexrr", "slack", "reassign", "off")  # FlexRR is both (Harlap et al., SoCC 2016)
+# FlexRR is slack and reassignment (Harlap et al., SoCC 2016); backup is reassignment and backups, synchronous.
+MODES = ("flexrr", "slack", "reassign", "backup", "off")
 
 
-def mode_settings(mode: str, slack: int) -> tuple[int, bool]:
-    """The slack and whether to reassign work, for ``mode`` with slack ``slack`` where it applies.
+class ModeSettings(NamedTuple):
+    """What a straggler mode turns on."""
+
+    slack: int
+    reassign: bool
+    backup: bool
+
+
+def mode_settings(mode: str, slack: int) -> ModeSettings:
+    """The settings of ``mode``, with slack ``slack`` where it applies.
 
     Example:
-        >>> [mode_settings(m, 2) for m in MODES]
-        [(2, True), (2, False), (0, True), (0, False)]
+        >>> [tuple(mode_settings(m, 2)) for m in MODES]
+        [(2, True, False), (2, False, False), (0, True, False), (0, True, True), (0, False, False)]
     """
     if mode not in MODES:
         raise InputError(f"unknown straggler mode {mode!r}: use one of {', '.join(MODES)}")
     if slack < 1 and mode in ("flexrr", "slack"):
         raise InputError(f"--stragglers {mode} needs --slack of at least 1, got {slack}")
-    return (slack if mode in ("flexrr", "slack") else 0), mode in ("flexrr", "reassign")
+    return ModeSettings(
+        slack=slack if mode in ("flexrr", "slack") else 0,
+        reassign=mode in ("flexrr", "reassign", "backup"),
+        backup=mode == "backup",
+    )
 
 
 def flexible_layout(replicas: Sequence[int]) -> bool:

@@ -35,8 +35,11 @@ where ``W(t - 1)`` is the weights one step earlier in the same run: until a run'
 ``s`` steps, whose gradients are applied with fewer than ``s`` updates between) there is nothing to
 extrapolate.
 
-Each step, each worker records the samples it ran, those it took from peers, its compute time and
-the time it waited for the all-reduce (:attr:`FlexiblePipeline.records`).
+**Backups** (synchronous only): a replica out of work runs again a chunk that a stalled peer holds past a
+deadline, and the first run to finish is used (:mod:`conveyor.stragglers._backup`).
+
+Each step, each worker records the samples it ran, those it took from peers, those it backed up and those
+dropped, its compute time and the time it waited for the all-reduce (:attr:`FlexiblePipeline.records`).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from conveyor.runtime import (
     to_device,
 )
 from conveyor.schedule import check_replicas, stage_workers
+from conveyor.stragglers._backup import Backups, ChunkBackedUp
 from conveyor.stragglers._claims import StepClaims
 from conveyor.stragglers._route import END, Arrival, Router
 
@@ -95,6 +99,8 @@ class StepRecord:
     taken: int  # of its samples, those taken from a peer's share
     compute_s: float  # forward and backward time (with a later stage's, what it waited for in between)
     wait_s: float  # time blocked on the all-reduce the update needed (slack 0: this step's)
+    backups: int = 0  # of its samples, those of chunks it ran as a backup of a stalled peer's (and won)
+    dropped: int = 0  # samples it ran (or began) whose result a peer's run replaced
 
 
 @dataclass
@@ -117,6 +123,7 @@ class FlexiblePipeline(StagePosition):
         chunks: chunks each replica owns per batch (the reassignment granularity).
         slack: ``s``, how many steps a replica may run ahead of the slowest (0: synchronous).
         reassign: let replicas take chunks from slow peers (``False``: a fixed split).
+        backup: let idle replicas run again chunks that stalled peers hold (needs ``slack=0``).
         predict: take gradients at the weights predicted ``slack`` updates ahead (see above).
         device: this worker's device; default ``cuda:LOCAL_RANK`` with CUDA, else CPU.
         autocast: run forwards and the loss under ``torch.autocast`` with this dtype (``torch.bfloat16``).
@@ -146,6 +153,7 @@ class FlexiblePipeline(StagePosition):
         chunks: int = 2,
         slack: int = 0,
         reassign: bool = True,
+        backup: bool = False,
         predict: bool = True,
         device: torch.device | str | None = None,
         autocast: torch.dtype | None = None,
@@ -154,6 +162,8 @@ class FlexiblePipeline(StagePosition):
             raise RuntimeError("torch.distributed is not initialised: run under conveyor.launch or torchrun")
         if chunks < 1 or slack < 0:
             raise InputError(f"chunks must be at least 1 and slack at least 0, got chunks={chunks}, slack={slack}")
+        if backup and slack:  # a replica running ahead does not wait for a stalled peer's chunk to back it up
+            raise InputError(f"backups need synchronous updates (slack 0), got slack={slack}")
         blocks = as_blocks(model)
         ranges = stage_ranges(balance if balance is not None else [len(blocks)], len(blocks))
         world = dist.get_world_size()
@@ -183,6 +193,9 @@ class FlexiblePipeline(StagePosition):
         self.predict = predict and slack > 0
         self.store = dist.distributed_c10d._get_default_store()
         self.router = Router(self.store, self.device)
+        self._backups = Backups(self.store) if backup and self.stage == 0 and counts[0] > 1 else None
+        if self._backups is not None:
+            self._backups.attach(self.module)
         # Every worker creates every group, as torch.distributed requires; data parallelism uses the world's.
         group = dist.new_group(stage_workers(counts)[0]) if self.num_stages > 1 and self.replicas > 1 else None
         self._group = group if self.stage == 0 and self.replicas > 1 else None
@@ -254,12 +267,13 @@ class FlexiblePipeline(StagePosition):
             self._first_arrival = first
             yield None, None
 
-    def _chunks(self, inputs: Any, record: StepRecord) -> Iterator[tuple[Arrival, int]]:
-        """This worker's chunks of the step, each with its sample count: claimed on the first stage,
-        received on the others."""
+    def _chunks(self, inputs: Any) -> Iterator[tuple[Arrival, int, str]]:
+        """This worker's chunks of the step, each with its sample count and how it came: ``own``, ``taken``
+        from a peer's share or a ``backup`` of a peer's run; claimed on the first stage, received on the
+        others."""
         if self.stage == 0:
             parts = split_batch(inputs, self.replicas * self.chunks)
-            count = sum(1 for x in parts if batch_size(x))
+            nonempty = [j for j, x in enumerate(parts) if batch_size(x)]
             claims = StepClaims(
                 self.store,
                 self._step_key(),
@@ -268,18 +282,18 @@ class FlexiblePipeline(StagePosition):
                 chunks=self.chunks,
                 reassign=self.reassign,
             )
-            for j, taken in claims:
-                n = batch_size(parts[j])
-                if n:
-                    record.taken += n if taken else 0
-                    yield Arrival(j, count, self.worker, to_device(parts[j], self.device)), n
+            takeovers = self._backups.takeovers(nonempty) if self._backups is not None else iter(())
+            sources = ((j, "taken" if taken else "own") for j, taken in claims), ((j, "backup") for j in takeovers)
+            for j, source in itertools.chain(*sources):
+                if n := batch_size(parts[j]):
+                    yield Arrival(j, len(nonempty), self.worker, to_device(parts[j], self.device)), n, source
             return
         first, self._first_arrival = self._first_arrival, None
         arrival = first or self.router.receive(self._queue(self.stage), 1)
-        yield arrival, batch_size(arrival.inputs)
+        yield arrival, batch_size(arrival.inputs), "own"
         for place in range(2, arrival.count + 1):
             arrival = self.router.receive(self._queue(self.stage), place)
-            yield arrival, batch_size(arrival.inputs)
+            yield arrival, batch_size(arrival.inputs), "own"
 
     def _compute(self, inputs: Any, targets: Any, record: StepRecord) -> _Pending:
         """Run this worker's chunks of one batch; start the all-reduce of their gradient sums."""
@@ -290,16 +304,18 @@ class FlexiblePipeline(StagePosition):
         loss_sum = torch.zeros((), dtype=self._dtype, device=self.device)
         for p in self.params:
             p.grad = None
-        for arrival, n in self._chunks(inputs, record):
-            with self._mixed():
-                out = self.module(arrival.inputs)
+        if self._backups is not None:
+            self._backups.prefix = self._step_key()
+        for arrival, n, source in self._chunks(inputs):
+            targets_j = to_device(y_parts[arrival.chunk], self.device) if y_parts is not None else None
+            out = self._chunk(arrival, targets_j, n, loss_sum)
+            if out is None:  # a peer's run of the chunk was used instead
+                record.dropped += n
+                continue
             record.samples, record.chunks = record.samples + n, record.chunks + 1
+            record.taken += n if source == "taken" else 0
+            record.backups += n if source == "backup" else 0
             if self.is_last:
-                assert y_parts is not None
-                with self._mixed():
-                    loss = self.loss_fn(out, to_device(y_parts[arrival.chunk], self.device))
-                (loss * n).backward()  # a sum over the chunk's samples
-                loss_sum += loss.detach() * n
                 if self.stage > 0:
                     self.router.send_grads(arrival)
                 continue
@@ -319,6 +335,54 @@ class FlexiblePipeline(StagePosition):
         work = dist.all_reduce(buffer, group=self._group, async_op=True) if self._reduces else None
         # The step's samples, all-reduced or not, are the batch's: a later stage runs every chunk.
         return _Pending(buffer, work, batch_size(inputs) if self.stage == 0 else record.samples)
+
+    def _chunk(self, arrival: Arrival, targets: Any, n: int, loss_sum: torch.Tensor) -> Any:
+        """Run one chunk: its forward, and on the last stage its loss (added to ``loss_sum``) and backward; its
+        output, or ``None`` where a peer's run of it was used (with backups, whose result is dropped here)."""
+        backups = self._backups
+        if backups is None:
+            return self._forward_backward(arrival, targets, n, loss_sum)
+        kept = [p.grad for p in self.params]  # the step's sum so far, apart from this chunk's gradient
+        for p in self.params:
+            p.grad = None
+        chunk_loss = torch.zeros_like(loss_sum)
+        backups.start(arrival.chunk)
+        try:
+            out = self._forward_backward(arrival, targets, n, chunk_loss, before_backward=backups.check)
+            won = backups.commit(arrival.chunk)
+        except ChunkBackedUp:
+            backups.abandon()
+            out, won = None, False
+        for p, g in zip(self.params, kept, strict=True):
+            if not won or p.grad is None:
+                p.grad = g
+            elif g is not None:
+                p.grad += g
+        if not won:
+            return None
+        loss_sum += chunk_loss
+        return out
+
+    def _forward_backward(
+        self,
+        arrival: Arrival,
+        targets: Any,
+        n: int,
+        loss_sum: torch.Tensor,
+        before_backward: Callable[[], None] | None = None,
+    ) -> Any:
+        """The chunk's forward; on the last stage also its loss (added to ``loss_sum``) and its backward."""
+        with self._mixed():
+            out = self.module(arrival.inputs)
+        if not self.is_last:
+            return out
+        with self._mixed():
+            loss = self.loss_fn(out, targets)
+        if before_backward is not None:
+            before_backward()
+        (loss * n).backward()  # a sum over the chunk's samples
+        loss_sum += loss.detach() * n
+        return out
 
     def _mixed(self) -> contextlib.AbstractContextManager[Any]:
         """``torch.autocast`` to the trainer's dtype, or nothing."""
