@@ -138,6 +138,10 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         (["bench", "schedules", "--forward-ms", "0", "--backward-ms", "0"], "not both 0"),
         (["train", "--workers", "4", "--network", "3:1e9"], "--network 3:1e9 has 3 workers but the job has 4"),
         (["train", "--devices", "1,fast"], "cannot read device 'fast' of --devices '1,fast'"),
+        (
+            ["train", "--devices", "1", "--cpu-slice", "2"],
+            "--cpu-slice is 0.001 to 1 second (the kernel's quota), got 2",
+        ),
         (["train", "--faults", "pause:worker=9,at=1,for=1"], "worker=9 is out of range: this job's workers are 0..3"),
         (["emulate", "check"], "conveyor emulate check needs --network, --devices or both"),
         (["train", "--stragglers", "flexrr", "--slack", "0"], "--stragglers flexrr needs --slack of at least 1, got 0"),

@@ -56,7 +56,43 @@ def test_a_failed_run_is_reported_and_the_others_still_run(monkeypatch, tmp_path
     assert report["failed"] == [failed]
     slow = report["results"][0]
     assert slow["ideal_seconds"] == pytest.approx(10.0 * 1.8 / 1.5) and slow["ratio_to_ideal"] == pytest.approx(1.25)
-    assert report["goals"]["off_met"] is False and report["goals"]["off_ratio_to_ideal"] == {}
+    goals = report["goals"]
+    assert goals["off_met"] is False and goals["ratio_to_ideal"] == {"flexrr": {"mlp:4/slow-worker": 1.25}, "off": {}}
+    assert goals["best_mode"] == {"mlp:4/slow-worker": {"mode": "flexrr", "ratio_to_ideal": 1.25}}
+    assert goals["met"] == {"flexrr": False, "off": False}  # 1.25x on a slow worker; off has no jittered run
+
+
+def _result(pattern: str, mode: str, ratio: float, accuracy: float) -> dict[str, object]:
+    return {
+        "model": "m",
+        "layout": "4",
+        "pattern": pattern,
+        "mode": mode,
+        "ratio_to_ideal": ratio,
+        "accuracy_points_below_no_jitter": 100 * (0.9 - accuracy),
+    }
+
+
+def test_a_mode_meets_the_goals_within_each_patterns_ratio_and_a_point_of_accuracy() -> None:
+    results = [
+        _result("slow-worker", "backup", 1.09, 0.9),
+        _result("power-law", "backup", 1.24, 0.895),  # power-law's goal is 1.25x
+        _result("none", "backup", 1.0, 0.9),
+        _result("slow-worker", "flexrr", 1.05, 0.9),
+        _result("power-law", "flexrr", 1.2, 0.88),  # fast, but 2 points less accurate
+        _result("none", "flexrr", 1.0, 0.9),
+        _result("slow-worker", "off", 1.5, 0.9),
+        _result("power-law", "off", 1.6, 0.9),
+        _result("none", "off", 1.0, 0.9),
+    ]
+    goals = stragglers._goals(results)
+    assert goals["met"] == {"backup": True, "flexrr": False, "off": False}
+    assert goals["best_mode"] == {
+        "m:4/slow-worker": {"mode": "flexrr", "ratio_to_ideal": 1.05},
+        "m:4/power-law": {"mode": "flexrr", "ratio_to_ideal": 1.2},
+    }
+    assert goals["off_met"] is True  # the slow worker slowed the synchronous mode at least 1.4x
+    assert goals["worst_accuracy_points_below_no_jitter"] == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize(
@@ -79,22 +115,23 @@ def test_a_small_run_reports_every_pattern_and_mode(tmp_path) -> None:
     # A pipeline case only (data parallelism is the one-stage case of the same trainer, tested in
     # tests/stragglers), to keep the suite short.
     cfg = StragglersConfig(
-        cases=("mlp:2-1:32",), epochs=1, batch_size=64, period=1.0, patterns=("slow-worker", "none"), modes=("flexrr",)
+        cases=("mlp:2-1:32",), epochs=1, batch_size=64, period=1.0, patterns=("slow-worker", "none"), modes=("backup",)
     )
     report = run(cfg, str(tmp_path / "ratios.png"), keep=str(tmp_path / "runs"))
     runs = [(r["layout"], r["pattern"], r["mode"]) for r in report["results"]]
-    assert runs == [("2-1", p, "flexrr") for p in ("slow-worker", "none")]
+    assert runs == [("2-1", p, "backup") for p in ("slow-worker", "none")]
     slow_pipe, calm_pipe = report["results"]
     # Only the pipeline's replicas are slowed (one of the two at any time), and they share the work.
     assert calm_pipe["mean_capacity_cores"] == pytest.approx(3 * 0.45)
     assert slow_pipe["mean_capacity_cores"] == pytest.approx(3 * 0.45 - 0.45 * (1 - 0.333), rel=0.05)
     assert calm_pipe["ratio_to_ideal"] == pytest.approx(1.0)  # the fastest no-jitter run is its own ideal
     assert slow_pipe["samples_moved"] > 0  # the fast replica took the slow one's work
-    faults = [json.loads(line) for line in (tmp_path / "runs/mlp-2-1-slow-worker-flexrr/faults.jsonl").open()]
+    faults = [json.loads(line) for line in (tmp_path / "runs/mlp-2-1-slow-worker-backup/faults.jsonl").open()]
     assert {w for f in faults if f.get("kind") == "slow" for w in f["workers"]} <= {0, 1}
-    steps = [json.loads(line) for line in (tmp_path / "runs/mlp-2-1-slow-worker-flexrr/stragglers.jsonl").open()]
+    steps = [json.loads(line) for line in (tmp_path / "runs/mlp-2-1-slow-worker-backup/stragglers.jsonl").open()]
     assert {s["replica"] for s in steps if s["stage"] == 0} == {0, 1}
     assert sum(s["samples"] for s in steps if s["stage"] == 1) == 1437  # one epoch, every sample once
     assert (tmp_path / "ratios.png").stat().st_size > 0
-    assert set(report["goals"]) >= {"flexrr_met", "off_met", "worst_accuracy_points_below_no_jitter"}
+    assert slow_pipe["samples_dropped"] >= slow_pipe["samples_backed_up"] >= 0  # each used backup dropped a run
+    assert set(report["goals"]) >= {"met", "best_mode", "off_met", "worst_accuracy_points_below_no_jitter"}
     assert report["failed"] == []

@@ -60,3 +60,20 @@ def test_the_next_job_removes_the_cgroups_of_a_dead_launcher() -> None:
         assert all((root / live).exists() for root in cgroup_roots())  # this process is alive: its job stays
     finally:
         remove_job(live)
+
+
+@pytest.mark.parametrize(
+    ("run_us", "cores", "quota", "period"), [(25_000, 0.25, 25_000, 100_000), (5_000, 0.15, 5_000, 33_333)]
+)
+def test_the_cpu_slice_is_the_run_between_stops(run_us: int, cores: float, quota: int, period: int) -> None:
+    job = f"job-{os.getpid()}-slice"
+    group = WorkerCgroup(job, "w0", run_us=run_us)
+    try:
+        group.set_cores(cores)
+        if group.v2:
+            assert (group.dirs[0] / "cpu.max").read_text().split() == [str(quota), str(period)]
+        else:
+            assert int((group.dirs[0] / "cpu.cfs_quota_us").read_text()) == quota
+            assert int((group.dirs[0] / "cpu.cfs_period_us").read_text()) == period
+    finally:
+        remove_job(job)

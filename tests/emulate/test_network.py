@@ -57,6 +57,10 @@ def test_devices_by_count_and_by_type() -> None:
         (Emulation(devices="1,x"), r"^cannot read device 'x'"),
         (Emulation(devices="1,1"), r"^--devices '1,1' describes 2 workers but the job has 4$"),
         (Emulation(devices="0,1,1,1"), r"^device '0' needs cores > 0"),
+        (
+            Emulation(devices="1", cpu_slice=0.0001),
+            r"^--cpu-slice is 0.001 to 1 second \(the kernel's quota\), got 0.0001$",
+        ),
         (Emulation(faults="pause:worker=7,at=1,for=1"), r"7"),
         (Emulation(faults="link-down:server=0,at=1,for=1"), r"^a link-down fault needs --network with at least two"),
     ],

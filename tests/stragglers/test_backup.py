@@ -96,3 +96,16 @@ def test_before_the_deadline_a_run_asks_the_store_nothing() -> None:
     time.sleep(0.02)
     slow.check()  # past the deadline: one look (nobody won it, so the run goes on)
     assert Counting.checks == 1
+
+
+def test_a_backup_looks_from_its_start() -> None:
+    store = dist.HashStore()
+    backup, owner = Backups(store), Backups(store)
+    backup.prefix = owner.prefix = "step0"
+    _timed(backup, 10.0)
+    backup.start(2, backup=True)
+    backup.check()  # nobody has won it yet
+    owner.start(2)
+    assert owner.commit(2)
+    with pytest.raises(ChunkBackedUp):
+        backup.check()  # long before its 20 s deadline

@@ -43,7 +43,13 @@ PATTERNS = {
     "power-law": "power-law:alpha=1.5,scale={pause},period={period},seed={seed},among={among}",
     "none": "",
 }
-GOALS = {"flexrr_ratio_to_ideal": 1.10, "off_ratio_to_ideal_at_least": 1.4, "accuracy_points": 1.0}
+# The time goal of a mode per pattern, its accuracy goal (points below the synchronous no-jitter run), and how
+# much the patterns must slow the synchronous mode for the goals to mean anything.
+GOALS: dict[str, Any] = {
+    "ratio_to_ideal": {"slow-worker": 1.10, "disrupted-machine": 1.10, "power-law": 1.25},
+    "accuracy_points": 1.0,
+    "off_ratio_to_ideal_at_least": 1.4,
+}
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,8 @@ class StragglersConfig:
     batch_size: int = 256
     lr: float = 0.05
     chunks: int = 2
-    slack: int = 2
+    slack: int = 1  # flexrr's and slack's (at 2 the vgg pipeline diverged)
+    cpu_slice: float = 0.005  # a slowed device runs 5 ms between stops: slowed within a step, not stopped
     period: float = 1.0  # seconds between the patterns' events
     pause: float = 0.1  # power-law: the shortest pause
     seed: int = 0
@@ -149,6 +156,7 @@ def _train_config(cfg: StragglersConfig, case: Case, pattern: str, mode: str, ru
         seed=cfg.seed,
         network=_network(cfg, case.workers),
         devices=f"{cfg.cores:g}",
+        cpu_slice=cfg.cpu_slice,
         faults=faults or None,
         stragglers=mode,
         slack=cfg.slack,
@@ -187,6 +195,8 @@ def _run_one(cfg: StragglersConfig, case: Case, pattern: str, mode: str, run_dir
         "seconds": summary.seconds,
         "final_accuracy": summary.accuracy[-1],
         "samples_moved": sum(s["taken"] for s in replicas),
+        "samples_backed_up": sum(s["backups"] for s in replicas),
+        "samples_dropped": sum(s["dropped"] for s in replicas),
         "wait_s": sum(s["wait_s"] for s in replicas) / case.replicas[0] if steps else None,  # per replica
         "mean_capacity_cores": mean_capacity(events, cfg.cores, case.workers, start, end),
         "workers": case.workers,
@@ -214,20 +224,31 @@ def _ideal(results: list[dict[str, Any]], cfg: StragglersConfig) -> None:
 
 
 def _goals(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode, its ratio to the ideal per case and pattern and whether it met every goal; per case and
+    pattern, the best mode; whether the patterns slowed the synchronous mode enough to mean anything."""
+
     def key(r: dict[str, Any]) -> str:
         return f"{r['model']}:{r['layout']}/{r['pattern']}"
 
-    flexrr = {key(r): r["ratio_to_ideal"] for r in results if r["mode"] == "flexrr"}
-    off = {
-        key(r): r["ratio_to_ideal"]
-        for r in results
-        if r["mode"] == "off" and r["pattern"] in ("slow-worker", "disrupted-machine")
+    jittered = [r for r in results if r["pattern"] in GOALS["ratio_to_ideal"]]
+    modes = list(dict.fromkeys(r["mode"] for r in results))
+    ratios = {m: {key(r): r["ratio_to_ideal"] for r in jittered if r["mode"] == m} for m in modes}
+    met = {
+        m: bool(ratios[m])
+        and all(r["ratio_to_ideal"] <= GOALS["ratio_to_ideal"][r["pattern"]] for r in jittered if r["mode"] == m)
+        and all(_accurate(r) for r in results if r["mode"] == m)
+        for m in modes
     }
+    best = {}
+    for k in dict.fromkeys(key(r) for r in jittered):
+        winner = min((r for r in jittered if key(r) == k), key=lambda r: r["ratio_to_ideal"])
+        best[k] = {"mode": winner["mode"], "ratio_to_ideal": winner["ratio_to_ideal"]}
+    off = {k: v for k, v in ratios.get("off", {}).items() if k.endswith(("/slow-worker", "/disrupted-machine"))}
     return {
         "targets": GOALS,
-        "flexrr_ratio_to_ideal": flexrr,
-        "flexrr_met": bool(flexrr) and max(flexrr.values()) <= GOALS["flexrr_ratio_to_ideal"],
-        "off_ratio_to_ideal": off,
+        "ratio_to_ideal": ratios,
+        "met": met,
+        "best_mode": best,
         "off_met": bool(off) and min(off.values()) >= GOALS["off_ratio_to_ideal_at_least"],
         "worst_accuracy_points_below_no_jitter": max(
             (r["accuracy_points_below_no_jitter"] for r in results if r["accuracy_points_below_no_jitter"] is not None),
@@ -236,8 +257,14 @@ def _goals(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _accurate(run: dict[str, Any]) -> bool:
+    """Whether a run's final accuracy is within the goal's points of the synchronous no-jitter run's."""
+    drop = run["accuracy_points_below_no_jitter"]
+    return drop is not None and drop <= GOALS["accuracy_points"]
+
+
 def plot(results: list[dict[str, Any]], path: str | Path, cores: float) -> None:
-    """One panel per case: bars of each mode's ratio to the ideal, grouped by pattern, with the 1.10 goal."""
+    """One panel per case: bars of each mode's ratio to the ideal, grouped by pattern, each with its goal."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -256,7 +283,9 @@ def plot(results: list[dict[str, Any]], path: str | Path, cores: float) -> None:
                 for p in patterns
             ]
             ax.bar([j + i * width for j in range(len(patterns))], ratios, width, label=mode)
-        ax.axhline(GOALS["flexrr_ratio_to_ideal"], color="black", linestyle="--", linewidth=1, label="goal 1.10")
+        for j, pattern in enumerate(patterns):  # each pattern's goal, across its group of bars
+            goal = GOALS["ratio_to_ideal"].get(pattern, 1.0)
+            ax.hlines(goal, j - width / 2, j + 0.8 - width / 2, color="black", linestyle="--", linewidth=1)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(patterns))], patterns)
         ax.set_ylabel("wall time / ideal")
         what = "data-parallel workers" if "-" not in layout else "pipeline"

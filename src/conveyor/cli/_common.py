@@ -92,14 +92,27 @@ def write_json(path: Path, data: object) -> None:
     console.print(f"wrote {path}")
 
 
-def add_emulation(parser: argparse.ArgumentParser, faults: bool = True) -> None:
+def add_emulation(parser: argparse.ArgumentParser, faults: bool = True, cpu_slice: bool = False) -> None:
     """The options that run a command's workers on an emulated cluster (conveyor.emulate)."""
     group = parser.add_argument_group("emulated cluster (needs root)")
     group.add_argument("--network", default=None, help="a topology to emulate, e.g. 2:1.25e9,2:1.25e7 (2 servers of 2)")
     group.add_argument("--devices", default=None, help="CPU cores per worker: 1,1,0.5,0.5 or fast=1.0:2,slow=0.25:2")
+    if cpu_slice:
+        add_cpu_slice(group)
     if faults:
         group.add_argument(
             "--faults",
             default=None,
             help="a JSON file, events or patterns, ';'-separated (docs/guides/emulated-cluster.md)",
         )
+
+
+def add_cpu_slice(group: argparse._ActionsContainer) -> None:
+    """``--cpu-slice``: how long an emulated device's quota lets it run before each stop."""
+    group.add_argument(
+        "--cpu-slice",
+        type=float,
+        default=0.025,
+        help="seconds an emulated device runs before each stop of its quota (default 0.025; shorter slows it more "
+        "evenly, each stop costing some work)",
+    )

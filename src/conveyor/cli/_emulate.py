@@ -18,7 +18,7 @@ def add_parser(sub: Any) -> None:
     emulate = sub.add_parser("emulate", help="an emulated shared cluster on this machine (needs root)")
     which = emulate.add_subparsers(dest="emulate", required=True)
     check = which.add_parser("check", help="measure every emulated link and device and print them beside the spec")
-    add_emulation(check, faults=False)
+    add_emulation(check, faults=False, cpu_slice=True)
     check.add_argument("--workers", type=positive, default=None, help="default: the topology's or the devices' count")
     check.add_argument("--json", type=Path, default=None, help="write the report here")
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> None:
     if not (args.network or args.devices):
         raise InputError("conveyor emulate check needs --network, --devices or both")
     workers = args.workers or (Topology.parse(args.network).workers if args.network else len(args.devices.split(",")))
-    report = check_cluster(Emulation(args.network, args.devices), workers)
+    report = check_cluster(Emulation(args.network, args.devices, cpu_slice=args.cpu_slice), workers)
     if report["links"]:
         links = Table("from", "to", "spec MB/s", "measured MB/s", "error", "spec latency", "measured latency")
         for link in report["links"]:

@@ -243,7 +243,7 @@ def add_parser(sub: Any) -> None:
     keeper.add_argument("--register", action="store_true", help="put the final model into the model store")
     keeper.add_argument("--store", default=None, help="the model store's folder (default: the user's data dir)")
     train.add_argument("--json", type=Path, default=None, help="also write the run's summary here")
-    add_emulation(train)
+    add_emulation(train, cpu_slice=True)
 
 
 def _batch_size(text: str) -> int | tuple[str, int]:
@@ -257,7 +257,6 @@ def _batch_size(text: str) -> int | tuple[str, int]:
 def run(args: argparse.Namespace) -> int:
     if not args.join and not under_torchrun():
         start_worker_server()  # it imports torch for the workers while this process does for itself
-    from conveyor.emulate import Emulation
     from conveyor.job import (
         OPTION_FIELDS,
         ElasticSummary,
@@ -298,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
         data.tensor_inputs("an elastic job")  # its steps take one input tensor
     # and a layout that cannot work
     fixed_layout(cfg, len(model), cfg.layout.workers or explicit_workers(cfg.layout) or 0)
-    Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults).check(workers)  # and so on
+    cfg.emulation.emulation().check(workers)  # and so on
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(
             f"training {cfg.model.name} on {data.name}: {data.samples} training samples, "

@@ -13,14 +13,25 @@ import signal
 import time
 from pathlib import Path
 
-__all__ = ["CgroupError", "WorkerCgroup", "cgroup_roots", "job_name", "remove_job", "remove_stale_jobs"]
+__all__ = [
+    "MIN_RUN_US",
+    "RUN_US",
+    "CgroupError",
+    "WorkerCgroup",
+    "cgroup_roots",
+    "job_name",
+    "remove_job",
+    "remove_stale_jobs",
+]
 
 _ROOT = Path("/sys/fs/cgroup")
-# Each period lets a worker run this long, then stops it until the next. Every stop costs work (on the VM
-# this was measured on, about 1.3 ms of CPU per stop: cold caches, a vCPU waking), so the runs must be long
-# for the rate to hold (a 5 ms run made a 0.1-core device 13% slow, a 25 ms run within 6%); a slower device
-# then has a longer period, and stops as long, relative to its speed, as a faster one.
-_RUN_US = 25_000
+# Each period lets a worker run this long (the default of ``--cpu-slice``), then stops it until the next.
+# Every stop costs work (on the VM this was measured on, about 1.3 ms of CPU per stop: cold caches, a vCPU
+# waking), so the runs must be long for the rate to hold (a 5 ms run made a 0.1-core device 13% slow, a
+# 25 ms run within 6%); a slower device then has a longer period, and stops as long, relative to its speed,
+# as a faster one. A shorter run slows a device more evenly, at that cost.
+RUN_US = 25_000
+MIN_RUN_US = 1_000  # the kernel's shortest quota and period
 _MAX_PERIOD_US = 1_000_000  # the kernel's longest period
 
 
@@ -46,9 +57,11 @@ def job_name(counter: int) -> str:
 
 
 class WorkerCgroup:
-    """The cgroup(s) named ``name`` (``w0``, ``w1``, ...) of job ``job``, made unless ``create`` is false."""
+    """The cgroup(s) named ``name`` (``w0``, ``w1``, ...) of job ``job``, made unless ``create`` is false; a
+    quota lets the worker run ``run_us`` microseconds at a time."""
 
-    def __init__(self, job: str, name: str, create: bool = True) -> None:
+    def __init__(self, job: str, name: str, create: bool = True, run_us: int = RUN_US) -> None:
+        self.run_us = run_us
         self.roots = cgroup_roots()
         self.v2 = len(self.roots) == 1
         self.dirs = tuple(root / job / name for root in self.roots)
@@ -70,9 +83,9 @@ class WorkerCgroup:
     def set_cores(self, cores: float) -> None:
         """Let the worker use ``cores`` CPU cores' worth of time (``inf``: no limit)."""
         if cores == float("inf"):
-            quota, period = -1, _RUN_US
+            quota, period = -1, self.run_us
         else:
-            period = min(_MAX_PERIOD_US, max(_RUN_US, round(_RUN_US / cores)))
+            period = min(_MAX_PERIOD_US, max(self.run_us, round(self.run_us / cores)))
             quota = round(cores * period)
         if self.v2:
             _write(self.dirs[0] / "cpu.max", f"{'max' if quota < 0 else quota} {period}")

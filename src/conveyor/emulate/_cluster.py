@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from conveyor.emulate._cgroups import WorkerCgroup, job_name, remove_job, remove_stale_jobs
+from conveyor.emulate._cgroups import MIN_RUN_US, RUN_US, WorkerCgroup, job_name, remove_job, remove_stale_jobs
 from conveyor.emulate._devices import Device, parse_devices
 from conveyor.emulate._faults import Fault, parse_faults
 from conveyor.emulate._janitor import start_janitor
@@ -29,7 +29,8 @@ _jobs = itertools.count()
 @dataclass(frozen=True)
 class Emulation:
     """What to emulate: ``network`` (a topology string), ``devices`` (cores per worker) and ``faults`` (a
-    fault spec); each ``None`` when not wanted.
+    fault spec); each ``None`` when not wanted. ``cpu_slice``: the seconds a device's quota lets it run
+    before each stop (shorter: slowed more evenly, each stop costing some work).
 
     Example:
         >>> Emulation(network="2:1.25e9,2:1.25e7").topology(4).levels[1].bandwidth
@@ -39,6 +40,7 @@ class Emulation:
     network: str | None = None
     devices: str | None = None
     faults: str | None = None
+    cpu_slice: float = RUN_US / 1e6
 
     @property
     def active(self) -> bool:
@@ -71,6 +73,8 @@ class Emulation:
         """Every input and privilege this needs, checked with one line each before any worker starts."""
         topology = self.topology(workers)
         self.device_list(workers)
+        if not MIN_RUN_US / 1e6 <= self.cpu_slice <= 1.0:
+            raise InputError(f"--cpu-slice is 0.001 to 1 second (the kernel's quota), got {self.cpu_slice:g}")
         faults = self.fault_list(workers)
         if topology is not None:
             require_network()
@@ -145,7 +149,8 @@ class Cluster:
                 self.job = job_name(next(_jobs))
                 self._janitor = start_janitor(self.job)
                 for rank in range(self.workers):
-                    self.cgroups.append(WorkerCgroup(self.job, f"w{rank}"))
+                    run_us = round(self.emulation.cpu_slice * 1e6)
+                    self.cgroups.append(WorkerCgroup(self.job, f"w{rank}", run_us=run_us))
                     self.cgroups[-1].set_cores(self.base_cores(rank))
         except BaseException:
             self.close()

@@ -99,7 +99,7 @@ def _layouts(
         microbatch = example[: max(1, cfg.optimizer.batch_size // microbatches)]
         device = resolve_device(cfg.run.device)  # where the job computes
         measured = profile(copy.deepcopy(model), microbatch, name=cfg.model.name, device=device, repeats=3, warmup=1)
-        topology = Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults).topology(workers)
+        topology = cfg.emulation.emulation().topology(workers)
         bandwidth = min(level.bandwidth for level in topology.levels) if topology is not None else DEFAULT_BANDWIDTH
         store.set("bandwidth", repr(bandwidth))
         store.set("profile", measured.to_json())  # (a copy: profiling moves BatchNorm's running statistics)
@@ -159,7 +159,7 @@ def train_elastic(cfg: TrainConfig) -> ElasticSummary:
     """Run ``cfg`` as an elastic job on local workers (or the emulated cluster); return the run's summary."""
     run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "elastic.jsonl"))
     workers = cfg.layout.workers or 4
-    emulation = Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults)
+    emulation = cfg.emulation.emulation()
     check_faults(emulation, _section(cfg)[1], workers)
     launch_elastic(_worker, cfg, str(run_dir), workers, nprocs=workers, folder=run_dir, emulation=emulation)
     history = read_jsonl(run_dir / "metrics.jsonl")

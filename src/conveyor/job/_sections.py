@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from conveyor.emulate import Emulation
 from conveyor.energy import check_meter_spec, check_power_limit_spec
 from conveyor.errors import InputError
 from conveyor.job._zoo import model_arguments
@@ -136,6 +137,11 @@ class EmulationConfig:
     network: str | None = None  # an emulated network's topology
     devices: str | None = None  # emulated devices: CPU cores per worker
     faults: str | None = None  # faults to apply on the emulated cluster
+    cpu_slice: float = 0.025  # seconds a device's quota lets it run before each stop
+
+    def emulation(self) -> Emulation:
+        """The emulated cluster this section describes."""
+        return Emulation(self.network, self.devices, self.faults, self.cpu_slice)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -291,7 +291,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "stragglers.jsonl"))
     if cfg.run.checkpoint:
         Path(cfg.run.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-    emulation = Emulation(cfg.emulation.network, cfg.emulation.devices, cfg.emulation.faults)
+    emulation = cfg.emulation.emulation()
     cfg, recurring, stop_above = start_recurrence(cfg, lambda: model_and_data(cfg)[1].samples, nprocs)
     plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
     state = RunState(stop_above=stop_above, warm_start_plan=plan)

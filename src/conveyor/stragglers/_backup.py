@@ -18,7 +18,8 @@ key ``backup/j``, taken by one ``add`` too).
 
 A run that has gone past the deadline itself looks, before each of its blocks and before its backward,
 whether the chunk was won meanwhile, and stops if so (:class:`ChunkBackedUp`): a slowed replica gives up work
-a peer has done and reaches the all-reduce sooner. Before the deadline a run does no store round trip.
+a peer has done and reaches the all-reduce sooner. Before the deadline a run does no store round trip; a
+backup looks from its start, as the run it backs up may end at any moment.
 
 Random state: a chunk's backup draws its own random numbers (dropout's masks differ from the stalled
 run's); the result is another draw from the same distribution, not the same tensor.
@@ -55,7 +56,7 @@ class Backups:
         self.store, self.factor, self.poll_s = store, factor, poll_s
         self.times: deque[float] = deque(maxlen=history)
         self.prefix = ""  # the current step's store keys
-        self._watched: tuple[str, float] | None = None  # the running chunk's key and its start
+        self._watched: tuple[str, float, float] | None = None  # the running chunk's key, start and deadline
 
     def deadline_s(self) -> float:
         """How long a chunk may stay unfinished, after this replica went idle, before it is backed up."""
@@ -66,16 +67,16 @@ class Backups:
         for block in module.children():
             block.register_forward_pre_hook(lambda *_: self.check())
 
-    def start(self, chunk: int) -> None:
-        """A run of ``chunk`` begins here."""
-        self._watched = (f"{self.prefix}/won/{chunk}", time.perf_counter())
+    def start(self, chunk: int, backup: bool = False) -> None:
+        """A run of ``chunk`` begins here (``backup``: of a peer's run, watched from its start)."""
+        self._watched = (f"{self.prefix}/won/{chunk}", time.perf_counter(), 0.0 if backup else self.deadline_s())
 
     def check(self) -> None:
         """Raise :class:`ChunkBackedUp` if the running chunk is past the deadline and a peer has won it."""
         if self._watched is None:
             return
-        key, started = self._watched
-        if time.perf_counter() - started > self.deadline_s() and self.store.check([key]):
+        key, started, deadline = self._watched
+        if time.perf_counter() - started >= deadline and self.store.check([key]):
             raise ChunkBackedUp(key)
 
     def commit(self, chunk: int) -> bool:

@@ -308,7 +308,7 @@ class FlexiblePipeline(StagePosition):
             self._backups.prefix = self._step_key()
         for arrival, n, source in self._chunks(inputs):
             targets_j = to_device(y_parts[arrival.chunk], self.device) if y_parts is not None else None
-            out = self._chunk(arrival, targets_j, n, loss_sum)
+            out = self._chunk(arrival, targets_j, n, loss_sum, backup=source == "backup")
             if out is None:  # a peer's run of the chunk was used instead
                 record.dropped += n
                 continue
@@ -336,7 +336,7 @@ class FlexiblePipeline(StagePosition):
         # The step's samples, all-reduced or not, are the batch's: a later stage runs every chunk.
         return _Pending(buffer, work, batch_size(inputs) if self.stage == 0 else record.samples)
 
-    def _chunk(self, arrival: Arrival, targets: Any, n: int, loss_sum: torch.Tensor) -> Any:
+    def _chunk(self, arrival: Arrival, targets: Any, n: int, loss_sum: torch.Tensor, backup: bool = False) -> Any:
         """Run one chunk: its forward, and on the last stage its loss (added to ``loss_sum``) and backward; its
         output, or ``None`` where a peer's run of it was used (with backups, whose result is dropped here)."""
         backups = self._backups
@@ -346,7 +346,7 @@ class FlexiblePipeline(StagePosition):
         for p in self.params:
             p.grad = None
         chunk_loss = torch.zeros_like(loss_sum)
-        backups.start(arrival.chunk)
+        backups.start(arrival.chunk, backup)
         try:
             out = self._forward_backward(arrival, targets, n, chunk_loss, before_backward=backups.check)
             won = backups.commit(arrival.chunk)
