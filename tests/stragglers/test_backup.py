@@ -3,6 +3,7 @@
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -109,3 +110,23 @@ def test_a_backup_looks_from_its_start() -> None:
     assert owner.commit(2)
     with pytest.raises(ChunkBackedUp):
         backup.check()  # long before its 20 s deadline
+
+
+def test_a_runs_gradient_joins_the_sum_only_if_it_wins() -> None:
+    store = dist.HashStore()
+    first, second = Backups(store), Backups(store)
+    first.prefix = second.prefix = "step0"
+    w = torch.ones(2, requires_grad=True)
+    w.grad = torch.tensor([10.0, 10.0])  # the step's sum so far
+
+    def compute(check):
+        check()
+        (w * torch.tensor([1.0, 2.0])).sum().backward()
+        return "out"
+
+    assert first.run(0, [w], compute) == (True, "out")
+    assert w.grad.tolist() == [11.0, 12.0]  # the winner's gradient added to the sum
+    assert second.run(0, [w], compute, backup=True) == (False, None)
+    assert w.grad.tolist() == [11.0, 12.0]  # the loser's dropped (a backup stops at its first look)
+    assert second.run(1, [w], lambda check: None) == (True, None)
+    assert w.grad.tolist() == [11.0, 12.0]  # a run that made no gradient leaves the sum as it was

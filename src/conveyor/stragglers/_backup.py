@@ -30,8 +30,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -89,6 +91,37 @@ class Backups:
     def abandon(self) -> None:
         """The running chunk stopped (:class:`ChunkBackedUp`): nothing is watched."""
         self._watched = None
+
+    def run(
+        self,
+        chunk: int,
+        params: Sequence[torch.Tensor],
+        compute: Callable[[Callable[[], None]], Any],
+        *,
+        backup: bool = False,
+    ) -> tuple[bool, Any]:
+        """Run ``compute(check)`` as a run of ``chunk``: whether it won, and what ``compute`` returned.
+
+        The run's gradients are kept apart from the sums ``params`` hold until it wins, then added; a run
+        that loses, or stops because a peer won, leaves the sums as they were. ``compute`` calls ``check``
+        where it may stop (before a backward); the blocks of an attached module look by themselves.
+        """
+        kept = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        self.start(chunk, backup)
+        try:
+            out = compute(self.check)
+            won = self.commit(chunk)
+        except ChunkBackedUp:
+            self.abandon()
+            out, won = None, False
+        for p, g in zip(params, kept, strict=True):
+            if not won or p.grad is None:
+                p.grad = g
+            elif g is not None:
+                p.grad += g
+        return won, out
 
     def takeovers(self, chunks: Sequence[int]) -> Iterator[int]:
         """Once idle: the chunks of ``chunks`` still unfinished at the deadline that this replica backs up."""

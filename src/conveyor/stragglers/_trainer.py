@@ -77,7 +77,7 @@ from conveyor.runtime import (
     to_device,
 )
 from conveyor.schedule import check_replicas, stage_workers
-from conveyor.stragglers._backup import Backups, ChunkBackedUp
+from conveyor.stragglers._backup import Backups
 from conveyor.stragglers._claims import StepClaims
 from conveyor.stragglers._route import END, Arrival, Router
 
@@ -339,29 +339,18 @@ class FlexiblePipeline(StagePosition):
     def _chunk(self, arrival: Arrival, targets: Any, n: int, loss_sum: torch.Tensor, backup: bool = False) -> Any:
         """Run one chunk: its forward, and on the last stage its loss (added to ``loss_sum``) and backward; its
         output, or ``None`` where a peer's run of it was used (with backups, whose result is dropped here)."""
-        backups = self._backups
-        if backups is None:
+        if self._backups is None:
             return self._forward_backward(arrival, targets, n, loss_sum)
-        kept = [p.grad for p in self.params]  # the step's sum so far, apart from this chunk's gradient
-        for p in self.params:
-            p.grad = None
         chunk_loss = torch.zeros_like(loss_sum)
-        backups.start(arrival.chunk, backup)
-        try:
-            out = self._forward_backward(arrival, targets, n, chunk_loss, before_backward=backups.check)
-            won = backups.commit(arrival.chunk)
-        except ChunkBackedUp:
-            backups.abandon()
-            out, won = None, False
-        for p, g in zip(self.params, kept, strict=True):
-            if not won or p.grad is None:
-                p.grad = g
-            elif g is not None:
-                p.grad += g
-        if not won:
-            return None
-        loss_sum += chunk_loss
-        return out
+        won, out = self._backups.run(
+            arrival.chunk,
+            self.params,
+            lambda check: self._forward_backward(arrival, targets, n, chunk_loss, before_backward=check),
+            backup=backup,
+        )
+        if won:
+            loss_sum += chunk_loss
+        return out if won else None
 
     def _forward_backward(
         self,
