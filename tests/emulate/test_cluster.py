@@ -134,9 +134,17 @@ def test_a_straggler_runs_slower_for_its_period(fault: str, slowdown: float, tmp
     assert plausible(times), _slowdown_against_work(times, slowdown)
 
 
+# A fault's clock starts once every worker has finished its set-up, before the process group's rendezvous,
+# which a loaded host can stretch past the fault (on CI's VM a 2 s link-down once held no send): the run is
+# measured again, up to three times, while the fault missed the work.
+
+
 def test_a_pause_stops_the_worker_for_its_duration(tmp_path) -> None:
     emulation = Emulation(faults="pause:worker=1,at=1,for=1.5")
-    longest = launch_emulated(gaps, 4.0, nprocs=2, emulation=emulation, log_dir=tmp_path)
+    longest = measured_within(
+        lambda: launch_emulated(gaps, 4.0, nprocs=2, emulation=emulation, log_dir=tmp_path),
+        lambda gaps_seen: gaps_seen[1] > 1.0,
+    )
     assert longest[0] < 0.5 and longest[1] == pytest.approx(1.5, abs=0.3)
     log = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert [(e["event"], e["kind"]) for e in log] == [("begin", "pause"), ("end", "pause")]
@@ -147,7 +155,10 @@ def test_a_pause_stops_the_worker_for_its_duration(tmp_path) -> None:
 def test_a_cut_link_holds_a_transfer_until_it_is_back(tmp_path) -> None:
     # 1.25 MB at 12.5 MB/s takes 0.1 s, but not while the link between the servers is down (2 s).
     emulation = Emulation(network="1:1.25e9,2:1.25e7", faults="link-down:server=0,at=1.5,for=2")
-    longest = launch_emulated(longest_send, 1_250_000, 5.0, nprocs=2, emulation=emulation, log_dir=tmp_path)[0]
+    longest = measured_within(
+        lambda: launch_emulated(longest_send, 1_250_000, 5.0, nprocs=2, emulation=emulation, log_dir=tmp_path)[0],
+        lambda seconds: seconds > 1.5,
+    )
     assert longest > 1.5
     log = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert [(e["event"], e["kind"], e["server"]) for e in log] == [("begin", "link-down", 0), ("end", "link-down", 0)]
