@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 __all__ = [
+    "MAX_PERIOD_US",
     "MIN_RUN_US",
     "RUN_US",
     "CgroupError",
@@ -32,7 +33,7 @@ _ROOT = Path("/sys/fs/cgroup")
 # as a faster one. A shorter run slows a device more evenly, at that cost.
 RUN_US = 25_000
 MIN_RUN_US = 1_000  # the kernel's shortest quota and period
-_MAX_PERIOD_US = 1_000_000  # the kernel's longest period
+MAX_PERIOD_US = 1_000_000  # the kernel's longest period
 
 
 class CgroupError(RuntimeError):
@@ -85,7 +86,7 @@ class WorkerCgroup:
         if cores == float("inf"):
             quota, period = -1, self.run_us
         else:
-            period = min(_MAX_PERIOD_US, max(self.run_us, round(self.run_us / cores)))
+            period = min(MAX_PERIOD_US, max(self.run_us, round(self.run_us / cores)))
             quota = round(cores * period)
         if self.v2:
             _write(self.dirs[0] / "cpu.max", f"{'max' if quota < 0 else quota} {period}")

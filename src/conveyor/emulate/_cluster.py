@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from conveyor.emulate._cgroups import MIN_RUN_US, RUN_US, WorkerCgroup, job_name, remove_job, remove_stale_jobs
+from conveyor.emulate._cgroups import (
+    MAX_PERIOD_US,
+    MIN_RUN_US,
+    RUN_US,
+    WorkerCgroup,
+    job_name,
+    remove_job,
+    remove_stale_jobs,
+)
 from conveyor.emulate._devices import Device, parse_devices
 from conveyor.emulate._faults import Fault, parse_faults
 from conveyor.emulate._janitor import start_janitor
@@ -73,7 +81,7 @@ class Emulation:
         """Every input and privilege this needs, checked with one line each before any worker starts."""
         topology = self.topology(workers)
         self.device_list(workers)
-        if not MIN_RUN_US / 1e6 <= self.cpu_slice <= 1.0:
+        if not MIN_RUN_US / 1e6 <= self.cpu_slice <= MAX_PERIOD_US / 1e6:
             raise InputError(f"--cpu-slice is 0.001 to 1 second (the kernel's quota), got {self.cpu_slice:g}")
         faults = self.fault_list(workers)
         if topology is not None:
@@ -148,8 +156,8 @@ class Cluster:
             if self.devices or self.emulation.faults:
                 self.job = job_name(next(_jobs))
                 self._janitor = start_janitor(self.job)
+                run_us = round(self.emulation.cpu_slice * 1e6)
                 for rank in range(self.workers):
-                    run_us = round(self.emulation.cpu_slice * 1e6)
                     self.cgroups.append(WorkerCgroup(self.job, f"w{rank}", run_us=run_us))
                     self.cgroups[-1].set_cores(self.base_cores(rank))
         except BaseException:

@@ -137,7 +137,7 @@ class EmulationConfig:
     network: str | None = None  # an emulated network's topology
     devices: str | None = None  # emulated devices: CPU cores per worker
     faults: str | None = None  # faults to apply on the emulated cluster
-    cpu_slice: float = 0.025  # seconds a device's quota lets it run before each stop
+    cpu_slice: float = Emulation.cpu_slice  # seconds a device's quota lets it run before each stop
 
     def emulation(self) -> Emulation:
         """The emulated cluster this section describes."""
