@@ -121,6 +121,37 @@ def test_auto_profiles_every_limit_then_keeps_the_cheapest(gpus: FakeGPUs) -> No
     assert {index for index, _ in gpus.sets} == {1}  # only this worker's GPU was touched
 
 
+class StillCounterMonitor(FakeMonitor):
+    """Zeus's monitor where NVML's energy counter has not moved during a window (an H200 running the digits' MLP
+    for 50 ms windows): 0 J, unless built with ``approx_instant_energy``, which counts power x time (say 100 W)."""
+
+    def __init__(self, gpus: FakeGPUs, index: int, approx_instant_energy: bool) -> None:
+        super().__init__(gpus, index)
+        self.approx = approx_instant_energy
+
+    def end_window(self, key: str, sync_execution: bool = True, cancel: bool = False) -> Measurement:
+        window = super().end_window(key, sync_execution, cancel)
+        energy = 100.0 * window.time if self.approx else 0.0
+        return Measurement(time=window.time, gpu_energy={self.gpu_indices[0]: energy})
+
+
+def test_auto_with_its_own_monitor_profiles_windows_the_energy_counter_missed(
+    gpus: FakeGPUs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zeus refuses a profiling window of 0 J (a validation error that stopped the worker on the H200); the
+    monitor PowerLimits builds for itself counts such a window as power x time, so every limit is profiled."""
+    import zeus.monitor
+
+    def monitor(gpu_indices: list[int], cpu_indices: list[int], approx_instant_energy: bool = False) -> FakeMonitor:
+        return StillCounterMonitor(gpus, gpu_indices[0], approx_instant_energy)
+
+    monkeypatch.setattr(zeus.monitor, "ZeusMonitor", monitor)
+    with PowerLimits("auto", eta=1.0, **AUTO) as power:
+        steps(power, 27)
+        assert len(power.profile) == 5 and all(p.energy_j == 100.0 * p.time_s for p in power.profile)
+        assert power.chosen == 300  # energy is power x time at one power here: the fastest window is cheapest
+
+
 @pytest.mark.parametrize(("eta", "chosen"), [(0.5, 250), (1.0, 150), (0.0, 300)])
 def test_auto_choice_follows_eta(gpus: FakeGPUs, eta: float, chosen: int) -> None:
     with PowerLimits("auto", eta=eta, monitor=FakeMonitor(gpus), **AUTO) as power:

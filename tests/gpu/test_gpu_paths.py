@@ -166,7 +166,7 @@ def test_a_hugging_face_model_trains_in_two_stages_sharing_the_gpu(tmp_path: Pat
     pytest.importorskip("transformers", reason="transformers is not installed")
     cfg = TrainConfig.from_options(
         model="transformers:GPT2LMHeadModel",
-        model_args="n_layer=2,n_embd=32,n_head=2,vocab_size=103,bos_token_id=0,eos_token_id=0",
+        model_args="n_layer=2,n_embd=32,n_head=2,vocab_size=101,bos_token_id=0,eos_token_id=0",
         dataset="text",
         stages=2,
         backend="gloo",

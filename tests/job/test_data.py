@@ -1,6 +1,7 @@
 """Bundled datasets: digits as vectors and images, Python's documentation and user files as text; folders of
 images; synthetic samples of any shape."""
 
+import string
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,21 @@ def test_text_windows_predict_the_next_character(tmp_path: Path) -> None:
     torch.testing.assert_close(d.train_x[:, 1:], d.train_y[:, :-1])  # targets are the inputs shifted by one
     assert d.train_x.shape[1] == 8
     bundled = load("text")
-    assert bundled.classes > 50 and len(bundled.train_x) + len(bundled.test_x) == 4000
+    assert len(bundled.train_x) + len(bundled.test_x) == 4000
+
+
+def test_the_bundled_text_has_one_vocabulary_whatever_the_python() -> None:
+    """Printable ASCII and one token for the rest, whichever characters this CPython's topics hold (3.11's 103
+    distinct, 3.12's 104): a model sized for it fits on every Python."""
+    from pydoc_data.topics import topics
+
+    bundled = load("text")
+    assert bundled.classes == 101
+    other = len(string.printable)  # the last id: after the 100 printable characters
+    seen = torch.cat([bundled.train_x.flatten(), bundled.test_x.flatten()]).unique()
+    assert int(seen.max()) <= other
+    outside = {c for t in topics.values() for c in t if c not in string.printable}
+    assert (other in seen.tolist()) == bool(outside)
 
 
 @pytest.mark.parametrize(

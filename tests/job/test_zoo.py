@@ -156,10 +156,10 @@ def test_a_library_class_is_built_from_its_arguments_and_fed_from_the_dataset() 
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[models]')")
     gpt2 = "transformers:GPT2LMHeadModel"
     small = "n_layer=1,n_embd=16,n_head=2,bos_token_id=0,eos_token_id=0"
-    blocks, example = resolve(gpt2, 4, _text(), f"{small},vocab_size=103")  # type: ignore[arg-type]
+    blocks, example = resolve(gpt2, 4, _text(), f"{small},vocab_size=101")  # type: ignore[arg-type]
     assert example.shape == (4, 32) and list(blocks.named_children())[-1][0] == "logits"
-    assert blocks(example).shape == (4, 32, 103)
-    with pytest.raises(ValueError, match=r"scores 50 classes but text has 103: .*vocab_size"):
+    assert blocks(example).shape == (4, 32, 101)
+    with pytest.raises(ValueError, match=r"scores 50 classes but text has 101: .*vocab_size"):
         resolve(gpt2, 4, _text(), f"{small},vocab_size=50")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cannot be called with --model-args"):
         resolve("models:residual", 4, None, "width=3")

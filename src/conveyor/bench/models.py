@@ -70,7 +70,7 @@ class Case:
         return TrainConfig.from_options(**fields, energy_meter="off", **options)
 
 
-_GPT2 = "n_layer=2,n_embd=64,n_head=2,vocab_size=103,n_positions=32,bos_token_id=0,eos_token_id=0"
+_GPT2 = "n_layer=2,n_embd=64,n_head=2,vocab_size=101,n_positions=32,bos_token_id=0,eos_token_id=0"
 _RESNET = "num_channels=1,num_labels=10,embedding_size=16,hidden_sizes=[16,32],depths=[1,1]"
 CASES = {
     "module-mlp": Case("conveyor.bench.models:TwinMLP", epochs=12, twin="mlp"),

@@ -199,7 +199,10 @@ class PowerLimits:
                     if monitor is None:
                         from zeus.monitor import ZeusMonitor
 
-                        monitor = ZeusMonitor(gpu_indices=[gpu_index], cpu_indices=[])
+                        # A window of a small model's steps can end before NVML's energy counter moves (an
+                        # H200 read 0 J for 18 steps of the digits' MLP, and zeus refused the measurement):
+                        # zeus then takes power x time, as the energy meter does.
+                        monitor = ZeusMonitor(gpu_indices=[gpu_index], cpu_indices=[], approx_instant_energy=True)
                     if list(monitor.gpu_indices) != [gpu_index]:
                         raise InputError(f"monitor watches GPUs {monitor.gpu_indices}; it must watch [{gpu_index}]")
                     self._optimizer = zpl.GlobalPowerLimitOptimizer(

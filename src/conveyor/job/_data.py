@@ -3,7 +3,10 @@
 ``digits`` is scikit-learn's 1797 handwritten 8x8 digits (shipped with the package), as flat vectors
 (``digits``) or 1-channel images (``digit-images``). ``text`` is Python's own reference documentation
 (``pydoc_data.topics``, shipped with every CPython), or any UTF-8 file (``text:PATH``), cut into
-character windows whose target is the next character. With torchvision installed and the files on
+character windows whose target is the next character. The bundled corpus has a fixed vocabulary of 101:
+ASCII's 100 printable characters and one for any other (CPython 3.11's topics hold 103 distinct characters,
+3.12's 104, so a vocabulary read off the corpus would change a model's size with the Python version); a file's
+vocabulary is its own characters. With torchvision installed and the files on
 disk, ``torchvision:NAME:ROOT`` loads one of its image datasets (``torchvision:CIFAR10:~/data``); no
 download happens at run time. ``synthetic-images`` (3x32x32, CIFAR's shape) and ``synthetic-text`` (windows
 of 256 tokens over GPT-2's vocabulary of 50,257) are drawn from the seed, sized to measure GPU-sized models
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import string
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +53,7 @@ DATASETS = (
     "imagefolder:PATH",
     "hf:PATH",
 )
+OTHER_CHARACTER = "\ufffd"  # the bundled text's one token for every character outside printable ASCII
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 GPT2_VOCAB = 50257
 
@@ -90,14 +95,16 @@ def _text(path: str | None, context: int, seed: int, limit: int = 4000) -> Datas
         from pydoc_data.topics import topics
 
         text, name = "\n".join(topics[k] for k in sorted(topics)), "text"
+        vocab = [*sorted(string.printable), OTHER_CHARACTER]
+        text = "".join(c if c in string.printable else OTHER_CHARACTER for c in text)
     else:
         try:
             text, name = Path(path).expanduser().read_text(encoding="utf-8"), f"text:{path}"
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"cannot read the text corpus {path}: {exc}; give a UTF-8 text file") from exc
+        vocab = sorted(set(text))
     if len(text) < 2 * (context + 1):
         raise InputError(f"the text corpus {name} has {len(text)} characters; it needs at least {2 * (context + 1)}")
-    vocab = sorted(set(text))
     index = {c: i for i, c in enumerate(vocab)}
     ids = torch.tensor([index[c] for c in text])
     starts = torch.linspace(0, len(ids) - context - 1, min(limit, len(ids) - context)).long()
