@@ -90,7 +90,14 @@ def _stall(model: nn.Sequential, layout: str, where: str) -> None:
 
 
 def _train(
-    layout: str, slack: int, reassign: bool, predict: bool, straggler: int | None, path: str, stall: str = ""
+    layout: str,
+    slack: int,
+    reassign: bool,
+    predict: bool,
+    straggler: int | None,
+    path: str,
+    stall: str = "",
+    chunks: int | str = 3,
 ) -> dict[str, Any]:
     torch.set_num_threads(1)
     model = mlp()
@@ -105,7 +112,7 @@ def _train(
         optimizer=SGD,
         balance=balance,
         replicas=replicas,
-        chunks=3,
+        chunks=chunks,
         slack=slack,
         reassign=reassign,
         backup=bool(stall),
@@ -121,6 +128,7 @@ def _train(
         "losses": losses,
         "records": records,
         "output": pipe.is_output,
+        "chunks": pipe.chunks,
     }
 
 
@@ -191,6 +199,18 @@ def _check_against_the_reference(
     assert all(out["losses"] is None for out in per_rank.values() if not out["output"])
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected_losses), rtol=1e-5, atol=1e-6)
     return list(records)
+
+
+@pytest.mark.parametrize("layout", ["dp", "2-1"])
+def test_auto_chunks_are_chosen_once_for_every_worker_and_keep_the_update(layout: str, tmp_path) -> None:
+    """--chunks auto: worker 0 times its share of the first batch; every worker cuts the batches alike (the
+    reference's weights, every sample once per stage) and the timing left the first step's weights, buffers and
+    random state as they were."""
+    replicas, path = LAYOUTS[layout][1], str(tmp_path / "model.pt")
+    per_rank = launch(_train, layout, 0, True, True, 1, path, "", "auto", nprocs=sum(replicas), timeout_s=150)
+    _check_against_the_reference(per_rank, layout, 0, True, path)
+    chosen = {out["chunks"] for out in per_rank.values()}
+    assert len(chosen) == 1 and chosen <= {1, 2, 4, 8}
 
 
 def test_only_the_first_stage_may_be_replicated() -> None:

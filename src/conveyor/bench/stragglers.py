@@ -93,7 +93,7 @@ class StragglersConfig:
     epochs: int = 20
     batch_size: int = 256
     lr: float = 0.05
-    chunks: int = 2
+    chunks: int | str = 2  # or "auto"
     slack: int = 1  # flexrr's and slack's (at 2 the vgg pipeline diverged)
     cpu_slice: float = 0.005  # a slowed device runs 5 ms between stops: slowed within a step, not stopped
     period: float = 1.0  # seconds between the patterns' events

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from conveyor.cli._common import add_cpu_slice, config, console, names, positive, write_json
+from conveyor.cli._common import add_cpu_slice, config, console, names, positive, positive_or_auto, write_json
 
 __all__ = ["add_stragglers", "run_stragglers"]
 
@@ -26,7 +26,9 @@ def add_stragglers(which: Any) -> None:
     stragglers.add_argument("--network", default="2:1.25e9,2:1.25e8", help="the emulated topology")
     stragglers.add_argument("--epochs", type=positive, default=20)
     stragglers.add_argument("--batch-size", type=positive, default=256, help="where a case gives none")
-    stragglers.add_argument("--chunks", type=positive, default=2, help="chunks each replica owns per batch")
+    stragglers.add_argument(
+        "--chunks", type=positive_or_auto, default=2, help="chunks each replica owns per batch, or auto"
+    )
     stragglers.add_argument("--slack", type=positive, default=1, help="flexrr's and slack's")
     add_cpu_slice(stragglers)
     stragglers.set_defaults(cpu_slice=0.005)  # a slowed device is slowed within a step, not stopped for one

@@ -45,6 +45,14 @@ def positive(text: str) -> int:
     return value
 
 
+def positive_or_auto(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"write a whole number of at least 1, or auto, not {text!r}")
+    return positive(text)
+
+
 def sizes(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from conveyor.cli._common import add_emulation, console, positive, write_json
+from conveyor.cli._common import add_emulation, console, positive, positive_or_auto, write_json
 from conveyor.errors import InputError
 from conveyor.processes import start_worker_server, under_torchrun
 from conveyor.schedule import KINDS
@@ -152,7 +152,13 @@ def add_parser(sub: Any) -> None:
         "run again a chunk a stalled replica holds, synchronously (backup), or none (off)",
     )
     train.add_argument("--slack", type=int, default=1, help="steps a replica may run ahead of the slowest")
-    train.add_argument("--chunks", type=positive, default=2, help="chunks each replica owns per batch (reassignment)")
+    train.add_argument(
+        "--chunks",
+        type=positive_or_auto,
+        default=2,
+        help="chunks each replica owns per batch (reassignment), or auto: the finest whose fixed costs add at most "
+        "10%%, timed on the first batch",
+    )
     wan = train.add_argument_group("data centres joined by a WAN: the outer level of --network (conveyor.gaia)")
     wan.add_argument(  # conveyor.job's WAN_MODES written out: importing it would load torch at start-up
         "--wan",

@@ -176,11 +176,11 @@ class StragglersConfig:
 
     mode: str = "flexrr"  # --stragglers: flexrr, slack, reassign or backup
     slack: int = 1  # steps a replica may run ahead of the slowest (flexrr or slack; the others are synchronous)
-    chunks: int = 2  # chunks each replica owns per batch: the reassignment granularity
+    chunks: int | str = 2  # chunks each replica owns per batch (the reassignment granularity), or "auto"
 
     def __post_init__(self) -> None:
-        if self.chunks < 1:
-            raise InputError(f"--chunks must be at least 1, got {self.chunks}")
+        if self.chunks != "auto" and not (isinstance(self.chunks, int) and self.chunks >= 1):
+            raise InputError(f"--chunks must be at least 1 or auto, got {self.chunks!r}")
         mode_settings(self.mode, self.slack)
 
 

@@ -79,6 +79,7 @@ from conveyor.runtime import (
 from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._backup import Backups
 from conveyor.stragglers._claims import StepClaims
+from conveyor.stragglers._granularity import agree_on_chunks
 from conveyor.stragglers._route import END, Arrival, Router
 
 __all__ = ["FlexiblePipeline", "StepRecord"]
@@ -120,7 +121,8 @@ class FlexiblePipeline(StagePosition):
         balance: blocks per stage (default: one stage, data parallelism).
         replicas: workers per stage; only the first stage may have more than one (default: every worker
             replicates one stage).
-        chunks: chunks each replica owns per batch (the reassignment granularity).
+        chunks: chunks each replica owns per batch (the reassignment granularity), or ``"auto"``: the finest
+            whose fixed costs add at most 10%, timed on the first batch (:mod:`conveyor.stragglers._granularity`).
         slack: ``s``, how many steps a replica may run ahead of the slowest (0: synchronous).
         reassign: let replicas take chunks from slow peers (``False``: a fixed split).
         backup: let idle replicas run again chunks that stalled peers hold (needs ``slack=0``).
@@ -150,7 +152,7 @@ class FlexiblePipeline(StagePosition):
         optimizer: OptimizerFactory,
         balance: Sequence[int] | None = None,
         replicas: Sequence[int] | None = None,
-        chunks: int = 2,
+        chunks: int | str = 2,
         slack: int = 0,
         reassign: bool = True,
         backup: bool = False,
@@ -160,8 +162,10 @@ class FlexiblePipeline(StagePosition):
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: run under conveyor.launch or torchrun")
-        if chunks < 1 or slack < 0:
-            raise InputError(f"chunks must be at least 1 and slack at least 0, got chunks={chunks}, slack={slack}")
+        if (chunks != "auto" and not (isinstance(chunks, int) and chunks >= 1)) or slack < 0:
+            raise InputError(
+                f"chunks must be at least 1 or 'auto', and slack at least 0, got chunks={chunks!r}, slack={slack}"
+            )
         if backup and slack:  # a replica running ahead does not wait for a stalled peer's chunk to back it up
             raise InputError(f"backups need synchronous updates (slack 0), got slack={slack}")
         blocks = as_blocks(model)
@@ -188,7 +192,9 @@ class FlexiblePipeline(StagePosition):
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = optimizer(self.params) if self.params else None
         self._dtype = reduce_dtype(self.params)
-        self.loss_fn, self.chunks, self.slack, self.reassign = loss_fn, chunks, slack, reassign
+        self.loss_fn, self.slack, self.reassign = loss_fn, slack, reassign
+        self.chunks: int | None = chunks if isinstance(chunks, int) else None  # auto: chosen at the first train
+        self.chunk_times: dict[int, float] = {}  # auto: a step's seconds on worker 0 at each candidate count
         self.autocast = autocast
         self.predict = predict and slack > 0
         self.store = dist.distributed_c10d._get_default_store()
@@ -229,6 +235,15 @@ class FlexiblePipeline(StagePosition):
         if batches is None and (self.is_first or self.is_last):
             raise InputError(f"worker {self.worker} runs stage {self.stage}, which reads the batches: pass them")
         self.module.train()
+        if self.chunks is None:
+            batches, self.chunks, self.chunk_times = agree_on_chunks(
+                self.module,
+                batches,
+                first=self.worker == 0,
+                replicas=self.replicas,
+                device=self.device,
+                mixed=self._mixed,
+            )
         self._runs += 1
         self._previous = None  # W(t - 1) = W(t) until this run's first update: its first gradients are fresh
         pending: deque[_Pending] = deque()
@@ -272,14 +287,14 @@ class FlexiblePipeline(StagePosition):
         from a peer's share or a ``backup`` of a peer's run; claimed on the first stage, received on the
         others."""
         if self.stage == 0:
-            parts = split_batch(inputs, self.replicas * self.chunks)
+            parts = split_batch(inputs, self.replicas * self._share)
             nonempty = [j for j, x in enumerate(parts) if batch_size(x)]
             claims = StepClaims(
                 self.store,
                 self._step_key(),
                 replica=self.worker,
                 replicas=self.replicas,
-                chunks=self.chunks,
+                chunks=self._share,
                 reassign=self.reassign,
             )
             takeovers = self._backups.takeovers(nonempty) if self._backups is not None else iter(())
@@ -299,7 +314,7 @@ class FlexiblePipeline(StagePosition):
         """Run this worker's chunks of one batch; start the all-reduce of their gradient sums."""
         start = time.perf_counter()
         master = self._predicted() if self.predict else None
-        y_parts = split_batch(targets, self.replicas * self.chunks) if self.is_last else None
+        y_parts = split_batch(targets, self.replicas * self._share) if self.is_last else None
         in_flight: deque[tuple[Any, Arrival]] = deque()  # forwards sent on whose gradients are not back
         loss_sum = torch.zeros((), dtype=self._dtype, device=self.device)
         for p in self.params:
@@ -376,6 +391,13 @@ class FlexiblePipeline(StagePosition):
     def _mixed(self) -> contextlib.AbstractContextManager[Any]:
         """``torch.autocast`` to the trainer's dtype, or nothing."""
         return torch.autocast(self.device.type, self.autocast) if self.autocast else contextlib.nullcontext()
+
+    @property
+    def _share(self) -> int:
+        """Chunks each replica owns (chosen at the first run where ``chunks="auto"``)."""
+        if self.chunks is None:
+            raise RuntimeError("chunks='auto' are chosen by the first train(), before any step")
+        return self.chunks
 
     @property
     def _reduces(self) -> bool:

@@ -1,0 +1,51 @@
+"""--chunks auto: the choice from a step's times, and timing that leaves the stage as it found it."""
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+from conveyor.errors import InputError
+from conveyor.job import TrainConfig
+from conveyor.stragglers._granularity import CANDIDATES, OVERHEAD, choose_chunks, time_chunks
+
+
+@pytest.mark.parametrize(
+    ("fixed_ms", "chosen"),
+    [
+        (7.4, 1),  # the benchmark's resnet on one CPU thread (0.43 ms a sample): 2 chunks cost 1.52x one
+        (0.3, 2),  # 2 chunks 1.04x, 4 chunks 1.13x
+        (0.05, 8),  # 8 chunks 1.05x
+    ],
+)
+def test_the_finest_cut_within_the_overhead_is_chosen(fixed_ms: float, chosen: int) -> None:
+    times = {c: c * fixed_ms + 0.43 * 16 for c in CANDIDATES}  # 16 samples a replica
+    assert choose_chunks(times) == chosen
+    assert choose_chunks(times, overhead=0.0) == 1 and OVERHEAD == 0.10
+    assert choose_chunks({1: 1.0}) == 1
+
+
+def test_timing_leaves_gradients_buffers_and_random_state_as_they_were() -> None:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 3))
+    module.train()
+    module[0].weight.grad = torch.ones_like(module[0].weight)
+    buffers = {k: v.clone() for k, v in module.named_buffers()}
+    share = torch.randn(10, 6)
+    state = torch.random.get_rng_state()
+    times = time_chunks(module, share, device=torch.device("cpu"), mixed=contextlib.nullcontext, repeats=2)
+    assert sorted(times) == [1, 2, 4] and all(t > 0 for t in times.values())  # 8 would cut chunks of one sample
+    torch.testing.assert_close(module[0].weight.grad, torch.ones_like(module[0].weight))
+    assert module[3].weight.grad is None
+    for k, v in module.named_buffers():
+        torch.testing.assert_close(v, buffers[k])
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert list(time_chunks(module, torch.randn(3, 6), device=torch.device("cpu"), mixed=contextlib.nullcontext)) == [1]
+
+
+@pytest.mark.parametrize("chunks", [0, -1, "some"])
+def test_chunks_are_a_positive_count_or_auto(chunks: object) -> None:
+    with pytest.raises(InputError, match="--chunks must be at least 1 or auto"):
+        TrainConfig.from_options(stragglers="reassign", chunks=chunks)
+    assert TrainConfig.from_options(stragglers="reassign", chunks="auto").stragglers.chunks == "auto"
