@@ -8,22 +8,25 @@ from torch import nn
 
 from conveyor.errors import InputError
 from conveyor.job import TrainConfig
-from conveyor.stragglers._granularity import CANDIDATES, OVERHEAD, choose_chunks, time_chunks
+from conveyor.stragglers._granularity import CANDIDATES, choose_chunks, time_chunks
 
 
 @pytest.mark.parametrize(
-    ("fixed_ms", "chosen"),
+    ("fixed_ms", "samples", "chosen"),
     [
-        (7.4, 1),  # the benchmark's resnet on one CPU thread (0.43 ms a sample): 2 chunks cost 1.52x one
-        (0.3, 2),  # 2 chunks 1.04x, 4 chunks 1.13x
-        (0.05, 8),  # 8 chunks 1.05x
+        (7.4, 16, 1),  # the benchmark's resnet on one CPU thread (0.43 ms a sample): J = 28.6, 32.5, 45.6, 74.3 ms
+        (7.4, 64, 2),  # the benchmark's batch of 256 over 4 replicas: J = 69.8, 63.5, 71.4, 97.6 ms
+        (0.3, 16, 4),  # J = 14.4, 11.2, 10.1, 10.4 ms
+        (0.05, 16, 8),
     ],
 )
-def test_the_finest_cut_within_the_overhead_is_chosen(fixed_ms: float, chosen: int) -> None:
-    times = {c: c * fixed_ms + 0.43 * 16 for c in CANDIDATES}  # 16 samples a replica
+def test_the_count_weighs_fixed_costs_against_the_chunk_a_stall_holds(
+    fixed_ms: float, samples: int, chosen: int
+) -> None:
+    times = {c: c * fixed_ms + 0.43 * samples for c in CANDIDATES}
     assert choose_chunks(times) == chosen
-    assert choose_chunks(times, overhead=0.0) == 1 and OVERHEAD == 0.10
     assert choose_chunks({1: 1.0}) == 1
+    assert choose_chunks({1: 3.0, 2: 4.0}) == 1  # J ties at 6: the fewer chunks
 
 
 def test_timing_leaves_gradients_buffers_and_random_state_as_they_were() -> None:

@@ -156,8 +156,8 @@ def add_parser(sub: Any) -> None:
         "--chunks",
         type=positive_or_auto,
         default=2,
-        help="chunks each replica owns per batch (reassignment), or auto: the finest whose fixed costs add at most "
-        "10%%, timed on the first batch",
+        help="chunks each replica owns per batch (reassignment), or auto: weigh the chunks' fixed costs against the "
+        "work a stalled replica holds, timed on the first batch",
     )
     wan = train.add_argument_group("data centres joined by a WAN: the outer level of --network (conveyor.gaia)")
     wan.add_argument(  # conveyor.job's WAN_MODES written out: importing it would load torch at start-up

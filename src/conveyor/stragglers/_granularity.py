@@ -1,15 +1,21 @@
-"""``--chunks auto``: the finest chunks whose fixed costs stay small, timed on the first batch.
+"""``--chunks auto``: the chunk count that weighs the chunks' fixed costs against the work a stalled replica
+holds, timed on the first batch.
 
 A chunk's forward and backward cost a fixed part (operator launches, Python, autograd's set-up) and a part per
-sample, ``t(m) ~ a + b m``. Cutting a replica's ``n`` samples into ``c`` chunks costs
+sample, ``t(m) ~ a + b m``. Cutting a replica's ``n`` samples into ``c`` chunks costs a step
 
     T(c) = c t(n / c) ~ c a + b n
 
-so every chunk more adds ``a``, while finer chunks let reassignment and backups move smaller pieces of a slow
-replica's work. Auto times ``T(c)`` for ``c`` in :data:`CANDIDATES` on the first batch (one replica's share of
-it, forward and backward through the first stage) and keeps the largest ``c`` with
+so every chunk more adds ``a``. But a replica that stalls holds the chunk it runs, which no peer can take
+(reassignment moves only unstarted chunks; a backup starts over): the step cannot end before that chunk,
+``T(c) / c``, has run again or finished. Auto takes the count that minimises the sum of the two,
 
-    T(c) <= (1 + OVERHEAD) T(1)
+    J(c) = T(c) + T(c) / c  ~  a c + b n / c + (a + b n),    best near  c = sqrt(b n / a)
+
+over ``c`` in :data:`CANDIDATES` (the smaller on a tie), with ``T(c)`` timed on the first batch: one
+replica's share of it, forward and backward through the first stage, the least of 5 runs each with the counts
+run in turn (a busy machine only adds time). A model whose chunks are mostly fixed cost keeps one chunk; one
+whose samples cost much gets finer chunks.
 
 Worker 0 times and every worker takes its choice (a broadcast), since every stage cuts the batch alike. The
 timing leaves the stage as it found it: gradients, buffers (BatchNorm's running statistics) and the random
@@ -20,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -32,13 +37,12 @@ from torch.utils import _pytree as pytree
 
 from conveyor.runtime import batch_size, split_batch, to_device
 
-__all__ = ["CANDIDATES", "OVERHEAD", "agree_on_chunks", "choose_chunks", "time_chunks"]
+__all__ = ["CANDIDATES", "agree_on_chunks", "choose_chunks", "time_chunks"]
 
 Batches = Iterable[tuple[Any, Any]]
 Mixed = Callable[[], contextlib.AbstractContextManager[Any]]  # the trainer's autocast, or nothing
 
 CANDIDATES = (1, 2, 4, 8)  # chunks per replica that auto tries
-OVERHEAD = 0.10  # how much more compute than one chunk per replica a finer cut may cost
 
 
 def agree_on_chunks(
@@ -61,17 +65,20 @@ def agree_on_chunks(
     return batches, *choice[0]
 
 
-def choose_chunks(step_s: dict[int, float], overhead: float = OVERHEAD) -> int:
-    """The largest chunk count whose step costs at most ``1 + overhead`` times one chunk's.
+def choose_chunks(step_s: dict[int, float]) -> int:
+    """The chunk count ``c`` with the least ``J(c) = T(c) + T(c) / c`` (a step's compute and the one chunk a
+    stalled replica holds), from a step's seconds ``T(c)`` at each count.
 
-    Example (a fixed 7.4 ms and 0.43 ms a sample, 16 samples a replica; then a model ten times heavier a sample):
+    Example (a fixed 7.4 ms and 0.43 ms a sample, the benchmark's resnet on one CPU thread: at 16 samples a
+    replica, then 64; then almost no fixed cost):
         >>> choose_chunks({c: c * 7.4 + 0.43 * 16 for c in (1, 2, 4, 8)})
         1
-        >>> choose_chunks({c: c * 7.4 + 4.3 * 16 for c in (1, 2, 4, 8)})
+        >>> choose_chunks({c: c * 7.4 + 0.43 * 64 for c in (1, 2, 4, 8)})
         2
+        >>> choose_chunks({c: c * 0.05 + 0.43 * 16 for c in (1, 2, 4, 8)})
+        8
     """
-    base = step_s[1]
-    return max(c for c, seconds in step_s.items() if seconds <= (1 + overhead) * base)
+    return min(step_s, key=lambda c: (step_s[c] + step_s[c] / c, c))
 
 
 def time_chunks(
@@ -83,9 +90,9 @@ def time_chunks(
     counts: Sequence[int] = CANDIDATES,
     repeats: int = 5,
 ) -> dict[int, float]:
-    """Seconds of ``share``'s forward and backward through ``module`` cut into each of ``counts`` chunks (the
-    median of ``repeats`` after one warm-up); counts that would leave a chunk under two samples are left out.
-    The module's gradients, buffers and the random state are as they were afterwards."""
+    """Seconds of ``share``'s forward and backward through ``module`` cut into each of ``counts`` chunks: the
+    least of ``repeats`` after a warm-up round, the counts timed in turn; counts that would leave a chunk under
+    two samples are left out. The module's gradients, buffers and the random state are as they were afterwards."""
     params = [p for p in module.parameters() if p.requires_grad]
     grads = [p.grad for p in params]  # kept aside: the timed backwards accumulate into fresh ones
     for p in params:
@@ -94,13 +101,13 @@ def time_chunks(
     rng = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     try:
-        times = {}
         # Two samples a chunk at least: BatchNorm refuses one in training.
-        for count in (c for c in counts if c == 1 or 2 * c <= batch_size(share)):
-            parts = split_batch(share, count)
-            runs = [_timed(module, parts, device, mixed) for _ in range(repeats + 1)]
-            times[count] = statistics.median(runs[1:])
-        return times
+        cuts = {c: split_batch(share, c) for c in counts if c == 1 or 2 * c <= batch_size(share)}
+        runs: dict[int, list[float]] = {c: [] for c in cuts}
+        for _ in range(repeats + 1):  # the counts in turn, so a busy spell of the machine falls on all of them
+            for count, parts in cuts.items():
+                runs[count].append(_timed(module, parts, device, mixed))
+        return {c: min(seconds[1:]) for c, seconds in runs.items()}  # interference only adds time
     finally:
         with torch.no_grad():
             for name, b in module.named_buffers():

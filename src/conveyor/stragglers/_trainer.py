@@ -121,8 +121,9 @@ class FlexiblePipeline(StagePosition):
         balance: blocks per stage (default: one stage, data parallelism).
         replicas: workers per stage; only the first stage may have more than one (default: every worker
             replicates one stage).
-        chunks: chunks each replica owns per batch (the reassignment granularity), or ``"auto"``: the finest
-            whose fixed costs add at most 10%, timed on the first batch (:mod:`conveyor.stragglers._granularity`).
+        chunks: chunks each replica owns per batch (the reassignment granularity), or ``"auto"``: chosen from
+            the first batch, weighing the chunks' fixed costs against the work a stalled replica holds
+            (:mod:`conveyor.stragglers._granularity`).
         slack: ``s``, how many steps a replica may run ahead of the slowest (0: synchronous).
         reassign: let replicas take chunks from slow peers (``False``: a fixed split).
         backup: let idle replicas run again chunks that stalled peers hold (needs ``slack=0``).
