@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from conveyor.errors import InputError
+from conveyor.runtime import WorldSizeError
 
-__all__ = ["MODES", "ModeSettings", "flexible_layout", "mode_settings"]
+__all__ = ["MODES", "ModeSettings", "check_flexible", "flexible_layout", "mode_settings"]
 
 # FlexRR is slack and reassignment (Harlap et al., SoCC 2016); backup is reassignment and backups, synchronous.
 MODES = ("flexrr", "slack", "reassign", "backup", "off")
@@ -49,3 +50,36 @@ def flexible_layout(replicas: Sequence[int]) -> bool:
         [True, True, True, False, False]
     """
     return replicas[0] > 1 and max(replicas[1:], default=1) == 1
+
+
+def check_flexible(
+    counts: tuple[int, ...], *, world: int, chunks: int | str, slack: int, backup: bool
+) -> tuple[int, ...]:
+    """``counts`` (replicas per stage), once a flexible pipeline can run them on ``world`` workers with these
+    settings; else a one-line error that says what to change.
+
+    Example:
+        >>> check_flexible((2, 1), world=3, chunks="auto", slack=0, backup=True)
+        (2, 1)
+        >>> check_flexible((1, 2), world=3, chunks=2, slack=1, backup=False)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        conveyor.errors.InputError: only the first stage may be replicated here, got 1-2: put the replicas on ...
+    """
+    if (chunks != "auto" and not (isinstance(chunks, int) and chunks >= 1)) or slack < 0:
+        raise InputError(
+            f"chunks must be at least 1 or 'auto', and slack at least 0, got chunks={chunks!r}, slack={slack}"
+        )
+    if backup and slack:  # a replica running ahead does not wait for a stalled peer's chunk to back it up
+        raise InputError(f"backups need synchronous updates (slack 0), got slack={slack}")
+    layout = "-".join(map(str, counts))
+    if max(counts[1:], default=1) > 1:
+        raise InputError(
+            f"only the first stage may be replicated here, got {layout}: put the replicas on "
+            "stage 0 (e.g. 2-1), or run the layout with --stragglers off"
+        )
+    if sum(counts) != world:
+        raise WorldSizeError(
+            f"replicas {layout} need {sum(counts)} workers but {world} were started: start "
+            f"{sum(counts)} or change the replicas"
+        )
+    return counts

@@ -61,7 +61,6 @@ from conveyor.errors import InputError
 from conveyor.runtime import (
     OptimizerFactory,
     StagePosition,
-    WorldSizeError,
     as_blocks,
     batch_size,
     block_shapes,
@@ -80,28 +79,14 @@ from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._backup import Backups
 from conveyor.stragglers._claims import StepClaims
 from conveyor.stragglers._granularity import agree_on_chunks
+from conveyor.stragglers._modes import check_flexible
+from conveyor.stragglers._records import StepRecord
 from conveyor.stragglers._route import END, Arrival, Router
 
 __all__ = ["FlexiblePipeline", "StepRecord"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 _INSTANCES = itertools.count()  # every worker builds its trainers in the same order, so their keys agree
-
-
-@dataclass
-class StepRecord:
-    """What one worker did in one step (a line of the run folder's ``stragglers.jsonl``)."""
-
-    step: int  # batches trained on before this one, over all runs
-    stage: int
-    replica: int  # within its stage
-    samples: int  # samples this worker ran
-    chunks: int  # chunks it ran
-    taken: int  # of its samples, those taken from a peer's share
-    compute_s: float  # forward and backward time (with a later stage's, what it waited for in between)
-    wait_s: float  # time blocked on the all-reduce the update needed (slack 0: this step's)
-    backups: int = 0  # of its samples, those of chunks it ran as a backup of a stalled peer's (and won)
-    dropped: int = 0  # samples it ran (or began) whose result a peer's run replaced
 
 
 @dataclass
@@ -163,27 +148,16 @@ class FlexiblePipeline(StagePosition):
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: run under conveyor.launch or torchrun")
-        if (chunks != "auto" and not (isinstance(chunks, int) and chunks >= 1)) or slack < 0:
-            raise InputError(
-                f"chunks must be at least 1 or 'auto', and slack at least 0, got chunks={chunks!r}, slack={slack}"
-            )
-        if backup and slack:  # a replica running ahead does not wait for a stalled peer's chunk to back it up
-            raise InputError(f"backups need synchronous updates (slack 0), got slack={slack}")
         blocks = as_blocks(model)
         ranges = stage_ranges(balance if balance is not None else [len(blocks)], len(blocks))
         world = dist.get_world_size()
-        counts = check_replicas(len(ranges), replicas if replicas is not None or len(ranges) > 1 else [world])
-        layout = "-".join(map(str, counts))
-        if max(counts[1:], default=1) > 1:
-            raise InputError(
-                f"only the first stage may be replicated here, got {layout}: put the replicas on "
-                "stage 0 (e.g. 2-1), or run the layout with --stragglers off"
-            )
-        if sum(counts) != world:
-            raise WorldSizeError(
-                f"replicas {layout} need {sum(counts)} workers but {world} were started: start "
-                f"{sum(counts)} or change the replicas"
-            )
+        counts = check_flexible(
+            check_replicas(len(ranges), replicas if replicas is not None or len(ranges) > 1 else [world]),
+            world=world,
+            chunks=chunks,
+            slack=slack,
+            backup=backup,
+        )
         self.worker = dist.get_rank()
         self.stage = 0 if self.worker < counts[0] else self.worker - counts[0] + 1
         self.num_stages, self.replicas = len(ranges), counts[0]
