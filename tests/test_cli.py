@@ -354,6 +354,16 @@ def test_bench_planner_writes_its_report() -> None:
     assert sum(int(r) for r in report["results"][0]["config"].split("-")) == 16
 
 
+@pytest.mark.parametrize("command", [["train"], ["bench", "stragglers"]])
+def test_chunks_are_a_count_or_auto(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert _parser().parse_args([*command, "--chunks", "auto"]).chunks == "auto"
+    assert _parser().parse_args([*command, "--chunks", "3"]).chunks == 3
+    for bad, message in (("0", "must be at least 1, got 0"), ("²", "a whole number of at least 1, or auto, not '²'")):
+        with pytest.raises(SystemExit):
+            _parser().parse_args([*command, "--chunks", bad])
+        assert message in capsys.readouterr().err
+
+
 def test_every_train_option_is_a_config_field_with_the_same_default() -> None:
     """argparse writes the config sections' defaults out again; this keeps the two the same, option by option."""
     from conveyor.job import TrainConfig

@@ -30,18 +30,19 @@ def test_text_windows_predict_the_next_character(tmp_path: Path) -> None:
     assert len(bundled.train_x) + len(bundled.test_x) == 4000
 
 
-def test_the_bundled_text_has_one_vocabulary_whatever_the_python() -> None:
+def test_the_bundled_text_has_one_vocabulary_whatever_the_python(monkeypatch: pytest.MonkeyPatch) -> None:
     """Printable ASCII and one token for the rest, whichever characters this CPython's topics hold (3.11's 103
     distinct, 3.12's 104): a model sized for it fits on every Python."""
-    from pydoc_data.topics import topics
+    import pydoc_data.topics
 
-    bundled = load("text")
-    assert bundled.classes == 101
-    other = len(string.printable)  # the last id: after the 100 printable characters
-    seen = torch.cat([bundled.train_x.flatten(), bundled.test_x.flatten()]).unique()
-    assert int(seen.max()) <= other
-    outside = {c for t in topics.values() for c in t if c not in string.printable}
-    assert (other in seen.tolist()) == bool(outside)
+    assert load("text").classes == 101
+    monkeypatch.setattr(pydoc_data.topics, "topics", {"b": "Caf\u00e9 \u2014 na\u00efve\n" * 40, "a": "~$"})
+    small = load("text", context=4)
+    assert small.classes == 101
+    ids = torch.cat([small.train_x, small.train_y, small.test_x, small.test_y]).unique().tolist()
+    order = sorted(string.printable)
+    expected = {order.index(c) for c in "~$Caf na ve\n"} | {len(string.printable)}  # the last id: any other
+    assert set(ids) == expected
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,11 @@ def test_the_count_weighs_fixed_costs_against_the_chunk_a_stall_holds(
 ) -> None:
     times = {c: c * fixed_ms + 0.43 * samples for c in CANDIDATES}
     assert choose_chunks(times) == chosen
+
+
+def test_one_timing_is_one_chunk_and_a_tie_takes_the_fewer() -> None:
     assert choose_chunks({1: 1.0}) == 1
-    assert choose_chunks({1: 3.0, 2: 4.0}) == 1  # J ties at 6: the fewer chunks
+    assert choose_chunks({1: 3.0, 2: 4.0}) == 1  # J ties at 6
 
 
 def test_timing_leaves_gradients_buffers_and_random_state_as_they_were() -> None:
@@ -47,7 +50,7 @@ def test_timing_leaves_gradients_buffers_and_random_state_as_they_were() -> None
     assert list(time_chunks(module, torch.randn(3, 6), device=torch.device("cpu"), mixed=contextlib.nullcontext)) == [1]
 
 
-@pytest.mark.parametrize("chunks", [0, -1, "some"])
+@pytest.mark.parametrize("chunks", [0, -1, "some", True, 2.0])
 def test_chunks_are_a_positive_count_or_auto(chunks: object) -> None:
     with pytest.raises(InputError, match="--chunks must be at least 1 or auto"):
         TrainConfig.from_options(stragglers="reassign", chunks=chunks)

@@ -203,9 +203,10 @@ def _check_against_the_reference(
 
 @pytest.mark.parametrize("layout", ["dp", "2-1"])
 def test_auto_chunks_are_chosen_once_for_every_worker_and_keep_the_update(layout: str, tmp_path) -> None:
-    """--chunks auto: worker 0 times its share of the first batch; every worker cuts the batches alike (the
-    reference's weights, every sample once per stage) and the timing left the first step's weights, buffers and
-    random state as they were."""
+    """--chunks auto: worker 0 times its share of the first batch and every worker takes its count: they cut the
+    batches alike, the first batch is neither lost nor run twice (every sample once per stage), and the update is
+    the reference's (the restoring of buffers and random state is tested in test_granularity, on a module that
+    has them)."""
     replicas, path = LAYOUTS[layout][1], str(tmp_path / "model.pt")
     per_rank = launch(_train, layout, 0, True, True, 1, path, "", "auto", nprocs=sum(replicas), timeout_s=150)
     _check_against_the_reference(per_rank, layout, 0, True, path)

@@ -33,7 +33,7 @@ from conveyor.job import TrainConfig, read_jsonl
 from conveyor.plan import Topology
 from conveyor.runtime import WorkerError
 from conveyor.schedule import parse_replicas
-from conveyor.stragglers import MODES, flexible_layout
+from conveyor.stragglers import MODES, Chunks, check_chunks, flexible_layout
 
 __all__ = ["PATTERNS", "Case", "StragglersConfig", "mean_capacity", "run"]
 
@@ -93,7 +93,7 @@ class StragglersConfig:
     epochs: int = 20
     batch_size: int = 256
     lr: float = 0.05
-    chunks: int | str = 2  # or "auto"
+    chunks: Chunks = 2  # or "auto"
     slack: int = 1  # flexrr's and slack's (at 2 the vgg pipeline diverged)
     cpu_slice: float = 0.005  # a slowed device runs 5 ms between stops: slowed within a step, not stopped
     period: float = 1.0  # seconds between the patterns' events
@@ -105,6 +105,7 @@ class StragglersConfig:
     def __post_init__(self) -> None:
         for case in self.cases:
             Case.parse(case, self.batch_size)
+        check_chunks(self.chunks)
         require_known("patterns", self.patterns, PATTERNS)
         require_known("modes", self.modes, MODES)
         if "none" not in self.patterns:

@@ -48,7 +48,7 @@ def positive(text: str) -> int:
 def positive_or_auto(text: str) -> int | str:
     if text == "auto":
         return text
-    if not text.strip().isdigit():
+    if not text.strip().isdecimal():
         raise argparse.ArgumentTypeError(f"write a whole number of at least 1, or auto, not {text!r}")
     return positive(text)
 

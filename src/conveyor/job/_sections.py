@@ -12,7 +12,7 @@ from conveyor.energy import check_meter_spec, check_power_limit_spec
 from conveyor.errors import InputError
 from conveyor.job._zoo import model_arguments
 from conveyor.runtime import BACKENDS, DEVICES
-from conveyor.stragglers import mode_settings
+from conveyor.stragglers import Chunks, check_chunks, mode_settings
 
 __all__ = [
     "AUTOCAST",
@@ -176,11 +176,10 @@ class StragglersConfig:
 
     mode: str = "flexrr"  # --stragglers: flexrr, slack, reassign or backup
     slack: int = 1  # steps a replica may run ahead of the slowest (flexrr or slack; the others are synchronous)
-    chunks: int | str = 2  # chunks each replica owns per batch (the reassignment granularity), or "auto"
+    chunks: Chunks = 2  # chunks each replica owns per batch (the reassignment granularity), or "auto"
 
     def __post_init__(self) -> None:
-        if self.chunks != "auto" and not (isinstance(self.chunks, int) and self.chunks >= 1):
-            raise InputError(f"--chunks must be at least 1 or auto, got {self.chunks!r}")
+        check_chunks(self.chunks)
         mode_settings(self.mode, self.slack)
 
 

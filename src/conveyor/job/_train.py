@@ -181,9 +181,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
     started_at = time.time()
     with meter, knobs:
         outcome = loop.run()
-    if isinstance(pipe, FlexiblePipeline) and pipe.chunk_times and dist.get_rank() == 0:
-        timed = ", ".join(f"{c}: {1e3 * t:.1f} ms" for c, t in pipe.chunk_times.items())
-        Console().print(f"--chunks auto chose {pipe.chunks} per replica (a replica's step at each count: {timed})")
+    _say_chunks(pipe)
     statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
     dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
     energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
@@ -202,6 +200,13 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
         "interrupted": outcome.interrupted,
         **knobs.summary(),
     }
+
+
+def _say_chunks(pipe: Pipeline | FlexiblePipeline) -> None:
+    """Where ``--chunks auto`` chose, worker 0 says what and from which times."""
+    if isinstance(pipe, FlexiblePipeline) and pipe.chunk_times and dist.get_rank() == 0:
+        timed = ", ".join(f"{c}: {1e3 * t:.1f} ms" for c, t in pipe.chunk_times.items())
+        Console().print(f"--chunks auto chose {pipe.chunks} per replica (a replica's step at each count: {timed})")
 
 
 def _trainer(

@@ -2,6 +2,7 @@
 tolerate bounded staleness (slack)."""
 
 from conveyor.stragglers._claims import StepClaims
+from conveyor.stragglers._granularity import Chunks, check_chunks
 from conveyor.stragglers._modes import MODES, ModeSettings, flexible_layout, mode_settings
 from conveyor.stragglers._records import StepRecord
 from conveyor.stragglers._route import Router
@@ -9,11 +10,13 @@ from conveyor.stragglers._trainer import FlexiblePipeline
 
 __all__ = [
     "MODES",
+    "Chunks",
     "FlexiblePipeline",
     "ModeSettings",
     "Router",
     "StepClaims",
     "StepRecord",
+    "check_chunks",
     "flexible_layout",
     "mode_settings",
 ]

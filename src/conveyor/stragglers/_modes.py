@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from conveyor.errors import InputError
 from conveyor.runtime import WorldSizeError
+from conveyor.stragglers._granularity import Chunks, check_chunks
 
 __all__ = ["MODES", "ModeSettings", "check_flexible", "flexible_layout", "mode_settings"]
 
@@ -52,9 +53,7 @@ def flexible_layout(replicas: Sequence[int]) -> bool:
     return replicas[0] > 1 and max(replicas[1:], default=1) == 1
 
 
-def check_flexible(
-    counts: tuple[int, ...], *, world: int, chunks: int | str, slack: int, backup: bool
-) -> tuple[int, ...]:
+def check_flexible(counts: tuple[int, ...], *, world: int, chunks: Chunks, slack: int, backup: bool) -> tuple[int, ...]:
     """``counts`` (replicas per stage), once a flexible pipeline can run them on ``world`` workers with these
     settings; else a one-line error that says what to change.
 
@@ -65,10 +64,9 @@ def check_flexible(
         Traceback (most recent call last):
         conveyor.errors.InputError: only the first stage may be replicated here, got 1-2: put the replicas on ...
     """
-    if (chunks != "auto" and not (isinstance(chunks, int) and chunks >= 1)) or slack < 0:
-        raise InputError(
-            f"chunks must be at least 1 or 'auto', and slack at least 0, got chunks={chunks!r}, slack={slack}"
-        )
+    check_chunks(chunks)
+    if slack < 0:
+        raise InputError(f"slack must be at least 0, got {slack}")
     if backup and slack:  # a replica running ahead does not wait for a stalled peer's chunk to back it up
         raise InputError(f"backups need synchronous updates (slack 0), got slack={slack}")
     layout = "-".join(map(str, counts))

@@ -78,12 +78,12 @@ from conveyor.runtime import (
 from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._backup import Backups
 from conveyor.stragglers._claims import StepClaims
-from conveyor.stragglers._granularity import agree_on_chunks
+from conveyor.stragglers._granularity import Chunks, agree_on_chunks
 from conveyor.stragglers._modes import check_flexible
 from conveyor.stragglers._records import StepRecord
 from conveyor.stragglers._route import END, Arrival, Router
 
-__all__ = ["FlexiblePipeline", "StepRecord"]
+__all__ = ["FlexiblePipeline"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 _INSTANCES = itertools.count()  # every worker builds its trainers in the same order, so their keys agree
@@ -138,7 +138,7 @@ class FlexiblePipeline(StagePosition):
         optimizer: OptimizerFactory,
         balance: Sequence[int] | None = None,
         replicas: Sequence[int] | None = None,
-        chunks: int | str = 2,
+        chunks: Chunks = 2,
         slack: int = 0,
         reassign: bool = True,
         backup: bool = False,
