@@ -123,15 +123,14 @@ def time_chunks(
     for p in params:
         p.grad = None
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    rng = torch.random.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     try:
-        # Two samples a chunk at least: BatchNorm refuses one in training.
-        cuts = {c: split_batch(share, c) for c in counts if c == 1 or 2 * c <= batch_size(share)}
-        runs: dict[int, list[float]] = {c: [] for c in cuts}
-        for _ in range(repeats + 1):  # the counts in turn, so a busy spell of the machine falls on all of them
-            for count, parts in cuts.items():
-                runs[count].append(_timed(module, parts, device, mixed))
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout's draws put back
+            # Two samples a chunk at least: BatchNorm refuses one in training.
+            cuts = {c: split_batch(share, c) for c in counts if c == 1 or 2 * c <= batch_size(share)}
+            runs: dict[int, list[float]] = {c: [] for c in cuts}
+            for _ in range(repeats + 1):  # the counts in turn, so a busy spell of the machine falls on all of them
+                for count, parts in cuts.items():
+                    runs[count].append(_timed(module, parts, device, mixed))
         return {c: min(seconds[1:]) for c, seconds in runs.items()}  # interference only adds time
     finally:
         with torch.no_grad():
@@ -139,9 +138,6 @@ def time_chunks(
                 b.copy_(buffers[name])
         for p, g in zip(params, grads, strict=True):
             p.grad = g
-        torch.random.set_rng_state(rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
 
 
 def _timed(module: nn.Module, parts: list[Any], device: torch.device, mixed: Mixed) -> float:
