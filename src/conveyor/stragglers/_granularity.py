@@ -20,8 +20,8 @@ whose samples cost much gets finer chunks.
 Worker 0 times and every worker takes its choice (a broadcast), since every stage cuts the batch alike. The
 timing leaves the stage as it found it: gradients, buffers (BatchNorm's running statistics) and the random
 state are put back; the timing runs once per job, in its first step (six rounds of every count), and counts in
-that step's time. The claims' store round trips (0.4 to 1.4 ms a step for 1 to 8 chunks, measured with two
-replicas on a CPU) are not in ``T``.
+that step's time. The claims' store round trips (0.4 to 1.4 ms a step for 1 to 8 chunks, in an ad-hoc timing
+of ``StepClaims`` with two replicas on a CPU) are not in ``T``.
 """
 
 from __future__ import annotations
