@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -39,14 +40,22 @@ def _long_run(count: int, as_generator: bool) -> dict[str, Any]:
     forwards = [0]
     pipe.module[0].register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     ahead: list[int] = []
+    store = dist.distributed_c10d._get_default_store()
+    dist.barrier()
+    keys = [store.num_keys()]  # before the run, every 100 batches read, after it
 
     def stream() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for i in range(count):
             ahead.append(i - forwards[0])
+            if i % 100 == 0:
+                keys.append(store.num_keys())
             yield _batch(i)
 
     losses = pipe.train(stream() if as_generator else [_batch(i) for i in range(count)])
+    dist.barrier()
+    keys.append(store.num_keys())
     return {
+        "keys": keys,
         "most_ahead": max(ahead, default=0),
         "weights": {k: v.clone() for k, v in pipe.module.state_dict().items()},
         "losses": None if losses is None else (len(losses), sum(losses)),
@@ -61,6 +70,10 @@ def test_a_generator_of_2000_batches_is_read_lazily_and_trains_as_the_list_does(
     bound = 2 * read_ahead(2, 1) + 2  # worker 0 reads two windows ahead, past the first stage's warm-up
     assert lazy[0]["most_ahead"] <= bound, lazy[0]["most_ahead"]
     assert lazy[1]["most_ahead"] <= 2  # the last stage reads a batch's targets when its forward comes
+    # The windows' announcements are deleted once read (250 windows of 8 batches here; 2 keys each until
+    # read): the store holds a few at most, and none after the run.
+    keys = lazy[0]["keys"]
+    assert len(keys) == 2 + count // 100 and max(keys) - keys[0] <= 6 and keys[-1] == keys[0], keys
     listed = launch(_long_run, count, False, nprocs=2, timeout_s=280)
     for rank in (0, 1):
         assert lazy[rank]["steps"] == listed[rank]["steps"] == count

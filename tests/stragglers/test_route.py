@@ -36,7 +36,7 @@ def _exchange() -> dict:
             store.set("rank 1 sent", "yes")
         else:
             store.get("rank 1 sent")  # waits: the end is announced after every chunk
-            router.end("q")
+            router.end("q-next")  # on the next step's queue, as the trainer does
         router.wait_sends()
         return {"grads": grads}
     order = []
@@ -45,9 +45,10 @@ def _exchange() -> dict:
         order.append((arrival.chunk, arrival.sender, float(arrival.inputs[0, 0])))
         (2 * arrival.inputs).sum().backward()
         router.send_grads(arrival)
-    last = router.receive("q", 5)
+    last = router.receive("q-next", 1)
     router.wait_sends()
-    return {"order": order, "last": (last.chunk, last.inputs)}
+    left = [store.check([key]) for key in ("q/size", *(f"q/{p}" for p in range(1, 5)), "q-next/size", "q-next/1")]
+    return {"order": order, "last": (last.chunk, last.inputs), "left": left}
 
 
 def test_chunks_arrive_by_announcement_and_gradients_go_back_to_their_sender() -> None:
@@ -56,6 +57,7 @@ def test_chunks_arrive_by_announcement_and_gradients_go_back_to_their_sender() -
     assert [(c, s) for c, s, _ in order] == [(0, 0), (2, 0), (1, 1), (3, 1)]
     assert all(value == chunk for chunk, _, value in order)  # each payload is the chunk its announcement names
     assert out[2]["last"] == (END, None)
+    assert not any(out[2]["left"])  # the reader deleted every place it read, and the queues' counters
     for rank in (0, 1):
         assert set(out[rank]["grads"]) == {rank, rank + 2}
         for grad in out[rank]["grads"].values():

@@ -6,7 +6,8 @@ other workers never touch the data; they learn the run's length from the first w
 store. A run whose batches have a ``len()`` announces it at once; a generator's length is only known
 at its end, so the first worker reads a window of batches ahead and announces, window by window, how
 many it found. Generation asks about a batch at most ``3 x workers`` microbatches ahead of the work,
-so the window covers that (:func:`read_ahead`) and memory stays bounded however long the run is.
+so the window covers that (:func:`read_ahead`) and memory stays bounded however long the run is. The store
+stays bounded too: the last of the other workers to read an announcement deletes it.
 """
 
 from __future__ import annotations
@@ -103,29 +104,33 @@ class BatchSource:
 class RunLength:
     """The number of batches in a run, as every worker learns it (a :class:`~conveyor.schedule.BatchCount`).
 
-    Worker 0 announces it through the c10d ``store`` under ``prefix``: the length at once when its batches
-    have a ``len()``, else window by window (``window`` batches each, read ahead by its
-    :class:`BatchSource`). A worker whose own batches have a ``len()`` checks it against worker 0's.
+    Worker 0 announces it through the c10d ``store`` under ``prefix`` to the ``readers`` other workers: the
+    length at once when its batches have a ``len()``, else window by window (``window`` batches each, read
+    ahead by its :class:`BatchSource`). A worker whose own batches have a ``len()`` checks it against
+    worker 0's.
     """
 
     def __init__(
         self,
         store: dist.Store,
         prefix: str,
+        *,
         window: int,
+        readers: int,
         batches: Iterable[Any] | None,
         source: BatchSource | None = None,
     ) -> None:
         self._store, self._prefix, self._window, self._source = store, prefix, window, source
+        self._readers = readers
         self._known: int | None = None  # the exact length, once known
         self._seen = 0  # batches known to exist
         self._announced = 0  # windows announced (worker 0)
         own = _length(batches)
         if source is not None:  # worker 0
-            self._store.set(f"{prefix}/length", str(-1 if own is None else own))
+            self._announce("length", -1 if own is None else own)
             self._known = own
             return
-        announced = int(self._store.get(f"{prefix}/length"))
+        announced = self._read("length")
         self._known = None if announced < 0 else announced
         if own is not None and announced >= 0 and own != announced:
             raise InputError(
@@ -157,15 +162,29 @@ class RunLength:
             # Announce the next window too: another worker's question runs at most a window ahead of worker
             # 0's, so it never waits on worker 0 reaching a batch that worker 0 does not yet need.
             self._source.fill((j + 2) * self._window - 1)
-            for w in range(self._announced, j + 2):
-                self._store.set(f"{self._prefix}/{w}", str(self._count(w)))
-            self._announced = j + 2
+            last = min(j + 2, self._source.read // self._window + 1)  # none past the first short one: unread
+            for w in range(self._announced, last):
+                self._announce(str(w), self._count(w))
+            self._announced = max(self._announced, last)
             count = self._count(j)
         else:
-            count = int(self._store.get(f"{self._prefix}/{j}"))
+            count = self._read(str(j))
         self._seen = j * self._window + count
         if count < self._window:
             self._known = self._seen
+
+    def _announce(self, name: str, value: int) -> None:
+        if self._readers:  # alone, nobody would read (or delete) it
+            self._store.set(f"{self._prefix}/{name}", str(value))
+
+    def _read(self, name: str) -> int:
+        """An announcement's value, waiting for it; the last reader deletes it (every reader reads each once)."""
+        key = f"{self._prefix}/{name}"
+        value = int(self._store.get(key))
+        if int(self._store.add(f"{key}/reads", 1)) == self._readers:
+            self._store.delete_key(key)
+            self._store.delete_key(f"{key}/reads")
+        return value
 
     def _count(self, j: int) -> int:
         assert self._source is not None

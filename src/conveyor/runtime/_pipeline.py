@@ -334,7 +334,14 @@ class Pipeline(StagePosition):
         self._runs += 1
         window = read_ahead(len(self.worker_stage), self.microbatches)
         prefix = f"conveyor/pipeline{self._id}/run{self._runs}"
-        length = RunLength(_store(), prefix, window, batches, source if self.worker == 0 else None)
+        length = RunLength(
+            _store(),
+            prefix,
+            window=window,
+            readers=len(self.worker_stage) - 1,
+            batches=batches,
+            source=source if self.worker == 0 else None,
+        )
         actions = worker_actions(self.kind, self.worker, self.replicas, self.microbatches, length)
 
         def stepped() -> None:

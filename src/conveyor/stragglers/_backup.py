@@ -30,7 +30,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -122,6 +122,13 @@ class Backups:
             elif g is not None:
                 p.grad += g
         return won, out
+
+    def release(self, prefix: str, chunks: Iterable[int]) -> None:
+        """Delete the keys of ``chunks`` in the step of ``prefix``, once every replica is past it (its
+        all-reduce is done: every run of its chunks has ended)."""
+        for j in chunks:
+            self.store.delete_key(f"{prefix}/won/{j}")
+            self.store.delete_key(f"{prefix}/backup/{j}")
 
     def takeovers(self, chunks: Sequence[int]) -> Iterator[int]:
         """Once idle: the chunks of ``chunks`` still unfinished at the deadline that this replica backs up."""

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from conveyor.errors import InputError
 
-__all__ = ["Claim", "StepClaims"]
+__all__ = ["Claim", "StepClaims", "release_share"]
 
 
 Claim = tuple[int, bool]  # (chunk index in the batch, whether it was taken from a peer's share)
@@ -66,7 +66,7 @@ class StepClaims:
 
     def _add(self, owner: int, amount: int) -> tuple[int, int]:
         """Add ``amount`` to ``owner``'s counter; its head and tail counts after the add."""
-        value = int(self.store.add(f"{self.prefix}/share/{owner}", amount))
+        value = int(self.store.add(_share_key(self.prefix, owner), amount))
         return value % _TAIL, value // _TAIL
 
     def _own(self) -> int | None:
@@ -90,3 +90,13 @@ class StepClaims:
             head, tail = self._add(victim, _TAIL)
             if head + tail <= self.chunks:
                 return victim * self.chunks + self.chunks - tail
+
+
+def _share_key(prefix: str, owner: int) -> str:
+    return f"{prefix}/share/{owner}"
+
+
+def release_share(store: dist.Store, prefix: str, replica: int) -> None:
+    """Delete ``replica``'s counter of the step of ``prefix``, once every replica is past that step (its
+    all-reduce is done: no claim on the share can come), so the store does not grow with the steps."""
+    store.delete_key(_share_key(prefix, replica))

@@ -9,6 +9,10 @@ in order (``get`` waits for the next one), then receives the payload from that s
 between two workers stay in order), and the gradient goes back to the sender the announcement named: the
 backward runs on the replica that ran the forward. The store, not the backend, carries the routing, so the
 backend never receives from an unknown source (which NCCL cannot).
+
+Each queue has one reader (a later stage has one worker), which deletes each place once it has read it and
+the queue's counter with its last place (or the run's end): once the last is set, every sender's ``add`` is
+done, so the store holds no keys of steps read, however long the run.
 """
 
 from __future__ import annotations
@@ -60,8 +64,11 @@ class Router:
 
     def receive(self, queue: str, place: int, training: bool = True) -> Arrival:
         """The microbatch announced at ``place`` (1, 2, ...) on ``queue``, waiting for it; its ``chunk`` is
-        :data:`END` at a run's end."""
+        :data:`END` at a run's end. The caller reads every place in order, each once (they are deleted)."""
         chunk, count, sender = (int(v) for v in self.store.get(f"{queue}/{place}").decode().split(","))
+        self.store.delete_key(f"{queue}/{place}")
+        if chunk == END or place == count:
+            self.store.delete_key(f"{queue}/size")
         arrival = Arrival(chunk, count, sender)
         if chunk != END:
             arrival.inputs, _ = self.p2p.recv_tree(sender)

@@ -77,7 +77,7 @@ from conveyor.runtime import (
 )
 from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._backup import Backups
-from conveyor.stragglers._claims import StepClaims
+from conveyor.stragglers._claims import StepClaims, release_share
 from conveyor.stragglers._granularity import Chunks, agree_on_chunks
 from conveyor.stragglers._modes import check_flexible
 from conveyor.stragglers._records import StepRecord
@@ -94,6 +94,7 @@ class _Pending:
     buffer: torch.Tensor  # the gradient sums, then the loss sum and the sample count (pack_grads)
     work: Any  # the all-reduce in flight (None on an unreplicated stage)
     samples: int  # the batch's: every chunk runs once, on one replica of each stage
+    step_key: str  # the step's store keys, released once its all-reduce is done
 
 
 class FlexiblePipeline(StagePosition):
@@ -324,7 +325,7 @@ class FlexiblePipeline(StagePosition):
         record.compute_s = time.perf_counter() - start
         work = dist.all_reduce(buffer, group=self._group, async_op=True) if self._reduces else None
         # The step's samples, all-reduced or not, are the batch's: a later stage runs every chunk.
-        return _Pending(buffer, work, batch_size(inputs) if self.stage == 0 else record.samples)
+        return _Pending(buffer, work, batch_size(inputs) if self.stage == 0 else record.samples, self._step_key())
 
     def _chunk(self, arrival: Arrival, targets: Any, n: int, loss_sum: torch.Tensor, backup: bool = False) -> Any:
         """Run one chunk: its forward, and on the last stage its loss (added to ``loss_sum``) and backward; its
@@ -399,6 +400,7 @@ class FlexiblePipeline(StagePosition):
         if pending.work is not None:
             pending.work.wait()
         waited = time.perf_counter() - start
+        self._release(pending.step_key)
         samples = pending.samples  # (what the all-reduce summed too: read here, it would wait for the device)
         losses.append(pending.buffer[-2] / max(samples, 1))
         if samples and self.optimizer is not None:
@@ -407,6 +409,14 @@ class FlexiblePipeline(StagePosition):
                 self._previous = [p.detach().clone() for p in self.params]
             self.optimizer.step()
         return waited
+
+    def _release(self, step_key: str) -> None:
+        """Delete this replica's claim keys of a step whose all-reduce is done (the later stages' queues are
+        deleted as they are read)."""
+        if self.stage == 0:
+            release_share(self.store, step_key, self.worker)
+            if self._backups is not None:
+                self._backups.release(step_key, range(self.worker * self._share, (self.worker + 1) * self._share))
 
     @torch.no_grad()
     def _average_buffers(self) -> None:
