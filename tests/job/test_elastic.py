@@ -42,7 +42,9 @@ def test_a_run_survives_a_revocation_and_takes_a_worker_in(tmp_path: Path) -> No
     faults = "revoke:worker=2,at=0.3;add:worker=2,at=0.6"
     # 60 epochs, so the run goes on long after the addition: on a busy machine a joiner took 4 s to start, and more
     # to be let in (40 epochs ended first)
-    cfg = TrainConfig.from_options(reliable=1, workers=3, epochs=60, run_dir=str(tmp_path), faults=faults)
+    cfg = TrainConfig.from_options(
+        reliable=1, workers=3, epochs=60, run_dir=str(tmp_path), faults=faults, resources_every=1.0
+    )
     summary = train_elastic(cfg)
     assert summary.epochs == 60 and summary.accuracy[-1] > 0.9
     reasons = [g["reason"] for g in summary.generations]
@@ -50,3 +52,5 @@ def test_a_run_survives_a_revocation_and_takes_a_worker_in(tmp_path: Path) -> No
     for name in ("metrics.jsonl", "elastic.jsonl", "checkpoint.pt", "summary.json", "accuracy.png", "faults.jsonl"):
         assert (tmp_path / name).exists(), name
     assert json.loads((tmp_path / "summary.json").read_text())["generations"] == summary.generations
+    samples = [json.loads(line) for line in (tmp_path / "resources.jsonl").read_text().splitlines()]
+    assert {0, 1} <= {s["worker"] for s in samples}, samples

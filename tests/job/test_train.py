@@ -80,9 +80,15 @@ def test_target_accuracy_stops_early(tmp_path: Path) -> None:
 def test_replicas_that_divide_nothing_train_the_digits(tmp_path: Path) -> None:
     """3-1 with 4 microbatches per batch of 64 and 1437 samples: no count is a multiple of 3."""
     summary = train(
-        TrainConfig.from_options(stages=2, replicas="3-1", schedule="pipedream", epochs=3, run_dir=str(tmp_path))
+        TrainConfig.from_options(
+            stages=2, replicas="3-1", schedule="pipedream", epochs=3, run_dir=str(tmp_path), resources_every=0.5
+        )
     )
     assert summary.layout["replicas"] == [3, 1] and len(summary.peak_rss_bytes) == 4
+    samples = [json.loads(line) for line in (tmp_path / "resources.jsonl").read_text().splitlines()]
+    for worker in range(4):  # a sample at the start and at the end at least, the same store seen by all
+        mine = [s for s in samples if s["worker"] == worker]
+        assert len(mine) >= 2 and all(s["store_keys"] > 0 and s["threads"] > 1 for s in mine), mine
     assert summary.accuracy[-1] > 0.8, summary.accuracy
     _check_run_folder(tmp_path, 3)
 

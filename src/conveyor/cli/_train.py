@@ -137,6 +137,14 @@ def add_parser(sub: Any) -> None:
         ".json (timeline) per worker",
     )
     train.add_argument(
+        "--resources-every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="every SECONDS, each worker's memory, open descriptors, threads and the store's keys to RUN_DIR/"
+        "resources.jsonl (Linux; to see that a long run holds steady)",
+    )
+    train.add_argument(
         "--loader-workers",
         type=int,
         default=0,

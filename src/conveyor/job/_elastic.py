@@ -40,6 +40,7 @@ from conveyor.job._config import TrainConfig, loss_and_optimizer
 from conveyor.job._layout import PIPELINE_MICROBATCHES
 from conveyor.job._model import model_and_data
 from conveyor.job._report import read_jsonl
+from conveyor.job._resources import ResourceLog
 from conveyor.job._sections import ElasticConfig
 from conveyor.job._summary import ElasticSummary, open_run_folder, write_run_folder
 from conveyor.plan import Profile
@@ -151,13 +152,20 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
         disable=worker != 0,
     ) as bar:
         task = bar.add_task("training", total=steps)
-        outcome = trainer.fit(job, lambda t: bar.update(task, completed=t + 1))
+        holdings = ResourceLog(
+            Path(run_dir) / "resources.jsonl",
+            worker=trainer.worker,
+            every_s=cfg.run.resources_every,
+            store=trainer.store,
+        )
+        with holdings:
+            outcome = trainer.fit(job, lambda t: bar.update(task, completed=t + 1))
     return dataclasses.replace(outcome, weights=None)  # the launcher needs none of them
 
 
 def train_elastic(cfg: TrainConfig) -> ElasticSummary:
     """Run ``cfg`` as an elastic job on local workers (or the emulated cluster); return the run's summary."""
-    run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "elastic.jsonl"))
+    run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "elastic.jsonl", "resources.jsonl"))
     workers = cfg.layout.workers or 4
     emulation = cfg.emulation.emulation()
     check_faults(emulation, _section(cfg)[1], workers)

@@ -10,6 +10,7 @@ import torch
 from conveyor.emulate import Emulation
 from conveyor.energy import check_meter_spec, check_power_limit_spec
 from conveyor.errors import InputError
+from conveyor.job._resources import check_resources_every
 from conveyor.job._zoo import model_arguments
 from conveyor.runtime import BACKENDS, DEVICES
 from conveyor.stragglers import Chunks, check_chunks, mode_settings
@@ -112,6 +113,7 @@ class RunConfig:
     autocast: str = "off"  # bf16: forwards and the loss under torch.autocast to bfloat16 (weights stay float32)
     torch_profile: str | None = None  # a folder: the second epoch's training under torch.profiler, per worker
     loader_workers: int = 0  # DataLoader processes per reading worker (0: the dataset sits on the device)
+    resources_every: float | None = None  # seconds between samples of each worker's holdings (resources.jsonl)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES or self.backend not in BACKENDS or self.autocast not in AUTOCAST:
@@ -128,6 +130,7 @@ class RunConfig:
             raise InputError(f"--checkpoint-every must be at least 1 epoch, got {self.checkpoint_every}")
         if self.epochs < 1:
             raise InputError(f"--epochs must be at least 1, got {self.epochs}")
+        check_resources_every(self.resources_every)
 
 
 @dataclass(frozen=True, kw_only=True)

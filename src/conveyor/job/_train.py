@@ -4,7 +4,8 @@
 job's worker count (unless a layout or a plan file is given), every worker builds its stage, and the
 pipeline trains epoch by epoch (each epoch one run of the schedule), evaluating on held-out data after
 each. The run folder gets ``plan.json``, ``metrics.jsonl`` (one line per epoch), ``checkpoint.pt``,
-``summary.json`` and ``accuracy.png`` (accuracy against wall-clock time, and against energy when it was measured).
+``summary.json`` and ``accuracy.png`` (accuracy against wall-clock time, and against energy when it was measured);
+with ``--resources-every``, ``resources.jsonl`` (:mod:`conveyor.job._resources`).
 Energy (``--energy-meter``): each worker's meter (:func:`conveyor.energy.open_meter`) measures each epoch's training
 and evaluation, and the workers' joules are summed; with no meter the energy is null, never estimated.
 
@@ -49,6 +50,7 @@ from conveyor.job._loader import EpochBatches
 from conveyor.job._loop import EpochLoop
 from conveyor.job._model import materializer, model_and_data
 from conveyor.job._report import energy_summary
+from conveyor.job._resources import ResourceLog
 from conveyor.job._sections import AUTOCAST
 from conveyor.job._summary import Prediction, RunSummary, open_run_folder, write_run_folder
 from conveyor.job._warmstart import prepare_warm_start, register_model
@@ -179,7 +181,11 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
     # host's energy meter, an import of 1.7 s) would count in the others' first epoch, as waiting for it.
     dist.barrier()
     started_at = time.time()
-    with meter, knobs:
+    store = dist.distributed_c10d._get_default_store()
+    holdings = ResourceLog(
+        folder / "resources.jsonl", worker=dist.get_rank(), every_s=cfg.run.resources_every, store=store
+    )
+    with meter, knobs, holdings:
         outcome = loop.run()
     _say_chunks(pipe)
     statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
@@ -296,7 +302,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     if cfg.run.lease:
         read_lease(cfg.run.lease)  # fail here, with one line, rather than in worker 0
     device, backend, nprocs = job_devices(cfg)  # so do a device, a backend or a worker count this machine lacks
-    run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "stragglers.jsonl"))
+    run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "stragglers.jsonl", "resources.jsonl"))
     if cfg.run.checkpoint:
         Path(cfg.run.checkpoint).parent.mkdir(parents=True, exist_ok=True)
     emulation = cfg.emulation.emulation()
