@@ -1,13 +1,16 @@
 """The coordinator turns stopped heartbeats into failures, notices and joins into planned generations, and the
 loss of the reliable tier into a clear error."""
 
+import threading
 import time
+from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
 
 from conveyor.elastic import Coordinator, Generation, JobFailed, connect
-from conveyor.elastic._membership import latest
+from conveyor.elastic._membership import KEPT_GENERATIONS, _group_keys, group_prefix, latest, record
+from conveyor.elastic._tiers import Roles
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,3 +62,59 @@ def test_generations_from_heartbeats_notices_and_joins() -> None:
             newest(store, lost.gen)
     finally:
         coordinator.close()
+
+
+def test_the_store_keeps_the_keys_of_the_last_generations_only() -> None:
+    """50 rounds of a worker joining and the previous one leaving (100 generations, each with a boundary and
+    a group's rendezvous keys): once past the kept window, the store's key count stays flat."""
+    server = connect("127.0.0.1", 0, is_leader=True)
+    store = connect("127.0.0.1", server.port, is_leader=False)
+    coordinator = Coordinator("127.0.0.1", server.port, initial=2, reliable=1, lost_s=60.0)
+    counts, gen, transient = [], latest(store), 1
+    try:
+        for _ in range(50):
+            joiner = store.add("next_id", 1) - 1
+            store.set(f"join/{store.add('joins', 1) - 1}", str(joiner))
+            store.add(f"hb/{joiner}", 1)
+            gen = newest(store, gen.gen)
+            store.set(f"leave/{transient}", "1")
+            gen = newest(store, gen.gen)
+            assert gen.members == (0, joiner) and gen.leaving == (transient,)
+            store.set(f"left/{transient}", str(gen.gen))
+            for g in (gen.gen - 1, gen.gen):  # what the workers write in a generation
+                store.set(f"boundary/{g}", "0")
+                for rank in range(2):
+                    store.set(f"pg/{g}/train//0/{rank}", "address")
+            transient = joiner
+            counts.append(server.num_keys())
+    finally:
+        coordinator.close()
+    kept = KEPT_GENERATIONS
+    assert gen.gen == 100 and record(store, gen.gen - kept + 1) is not None and record(store, gen.gen - kept) is None
+    # Flat to within a round's keys (the coordinator deletes a tick after it sees a worker go), where without the
+    # deletions each round adds 11 (two records, two boundaries, four group keys, hb, leave, left).
+    assert max(counts[kept:]) - min(counts[kept:]) <= 10, counts
+
+
+def test_the_keys_deleted_for_a_generations_groups_are_those_gloo_wrote() -> None:
+    """Gloo's rendezvous names its keys itself: build a real group of 3 under a generation's prefix (as
+    ``Watch.group`` does) and delete the keys the coordinator would; none is left."""
+    server = connect("127.0.0.1", 0, is_leader=True)
+    before = server.num_keys()
+    groups: dict[int, dist.ProcessGroupGloo] = {}
+
+    def build(rank: int) -> None:
+        client = connect("127.0.0.1", server.port, is_leader=False)
+        prefix = dist.PrefixStore(group_prefix(7, "stage1"), client)
+        groups[rank] = dist.ProcessGroupGloo(prefix, rank, 3, timedelta(seconds=30))
+
+    threads = [threading.Thread(target=build, args=(rank,)) for rank in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(groups) == 3 and server.num_keys() == before + 3
+    gen = Generation(7, (0, 1, 2), (), (0,), Roles(2, (0, 1, 2), (1, 2)), True, "test")
+    for key in _group_keys(gen):
+        server.delete_key(key)
+    assert server.num_keys() == before

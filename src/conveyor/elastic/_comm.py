@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from conveyor.elastic._membership import Generation, JobFailed, MembershipChanged, connect
+from conveyor.elastic._membership import Generation, JobFailed, MembershipChanged, connect, group_prefix, record
 
 __all__ = ["POLL_S", "Posting", "Waiting", "Watch"]
 
@@ -87,6 +87,7 @@ class Watch:
             ) from None
 
     def record(self, g: int) -> Generation:
+        """Generation ``g``'s record (the newest, or one kept: see ``KEPT_GENERATIONS``), waiting for it."""
         return Generation.from_json(self.store.get(f"gen/{g}"))
 
     def check(self, stepping: bool) -> None:
@@ -117,8 +118,9 @@ class Watch:
             raise MembershipChanged
 
     def _is_planned(self, g: int) -> bool:
-        if g not in self._planned:
-            self._planned[g] = self.record(g).planned
+        if g not in self._planned:  # a record deleted (this worker is far behind) counts as unplanned: switch now
+            gen = record(self.store, g)
+            self._planned[g] = gen is not None and gen.planned
         return self._planned[g]
 
     def wait(self, work: Any, stepping: bool = False, between_steps: bool = False) -> None:
@@ -157,7 +159,7 @@ class Watch:
         box: dict[str, Any] = {}
         if self._builder is None:  # a client of its own: building blocks it, and the polls must go on
             self._builder = connect(self.host, self.port, False)
-        prefix = dist.PrefixStore(f"pg/{self.gen.gen}/{name}/", self._builder)
+        prefix = dist.PrefixStore(group_prefix(self.gen.gen, name), self._builder)
 
         def build() -> None:
             try:

@@ -13,7 +13,10 @@ connections close at once, so its ring neighbours' collectives fail at once and 
 Store keys: ``gen`` (the latest generation number), ``gen/G`` (its record, JSON), ``boundary/G`` (a planned
 generation's step, proposed by the first computing worker to see it), ``hb/ID``, ``leave/ID``, ``left/ID``,
 ``joins`` and ``join/N`` (join requests), ``next_id``, ``suspects`` (failed collectives), ``fatal`` (why the
-job must stop).
+job must stop), and ``pg/G/NAME/`` (the rendezvous of generation ``G``'s gloo groups). So that the store does
+not grow with the generations, the coordinator deletes a join request once read, and a generation's record,
+boundary and groups' keys :data:`KEPT_GENERATIONS` generations later, with the keys of its workers gone since
+(ids are never reused): a worker that far behind finds no record and switches at once.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -33,6 +37,8 @@ import torch.distributed as dist
 from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, Roles, roles
 
 __all__ = [
+    "GROUPS",
+    "KEPT_GENERATIONS",
     "NOTICE",
     "Coordinator",
     "Generation",
@@ -40,12 +46,29 @@ __all__ = [
     "JobFailed",
     "MembershipChanged",
     "connect",
+    "group_prefix",
     "latest",
     "listen_for_notice",
+    "record",
 ]
 
 # Set when this process got a revocation notice (SIGTERM, as a spot machine does); its heartbeat posts it.
 NOTICE = threading.Event()
+KEPT_GENERATIONS = 32  # generations whose keys the store keeps (see the module docstring)
+GROUPS = ("recover", "train", "all")  # a generation's gloo groups, besides "stage{K}" for each replicated stage
+
+
+def group_prefix(g: int, name: str) -> str:
+    """Where generation ``g``'s group ``name`` meets in the store."""
+    return f"pg/{g}/{name}/"
+
+
+def _group_keys(gen: Generation) -> list[str]:
+    """Every key ``gen``'s groups can have written: gloo's rendezvous puts each rank's address at ``0/RANK``
+    under the group's prefix, which torch's ``PrefixStore`` joins with a ``/`` (as of torch 2.13)."""
+    n = len(gen.participants)
+    names = (*GROUPS, *(f"stage{k}" for k in range(n)))
+    return [f"{group_prefix(gen.gen, name)}/0/{rank}" for name in names for rank in range(n)]
 
 
 def listen_for_notice() -> None:
@@ -113,6 +136,12 @@ def connect(host: str, port: int, is_leader: bool, timeout_s: float = 60.0) -> d
         )
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def record(store: dist.Store, g: int) -> Generation | None:
+    """Generation ``g``'s record, or ``None`` once the coordinator has deleted it (never waits)."""
+    key = f"gen/{g}"
+    return Generation.from_json(store.get(key)) if store.check([key]) else None
 
 
 def latest(store: dist.Store) -> Generation:
@@ -194,6 +223,7 @@ class Coordinator:
         self._joins_seen = 0
         self._suspects, self._suspected_at = 0, -float("inf")
         self._ticked = time.monotonic()
+        self._recent: deque[Generation] = deque()  # the generations whose keys are kept
         self.store.add("next_id", initial)  # a joiner's id is add("next_id", 1) - 1
         self.generation = self._write(tuple(range(initial)), (), planned=True, reason="start")
         self._stop = threading.Event()
@@ -218,6 +248,9 @@ class Coordinator:
         gen = Generation(g, members, leaving, self.reliable, who, planned, reason)
         self.store.set(f"gen/{g}", gen.to_json())
         self.store.add("gen", 1 if g else 0)
+        self._recent.append(gen)
+        while len(self._recent) > KEPT_GENERATIONS:
+            self._forget(self._recent.popleft(), gen)
         if self.log is not None:
             with self.log.open("a") as f:
                 f.write(
@@ -233,6 +266,13 @@ class Coordinator:
                     + "\n"
                 )
         return gen
+
+    def _forget(self, old: Generation, newest: Generation) -> None:
+        """Delete ``old``'s keys, and those of its participants gone since."""
+        gone = [w for w in old.participants if w not in newest.participants and w not in self._watch]
+        keys = [f"gen/{old.gen}", f"boundary/{old.gen}", *_group_keys(old)]
+        for key in keys + [f"{kind}/{w}" for w in gone for kind in ("hb", "leave", "left")]:
+            self.store.delete_key(key)
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
@@ -284,6 +324,7 @@ class Coordinator:
         joined = []
         while self._joins_seen < self.store.add("joins", 0) and self.store.check([f"join/{self._joins_seen}"]):
             w = int(self.store.get(f"join/{self._joins_seen}"))
+            self.store.delete_key(f"join/{self._joins_seen}")  # read once, here
             self._joins_seen += 1
             self._watch[w] = _Watch(-1, now)
             joined.append(w)

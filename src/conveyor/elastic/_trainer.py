@@ -56,6 +56,8 @@ from conveyor.runtime import save_checkpoint
 
 __all__ = ["ElasticTrainer"]
 
+_EVALUATIONS_KEPT = 8  # epochs whose "evaluated" marks stay: a redo goes back to a backup (backup_every steps)
+
 
 class ElasticTrainer(Steps):
     """One worker of an elastic job (see the module docstring).
@@ -105,7 +107,7 @@ class ElasticTrainer(Steps):
         self.store = connect(host, port, is_leader=False)  # worker 0's launcher hosts it (the reliable tier)
         self.joiner = worker is None
         if worker is None:
-            self.store.wait(["gen/0"])  # the coordinator has counted the first workers' ids
+            self.store.wait(["next_id"])  # the coordinator has counted the first workers' ids
             worker = self.store.add("next_id", 1) - 1
         self.worker = worker
         self.device = torch.device("cuda", worker % torch.cuda.device_count()) if device == "cuda" else None
@@ -341,3 +343,4 @@ class ElasticTrainer(Steps):
                 "metrics.jsonl",
             )
             self.store.set(f"evaluated/{epoch}", "1")
+            self.store.delete_key(f"evaluated/{epoch - _EVALUATIONS_KEPT}")  # a redo never goes back that far
