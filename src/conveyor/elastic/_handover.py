@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from conveyor.elastic._comm import Waiting, Watch
+from conveyor.elastic._comm import Waiting, Watch, destroy_groups
 from conveyor.elastic._membership import Generation
 from conveyor.elastic._pipeline import Shard
 from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, full_message_numel, place_shard
@@ -163,10 +163,14 @@ class Handover:
         self.pending_send, self.incoming = None, []
         parts = gen.participants
         group: Any = self.watch.group("recover", parts)
-        self.retired.append(group)
+        earlier = len(self.retired)
+        self.retired.append(group)  # destroyed once the participants have met in a later recovery
         mine = torch.tensor([self.done, self.owner_gen, self.state_gen, self.backup_step], dtype=torch.float64)
         reports = [torch.zeros(4, dtype=torch.float64) for _ in parts]
         self.watch.wait(group.allgather([reports], [mine]))
+        # Every participant is here, so done with the groups retired before: destroy them (a peer still in one
+        # would lose what it had yet to receive when this worker's sockets close).
+        destroy_groups([self.retired.pop(0) for _ in range(earlier)])
         seen = {w: [int(x) for x in r] for w, r in zip(parts, reports, strict=True)}
         state_gen, backup_step = seen[0][2], seen[0][3]
         held = self.shards(self.watch.record(state_gen)) if state_gen >= 0 else []
@@ -242,9 +246,8 @@ class Handover:
         if self.worker in gen.leaving:
             self.store.set(f"left/{self.worker}", str(gen.gen))
             raise Left
-        # Old groups are kept, never destroyed: a gloo group's destructor waits for its abandoned work.
         self.retired += [g for g in (self.train_group, self.all_group, self.stage_group) if g is not None]
-        self.stage_group = None
+        self.train_group = self.all_group = self.stage_group = None  # the retired list holds them alone
         if self.worker in gen.roles.compute:
             self.train_group = self.watch.group("train", gen.roles.compute)
             if self.staged is not None and len(held_now[0][1]) > 1:  # the replicas of this worker's stage

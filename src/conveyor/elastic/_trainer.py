@@ -163,7 +163,7 @@ class ElasticTrainer(Steps):
         self.incoming: list[tuple[int, list[tuple[Shard, torch.Tensor, Waiting | None]]]] = []  # worker 0's
         self.first_step_at: float | None = None
         self.losses: list[float] = []
-        self.retired: list[Any] = []  # every group this worker built (see _recover)
+        self.retired: list[Any] = []  # groups no longer used, until it is safe to destroy them (see _recover)
         self.events: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------- the run
