@@ -16,6 +16,7 @@ from conveyor.elastic._comm import destroy_groups
 from conveyor.job._resources import sample_resources
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.timeout(120),
     pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="counts threads and descriptors in /proc"),
 ]

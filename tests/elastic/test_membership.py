@@ -64,6 +64,7 @@ def test_generations_from_heartbeats_notices_and_joins() -> None:
         coordinator.close()
 
 
+@pytest.mark.slow
 def test_the_store_keeps_the_keys_of_the_last_generations_only() -> None:
     """50 rounds of a worker joining and the previous one leaving (100 generations, each with a boundary and
     a group's rendezvous keys): once past the kept window, the store's key count stays flat."""
