@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from conveyor.elastic import Coordinator, Generation, JobFailed, connect
-from conveyor.elastic._membership import KEPT_GENERATIONS, _group_keys, group_prefix, latest, record
+from conveyor.elastic._membership import KEPT_GENERATIONS, _group_keys, group_prefix, latest, record, stage_group
 from conveyor.elastic._tiers import Roles
 
 pytestmark = pytest.mark.timeout(60)
@@ -106,7 +106,7 @@ def test_the_keys_deleted_for_a_generations_groups_are_those_gloo_wrote() -> Non
 
     def build(rank: int) -> None:
         client = connect("127.0.0.1", server.port, is_leader=False)
-        prefix = dist.PrefixStore(group_prefix(7, "stage1"), client)
+        prefix = dist.PrefixStore(group_prefix(7, stage_group(1)), client)
         groups[rank] = dist.ProcessGroupGloo(prefix, rank, 3, timedelta(seconds=30))
 
     threads = [threading.Thread(target=build, args=(rank,)) for rank in range(3)]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from conveyor.elastic._comm import Waiting, Watch, destroy_groups
-from conveyor.elastic._membership import Generation
+from conveyor.elastic._membership import ALL_GROUP, RECOVER_GROUP, TRAIN_GROUP, Generation, stage_group
 from conveyor.elastic._pipeline import Shard
 from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, full_message_numel, place_shard
 
@@ -162,7 +162,7 @@ class Handover:
             self._install_backups(block=False)  # those already arrived: a fresher backup to fall back on
         self.pending_send, self.incoming = None, []
         parts = gen.participants
-        group: Any = self.watch.group("recover", parts)
+        group: Any = self.watch.group(RECOVER_GROUP, parts)
         earlier = len(self.retired)
         self.retired.append(group)  # destroyed once the participants have met in a later recovery
         mine = torch.tensor([self.done, self.owner_gen, self.state_gen, self.backup_step], dtype=torch.float64)
@@ -249,11 +249,11 @@ class Handover:
         self.retired += [g for g in (self.train_group, self.all_group, self.stage_group) if g is not None]
         self.train_group = self.all_group = self.stage_group = None  # the retired list holds them alone
         if self.worker in gen.roles.compute:
-            self.train_group = self.watch.group("train", gen.roles.compute)
+            self.train_group = self.watch.group(TRAIN_GROUP, gen.roles.compute)
             if self.staged is not None and len(held_now[0][1]) > 1:  # the replicas of this worker's stage
-                self.stage_group = self.watch.group(f"stage{held_now[0][0]}", held_now[0][1])
+                self.stage_group = self.watch.group(stage_group(held_now[0][0]), held_now[0][1])
         if self.backs_up(gen):
-            self.all_group = self.watch.group("all", gen.members)
+            self.all_group = self.watch.group(ALL_GROUP, gen.members)
 
     def _shard_at(self, c: int) -> torch.Tensor:
         """This owner's shard message at step ``c``: its shard's last step (which may be one ahead of ``done``,

@@ -37,9 +37,11 @@ import torch.distributed as dist
 from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, Roles, roles
 
 __all__ = [
-    "GROUPS",
+    "ALL_GROUP",
     "KEPT_GENERATIONS",
     "NOTICE",
+    "RECOVER_GROUP",
+    "TRAIN_GROUP",
     "Coordinator",
     "Generation",
     "Heartbeat",
@@ -50,12 +52,20 @@ __all__ = [
     "latest",
     "listen_for_notice",
     "record",
+    "stage_group",
 ]
 
 # Set when this process got a revocation notice (SIGTERM, as a spot machine does); its heartbeat posts it.
 NOTICE = threading.Event()
 KEPT_GENERATIONS = 32  # generations whose keys the store keeps (see the module docstring)
-GROUPS = ("recover", "train", "all")  # a generation's gloo groups, besides "stage{K}" for each replicated stage
+# A generation's gloo groups, by name (the coordinator deletes their keys by these names): besides one per
+# replicated stage (stage_group).
+RECOVER_GROUP, TRAIN_GROUP, ALL_GROUP = "recover", "train", "all"
+
+
+def stage_group(stage: int) -> str:
+    """The name of the group of ``stage``'s replicas."""
+    return f"stage{stage}"
 
 
 def group_prefix(g: int, name: str) -> str:
@@ -67,7 +77,7 @@ def _group_keys(gen: Generation) -> list[str]:
     """Every key ``gen``'s groups can have written: gloo's rendezvous puts each rank's address at ``0/RANK``
     under the group's prefix, which torch's ``PrefixStore`` joins with a ``/`` (as of torch 2.13)."""
     n = len(gen.participants)
-    names = (*GROUPS, *(f"stage{k}" for k in range(n)))
+    names = (RECOVER_GROUP, TRAIN_GROUP, ALL_GROUP, *(stage_group(k) for k in range(n)))
     return [f"{group_prefix(gen.gen, name)}/0/{rank}" for name in names for rank in range(n)]
 
 
