@@ -4,7 +4,7 @@ that answered it, the steps redone, and committed steps lost."""
 import json
 from pathlib import Path
 
-from conveyor.bench.elastic import ElasticBenchConfig, _committed_lost, _conveyor_events, _faults, _goals
+from conveyor.bench.elastic import ElasticBenchConfig, _conveyor_events, _faults, _goals, committed_steps_lost
 
 
 def write(path: Path, lines: list[dict]) -> None:
@@ -42,12 +42,12 @@ def test_events_are_read_from_the_logs(tmp_path: Path) -> None:
     assert [(e["kind"], e["recovery_s"], e["steps_redone"]) for e in events] == [("revoke", 0.9, 3), ("add", 8.5, 0)]
     late = _conveyor_events(tmp_path, [("revoke", True, 9.0)], [3, 4])  # a fault the run ended before
     assert late[0]["recovery_s"] is None and late[0]["missed"] == "the run ended first"
-    assert _committed_lost(tmp_path) == 0
+    assert committed_steps_lost(tmp_path) == 0
     write(
         tmp_path / "elastic.jsonl",
         [{"event": "generation", "gen": 1, "wall": 1.0, "steps_redone": 9, "resume_step": 5, "committed": 8}],
     )
-    assert _committed_lost(tmp_path) == 3  # resumed before a committed step: caught
+    assert committed_steps_lost(tmp_path) == 3  # resumed before a committed step: caught
 
 
 def test_goals_compare_each_revocation_with_torchrun() -> None:

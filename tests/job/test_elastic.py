@@ -2,13 +2,14 @@
 revocation and an addition and writes its run folder."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from emulation import needs_root
 
 from conveyor.emulate import Emulation
-from conveyor.job import TrainConfig, join_elastic, train_elastic
+from conveyor.job import TrainConfig, join_elastic, read_jsonl, train_elastic, write_lease
 from conveyor.job._elastic import check_faults
 
 pytestmark = pytest.mark.timeout(180)
@@ -54,3 +55,28 @@ def test_a_run_survives_a_revocation_and_takes_a_worker_in(tmp_path: Path) -> No
     assert json.loads((tmp_path / "summary.json").read_text())["generations"] == summary.generations
     samples = [json.loads(line) for line in (tmp_path / "resources.jsonl").read_text().splitlines()]
     assert {0, 1} <= {s["worker"] for s in samples}, samples
+
+
+@pytest.mark.slow
+def test_an_elastic_job_stops_before_its_lease_ends(tmp_path: Path) -> None:
+    lease = tmp_path / "lease.json"
+    until = time.time() + 10  # the workers take a few seconds to start; then epochs of a fraction of a second
+    write_lease(lease, until)
+    cfg = TrainConfig.from_options(
+        reliable=1, workers=2, epochs=100_000, run_dir=str(tmp_path / "run"), lease=str(lease)
+    )
+    summary = train_elastic(cfg)
+    assert 1 <= summary.epochs < 100_000 and time.time() < until + 15  # stopped by the lease, not the epochs
+    assert (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+@needs_root
+def test_a_worker_paused_past_the_loss_limit_learns_it_was_declared_lost(tmp_path: Path) -> None:
+    # Frozen for 4 s against a 2 s limit: the others go on without it; thawed, it says so and exits.
+    cfg = TrainConfig.from_options(
+        reliable=1, workers=3, epochs=80, run_dir=str(tmp_path), faults="pause:worker=2,at=1,for=4"
+    )
+    summary = train_elastic(cfg)
+    assert summary.epochs == 80 and "lost [2]" in [g["reason"] for g in summary.generations]
+    told = [e for e in read_jsonl(tmp_path / "elastic.jsonl") if e["event"] == "declared lost"]
+    assert [e["worker"] for e in told] == [2]

@@ -47,7 +47,7 @@ def test_the_log_samples_at_start_at_its_period_and_at_the_end(tmp_path: Path) -
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert 4 <= len(lines) <= 9  # start, about 6 in 0.3 s on a busy host, the end
     assert {line["worker"] for line in lines} == {1}
-    assert set(lines[0]) == {"worker", "t_s", "wall", "rss_bytes", "fds", "threads", "store_keys"}
+    assert set(lines[0]) == {"worker", "pid", "t_s", "wall", "rss_bytes", "fds", "threads", "store_keys"}
     times = [line["t_s"] for line in lines]
     assert times == sorted(times) and times[-1] >= 0.3
     assert all(line["threads"] >= 2 for line in lines[:-1])  # the sampler's own thread, while it runs

@@ -35,7 +35,7 @@ from typing import Any
 
 from conveyor.job import TrainConfig, model_and_data, read_jsonl, train_elastic
 
-__all__ = ["GOALS", "ElasticBenchConfig", "run"]
+__all__ = ["GOALS", "ElasticBenchConfig", "committed_steps_lost", "run"]
 
 GOALS = {"recovery_s": 10.0, "speedup_vs_torchrun": 5.0, "committed_steps_lost": 0, "accuracy_points": 1.0}
 # (kind, with notice, share of the uninterrupted run's training time): each phase done before the next begins
@@ -126,7 +126,7 @@ def _conveyor_events(folder: Path, phases: list[tuple[str, bool, float]], victim
     return events
 
 
-def _committed_lost(folder: Path) -> int:
+def committed_steps_lost(folder: Path) -> int:
     """Steps committed (held by the reliable tier) before a recovery that resumed before them: must be 0."""
     gens = [e for e in read_jsonl(folder / "elastic.jsonl") if e["event"] == "generation"]
     return sum(max(0, g["committed"] - g["resume_step"]) for g in gens)
@@ -267,7 +267,10 @@ def run(cfg: ElasticBenchConfig, folder: Path) -> dict[str, Any]:
     faults, events = _faults(cfg, train_s)
     elastic = train_elastic(_train_config(cfg, folder / "conveyor", faults))
     victims = list(range(cfg.workers - cfg.revoke, cfg.workers))
-    conveyor_events, lost = _conveyor_events(folder / "conveyor", events, victims), _committed_lost(folder / "conveyor")
+    conveyor_events, lost = (
+        _conveyor_events(folder / "conveyor", events, victims),
+        committed_steps_lost(folder / "conveyor"),
+    )
     torchrun = _torchrun(cfg, folder / "torchrun", events)
     keep = ("gen", "reason", "compute", "layout", "from", "steps_redone")
     generations = [{k: g[k] for k in keep} for g in elastic.generations]

@@ -13,6 +13,7 @@ from conveyor.cli._bench_elastic import add_elastic, add_spot, run_elastic, run_
 from conveyor.cli._bench_energy import add_energy, run_energy
 from conveyor.cli._bench_models import add_models, run_models
 from conveyor.cli._bench_overhead import add_overhead, run_overhead
+from conveyor.cli._bench_soak import add_soak, run_soak
 from conveyor.cli._bench_stragglers import add_stragglers, run_stragglers
 from conveyor.cli._bench_wan import add_wan, run_wan
 from conveyor.cli._bench_warmstart import add_warmstart, run_warmstart
@@ -94,6 +95,7 @@ def add_parser(sub: Any) -> None:
     add_overhead(which)
     add_models(which)
     add_wan(which)
+    add_soak(which)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -116,6 +118,7 @@ def run(args: argparse.Namespace) -> None:
         "overhead": run_overhead,
         "models": run_models,
         "wan": run_wan,
+        "soak": run_soak,
     }[args.bench](args)
 
 

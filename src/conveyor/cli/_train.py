@@ -105,9 +105,10 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="FILE",
         help='run only while a lease lasts: FILE holds JSON {"until": UNIX_SECONDS} (replace it atomically to '
-        "extend it). After each epoch worker 0 re-reads it; when one more epoch as long as the last one "
-        "(evaluation included) would end past until, the job stops there, saves its checkpoint and exits 0 "
-        '(summary.json: "stopped_by_lease": true). At least one epoch runs; saving takes time beyond until',
+        "extend it). After each epoch worker 0 (elastic: the worker that evaluates) re-reads it; when one more "
+        "epoch as long as the last one (elastic: the mean one) would end past until, the job stops there, saves "
+        'its checkpoint and exits 0 (summary.json: "stopped_by_lease": true). At least one epoch runs; saving '
+        "takes time beyond until",
     )
     train.add_argument("--seed", type=int, default=0, help="initial weights, data order and dropout")
     train.add_argument(
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         from conveyor.job import join_elastic
 
         if args.lease:
-            raise InputError("--lease bounds a conveyor train run of fixed workers: drop --join")
+            raise InputError("--lease bounds the job its worker 0 starts: drop --join (the job's own lease holds)")
 
         console.print(f"joining the elastic job at {args.join}")
         join_elastic(args.join, args.run_dir)

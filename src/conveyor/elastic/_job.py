@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,9 @@ class ElasticJob:
     epochs: int = 1
     seed: int = 0
     target_accuracy: float | None = None
+    # Asked by the evaluating worker after each epoch, with the run's mean epoch seconds so far: whether to stop
+    # there (``conveyor train --lease``: whether one more epoch would end past the lease).
+    stop_after: Callable[[float], bool] | None = None
 
 
 @dataclass(frozen=True)

@@ -228,6 +228,7 @@ class ElasticTrainer(Steps):
                 return gen
             if self.watch.gen is not None:  # declared lost (paused past the heartbeat limit?): the job went on
                 print(f"worker {self.worker} was declared lost and left out of the job: it exits", flush=True)
+                self.log({"event": "declared lost", "worker": self.worker, "gen": gen.gen})  # alive: a false loss
                 raise Left
             time.sleep(0.05)
 
@@ -311,6 +312,13 @@ class ElasticTrainer(Steps):
             self._end_epoch(epoch, t)
         self._backups(t)
 
+    def _stops_after(self, epoch: int, accuracy: float) -> bool:
+        """Whether the run ends with ``epoch``: the target accuracy reached, or the job's own stop (a lease)."""
+        target, stop_after = self.job.target_accuracy, self.job.stop_after
+        if target is not None and accuracy >= target:
+            return True
+        return stop_after is not None and stop_after((time.time() - float(self.store.get("t0"))) / (epoch + 1))
+
     def _end_epoch(self, epoch: int, t: int) -> None:
         gen = self.watch.gen
         assert gen is not None
@@ -323,8 +331,7 @@ class ElasticTrainer(Steps):
             with torch.no_grad():
                 logits = self.model(self.job.test_x)
             accuracy[0] = float((logits.argmax(-1) == self.job.test_y).float().mean())
-        target = self.job.target_accuracy
-        if evaluating and target is not None and float(accuracy) >= target:
+        if evaluating and self._stops_after(epoch, float(accuracy)):
             self.store.set("stop_step", str(t + 1))  # before the broadcast: every worker then reads it
         self.watch.wait(self.train_group.broadcast(accuracy, 0), stepping=True)
         if evaluating:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from conveyor.emulate._check import check_cluster, cpu_loop, cpu_loop_seconds, link_pairs
     from conveyor.emulate._cluster import Cluster, Emulation, WorkerSetup
     from conveyor.emulate._devices import Device, parse_devices
-    from conveyor.emulate._driver import FaultDriver
+    from conveyor.emulate._driver import BUSY_LOOP, FaultDriver
     from conveyor.emulate._faults import Fault, parse_faults
     from conveyor.emulate._launch import WorkerRevoked, launch_emulated
     from conveyor.emulate._network import (
@@ -41,7 +41,7 @@ _HOME = {
     "_check": ("check_cluster", "cpu_loop", "cpu_loop_seconds", "link_pairs"),
     "_cluster": ("Cluster", "Emulation", "WorkerSetup"),
     "_devices": ("Device", "parse_devices"),
-    "_driver": ("FaultDriver",),
+    "_driver": ("BUSY_LOOP", "FaultDriver"),
     "_faults": ("Fault", "parse_faults"),
     "_launch": ("WorkerRevoked", "launch_emulated"),
     "_network": ("Link", "Network", "ServerTraffic", "address", "links_of", "sent_bytes"),
@@ -50,6 +50,7 @@ _HOME = {
 }
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
+    "BUSY_LOOP",
     "CgroupError",
     "Cluster",
     "Device",

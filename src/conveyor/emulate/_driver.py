@@ -18,10 +18,10 @@ from conveyor.emulate._cgroups import CgroupError
 from conveyor.emulate._cluster import Cluster
 from conveyor.emulate._faults import Fault
 
-__all__ = ["FaultDriver"]
+__all__ = ["BUSY_LOOP", "FaultDriver"]
 
 # What a competing load runs: a process that wants a whole core, as a co-located job would.
-_BUSY_LOOP = "while True: pass"
+BUSY_LOOP = "while True: pass"
 
 
 class FaultDriver:
@@ -102,7 +102,7 @@ class FaultDriver:
                 group.freeze(True)
         elif fault.kind == "load":
             for rank, group in zip(fault.workers, groups, strict=True):
-                proc = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP])
+                proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
                 group.join(proc.pid)
                 self._loads.setdefault(rank, []).append(proc)
         elif fault.kind == "revoke":

@@ -172,8 +172,8 @@ def check_sections(cfg: TrainConfig) -> None:
             )
         if run.checkpoint_every is not None:
             raise InputError("--checkpoint-every saves a run of fixed workers; elastic jobs keep their own backups")
-        if run.lease:
-            raise InputError("--lease bounds a conveyor train run of fixed workers: drop --reliable and --join")
+        if run.lease and elastic.join:
+            raise InputError("--lease bounds the job its worker 0 starts: drop --join (the job's own lease holds)")
         if cfg.energy.tune_batch_size or cfg.energy.power_limit:
             raise InputError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
         if cfg.store.warm_start or cfg.store.register:

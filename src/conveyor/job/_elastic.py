@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from conveyor.emulate import Emulation
 from conveyor.errors import InputError
 from conveyor.job._config import TrainConfig, loss_and_optimizer
 from conveyor.job._layout import PIPELINE_MICROBATCHES
+from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._model import model_and_data
 from conveyor.job._report import read_jsonl
 from conveyor.job._resources import ResourceLog
@@ -108,6 +110,14 @@ def _layouts(
     return agreed_layouts(planned_layouts(prof, float(store.get("bandwidth")), microbatches), store)
 
 
+def _lease_stop(lease: str | None) -> Callable[[float], bool] | None:
+    """``--lease FILE``, re-read after each epoch by the worker that evaluates: whether one more epoch of the
+    run's mean length would end past it."""
+    if lease is None:
+        return None
+    return lambda epoch_s: lease_expires(read_lease(lease), epoch_s, time.time())
+
+
 def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir: str, workers: int) -> WorkerOutcome:
     model, data = model_and_data(cfg)
     train_x, test_x = data.tensor_inputs("an elastic job")
@@ -142,6 +152,7 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
         cfg.run.epochs,
         cfg.run.seed,
         cfg.run.target_accuracy,
+        stop_after=_lease_stop(cfg.run.lease),
     )
     steps = cfg.run.epochs * -(-data.samples // cfg.optimizer.batch_size)
     with Progress(
@@ -166,6 +177,8 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
 def train_elastic(cfg: TrainConfig) -> ElasticSummary:
     """Run ``cfg`` as an elastic job on local workers (or the emulated cluster); return the run's summary."""
     run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "elastic.jsonl", "resources.jsonl"))
+    if cfg.run.lease:
+        read_lease(cfg.run.lease)  # fail here, with one line, rather than in the worker that evaluates
     workers = cfg.layout.workers or 4
     emulation = cfg.emulation.emulation()
     check_faults(emulation, _section(cfg)[1], workers)

@@ -31,6 +31,7 @@ class ResourceSample:
     """One worker's holdings at one moment (a line of ``resources.jsonl``)."""
 
     worker: int
+    pid: int  # the process (an elastic job's re-added worker is a new one)
     t_s: float  # seconds since the log started
     wall: float  # UNIX time
     rss_bytes: int  # resident memory
@@ -54,6 +55,7 @@ def sample_resources(worker: int, store: dist.Store | None, *, started: float) -
     status = dict(line.split(":", 1) for line in (_PROC / "status").read_text().splitlines() if ":" in line)
     return ResourceSample(
         worker=worker,
+        pid=os.getpid(),
         t_s=round(time.monotonic() - started, 3),
         wall=round(time.time(), 3),
         rss_bytes=int(status["VmRSS"].split()[0]) * 1024,  # the kernel reports kB
