@@ -36,6 +36,7 @@ from conveyor.elastic import JobFailed
 from conveyor.emulate import BUSY_LOOP
 from conveyor.errors import InputError
 from conveyor.job import TrainConfig, read_jsonl, train, train_elastic, write_lease
+from conveyor.processes import set_parent_death_signal
 from conveyor.runtime import WorkerError
 from conveyor.stragglers import MODES
 
@@ -145,7 +146,8 @@ def _train_config(cfg: SoakConfig, job: str, folder: Path) -> TrainConfig:
 
 def _soak(cfg: SoakConfig, job: str, train_cfg: TrainConfig, folder: Path) -> dict[str, Any]:
     """Run ``job`` for ``cfg.minutes``; its outcome (``error``: why it failed)."""
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(cfg.busy if job == "elastic" else 0)]
+    loads = range(cfg.busy if job == "elastic" else 0)  # each dies with this process, however it ends
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], preexec_fn=set_parent_death_signal) for _ in loads]
     began = time.time()
     write_lease(folder / "lease.json", began + cfg.minutes * 60)
     try:

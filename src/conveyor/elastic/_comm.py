@@ -15,6 +15,8 @@ begun past it.
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
 import time
 from datetime import timedelta
@@ -30,26 +32,64 @@ POLL_S = 0.05  # how often a waiting worker looks at the store
 _NAP_S = 0.005  # the longest a waiting worker sleeps between looks at its work
 
 
+class _Waiters:
+    """Threads that block on gloo works, each kept for the next work once its own has ended.
+
+    A thread started per wait cost about 0.6 ms, and waiting on a gloo work in a new thread each time left
+    137 bytes of native memory behind per wait (measured, 30,000 waits: glibc's arenas, not Python objects):
+    megabytes an hour at hundreds of steps a second. A work that never ends (a lost peer) holds its thread
+    until the group's timeout; meanwhile a new one is started, so waits never queue behind it.
+    """
+
+    def __init__(self) -> None:
+        self._works: queue.SimpleQueue[Waiting] = queue.SimpleQueue()
+        self._idle = 0  # threads free for a work, or about to be
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def submit(self, waiting: Waiting) -> None:
+        if os.getpid() != self._pid:  # a forked child has none of its parent's threads
+            self.__init__()  # type: ignore[misc]
+        with self._lock:
+            start = self._idle == 0
+            self._idle -= not start
+        if start:
+            threading.Thread(target=self._serve, name="conveyor-wait", daemon=True).start()
+        self._works.put(waiting)
+
+    def _serve(self) -> None:
+        while True:
+            self._works.get().block()
+            with self._lock:
+                self._idle += 1
+
+
+_WAITERS = _Waiters()
+
+
 class Waiting:
-    """A thread blocked on a gloo ``Work`` (a gloo send or receive never reports itself completed, and a
-    timed-out wait fails it for good). If a peer is lost the thread is left behind, to end at the group's own
+    """A gloo ``Work`` waited on by a thread of its own (a gloo send or receive never reports itself completed,
+    and a timed-out wait fails it for good). If a peer is lost the thread stays blocked until the group's own
     timeout."""
 
     def __init__(self, work: Any) -> None:
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._block, args=(work,), name="conveyor-wait", daemon=True)
-        self._thread.start()
+        self._work, self._done = work, threading.Event()
+        _WAITERS.submit(self)
 
-    def _block(self, work: Any) -> None:
+    def block(self) -> None:
+        """Wait for the work (on a waiter thread)."""
         try:
-            work.wait()
+            self._work.wait()
         except RuntimeError as exc:
             self.error = exc
+        finally:
+            self._work = None  # the work's buffers go once it has ended
+            self._done.set()
 
     def ready(self, wait_s: float = 0.0) -> bool:
         """Whether the work has ended (well or not), after waiting up to ``wait_s`` for it."""
-        self._thread.join(wait_s)
-        return not self._thread.is_alive()
+        return self._done.wait(wait_s)
 
 
 class Watch:
