@@ -218,3 +218,13 @@ def test_a_dataset_with_an_attention_mask_trains_a_model_that_takes_both_by_name
     )
     summary = train(cfg)
     assert summary.accuracy[-1] > 0.85, summary.accuracy  # two classes: a guess is right half the time
+
+
+def test_a_straggler_mode_reports_the_chunks_auto_chose(tmp_path: Path) -> None:
+    cfg = TrainConfig.from_options(
+        stages=1, replicas="2", stragglers="reassign", chunks="auto", epochs=1, run_dir=str(tmp_path)
+    )
+    summary = train(cfg)
+    assert summary is not None and summary.chunks is not None
+    assert summary.chunks["per_replica"] in (1, 2, 4, 8) and set(summary.chunks["step_s"]) == {"1", "2", "4", "8"}
+    assert json.loads((tmp_path / "summary.json").read_text())["chunks"] == summary.chunks

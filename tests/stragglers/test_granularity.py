@@ -4,11 +4,13 @@ import contextlib
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from conveyor.errors import InputError
 from conveyor.job import TrainConfig
-from conveyor.stragglers._granularity import CANDIDATES, choose_chunks, time_chunks
+from conveyor.runtime import WorkerError, launch
+from conveyor.stragglers._granularity import CANDIDATES, agree_on_chunks, choose_chunks, time_chunks
 
 
 @pytest.mark.parametrize(
@@ -55,3 +57,28 @@ def test_chunks_are_a_positive_count_or_auto(chunks: object) -> None:
     with pytest.raises(InputError, match="--chunks must be at least 1 or auto"):
         TrainConfig.from_options(stragglers="reassign", chunks=chunks)
     assert TrainConfig.from_options(stragglers="reassign", chunks="auto").stragglers.chunks == "auto"
+
+
+class _Fails(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("no forward here")
+
+
+def _agree_with_a_failing_timing() -> None:
+    batches = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.long))]
+    first = dist.get_rank() == 0
+    agree_on_chunks(
+        _Fails(),
+        batches if first else None,
+        first=first,
+        replicas=2,
+        device=torch.device("cpu"),
+        mixed=contextlib.nullcontext,
+    )
+
+
+@pytest.mark.slow
+def test_a_timing_that_fails_on_worker_0_fails_every_worker_at_once() -> None:
+    # Worker 0 tells the others, which wait in the broadcast, instead of leaving them to time out.
+    with pytest.raises(WorkerError, match="timing the first batch's chunks failed on worker 0: ValueError: no forward"):
+        launch(_agree_with_a_failing_timing, nprocs=2, timeout_s=60)

@@ -13,13 +13,15 @@ workers sampling what they hold every ``--every`` seconds (``--resources-every``
 Judged per worker process that lives through the run (an elastic job's re-added workers are new processes,
 plotted, not judged): each series (resident memory, open descriptors, threads, the store's keys) must grow
 less than ``GOALS["growth"]`` from the first samples after ``--warmup`` minutes to the last, each end taken
-as its window's peak (:func:`growth`), so a series that swings without a trend passes and a leak does not.
+as its window's peak bar one sample (:func:`peaks`, :func:`growth`), so a series that swings without a trend
+passes and a leak does not.
 And the elastic job must lose no committed step (:func:`conveyor.bench.elastic.committed_steps_lost`) and
 declare no live worker lost (:func:`false_losses`).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -40,7 +42,18 @@ from conveyor.processes import set_parent_death_signal
 from conveyor.runtime import WorkerError
 from conveyor.stragglers import MODES
 
-__all__ = ["GOALS", "JOBS", "SERIES", "SoakConfig", "false_losses", "growth", "membership_changes", "run"]
+__all__ = [
+    "GOALS",
+    "JOBS",
+    "SERIES",
+    "SoakConfig",
+    "false_losses",
+    "growth",
+    "judge",
+    "membership_changes",
+    "peaks",
+    "run",
+]
 
 JOBS = ("data-parallel", "elastic")
 SERIES = ("rss_bytes", "fds", "threads", "store_keys")
@@ -101,21 +114,30 @@ def false_losses(folder: Path) -> int:
     return sum(e["event"] == "declared lost" for e in read_jsonl(folder / "elastic.jsonl"))
 
 
-def growth(points: list[tuple[float, float]], *, warm_s: float, end_s: float) -> float | None:
-    """How much a series grew from the run after its warm-up to its end: the peak of its last window over the
-    peak of its first, each window the shorter of 2 minutes and half the judged time (``None``: a series
-    without samples in both, or at 0 in the first).
+def peaks(points: list[tuple[float, float]], *, warm_s: float, end_s: float) -> tuple[float, float] | None:
+    """A series' peak over its first window after the warm-up and over its last, each window the shorter of 2
+    minutes and half the judged time, and each peak the window's second-highest sample: a state that recurs
+    (all members present) counts, one sample's spike (descriptors opened for a moment) does not (``None``: a
+    series with fewer than 2 samples in either window).
 
     Example:
-        >>> growth([(t, 100 + (t > 400)) for t in range(0, 600, 10)], warm_s=120, end_s=590)  # 100, then 101
-        0.01
+        >>> peaks([(t, 100 + (t > 400) + 5 * (t == 200)) for t in range(0, 600, 10)], warm_s=120, end_s=590)
+        (100, 101)
     """
     span = min(120.0, (end_s - warm_s) / 2)
-    first = [v for t, v in points if warm_s <= t < warm_s + span]
-    last = [v for t, v in points if t >= end_s - span]
-    if not first or not last or max(first) <= 0:
-        return None
-    return round(max(last) / max(first) - 1, 4)
+    first = sorted(v for t, v in points if warm_s <= t < warm_s + span)
+    last = sorted(v for t, v in points if t >= end_s - span)
+    return (first[-2], last[-2]) if len(first) > 1 and len(last) > 1 else None
+
+
+def growth(first: float, last: float) -> float | None:
+    """How much a series grew from its first peak to its last (``None``: from 0).
+
+    Example:
+        >>> growth(100, 101)
+        0.01
+    """
+    return round(last / first - 1, 4) if first > 0 else None
 
 
 def _train_config(cfg: SoakConfig, job: str, folder: Path) -> TrainConfig:
@@ -144,24 +166,36 @@ def _train_config(cfg: SoakConfig, job: str, folder: Path) -> TrainConfig:
     )
 
 
-def _soak(cfg: SoakConfig, job: str, train_cfg: TrainConfig, folder: Path) -> dict[str, Any]:
-    """Run ``job`` for ``cfg.minutes``; its outcome (``error``: why it failed)."""
+def _soak(cfg: SoakConfig, job: str, train_cfg: TrainConfig, folder: Path) -> None:
+    """Run ``job`` for ``cfg.minutes``; a failure is written to ``folder/error.txt`` (and the soak goes on)."""
     loads = range(cfg.busy if job == "elastic" else 0)  # each dies with this process, however it ends
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], preexec_fn=set_parent_death_signal) for _ in loads]
-    began = time.time()
-    write_lease(folder / "lease.json", began + cfg.minutes * 60)
+    write_lease(folder / "lease.json", time.time() + cfg.minutes * 60)
     try:
-        summary = train_elastic(train_cfg) if job == "elastic" else train(train_cfg)
-        assert summary is not None  # (train() returns none only in a torchrun worker)
-        outcome: dict[str, Any] = {"epochs": summary.epochs, "final_accuracy": summary.accuracy[-1], "error": None}
+        train_elastic(train_cfg) if job == "elastic" else train(train_cfg)
     except (WorkerError, JobFailed) as exc:
-        outcome = {"epochs": None, "final_accuracy": None, "error": str(exc).splitlines()[0]}
+        (folder / "error.txt").write_text(str(exc).splitlines()[0])
     finally:
         for proc in busy:
             proc.kill()
             proc.wait()
-    outcome |= {"job": job, "seconds": round(time.time() - began, 1)}
-    if job == "elastic" and outcome["error"] is None:
+
+
+def _outcome(job: str, folder: Path) -> dict[str, Any]:
+    """A soaked job's outcome, from its folder: its run's summary, or why it has none."""
+    error = (folder / "error.txt").read_text() if (folder / "error.txt").exists() else None
+    summary_path = folder / "run" / "summary.json"
+    if error is not None or not summary_path.exists():
+        return {"job": job, "seconds": None, "epochs": None, "final_accuracy": None, "error": error or "no summary"}
+    summary = json.loads(summary_path.read_text())
+    outcome = {
+        "job": job,
+        "seconds": summary["seconds"],
+        "epochs": summary["epochs"],
+        "final_accuracy": summary["accuracy"][-1],
+        "error": None,
+    }
+    if job == "elastic":
         outcome |= {
             "committed_steps_lost": committed_steps_lost(folder / "run"),
             "false_losses": false_losses(folder / "run"),
@@ -186,9 +220,21 @@ def _growths(cfg: SoakConfig, series: list[dict[str, Any]]) -> list[dict[str, An
         for worker, pid in sorted({(s["worker"], s["pid"]) for s in mine}):
             points = [s for s in mine if s["pid"] == pid]
             for name in SERIES:
-                g = growth([(s["t_s"], s[name]) for s in points if s[name] is not None], warm_s=warm_s, end_s=end_s)
-                if g is not None and points[0]["t_s"] <= warm_s:
-                    out.append({"job": job, "worker": worker, "pid": pid, "series": name, "growth": g})
+                ends = peaks([(s["t_s"], s[name]) for s in points if s[name] is not None], warm_s=warm_s, end_s=end_s)
+                g = None if ends is None else growth(*ends)
+                if ends is not None and g is not None and points[0]["t_s"] <= warm_s:
+                    first, last = ends
+                    out.append(
+                        {
+                            "job": job,
+                            "worker": worker,
+                            "pid": pid,
+                            "series": name,
+                            "first": first,
+                            "last": last,
+                            "growth": g,
+                        }
+                    )
     return out
 
 
@@ -200,8 +246,20 @@ def run(cfg: SoakConfig, plot_path: str | None = None, keep: str | None = None) 
         for job, train_cfg in configs.items():
             train_cfg.emulation.emulation().check(cfg.workers)  # no privileges, no namespaces: fail before any run
             (root / job).mkdir(parents=True, exist_ok=True)
-        runs = [_soak(cfg, job, configs[job], root / job) for job in cfg.jobs]
-        series = [s for job in cfg.jobs for s in _series(job, root / job / "run")]
+            (root / job / "error.txt").unlink(missing_ok=True)
+        for job in cfg.jobs:
+            _soak(cfg, job, configs[job], root / job)
+        return judge(cfg, root, plot_path)
+
+
+def judge(cfg: SoakConfig, root: Path, plot_path: str | None = None) -> dict[str, Any]:
+    """The report on the soak whose jobs' folders are in ``root`` (``conveyor bench soak --judge``: again, say
+    with another ``--warmup``, from the folders ``--keep`` kept)."""
+    for job in cfg.jobs:
+        if not (root / job / "run" / "resources.jsonl").exists():
+            raise InputError(f"{root / job / 'run'} holds no resources.jsonl: give the --keep folder of a soak")
+    runs = [_outcome(job, root / job) for job in cfg.jobs]
+    series = [s for job in cfg.jobs for s in _series(job, root / job / "run")]
     growths = _growths(cfg, series)
     elastic = next((r for r in runs if r["job"] == "elastic"), {})
     report = {
@@ -231,7 +289,7 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
     scale = {"rss_bytes": ("resident memory (MB)", 1e-6), "fds": ("open descriptors", 1), "threads": ("threads", 1)}
     scale["store_keys"] = ("store keys", 1)
-    colors = {"data-parallel": "tab:blue", "elastic": "tab:orange"}
+    maps = {"data-parallel": plt.get_cmap("Blues"), "elastic": plt.get_cmap("Oranges")}  # a shade per worker
     for ax, name in zip(axes.flat, SERIES, strict=True):
         label, factor = scale[name]
         for job, worker, pid in sorted({(s["job"], s["worker"], s["pid"]) for s in report["series"]}):
@@ -241,7 +299,8 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
             if not points:
                 continue
             kept = (job, pid) in judged
-            style = {"color": colors[job], "lw": 1.5} if kept else {"color": "0.75", "lw": 0.6}
+            shade = maps[job](0.9 - 0.25 * (worker % 3))
+            style = {"color": shade, "lw": 1.5} if kept else {"color": "0.75", "lw": 0.6}
             ax.plot(*zip(*points, strict=True), **style, label=f"{job} worker {worker}" if kept else None)
         ax.axvline(report["config"]["warmup"], color="0.4", ls="--", lw=0.8)
         ax.set_ylabel(label)

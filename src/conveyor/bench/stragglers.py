@@ -195,6 +195,7 @@ def _run_one(cfg: StragglersConfig, case: Case, pattern: str, mode: str, run_dir
         "mode": mode,
         "seconds": summary.seconds,
         "final_accuracy": summary.accuracy[-1],
+        "chunks": summary.chunks["per_replica"] if summary.chunks else None,
         "samples_moved": sum(s["taken"] for s in replicas),
         "samples_backed_up": sum(s["backups"] for s in replicas),
         "samples_dropped": sum(s["dropped"] for s in replicas),

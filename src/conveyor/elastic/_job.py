@@ -50,7 +50,7 @@ class WorkerOutcome:
 
     worker: int
     steps: int = 0  # the steps the job completed, as this worker saw them end (0: it left)
-    losses: list[float] = field(default_factory=list)  # this worker's batch losses, a step each it computed
+    losses: list[float] = field(default_factory=list)  # its batch losses over its last epoch's steps
     events: list[dict[str, Any]] = field(default_factory=list)  # the lines it wrote to elastic.jsonl
     weights: torch.Tensor | None = None  # the final flat weights, on a worker computing at the end
     left_at: int | None = None  # the last step it completed before it was revoked (None: it stayed)

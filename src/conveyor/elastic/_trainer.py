@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,7 @@ class ElasticTrainer(Steps):
         self.pending_send: Waiting | None = None  # an owner's backup on its way to worker 0
         self.incoming: list[tuple[int, list[tuple[Shard, torch.Tensor, Waiting | None]]]] = []  # worker 0's
         self.first_step_at: float | None = None
-        self.losses: list[float] = []
+        self.losses: deque[float] = deque()  # the last epoch's steps' (bounded: a run may go on for days)
         self.retired: list[Any] = []  # groups no longer used, until it is safe to destroy them (see _recover)
         self.events: list[dict[str, Any]] = []
 
@@ -180,6 +181,7 @@ class ElasticTrainer(Steps):
         if self.layout is not None:
             self.staged = StagedStep(self.model, self.microbatches, job.train_x)
         self.steps_per_epoch = -(-len(job.train_x) // job.batch_size)
+        self.losses = deque(maxlen=self.steps_per_epoch)
         self._orders: dict[int, torch.Tensor] = {}
         if self.joiner and NOTICE.is_set():  # revoked while starting: joining would only cost the others a recovery
             print(f"worker {self.worker}: revocation notice before joining: it exits", flush=True)
@@ -216,7 +218,7 @@ class ElasticTrainer(Steps):
         return WorkerOutcome(
             self.worker,
             steps=self.done + 1,
-            losses=self.losses,
+            losses=list(self.losses),
             events=self.events,
             weights=self.flat.weights() if computing else None,
         )
@@ -336,7 +338,7 @@ class ElasticTrainer(Steps):
         self.watch.wait(self.train_group.broadcast(accuracy, 0), stepping=True)
         if evaluating:
             t0 = float(self.store.get("t0"))
-            per_epoch = self.losses[-self.steps_per_epoch :]
+            per_epoch = list(self.losses)
             self.log(
                 {
                     "epoch": epoch + 1,

@@ -76,6 +76,7 @@ class RunSummary(Summary):
     power_limit_note: str | None = None  # --power-limit auto: why no limit was chosen
     warm_start: dict[str, Any] | None = None  # --warm-start: the parent, its match, coverage and seconds
     registered: str | None = None  # --register: the model store's id of the final model
+    chunks: dict[str, Any] | None = None  # --stragglers: per_replica, and step_s per count where --chunks auto chose
 
     def notes(self) -> list[str]:
         """What a user should know after the run: how the prediction fared, and whether one worker would have

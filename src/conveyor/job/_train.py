@@ -187,7 +187,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
     )
     with meter, knobs, holdings:
         outcome = loop.run()
-    _say_chunks(pipe)
+    chunks = _chunks(pipe)
     statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
     dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
     energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
@@ -204,15 +204,20 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
         "energy_note": energy_note,
         "stopped_by_cost": outcome.stopped_by_cost,
         "interrupted": outcome.interrupted,
+        "chunks": chunks,
         **knobs.summary(),
     }
 
 
-def _say_chunks(pipe: Pipeline | FlexiblePipeline) -> None:
-    """Where ``--chunks auto`` chose, worker 0 says what and from which times."""
-    if isinstance(pipe, FlexiblePipeline) and pipe.chunk_times and dist.get_rank() == 0:
+def _chunks(pipe: Pipeline | FlexiblePipeline) -> dict[str, Any] | None:
+    """A flexible pipeline's chunks per replica, and with ``--chunks auto`` the step seconds it chose from at each
+    count (``None``: no ``--stragglers``); where auto chose, worker 0 says so."""
+    if not isinstance(pipe, FlexiblePipeline):
+        return None
+    if pipe.chunk_times and dist.get_rank() == 0:
         timed = ", ".join(f"{c}: {1e3 * t:.1f} ms" for c, t in pipe.chunk_times.items())
         Console().print(f"--chunks auto chose {pipe.chunks} per replica (a replica's step at each count: {timed})")
+    return {"per_replica": pipe.chunks, "step_s": {str(c): t for c, t in pipe.chunk_times.items()} or None}
 
 
 def _trainer(
@@ -334,7 +339,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     plan_file = out["layout"]["plan_file"]
     predicted = plan_file["predicted"]["samples_per_s"]
     last = history[-1]
-    keys = ("stopped_by_cost", "cost", "power_limit_w", "power_profile", "power_limit_note")
+    keys = ("stopped_by_cost", "cost", "power_limit_w", "power_profile", "power_limit_note", "chunks")
     summary = RunSummary(
         run_dir=str(run_dir),
         epochs=len(history),

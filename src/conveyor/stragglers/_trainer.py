@@ -44,13 +44,11 @@ dropped, its compute time and the time it waited for the all-reduce (:attr:`Flex
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,16 +58,13 @@ from torch import nn
 from conveyor.errors import InputError
 from conveyor.runtime import (
     OptimizerFactory,
-    StagePosition,
     as_blocks,
     batch_size,
     block_shapes,
     build_stage,
     default_device,
-    load_stage,
     pack_grads,
     reduce_dtype,
-    save_stages,
     set_mean_grads,
     split_batch,
     stage_ranges,
@@ -82,6 +77,7 @@ from conveyor.stragglers._granularity import Chunks, agree_on_chunks
 from conveyor.stragglers._modes import check_flexible
 from conveyor.stragglers._records import StepRecord
 from conveyor.stragglers._route import END, Arrival, Router
+from conveyor.stragglers._stage import FlexibleStage
 
 __all__ = ["FlexiblePipeline"]
 
@@ -97,7 +93,7 @@ class _Pending:
     step_key: str  # the step's store keys, released once its all-reduce is done
 
 
-class FlexiblePipeline(StagePosition):
+class FlexiblePipeline(FlexibleStage):
     """Train ``model`` over the default process group, its first stage's replicas tolerating stragglers.
 
     Args:
@@ -189,15 +185,6 @@ class FlexiblePipeline(StagePosition):
         self._previous: list[torch.Tensor] | None = None  # W(t - 1), for the prediction
         self._id, self._runs, self._evals = next(_INSTANCES), 0, 0
         dist.barrier()  # every worker is built before any claims work, or an early one would take it all
-
-    @property
-    def is_output(self) -> bool:
-        """Whether this worker reports the losses and the evaluation's output (the last stage's first)."""
-        return self.worker == self._output
-
-    @property
-    def _replica(self) -> int:
-        return self.worker if self.stage == 0 else 0
 
     def train(
         self, batches: Iterable[tuple[Any, Any]] | None, on_step: Callable[[int], None] | None = None
@@ -364,20 +351,12 @@ class FlexiblePipeline(StagePosition):
         loss_sum += loss.detach() * n
         return out
 
-    def _mixed(self) -> contextlib.AbstractContextManager[Any]:
-        """``torch.autocast`` to the trainer's dtype, or nothing."""
-        return torch.autocast(self.device.type, self.autocast) if self.autocast else contextlib.nullcontext()
-
     @property
     def _share(self) -> int:
         """Chunks each replica owns (chosen at the first run where ``chunks="auto"``)."""
         if self.chunks is None:
             raise RuntimeError("chunks='auto' are chosen by the first train(), before any step")
         return self.chunks
-
-    @property
-    def _reduces(self) -> bool:
-        return self.stage == 0 and self.replicas > 1
 
     def _backward(self, out: Any, arrival: Arrival) -> None:
         """Back-propagate the gradient the next stage returns for ``out``; pass the inputs' on to their sender."""
@@ -417,59 +396,3 @@ class FlexiblePipeline(StagePosition):
             release_share(self.store, step_key, self.worker)
             if self._backups is not None:
                 self._backups.release(step_key, range(self.worker * self._share, (self.worker + 1) * self._share))
-
-    @torch.no_grad()
-    def _average_buffers(self) -> None:
-        """Average the replicas' floating buffers (BatchNorm's running statistics: each saw other chunks)."""
-        buffers = [b for b in self.module.buffers() if b.is_floating_point()]
-        if self._reduces and buffers:
-            flat = torch.cat([b.flatten() for b in buffers])
-            dist.all_reduce(flat, group=self._group)
-            flat /= self.replicas
-            offset = 0
-            for b in buffers:
-                b.copy_(flat[offset : offset + b.numel()].view_as(b))
-                offset += b.numel()
-
-    @torch.no_grad()
-    def evaluate(self, inputs: Any = None) -> Any:
-        """The model's output for ``inputs`` through replica 0 of the first stage (every worker calls it; only
-        worker 0 needs ``inputs``); returned on the output worker, ``None`` elsewhere."""
-        self._average_buffers()
-        self.module.eval()
-        self._evals += 1
-        queue = f"conveyor/flexible{self._id}/eval{self._evals}/to"
-        if self.stage == 0 and self.worker != 0:
-            return None
-        if self.stage == 0:
-            if inputs is None:
-                raise InputError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
-            with self._mixed():
-                out = self.module(to_device(inputs, self.device))
-        else:
-            with self._mixed():
-                out = self.module(self.router.receive(f"{queue}{self.stage}", 1, training=False).inputs)
-        if not self.is_last:
-            self.router.send(f"{queue}{self.stage + 1}", out, 0, 1, self._next)
-            self.router.wait_sends()
-        return out if self.is_output else None
-
-    def gather_records(self) -> list[dict[str, Any]] | None:
-        """Every worker's records since the last call, on the output worker (``None`` elsewhere); every worker
-        calls it."""
-        mine, self.records = [asdict(r) for r in self.records], []
-        parts: list[Any] = [None] * dist.get_world_size() if self.is_output else []
-        dist.gather_object(mine, parts if self.is_output else None, dst=self._output)
-        if not self.is_output:
-            return None
-        return sorted((r for part in parts for r in part), key=lambda r: (r["step"], r["stage"], r["replica"]))
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the whole model and optimizer to ``path`` (worker 0 writes; every worker must call it)."""
-        self._average_buffers()
-        save_stages(path, self.module, self.optimizer, self._replica == 0, self.steps)
-
-    def load(self, path: str | os.PathLike[str]) -> None:
-        """Load a checkpoint of this model (saved by this class, a :class:`~conveyor.runtime.Pipeline` or a
-        plain model), whatever its split."""
-        self.steps = load_stage(path, self.module, self.optimizer, self._model_shapes)

@@ -1,0 +1,114 @@
+"""One worker's stage of a :class:`~conveyor.stragglers.FlexiblePipeline` beyond its training: where it sits,
+its evaluation through the first stage's replica 0, its per-step records, and its checkpoints, the replicas'
+floating buffers (BatchNorm's running statistics, each replica's from other chunks) averaged first."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from conveyor.errors import InputError
+from conveyor.runtime import StagePosition, load_stage, save_stages, to_device
+from conveyor.stragglers._records import StepRecord
+from conveyor.stragglers._route import Router
+
+__all__ = ["FlexibleStage"]
+
+
+class FlexibleStage(StagePosition):
+    """The part of :class:`~conveyor.stragglers.FlexiblePipeline` that is not a step (set up by it)."""
+
+    worker: int
+    replicas: int  # the first stage's
+    device: torch.device
+    autocast: torch.dtype | None
+    module: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    router: Router
+    records: list[StepRecord]
+    steps: int
+    _group: Any  # the first stage's replicas' process group (None: the world's, or unreplicated)
+    _next: int  # the rank of the next stage's worker
+    _output: int  # the last stage's first worker
+    _model_shapes: Any
+    _id: int
+    _evals: int
+
+    @property
+    def is_output(self) -> bool:
+        """Whether this worker reports the losses and the evaluation's output (the last stage's first)."""
+        return self.worker == self._output
+
+    @property
+    def _replica(self) -> int:
+        return self.worker if self.stage == 0 else 0
+
+    def _mixed(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast`` to the trainer's dtype, or nothing."""
+        return torch.autocast(self.device.type, self.autocast) if self.autocast else contextlib.nullcontext()
+
+    @property
+    def _reduces(self) -> bool:
+        return self.stage == 0 and self.replicas > 1
+
+    @torch.no_grad()
+    def _average_buffers(self) -> None:
+        """Average the replicas' floating buffers (BatchNorm's running statistics: each saw other chunks)."""
+        buffers = [b for b in self.module.buffers() if b.is_floating_point()]
+        if self._reduces and buffers:
+            flat = torch.cat([b.flatten() for b in buffers])
+            dist.all_reduce(flat, group=self._group)
+            flat /= self.replicas
+            offset = 0
+            for b in buffers:
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+
+    @torch.no_grad()
+    def evaluate(self, inputs: Any = None) -> Any:
+        """The model's output for ``inputs`` through replica 0 of the first stage (every worker calls it; only
+        worker 0 needs ``inputs``); returned on the output worker, ``None`` elsewhere."""
+        self._average_buffers()
+        self.module.eval()
+        self._evals += 1
+        queue = f"conveyor/flexible{self._id}/eval{self._evals}/to"
+        if self.stage == 0 and self.worker != 0:
+            return None
+        if self.stage == 0:
+            if inputs is None:
+                raise InputError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
+            with self._mixed():
+                out = self.module(to_device(inputs, self.device))
+        else:
+            with self._mixed():
+                out = self.module(self.router.receive(f"{queue}{self.stage}", 1, training=False).inputs)
+        if not self.is_last:
+            self.router.send(f"{queue}{self.stage + 1}", out, 0, 1, self._next)
+            self.router.wait_sends()
+        return out if self.is_output else None
+
+    def gather_records(self) -> list[dict[str, Any]] | None:
+        """Every worker's records since the last call, on the output worker (``None`` elsewhere); every worker
+        calls it."""
+        mine, self.records = [asdict(r) for r in self.records], []
+        parts: list[Any] = [None] * dist.get_world_size() if self.is_output else []
+        dist.gather_object(mine, parts if self.is_output else None, dst=self._output)
+        if not self.is_output:
+            return None
+        return sorted((r for part in parts for r in part), key=lambda r: (r["step"], r["stage"], r["replica"]))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the whole model and optimizer to ``path`` (worker 0 writes; every worker must call it)."""
+        self._average_buffers()
+        save_stages(path, self.module, self.optimizer, self._replica == 0, self.steps)
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Load a checkpoint of this model (saved by this class, a :class:`~conveyor.runtime.Pipeline` or a
+        plain model), whatever its split."""
+        self.steps = load_stage(path, self.module, self.optimizer, self._model_shapes)
