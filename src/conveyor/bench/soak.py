@@ -205,7 +205,7 @@ def _outcome(job: str, folder: Path) -> dict[str, Any]:
 
 def _series(job: str, folder: Path) -> list[dict[str, Any]]:
     """The samples of a job's workers, timed from its first (the JSON report's ``series``)."""
-    samples = read_jsonl(folder / "resources.jsonl") if (folder / "resources.jsonl").exists() else []
+    samples = read_jsonl(folder / "resources.jsonl")  # (judge() has refused a folder without one)
     start = min((s["wall"] for s in samples), default=0.0)
     keys = ("worker", "pid", *SERIES)
     return [{"job": job, "t_s": round(s["wall"] - start, 1), **{k: s[k] for k in keys}} for s in samples]
@@ -219,10 +219,12 @@ def _growths(cfg: SoakConfig, series: list[dict[str, Any]]) -> list[dict[str, An
         end_s, warm_s = max((s["t_s"] for s in mine), default=0.0), cfg.warmup * 60
         for worker, pid in sorted({(s["worker"], s["pid"]) for s in mine}):
             points = [s for s in mine if s["pid"] == pid]
+            if points[0]["t_s"] > warm_s:  # started after the warm-up: a re-added worker, plotted, not judged
+                continue
             for name in SERIES:
                 ends = peaks([(s["t_s"], s[name]) for s in points if s[name] is not None], warm_s=warm_s, end_s=end_s)
                 g = None if ends is None else growth(*ends)
-                if ends is not None and g is not None and points[0]["t_s"] <= warm_s:
+                if ends is not None and g is not None:
                     first, last = ends
                     out.append(
                         {
