@@ -12,11 +12,11 @@ from conveyor.bench.soak import (
     SERIES,
     SoakConfig,
     _growths,
+    ends,
     false_losses,
     growth,
     judge,
     membership_changes,
-    peaks,
     plot,
     run,
 )
@@ -60,12 +60,15 @@ def test_growth_tells_a_leak_from_a_swing_and_a_spike() -> None:
     steady = [(float(t), 100.0 + (t // 10) % 3) for t in range(0, 1200, 10)]  # swings between 100 and 102
     spike = [(float(t), 14.0 + 6 * (t == 1180)) for t in range(0, 1200, 10)]  # one sample of 20 at the end
     leak = [(float(t), 100.0 + t / 60) for t in range(0, 1200, 10)]  # one per minute
-    assert peaks(steady, warm_s=120, end_s=1190) == (102.0, 102.0) and growth(102.0, 102.0) == 0.0
-    assert peaks(spike, warm_s=120, end_s=1190) == (14.0, 14.0)
-    first, last = peaks(leak, warm_s=120, end_s=1190) or (0.0, 0.0)
+    often = [(float(t), 14.0 + 3 * (t % 60 == 0)) for t in range(0, 1200, 10)]  # 17 a moment every minute
+    assert ends(steady, warm_s=120, end_s=1190) == ((102.0, 102.0), (100.0, 100.0)) and growth(102.0, 102.0) == 0.0
+    assert ends(spike, warm_s=120, end_s=1190) == ((14.0, 14.0), (14.0, 14.0))
+    assert ends(often, warm_s=120, end_s=1190) == ((17.0, 17.0), (14.0, 14.0))  # a peak, but a flat floor
+    (first, last), floor = ends(leak, warm_s=120, end_s=1190) or ((0.0, 0.0), (0.0, 0.0))
     assert (first, last) == (100 + 220 / 60, 100 + 1180 / 60)  # each window's second-highest
+    assert floor == (100 + 130 / 60, 100 + 1080 / 60)  # and second-lowest: a leak raises both
     assert growth(first, last) == pytest.approx(last / first - 1, abs=1e-4) and growth(first, last) > 0.15
-    assert peaks([(0.0, 5.0), (130.0, 5.0)], warm_s=120, end_s=1190) is None  # too few samples after the warm-up
+    assert ends([(0.0, 5.0), (130.0, 5.0)], warm_s=120, end_s=1190) is None  # too few samples after the warm-up
     assert growth(0.0, 3.0) is None  # nothing to grow from
 
 

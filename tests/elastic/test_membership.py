@@ -1,15 +1,25 @@
 """The coordinator turns stopped heartbeats into failures, notices and joins into planned generations, and the
 loss of the reliable tier into a clear error."""
 
+import json
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from conveyor.elastic import Coordinator, Generation, JobFailed, connect
-from conveyor.elastic._membership import KEPT_GENERATIONS, _group_keys, group_prefix, latest, record, stage_group
+from conveyor.elastic._membership import (
+    KEPT_GENERATIONS,
+    Heartbeat,
+    _group_keys,
+    group_prefix,
+    latest,
+    record,
+    stage_group,
+)
 from conveyor.elastic._tiers import Roles
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,11 +43,12 @@ def beat(store: dist.Store, workers: list[int], seconds: float) -> None:
         time.sleep(0.1)
 
 
-def test_generations_from_heartbeats_notices_and_joins() -> None:
+def test_generations_from_heartbeats_notices_and_joins(tmp_path: Path) -> None:
     server = connect("127.0.0.1", 0, is_leader=True)
     store = connect("127.0.0.1", server.port, is_leader=False)
+    log = tmp_path / "elastic.jsonl"
     coordinator = Coordinator(
-        "127.0.0.1", server.port, initial=4, reliable=2, lost_s=0.5, sync_max=0.5, backup_only_min=8.0
+        "127.0.0.1", server.port, initial=4, reliable=2, lost_s=0.5, sync_max=0.5, backup_only_min=8.0, log=log
     )
     try:
         start = latest(store)
@@ -57,6 +68,10 @@ def test_generations_from_heartbeats_notices_and_joins() -> None:
         lost = newest(store, joined.gen)
         assert not lost.planned and lost.members == (0, 1, 4) and lost.reason == "lost [2]"
         assert Generation.from_json(lost.to_json()) == lost
+        decided = [json.loads(line) for line in log.read_text().splitlines()]
+        (loss,) = [d for d in decided if d["reason"] == "lost [2]"]  # logged with the silence that decided it
+        assert 0.5 < loss["silent_s"]["2"] < 1.0 and loss["evidence"] is False
+        assert all("silent_s" not in d for d in decided if d["planned"])
         beat(store, [0, 4], 1.0)  # now reliable worker 1 falls silent (the coordinator's own, 0, cannot)
         with pytest.raises(JobFailed, match="reliable worker 1 was lost"):
             newest(store, lost.gen)
@@ -119,3 +134,17 @@ def test_the_keys_deleted_for_a_generations_groups_are_those_gloo_wrote() -> Non
     for key in _group_keys(gen):
         server.delete_key(key)
     assert server.num_keys() == before
+
+
+def test_a_heartbeat_records_its_gaps_and_why_it_stopped() -> None:
+    """What a worker declared lost alive logs: its beats' longest gaps, and the error that stopped them."""
+    server = connect("127.0.0.1", 0, is_leader=True)
+    heartbeat = Heartbeat("127.0.0.1", server.port, worker=3, beat_s=0.05)
+    time.sleep(0.5)
+    beating = heartbeat.record()
+    assert beating["beating"] and beating["error"] is None and server.add("hb/3", 0) >= 5
+    assert len(beating["longest_gaps_s"]) == 3 and all(0.05 <= g < 0.4 for g in beating["longest_gaps_s"])
+    del server  # the store goes: the next beat fails, and says how
+    time.sleep(0.5)
+    stopped = heartbeat.record()
+    assert not stopped["beating"] and stopped["error"] and stopped["last_beat_ago_s"] > 0.2

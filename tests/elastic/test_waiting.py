@@ -2,14 +2,17 @@
 that never ends holds its own thread, not the waits after it."""
 
 import threading
+import time
 from datetime import timedelta
 from typing import ClassVar
 
+import pytest
 import torch
 import torch.distributed as dist
 
+from conveyor.elastic import _comm as comm
 from conveyor.elastic import connect
-from conveyor.elastic._comm import Waiting
+from conveyor.elastic._comm import Waiting, _Waiters
 
 
 class _Never:
@@ -21,6 +24,13 @@ class _Never:
     def wait(self) -> None:
         self.release.wait()
         raise RuntimeError("the peer was lost")
+
+
+class _Done:
+    """A work already ended."""
+
+    def wait(self) -> None:
+        pass
 
 
 class _Seen:
@@ -50,3 +60,20 @@ def test_waits_reuse_their_threads_and_a_stuck_one_holds_only_its_own() -> None:
     stuck.release.set()
     assert blocked.ready(5.0) and isinstance(blocked.error, RuntimeError)
     assert Waiting(group.allreduce([tensor])).ready(5.0) and threading.active_count() <= before + 3
+
+
+def test_threads_idle_past_their_limit_end_but_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three waits at once start three threads; once they have ended, two end after the idle limit."""
+    pool = _Waiters()
+    pool.idle_s = 0.2
+    monkeypatch.setattr(comm, "_WAITERS", pool)
+    before = threading.active_count()
+    stuck = [_Never() for _ in range(3)]
+    waits = [Waiting(work) for work in stuck]
+    assert threading.active_count() == before + 3
+    for work in stuck:
+        work.release.set()
+    assert all(w.ready(5.0) for w in waits)
+    time.sleep(0.6)
+    assert threading.active_count() == before + 1
+    assert Waiting(_Done()).ready(5.0) and threading.active_count() == before + 1  # the one left serves the next

@@ -80,3 +80,9 @@ def test_a_worker_paused_past_the_loss_limit_learns_it_was_declared_lost(tmp_pat
     assert summary.epochs == 80 and "lost [2]" in [g["reason"] for g in summary.generations]
     told = [e for e in read_jsonl(tmp_path / "elastic.jsonl") if e["event"] == "declared lost"]
     assert [e["worker"] for e in told] == [2]
+    # Its record shows the stall: a gap of the pause between beats (or, not yet beaten since, the last long ago).
+    assert max([*told[0]["longest_gaps_s"], told[0]["last_beat_ago_s"]]) > 3.0 and told[0]["error"] is None
+    (decided,) = [
+        e for e in read_jsonl(tmp_path / "elastic.jsonl") if e["event"] == "decided" and e["reason"] == "lost [2]"
+    ]
+    assert decided["silent_s"]["2"] >= 2.0 and decided["evidence"] is False  # silence alone: nothing failed

@@ -13,8 +13,9 @@ workers sampling what they hold every ``--every`` seconds (``--resources-every``
 Judged per worker process that lives through the run (an elastic job's re-added workers are new processes,
 plotted, not judged): each series (resident memory, open descriptors, threads, the store's keys) must grow
 less than ``GOALS["growth"]`` from the first samples after ``--warmup`` minutes to the last, each end taken
-as its window's peak bar one sample (:func:`peaks`, :func:`growth`), so a series that swings without a trend
-passes and a leak does not.
+as its window's peak bar one sample (:func:`ends`, :func:`growth`), so a series that swings without a trend
+passes and a leak does not; each window's floor is reported beside: a peak that grew over a
+floor that did not is a spike that came back more often, not something kept.
 And the elastic job must lose no committed step (:func:`conveyor.bench.elastic.committed_steps_lost`) and
 declare no live worker lost (:func:`false_losses`).
 """
@@ -47,11 +48,11 @@ __all__ = [
     "JOBS",
     "SERIES",
     "SoakConfig",
+    "ends",
     "false_losses",
     "growth",
     "judge",
     "membership_changes",
-    "peaks",
     "run",
 ]
 
@@ -114,20 +115,25 @@ def false_losses(folder: Path) -> int:
     return sum(e["event"] == "declared lost" for e in read_jsonl(folder / "elastic.jsonl"))
 
 
-def peaks(points: list[tuple[float, float]], *, warm_s: float, end_s: float) -> tuple[float, float] | None:
-    """A series' peak over its first window after the warm-up and over its last, each window the shorter of 2
-    minutes and half the judged time, and each peak the window's second-highest sample: a state that recurs
-    (all members present) counts, one sample's spike (descriptors opened for a moment) does not (``None``: a
-    series with fewer than 2 samples in either window).
+def ends(
+    points: list[tuple[float, float]], *, warm_s: float, end_s: float
+) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """A series' peaks and floors over its first window after the warm-up and over its last, each window the
+    shorter of 2 minutes and half the judged time (``None``: fewer than 2 samples in either window).
+
+    Each peak is the window's second-highest sample: a state that recurs (all members present) counts, one
+    sample's spike (descriptors opened for a moment) does not. Each floor is the second-lowest: what the
+    process holds at its least, which a leak raises and a recurring spike (a file open while a checkpoint is
+    written) does not.
 
     Example:
-        >>> peaks([(t, 100 + (t > 400) + 5 * (t == 200)) for t in range(0, 600, 10)], warm_s=120, end_s=590)
-        (100, 101)
+        >>> ends([(t, 100 + (t > 400) + 5 * (t % 60 == 0)) for t in range(0, 600, 10)], warm_s=120, end_s=590)
+        ((105, 106), (100, 101))
     """
     span = min(120.0, (end_s - warm_s) / 2)
     first = sorted(v for t, v in points if warm_s <= t < warm_s + span)
     last = sorted(v for t, v in points if t >= end_s - span)
-    return (first[-2], last[-2]) if len(first) > 1 and len(last) > 1 else None
+    return ((first[-2], last[-2]), (first[1], last[1])) if len(first) > 1 and len(last) > 1 else None
 
 
 def growth(first: float, last: float) -> float | None:
@@ -222,20 +228,13 @@ def _growths(cfg: SoakConfig, series: list[dict[str, Any]]) -> list[dict[str, An
             if points[0]["t_s"] > warm_s:  # started after the warm-up: a re-added worker, plotted, not judged
                 continue
             for name in SERIES:
-                ends = peaks([(s["t_s"], s[name]) for s in points if s[name] is not None], warm_s=warm_s, end_s=end_s)
-                g = None if ends is None else growth(*ends)
-                if ends is not None and g is not None:
-                    first, last = ends
+                both = ends([(s["t_s"], s[name]) for s in points if s[name] is not None], warm_s=warm_s, end_s=end_s)
+                g = None if both is None else growth(*both[0])
+                if both is not None and g is not None:
+                    (first, last), (floor_first, floor_last) = both
                     out.append(
-                        {
-                            "job": job,
-                            "worker": worker,
-                            "pid": pid,
-                            "series": name,
-                            "first": first,
-                            "last": last,
-                            "growth": g,
-                        }
+                        {"job": job, "worker": worker, "pid": pid, "series": name, "first": first, "last": last}
+                        | {"growth": g, "floor_first": floor_first, "floor_last": floor_last}
                     )
     return out
 

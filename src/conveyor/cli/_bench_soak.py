@@ -70,5 +70,8 @@ def run_soak(args: argparse.Namespace) -> None:
 
 
 def _growth(g: dict[str, Any] | None, scale: float) -> str:
-    """A series' cell: its first and last peaks and its growth."""
-    return "-" if g is None else f"{g['first'] * scale:.0f} -> {g['last'] * scale:.0f}: {g['growth']:+.1%}"
+    """A series' cell: its first and last peaks and their growth, then its first and last floors."""
+    if g is None:
+        return "-"
+    floor = f"{g['floor_first'] * scale:.0f} -> {g['floor_last'] * scale:.0f}"
+    return f"{g['first'] * scale:.0f} -> {g['last'] * scale:.0f}: {g['growth']:+.1%} (floor {floor})"

@@ -38,8 +38,12 @@ class _Waiters:
     A thread started per wait cost about 0.6 ms, and waiting on a gloo work in a new thread each time left
     137 bytes of native memory behind per wait (measured, 30,000 waits: glibc's arenas, not Python objects):
     megabytes an hour at hundreds of steps a second. A work that never ends (a lost peer) holds its thread
-    until the group's timeout; meanwhile a new one is started, so waits never queue behind it.
+    until the group's timeout; meanwhile a new one is started, so waits never queue behind it. A thread idle for
+    ``idle_s`` ends unless it is the last idle one, so the pool shrinks back after such a wait (in a soak it had
+    grown by a thread at a lost peer and kept it).
     """
+
+    idle_s = 60.0
 
     def __init__(self) -> None:
         self._works: queue.SimpleQueue[Waiting] = queue.SimpleQueue()
@@ -59,7 +63,15 @@ class _Waiters:
 
     def _serve(self) -> None:
         while True:
-            self._works.get().block()
+            try:
+                waiting = self._works.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:  # (a work submitted meanwhile has taken its place from _idle: it finds a thread)
+                    if self._idle > 1:
+                        self._idle -= 1
+                        return
+                continue
+            waiting.block()
             with self._lock:
                 self._idle += 1
 

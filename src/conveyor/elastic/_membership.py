@@ -22,6 +22,7 @@ boundary and groups' keys :data:`KEPT_GENERATIONS` generations later, with the k
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import signal
 import sys
@@ -58,6 +59,7 @@ __all__ = [
 # Set when this process got a revocation notice (SIGTERM, as a spot machine does); its heartbeat posts it.
 NOTICE = threading.Event()
 KEPT_GENERATIONS = 32  # generations whose keys the store keeps (see the module docstring)
+_KEPT_BEATS = 100  # a heartbeat's last beats kept: 20 s of them at the default 0.2 s
 # A generation's gloo groups, by name (the coordinator deletes their keys by these names): besides one per
 # replicated stage (stage_group).
 RECOVER_GROUP, TRAIN_GROUP, ALL_GROUP = "recover", "train", "all"
@@ -171,6 +173,8 @@ class Heartbeat:
         self._worker, self._beat_s = worker, beat_s
         self._stop = threading.Event()
         self._store.add(f"hb/{worker}", 1)
+        self._beats = deque([time.monotonic()], maxlen=_KEPT_BEATS)  # when the last beats landed
+        self.error: str | None = None  # why the beats stopped, if they did
         self._thread = threading.Thread(target=self._run, name="conveyor-heartbeat", daemon=True)
         self._thread.start()
 
@@ -180,8 +184,22 @@ class Heartbeat:
                 if NOTICE.is_set():
                     self._store.set(f"leave/{self._worker}", "1")
                 self._store.add(f"hb/{self._worker}", 1)
-            except Exception:
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {exc}"
                 return
+            self._beats.append(time.monotonic())
+
+    def record(self) -> dict[str, object]:
+        """What this process's beats looked like lately: the longest gaps between them (seconds), how long ago
+        the last landed, and why they stopped if they did (for the record of a worker declared lost alive)."""
+        beats = list(self._beats)  # (copied whole under the GIL: the thread appends meanwhile)
+        gaps = sorted((b - a for a, b in itertools.pairwise(beats)), reverse=True)[:3]
+        return {
+            "longest_gaps_s": [round(g, 3) for g in gaps],
+            "last_beat_ago_s": round(time.monotonic() - beats[-1], 3),
+            "beating": self._thread.is_alive(),
+            "error": self.error,
+        }
 
     def close(self) -> None:
         self._stop.set()
@@ -244,7 +262,9 @@ class Coordinator:
         self._stop.set()
         self._thread.join()
 
-    def _write(self, members: tuple[int, ...], leaving: tuple[int, ...], planned: bool, reason: str) -> Generation:
+    def _write(
+        self, members: tuple[int, ...], leaving: tuple[int, ...], planned: bool, reason: str, **logged: object
+    ) -> Generation:
         lost_reliable = [w for w in self.reliable if w not in members]
         if lost_reliable:
             message = (
@@ -272,6 +292,7 @@ class Coordinator:
                             "reason": reason,
                             "planned": planned,
                         }
+                        | logged
                     )
                     + "\n"
                 )
@@ -309,7 +330,7 @@ class Coordinator:
             self._suspects, self._suspected_at = suspects, now
         # After such evidence a heartbeat still for a few beats is enough; otherwise it takes lost_s.
         limit = min(self.lost_s, self.suspect_s) if now - self._suspected_at < self.lost_s else self.lost_s
-        lost, left = [], []
+        lost, left, silent = [], [], {}
         for w, watch in list(self._watch.items()):
             if w == self.reliable[0]:  # this process: alive while it runs
                 continue
@@ -320,6 +341,7 @@ class Coordinator:
                 watch.count, watch.moved_at = count, now
             elif now - watch.moved_at > (limit if watch.count >= 0 else self.start_s):
                 lost.append(w)  # (a worker not yet beating is still starting: it gets start_s)
+                silent[w] = round(now - watch.moved_at, 3)
         for w in lost + left:
             del self._watch[w]
         self._leaving -= set(left)
@@ -350,6 +372,12 @@ class Coordinator:
             f"joined {joined}" if joined else "",
             f"left {relisted}" if relisted else "",
         ]
+        # A loss is logged with each heartbeat's silence and whether a failed collective had shortened the limit.
+        why = {"silent_s": {w: silent[w] for w in lost_participants}, "evidence": limit < self.lost_s}
         self.generation = self._write(
-            members, leaving, planned=not lost_participants, reason=", ".join(p for p in parts if p)
+            members,
+            leaving,
+            planned=not lost_participants,
+            reason=", ".join(p for p in parts if p),
+            **(why if lost_participants else {}),
         )

@@ -230,7 +230,8 @@ class ElasticTrainer(Steps):
                 return gen
             if self.watch.gen is not None:  # declared lost (paused past the heartbeat limit?): the job went on
                 print(f"worker {self.worker} was declared lost and left out of the job: it exits", flush=True)
-                self.log({"event": "declared lost", "worker": self.worker, "gen": gen.gen})  # alive: a false loss
+                # alive: a false loss, logged with what this process's heartbeat did (stalled, or stopped?)
+                self.log({"event": "declared lost", "worker": self.worker, "gen": gen.gen, **self.heartbeat.record()})
                 raise Left
             time.sleep(0.05)
 
