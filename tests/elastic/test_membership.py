@@ -82,13 +82,16 @@ def test_generations_from_heartbeats_notices_and_joins(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_store_keeps_the_keys_of_the_last_generations_only() -> None:
     """50 rounds of a worker joining and the previous one leaving (100 generations, each with a boundary and
-    a group's rendezvous keys): once past the kept window, the store's key count stays flat."""
+    a group's rendezvous keys): once past the kept window, the store's key count stays flat. When worker 0's
+    recoveries stop moving its state's generation on (the last 10 rounds), that generation's record is kept."""
     server = connect("127.0.0.1", 0, is_leader=True)
     store = connect("127.0.0.1", server.port, is_leader=False)
     coordinator = Coordinator("127.0.0.1", server.port, initial=2, reliable=1, lost_s=60.0)
     counts, gen, transient = [], latest(store), 1
     try:
-        for _ in range(50):
+        for round_ in range(50):
+            if round_ < 40:
+                store.set("state_gen", str(gen.gen))  # worker 0 recovered in the newest generation
             joiner = store.add("next_id", 1) - 1
             store.set(f"join/{store.add('joins', 1) - 1}", str(joiner))
             store.add(f"hb/{joiner}", 1)
@@ -105,11 +108,13 @@ def test_the_store_keeps_the_keys_of_the_last_generations_only() -> None:
             counts.append(server.num_keys())
     finally:
         coordinator.close()
-    kept = KEPT_GENERATIONS
-    assert gen.gen == 100 and record(store, gen.gen - kept + 1) is not None and record(store, gen.gen - kept) is None
+    kept, held = KEPT_GENERATIONS, 78  # the newest generation of round 39
+    assert gen.gen == 100 and int(store.get("state_gen")) == held
+    assert record(store, held) is not None and record(store, held - 1) is None
+    assert all(record(store, g) is not None for g in range(held, gen.gen + 1))
     # Flat to within a round's keys (the coordinator deletes a tick after it sees a worker go), where without the
     # deletions each round adds 11 (two records, two boundaries, four group keys, hb, leave, left).
-    assert max(counts[kept:]) - min(counts[kept:]) <= 10, counts
+    assert max(counts[kept:40]) - min(counts[kept:40]) <= 10, counts
 
 
 def test_the_keys_deleted_for_a_generations_groups_are_those_gloo_wrote() -> None:
@@ -134,6 +139,65 @@ def test_the_keys_deleted_for_a_generations_groups_are_those_gloo_wrote() -> Non
     for key in _group_keys(gen):
         server.delete_key(key)
     assert server.num_keys() == before
+
+
+class FakeLiveness:
+    """Connections the test opens and closes (the real ones: ``tests/elastic/test_liveness.py``)."""
+
+    def __init__(self) -> None:
+        self.watched: list[int] = []
+        self.connected: set[int] = set()
+        self.died: dict[int, str] = {}
+
+    def watch(self, worker: int) -> None:
+        self.watched.append(worker)
+
+    def paired(self, worker: int) -> bool:
+        return worker in self.connected
+
+    def closed(self, worker: int) -> str | None:
+        return self.died.get(worker)
+
+    def forget(self, worker: int) -> None:
+        self.connected.discard(worker)
+
+
+def test_a_connected_worker_is_lost_when_its_connection_closes_not_for_a_short_silence(tmp_path: Path) -> None:
+    """After a failed collective, a worker not yet connected is lost after a few silent beats; a connected one
+    rides the same silence out (a live worker stalled beside a lost one), and is lost the moment its connection
+    closes."""
+    server = connect("127.0.0.1", 0, is_leader=True)
+    store = connect("127.0.0.1", server.port, is_leader=False)
+    log = tmp_path / "elastic.jsonl"
+    liveness = FakeLiveness()
+    liveness.connected = {1, 2}
+    coordinator = Coordinator(
+        "127.0.0.1",
+        server.port,
+        initial=4,
+        reliable=1,
+        lost_s=30.0,
+        log=log,
+        liveness=liveness,  # type: ignore[arg-type]
+    )
+    try:
+        start = latest(store)
+        assert liveness.watched == [1, 2, 3]
+        beat(store, [1, 2, 3], 0.3)
+        store.add("suspects", 1)  # a collective failed: 2 and 3 fall silent
+        beat(store, [1], 1.5)
+        lost = newest(store, start.gen)
+        assert lost.reason == "lost [3]" and lost.members == (0, 1, 2)
+        liveness.died[2] = "Connection closed by peer [127.0.0.1]:1234"
+        closed = newest(store, lost.gen, limit_s=1.0)
+        assert closed.reason == "lost [2]" and closed.members == (0, 1)
+        decided = {d["reason"]: d for d in map(json.loads, log.read_text().splitlines())}
+        assert decided["lost [3]"]["evidence"] is True and decided["lost [3]"]["closed"] == {}
+        assert 0.6 < decided["lost [3]"]["silent_s"]["3"] < 1.5
+        assert decided["lost [2]"]["closed"] == {"2": liveness.died[2]}
+        assert decided["lost [2]"]["silent_s"]["2"] > 1.5
+    finally:
+        coordinator.close()
 
 
 def test_a_heartbeat_records_its_gaps_and_why_it_stopped() -> None:

@@ -74,7 +74,7 @@ def test_an_elastic_job_stops_before_its_lease_ends(tmp_path: Path) -> None:
 def test_a_worker_paused_past_the_loss_limit_learns_it_was_declared_lost(tmp_path: Path) -> None:
     # Frozen for 4 s against a 2 s limit: the others go on without it; thawed, it says so and exits.
     cfg = TrainConfig.from_options(
-        reliable=1, workers=3, epochs=80, run_dir=str(tmp_path), faults="pause:worker=2,at=1,for=4"
+        reliable=1, workers=3, epochs=80, run_dir=str(tmp_path), faults="pause:worker=2,at=1,for=4", lost_s=2.0
     )
     summary = train_elastic(cfg)
     assert summary.epochs == 80 and "lost [2]" in [g["reason"] for g in summary.generations]
@@ -86,3 +86,20 @@ def test_a_worker_paused_past_the_loss_limit_learns_it_was_declared_lost(tmp_pat
         e for e in read_jsonl(tmp_path / "elastic.jsonl") if e["event"] == "decided" and e["reason"] == "lost [2]"
     ]
     assert decided["silent_s"]["2"] >= 2.0 and decided["evidence"] is False  # silence alone: nothing failed
+    assert decided["closed"] == {}  # and its connection open: it was alive
+
+
+@needs_root
+def test_a_killed_worker_is_known_by_its_closed_connection_while_a_stalled_one_is_waited_for(tmp_path: Path) -> None:
+    # Worker 3 is killed while worker 2 is frozen for 3 s. Its connection to worker 0 closes: it is lost within a
+    # second, though no collective can fail until worker 2 thaws (heartbeats alone took 2.6 s here); worker 2,
+    # connected, gets the 10 s limit. (The rule that spares a stalled worker when a collective has failed is
+    # tested on the coordinator alone, in tests/elastic/test_membership.py.)
+    faults = "pause:worker=2,at=1,for=3;revoke:worker=3,at=1.5"
+    cfg = TrainConfig.from_options(reliable=1, workers=4, epochs=80, run_dir=str(tmp_path), faults=faults)
+    summary = train_elastic(cfg)
+    assert summary.epochs == 80 and [g["reason"] for g in summary.generations] == ["start", "lost [3]"]
+    events = read_jsonl(tmp_path / "elastic.jsonl")
+    assert not [e for e in events if e["event"] == "declared lost"]
+    (decided,) = [e for e in events if e["event"] == "decided" and e["reason"] == "lost [3]"]
+    assert list(decided["closed"]) == ["3"] and decided["silent_s"]["3"] < 1.0, decided

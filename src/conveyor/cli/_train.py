@@ -201,7 +201,9 @@ def add_parser(sub: Any) -> None:
     elastic.add_argument(
         "--join", default=None, metavar="HOST:PORT", help="join the elastic job whose worker 0 is here"
     )
-    elastic.add_argument("--lost-s", type=float, default=2.0, help="a worker silent this long is lost")
+    elastic.add_argument(
+        "--lost-s", type=float, default=10.0, help="a worker silent this long is lost (one that dies: at once)"
+    )
     elastic.add_argument("--backup-every", type=positive, default=4, help="steps between backups to the reliable tier")
     elastic.add_argument(
         "--sync-max",

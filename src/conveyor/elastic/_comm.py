@@ -139,8 +139,12 @@ class Watch:
             ) from None
 
     def record(self, g: int) -> Generation:
-        """Generation ``g``'s record (the newest, or one kept: see ``KEPT_GENERATIONS``), waiting for it."""
-        return Generation.from_json(self.store.get(f"gen/{g}"))
+        """Generation ``g``'s record (the newest, or one kept: see ``KEPT_GENERATIONS``); one deleted means a newer
+        generation has replaced this worker's (``MembershipChanged``)."""
+        gen = record(self.store, g)
+        if gen is None:
+            raise MembershipChanged
+        return gen
 
     def check(self, stepping: bool) -> None:
         """Raise ``MembershipChanged`` when this worker must drop what it is doing (see the module docstring)."""

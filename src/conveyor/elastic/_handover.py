@@ -46,6 +46,7 @@ class Handover:
     step_buffers: dict[int, torch.Tensor]
     owner_gen: int
     state_gen: int
+    evaluated: int
     backup: torch.Tensor
     backup_step: int
     train_group: Any
@@ -165,14 +166,17 @@ class Handover:
         group: Any = self.watch.group(RECOVER_GROUP, parts)
         earlier = len(self.retired)
         self.retired.append(group)  # destroyed once the participants have met in a later recovery
-        mine = torch.tensor([self.done, self.owner_gen, self.state_gen, self.backup_step], dtype=torch.float64)
-        reports = [torch.zeros(4, dtype=torch.float64) for _ in parts]
-        self.watch.wait(group.allgather([reports], [mine]))
+        mine = [self.done, self.owner_gen, self.state_gen, self.backup_step, self.evaluated]
+        reports = [torch.zeros(len(mine), dtype=torch.float64) for _ in parts]
+        self.watch.wait(group.allgather([reports], [torch.tensor(mine, dtype=torch.float64)]))
         # Every participant is here, so done with the groups retired before: destroy them (a peer still in one
         # would lose what it had yet to receive when this worker's sockets close).
         destroy_groups([self.retired.pop(0) for _ in range(earlier)])
         seen = {w: [int(x) for x in r] for w, r in zip(parts, reports, strict=True)}
         state_gen, backup_step = seen[0][2], seen[0][3]
+        # An epoch's end redone after a loss is not evaluated again if any participant saw it evaluated (decided
+        # from what all of them reported, so they all skip it or none does: it holds a collective).
+        self.evaluated = max(r[4] for r in seen.values())
         held = self.shards(self.watch.record(state_gen)) if state_gen >= 0 else []
         # Each shard from the first of its holders (its owner, or any replica of a stage) still holding it.
         sources = [next((h for h in holders if h in seen and seen[h][1] == state_gen), -1) for holders, _, _ in held]
@@ -224,6 +228,7 @@ class Handover:
             if self.log_dir is not None:
                 (self.log_dir / "training-started").touch()  # an emulated cluster's fault clock starts here
             self.state_gen = gen.gen
+            self.store.set("state_gen", str(gen.gen))  # the coordinator keeps this generation's record
             event = {
                 "event": "generation",
                 "gen": gen.gen,

@@ -19,7 +19,7 @@ class ElasticOptions:
     """How an elastic job tolerates revocations; each is a ``conveyor train`` option of the same name."""
 
     reliable: int = 1  # the first K workers are reliable; worker 0 hosts the store and coordinates
-    lost_s: float = 2.0  # a worker whose heartbeat is still this long is lost
+    lost_s: float = 10.0  # a worker whose heartbeat is still this long is lost (one that dies is known at once)
     beat_s: float = 0.2  # heartbeat period
     backup_every: int = 4  # steps between an owner's backups to the reliable tier (stages 2 and 3)
     sync_max: float = SYNC_MAX  # transient:reliable ratio up to which the reliable tier owns the state

@@ -5,18 +5,25 @@ that watches every worker's heartbeat (a counter each worker's :class:`Heartbeat
 ``beat_s``), the revocation notices (``leave/ID``) and the join requests, and on any change writes the next
 **generation**: who is a member, who is leaving (it hands its state over, then exits), each worker's role
 (:mod:`conveyor.elastic._tiers`), and whether the change is *planned* (notices and joins only: the members
-switch at an agreed step boundary, nothing is redone) or a *failure* (a heartbeat stopped: everybody drops
-the step in flight at once). A worker is declared lost when its heartbeat has not moved for ``lost_s``, or
-for ``suspect_s`` (a few beats) once a peer reported a failed collective (``suspects``): a killed worker's
-connections close at once, so its ring neighbours' collectives fail at once and say so.
+switch at an agreed step boundary, nothing is redone) or a *failure* (a worker died: everybody drops the step
+in flight at once). A worker is declared lost when its connection to worker 0 closes (its process died: see
+:mod:`conveyor.elastic._liveness`), or when its heartbeat has not moved for ``lost_s`` (its host vanished, or it
+stalled that long). Until its connection is up (the first moments after it starts), a worker's heartbeat still
+for ``suspect_s`` (a few beats) is enough once a peer reported a failed collective (``suspects``): a killed
+worker's ring neighbours' collectives fail at once and say so. That shortened limit is not applied to a
+connected worker, whose death its connection tells: a live worker stalled on a busy machine beside a lost one
+would be taken with it.
 
 Store keys: ``gen`` (the latest generation number), ``gen/G`` (its record, JSON), ``boundary/G`` (a planned
 generation's step, proposed by the first computing worker to see it), ``hb/ID``, ``leave/ID``, ``left/ID``,
-``joins`` and ``join/N`` (join requests), ``next_id``, ``suspects`` (failed collectives), ``fatal`` (why the
-job must stop), and ``pg/G/NAME/`` (the rendezvous of generation ``G``'s gloo groups). So that the store does
-not grow with the generations, the coordinator deletes a join request once read, and a generation's record,
-boundary and groups' keys :data:`KEPT_GENERATIONS` generations later, with the keys of its workers gone since
-(ids are never reused): a worker that far behind finds no record and switches at once.
+``joins`` and ``join/N`` (join requests), ``alive/ID/`` (the rendezvous of a worker's pair with worker 0),
+``next_id``, ``suspects`` (failed collectives), ``fatal`` (why the job must stop), ``pg/G/NAME/`` (the rendezvous
+of generation ``G``'s gloo groups), and ``state_gen`` (the generation worker 0 last recovered in: a recovery reads
+its record to find who holds the state). So that the store does not grow with the generations, the coordinator
+deletes a join request once read, and a generation's record, boundary and groups' keys once it is
+:data:`KEPT_GENERATIONS` generations old and older than ``state_gen``, with the keys of its workers gone since (ids
+are never reused). A worker that far behind finds no record: a newer generation has replaced its own, and it
+switches at once.
 """
 
 from __future__ import annotations
@@ -32,10 +39,14 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, Roles, roles
+
+if TYPE_CHECKING:
+    from conveyor.elastic._liveness import Liveness
 
 __all__ = [
     "ALL_GROUP",
@@ -52,13 +63,15 @@ __all__ = [
     "group_prefix",
     "latest",
     "listen_for_notice",
+    "liveness_prefix",
     "record",
+    "rendezvous_keys",
     "stage_group",
 ]
 
 # Set when this process got a revocation notice (SIGTERM, as a spot machine does); its heartbeat posts it.
 NOTICE = threading.Event()
-KEPT_GENERATIONS = 32  # generations whose keys the store keeps (see the module docstring)
+KEPT_GENERATIONS = 4  # generations whose keys the store keeps at least (see the module docstring)
 _KEPT_BEATS = 100  # a heartbeat's last beats kept: 20 s of them at the default 0.2 s
 # A generation's gloo groups, by name (the coordinator deletes their keys by these names): besides one per
 # replicated stage (stage_group).
@@ -75,12 +88,22 @@ def group_prefix(g: int, name: str) -> str:
     return f"pg/{g}/{name}/"
 
 
+def liveness_prefix(worker: int) -> str:
+    """Where worker ``worker``'s pair with the coordinator meets (:mod:`conveyor.elastic._liveness`)."""
+    return f"alive/{worker}/"
+
+
+def rendezvous_keys(prefix: str, ranks: int) -> list[str]:
+    """Every key a gloo group of ``ranks`` built under ``prefix`` writes: its rendezvous puts each rank's address
+    at ``0/RANK``, which torch's ``PrefixStore`` joins to the prefix with a ``/`` (as of torch 2.13)."""
+    return [f"{prefix}/0/{rank}" for rank in range(ranks)]
+
+
 def _group_keys(gen: Generation) -> list[str]:
-    """Every key ``gen``'s groups can have written: gloo's rendezvous puts each rank's address at ``0/RANK``
-    under the group's prefix, which torch's ``PrefixStore`` joins with a ``/`` (as of torch 2.13)."""
+    """Every key ``gen``'s groups can have written."""
     n = len(gen.participants)
     names = (RECOVER_GROUP, TRAIN_GROUP, ALL_GROUP, *(stage_group(k) for k in range(n)))
-    return [f"{group_prefix(gen.gen, name)}/0/{rank}" for name in names for rank in range(n)]
+    return [key for name in names for key in rendezvous_keys(group_prefix(gen.gen, name), n)]
 
 
 def listen_for_notice() -> None:
@@ -218,11 +241,13 @@ class Coordinator:
         host, port: the store (this process hosts it).
         initial: the workers started with the job (ids ``0 .. n-1``); ``reliable`` are the first ``K``.
         lost_s: a heartbeat still this long means the worker is lost.
-        suspect_s: the same, for ``lost_s`` after a worker reported a failed collective (``suspects``): a
-            killed worker's connections close at once, so its peers' collectives fail and say so.
+        beat_s: the heartbeats' period: ``suspect_s``, a few of them, is the limit for a worker not yet
+            connected once a peer reported a failed collective (``suspects``).
         start_s: how long a worker may take to send its first heartbeat.
         sync_max, backup_only_min: AgileML's stage thresholds (:func:`conveyor.elastic._tiers.agile_stage`).
         log: where each decision is logged (``elastic.jsonl``), when it is wanted.
+        liveness: each worker's connection to this process, which tells its death (without it, the
+            heartbeats alone do).
     """
 
     def __init__(
@@ -232,21 +257,25 @@ class Coordinator:
         *,
         initial: int,
         reliable: int,
-        lost_s: float = 2.0,
+        lost_s: float = 10.0,
         beat_s: float = 0.2,
         start_s: float = 120.0,
         sync_max: float = SYNC_MAX,
         backup_only_min: float = BACKUP_ONLY_MIN,
         log: Path | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.store = connect(host, port, is_leader=False)
-        self.log = log
+        self.log, self.liveness = log, liveness
         self.reliable = tuple(range(reliable))
         # After a failed collective, a few beats of silence are enough (never less than 0.6 s).
         self.lost_s, self.suspect_s, self.start_s = lost_s, max(3 * beat_s, 0.6), start_s
         self.sync_max, self.backup_only_min = sync_max, backup_only_min
         now = time.monotonic()
         self._watch = {w: _Watch(-1, now) for w in range(initial)}
+        if liveness is not None:
+            for w in range(1, initial):
+                liveness.watch(w)
         self._leaving: set[int] = set()
         self._joins_seen = 0
         self._suspects, self._suspected_at = 0, -float("inf")
@@ -279,7 +308,8 @@ class Coordinator:
         self.store.set(f"gen/{g}", gen.to_json())
         self.store.add("gen", 1 if g else 0)
         self._recent.append(gen)
-        while len(self._recent) > KEPT_GENERATIONS:
+        state_gen = int(self.store.get("state_gen")) if self.store.check(["state_gen"]) else -1
+        while len(self._recent) > KEPT_GENERATIONS and self._recent[0].gen < state_gen:
             self._forget(self._recent.popleft(), gen)
         if self.log is not None:
             with self.log.open("a") as f:
@@ -302,7 +332,9 @@ class Coordinator:
         """Delete ``old``'s keys, and those of its participants gone since."""
         gone = [w for w in old.participants if w not in newest.participants and w not in self._watch]
         keys = [f"gen/{old.gen}", f"boundary/{old.gen}", *_group_keys(old)]
-        for key in keys + [f"{kind}/{w}" for w in gone for kind in ("hb", "leave", "left")]:
+        keys += [f"{kind}/{w}" for w in gone for kind in ("hb", "leave", "left")]
+        keys += [key for w in gone for key in rendezvous_keys(liveness_prefix(w), 2)]
+        for key in keys:
             self.store.delete_key(key)
 
     def _run(self) -> None:
@@ -318,32 +350,47 @@ class Coordinator:
                     self.store.set("fatal", f"the coordinator on worker 0 failed: {type(exc).__name__}: {exc}")
                 return
 
-    def _tick(self) -> None:
-        now = time.monotonic()
-        if now - self._ticked > self.lost_s / 2:  # this process stalled: heartbeats seen now prove nothing
-            for watch in self._watch.values():
-                watch.moved_at = now
-        self._ticked = now
-        current = self.generation
+    def _heartbeats(self, now: float) -> tuple[dict[int, float], dict[int, str], list[int]]:
+        """Who is lost (with how long each one's heartbeat had been still), whose connection closed of those
+        (with gloo's word for it), and who has left."""
         suspects = self.store.add("suspects", 0)
         if suspects != self._suspects:  # a collective failed somewhere: a peer's connection closed
             self._suspects, self._suspected_at = suspects, now
         # After such evidence a heartbeat still for a few beats is enough; otherwise it takes lost_s.
         limit = min(self.lost_s, self.suspect_s) if now - self._suspected_at < self.lost_s else self.lost_s
-        lost, left, silent = [], [], {}
-        for w, watch in list(self._watch.items()):
+        silent: dict[int, float] = {}
+        closed: dict[int, str] = {}
+        left: list[int] = []
+        for w, watch in self._watch.items():
             if w == self.reliable[0]:  # this process: alive while it runs
                 continue
             count = self.store.add(f"hb/{w}", 0)
+            died = self.liveness.closed(w) if self.liveness is not None else None
+            connected = self.liveness is not None and self.liveness.paired(w)
             if w in self._leaving and self.store.check([f"left/{w}"]):
                 left.append(w)  # handed its state over and exited: not a loss
+            elif died is not None:
+                silent[w], closed[w] = round(now - watch.moved_at, 3), died
             elif count != watch.count:
                 watch.count, watch.moved_at = count, now
-            elif now - watch.moved_at > (limit if watch.count >= 0 else self.start_s):
-                lost.append(w)  # (a worker not yet beating is still starting: it gets start_s)
-                silent[w] = round(now - watch.moved_at, 3)
+            elif now - watch.moved_at > (self.lost_s if connected else limit if watch.count >= 0 else self.start_s):
+                silent[w] = round(now - watch.moved_at, 3)  # (one not yet beating is starting: it gets start_s)
+        return silent, closed, left
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        stalled = now - self._ticked
+        if stalled > self.suspect_s / 2:  # this process stalled: a silence is counted only while it ran
+            for watch in self._watch.values():
+                watch.moved_at += stalled
+        self._ticked = now
+        current = self.generation
+        silent, closed, left = self._heartbeats(now)
+        lost = list(silent)
         for w in lost + left:
             del self._watch[w]
+            if self.liveness is not None:
+                self.liveness.forget(w)
         self._leaving -= set(left)
         # A leaver listed again in a generation newer than the one it handed over in would be waited for in vain.
         relisted = [w for w in left if w in current.participants and int(self.store.get(f"left/{w}")) < current.gen]
@@ -360,6 +407,8 @@ class Coordinator:
             self._joins_seen += 1
             self._watch[w] = _Watch(-1, now)
             joined.append(w)
+            if self.liveness is not None:
+                self.liveness.watch(w)
         lost_participants = [w for w in lost if w in current.participants]
         if not (lost_participants or noticed or joined or relisted):
             return
@@ -372,8 +421,13 @@ class Coordinator:
             f"joined {joined}" if joined else "",
             f"left {relisted}" if relisted else "",
         ]
-        # A loss is logged with each heartbeat's silence and whether a failed collective had shortened the limit.
-        why = {"silent_s": {w: silent[w] for w in lost_participants}, "evidence": limit < self.lost_s}
+        # A loss is logged with each heartbeat's silence, each closed connection, and whether a failed collective
+        # had just been reported (it shortens the limit for a worker not yet connected).
+        why = {
+            "silent_s": {w: silent[w] for w in lost_participants},
+            "closed": {w: closed[w] for w in lost_participants if w in closed},
+            "evidence": now - self._suspected_at < self.lost_s,
+        }
         self.generation = self._write(
             members,
             leaving,

@@ -40,6 +40,7 @@ from torch import nn
 from conveyor.elastic._comm import Waiting, Watch
 from conveyor.elastic._handover import Left
 from conveyor.elastic._job import ElasticJob, ElasticOptions, WorkerOutcome
+from conveyor.elastic._liveness import Liveness, keep_alive
 from conveyor.elastic._membership import (
     NOTICE,
     Generation,
@@ -56,8 +57,6 @@ from conveyor.elastic._tiers import shard_bounds
 from conveyor.runtime import save_checkpoint
 
 __all__ = ["ElasticTrainer"]
-
-_EVALUATIONS_KEPT = 8  # epochs whose "evaluated" marks stay: a redo goes back to a backup (backup_every steps)
 
 
 class ElasticTrainer(Steps):
@@ -126,7 +125,9 @@ class ElasticTrainer(Steps):
         self.host, self.port = host, port
         self.heartbeat = Heartbeat(host, self.port, worker=worker, beat_s=options.beat_s)
         self.coordinator = None
-        if self.leader:
+        if not self.leader:
+            keep_alive(host, self.port, worker)  # its connection to worker 0 closes when this process dies
+        else:
             from conveyor.elastic._membership import Coordinator
 
             self.store.set("t0", repr(time.time()))
@@ -141,6 +142,7 @@ class ElasticTrainer(Steps):
                 sync_max=options.sync_max,
                 backup_only_min=options.backup_only_min,
                 log=None if log_dir is None else log_dir / "elastic.jsonl",
+                liveness=Liveness(host, self.port),
             )
         listen_for_notice()  # (the launcher listens from the start already)
         self.watch = Watch(
@@ -152,6 +154,7 @@ class ElasticTrainer(Steps):
         self.step_buffers: dict[int, torch.Tensor] = {}  # the averaged buffers at the last two steps
         self.owner_gen = -1  # the generation whose shard this worker owns
         self.state_gen = -1  # worker 0: the generation whose owners hold the live state
+        self.evaluated = -1  # the last epoch whose evaluation this worker (or a peer, as of the last recovery) saw
         numel = full_message_numel(self.flat.numel, len(self.keys), len(self.scalar_keys), self.flat.buffer_numel)
         self.backup = torch.zeros(numel, dtype=self.flat.dtype)  # worker 0: the whole state at backup_step
         self.backup_step = -1
@@ -265,7 +268,7 @@ class ElasticTrainer(Steps):
         assert gen is not None
         if self.worker in gen.roles.compute:
             epoch, i = divmod(self.done, self.steps_per_epoch)
-            if self.done >= 0 and i == self.steps_per_epoch - 1 and not self.store.check([f"evaluated/{epoch}"]):
+            if self.done >= 0 and i == self.steps_per_epoch - 1 and epoch > self.evaluated:
                 self._end_epoch(epoch, self.done)  # the change came between the epoch's last step and its evaluation
             while self.done + 1 < self._stop_step():
                 self.watch.at_boundary()
@@ -311,7 +314,7 @@ class ElasticTrainer(Steps):
             self.log({"event": "resumed", "gen": gen.gen, "step": t, "worker": self.worker})
         if self.on_step is not None:
             self.on_step(t)
-        if i == self.steps_per_epoch - 1:
+        if i == self.steps_per_epoch - 1 and epoch > self.evaluated:  # (not an epoch's end redone after a loss)
             self._end_epoch(epoch, t)
         self._backups(t)
 
@@ -337,6 +340,7 @@ class ElasticTrainer(Steps):
         if evaluating and self._stops_after(epoch, float(accuracy)):
             self.store.set("stop_step", str(t + 1))  # before the broadcast: every worker then reads it
         self.watch.wait(self.train_group.broadcast(accuracy, 0), stepping=True)
+        self.evaluated = epoch
         if evaluating:
             t0 = float(self.store.get("t0"))
             per_epoch = list(self.losses)
@@ -352,5 +356,3 @@ class ElasticTrainer(Steps):
                 },
                 "metrics.jsonl",
             )
-            self.store.set(f"evaluated/{epoch}", "1")
-            self.store.delete_key(f"evaluated/{epoch - _EVALUATIONS_KEPT}")  # a redo never goes back that far

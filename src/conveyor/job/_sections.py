@@ -220,7 +220,7 @@ class ElasticConfig:
 
     reliable: int | None = None  # the first K workers are reliable, the rest transient
     join: str | None = None  # HOST:PORT of an elastic job to join (conveyor.job.join_elastic)
-    lost_s: float = 2.0  # a worker whose heartbeat is still this long is lost
+    lost_s: float = 10.0  # a worker whose heartbeat is still this long is lost (one that dies is known at once)
     backup_every: int = 4  # steps between an owner's backups to the reliable tier
     sync_max: float = 2.0  # transient:reliable ratio up to which the reliable tier owns the state
     backup_only_min: float = 3.0  # the ratio from which reliable workers only keep backups
