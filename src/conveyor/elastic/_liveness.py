@@ -48,7 +48,7 @@ def keep_alive(host: str, port: int, worker: int) -> None:
 
     def build() -> None:
         store = connect(host, port, is_leader=False)
-        with contextlib.suppress(RuntimeError):  # (its closing is what tells the coordinator this process died)
+        with contextlib.suppress(RuntimeError):  # (then the coordinator's end never connects: see above)
             _KEPT.append(_pair(store, worker, 1, dist.ProcessGroupGloo.create_default_device()))
 
     threading.Thread(target=build, name="conveyor-liveness", daemon=True).start()
