@@ -178,7 +178,7 @@ def test_a_connected_worker_is_lost_when_its_connection_closes_not_for_a_short_s
         reliable=1,
         lost_s=30.0,
         log=log,
-        liveness=liveness,  # type: ignore[arg-type]
+        liveness=liveness,
     )
     try:
         start = latest(store)

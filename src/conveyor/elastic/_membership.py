@@ -39,14 +39,11 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch.distributed as dist
 
 from conveyor.elastic._tiers import BACKUP_ONLY_MIN, SYNC_MAX, Roles, roles
-
-if TYPE_CHECKING:
-    from conveyor.elastic._liveness import Liveness
 
 __all__ = [
     "ALL_GROUP",
@@ -54,6 +51,7 @@ __all__ = [
     "NOTICE",
     "RECOVER_GROUP",
     "TRAIN_GROUP",
+    "Connections",
     "Coordinator",
     "Generation",
     "Heartbeat",
@@ -234,6 +232,23 @@ class _Watch:
     moved_at: float
 
 
+class Connections(Protocol):
+    """Each worker's connection to the coordinator's process, which closes when the worker's process dies
+    (:class:`conveyor.elastic._liveness.Liveness`)."""
+
+    def watch(self, worker: int) -> None:
+        """Start connecting to ``worker``."""
+
+    def paired(self, worker: int) -> bool:
+        """Whether ``worker``'s connection is up."""
+
+    def closed(self, worker: int) -> str | None:
+        """Why ``worker``'s connection closed, or ``None`` while it is open or not up."""
+
+    def forget(self, worker: int) -> None:
+        """Drop ``worker``'s connection (it was lost or has left)."""
+
+
 class Coordinator:
     """The leader's thread that turns heartbeats, notices and joins into generations.
 
@@ -263,7 +278,7 @@ class Coordinator:
         sync_max: float = SYNC_MAX,
         backup_only_min: float = BACKUP_ONLY_MIN,
         log: Path | None = None,
-        liveness: Liveness | None = None,
+        liveness: Connections | None = None,
     ) -> None:
         self.store = connect(host, port, is_leader=False)
         self.log, self.liveness = log, liveness
