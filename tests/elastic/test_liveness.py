@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -22,10 +23,10 @@ time.sleep(50)
 """
 
 
-def until(condition: object, limit_s: float) -> float:
+def until(condition: Callable[[], bool], limit_s: float) -> float:
     """Seconds until ``condition()`` held (``AssertionError`` past ``limit_s``)."""
     start = time.monotonic()
-    while not condition():  # type: ignore[operator]
+    while not condition():
         assert time.monotonic() - start < limit_s, f"not within {limit_s} s"
         time.sleep(0.01)
     return time.monotonic() - start

@@ -68,19 +68,20 @@ class Liveness:
         self._host, self._port = host, port
         self._device: Any = None  # made on the first pair's thread (it looks the host up)
         self._lock = threading.Lock()
-        self._paired: set[int] = set()
+        self._watched: set[int] = set()  # not yet lost or left: a pair built for one that is not is dropped
+        self._groups: dict[int, Any] = {}  # the pairs connected
         self._closed: dict[int, str] = {}  # worker -> the error its receive ended with
-        self._groups: dict[int, Any] = {}
-        self._forgotten: set[int] = set()  # lost or left: a pair built for one after that is dropped
 
     def watch(self, worker: int) -> None:
         """Start building ``worker``'s pair (it builds its end with :func:`keep_alive`)."""
+        with self._lock:
+            self._watched.add(worker)
         name = f"conveyor-liveness-{worker}"
         threading.Thread(target=self._serve, args=(worker,), name=name, daemon=True).start()
 
     def paired(self, worker: int) -> bool:
         """Whether ``worker``'s pair is connected (its death would be seen at once)."""
-        return worker in self._paired
+        return worker in self._groups
 
     def closed(self, worker: int) -> str | None:
         """Why ``worker``'s connection closed (its process died), or ``None`` while it is open or not built."""
@@ -89,8 +90,7 @@ class Liveness:
     def forget(self, worker: int) -> None:
         """Drop ``worker``'s pair: it was lost or has left (its group is destroyed on a thread of its own)."""
         with self._lock:
-            self._forgotten.add(worker)
-            self._paired.discard(worker)
+            self._watched.discard(worker)
             self._closed.pop(worker, None)
             group = self._groups.pop(worker, None)
         if group is not None:
@@ -107,14 +107,13 @@ class Liveness:
             return  # it died before its end was up: its heartbeat's silence will tell
         work = group.recv([torch.zeros(1)], 1, 0)
         with self._lock:
-            if worker in self._forgotten:
+            if worker not in self._watched:
                 destroy_groups([group])
                 return
             self._groups[worker] = group
-            self._paired.add(worker)
         try:
             work.wait()
         except RuntimeError as exc:  # gloo's "[pair.cc:LINE] Connection closed by peer ADDRESS. <a guess why>"
             with self._lock:
-                if worker in self._paired:
+                if worker in self._groups:
                     self._closed[worker] = re.sub(r"^\[[^]]*\] *", "", str(exc)).split(". ")[0]
