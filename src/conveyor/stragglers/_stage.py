@@ -1,6 +1,7 @@
 """One worker's stage of a :class:`~conveyor.stragglers.FlexiblePipeline` beyond its training: where it sits,
 its evaluation through the first stage's replica 0, its per-step records, and its checkpoints, the replicas'
-floating buffers (BatchNorm's running statistics, each replica's from other chunks) averaged first."""
+floating buffers averaged first (other than BatchNorm's running statistics, which the replicas agree every
+step: :mod:`conveyor.stragglers._statistics`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from conveyor.errors import InputError
 from conveyor.runtime import StagePosition, load_stage, save_stages, to_device
 from conveyor.stragglers._records import StepRecord
 from conveyor.stragglers._route import Router
+from conveyor.stragglers._statistics import RunningStatistics
 
 __all__ = ["FlexibleStage"]
 
@@ -39,6 +41,7 @@ class FlexibleStage(StagePosition):
     _model_shapes: Any
     _id: int
     _evals: int
+    _statistics: RunningStatistics | None
 
     @property
     def is_output(self) -> bool:
@@ -59,8 +62,9 @@ class FlexibleStage(StagePosition):
 
     @torch.no_grad()
     def _average_buffers(self) -> None:
-        """Average the replicas' floating buffers (BatchNorm's running statistics: each saw other chunks)."""
-        buffers = [b for b in self.module.buffers() if b.is_floating_point()]
+        """Average the replicas' floating buffers (a module's own statistics: each replica saw other chunks)."""
+        agreed = {id(b) for b in self._statistics.buffers()} if self._statistics is not None else set()
+        buffers = [b for b in self.module.buffers() if b.is_floating_point() and id(b) not in agreed]
         if self._reduces and buffers:
             flat = torch.cat([b.flatten() for b in buffers])
             dist.all_reduce(flat, group=self._group)

@@ -14,7 +14,9 @@ the sums and the sample count gives the batch's mean gradient whatever the split
 
 where ``l_c`` is chunk ``c``'s mean loss over its ``n_c`` samples and ``L_t`` the batch's mean loss (for a
 model whose samples do not interact: BatchNorm's batch statistics depend on the chunks, as on
-microbatches; its running statistics are averaged over the replicas before an evaluation or a save).
+microbatches). BatchNorm's running statistics ride in the same all-reduce, so every stage holds those of
+one process running the batch's chunks in order, whichever replica ran them and in whatever order they
+came (:mod:`conveyor.stragglers._statistics`).
 
 **Slack** ``s`` (bounded staleness): the all-reduce of step ``t`` is started without waiting, and step ``t``
 applies the averaged gradient of step ``t - s``:
@@ -44,6 +46,7 @@ dropped, its compute time and the time it waited for the all-reduce (:attr:`Flex
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import deque
@@ -78,6 +81,7 @@ from conveyor.stragglers._modes import check_flexible
 from conveyor.stragglers._records import StepRecord
 from conveyor.stragglers._route import END, Arrival, Router
 from conveyor.stragglers._stage import FlexibleStage
+from conveyor.stragglers._statistics import RunningStatistics
 
 __all__ = ["FlexiblePipeline"]
 
@@ -91,6 +95,7 @@ class _Pending:
     work: Any  # the all-reduce in flight (None on an unreplicated stage)
     samples: int  # the batch's: every chunk runs once, on one replica of each stage
     step_key: str  # the step's store keys, released once its all-reduce is done
+    chunks: int  # the batch's non-empty chunks (on the first stage)
 
 
 class FlexiblePipeline(FlexibleStage):
@@ -174,6 +179,7 @@ class FlexiblePipeline(FlexibleStage):
         self._backups = Backups(self.store) if backup and self.stage == 0 and counts[0] > 1 else None
         if self._backups is not None:
             self._backups.attach(self.module)
+        self._statistics = RunningStatistics.of(self.module, self._dtype)  # updated in the chunks' order
         # Every worker creates every group, as torch.distributed requires; data parallelism uses the world's.
         group = dist.new_group(stage_workers(counts)[0]) if self.num_stages > 1 and self.replicas > 1 else None
         self._group = group if self.stage == 0 and self.replicas > 1 else None
@@ -277,16 +283,37 @@ class FlexiblePipeline(FlexibleStage):
         """Run this worker's chunks of one batch; start the all-reduce of their gradient sums."""
         start = time.perf_counter()
         master = self._predicted() if self.predict else None
-        y_parts = split_batch(targets, self.replicas * self._share) if self.is_last else None
-        in_flight: deque[tuple[Any, Arrival]] = deque()  # forwards sent on whose gradients are not back
-        loss_sum = torch.zeros((), dtype=self._dtype, device=self.device)
         for p in self.params:
             p.grad = None
         if self._backups is not None:
             self._backups.prefix = self._step_key()
+        loss_sum = torch.zeros((), dtype=self._dtype, device=self.device)
+        with self._statistics.step() if self._statistics is not None else contextlib.nullcontext():
+            self._run_chunks(inputs, targets, record, loss_sum)
+        if master is not None:
+            with torch.no_grad():
+                for p, w in zip(self.params, master, strict=True):
+                    p.copy_(w)
+        # A later stage runs every chunk; the first stage's replicas sum their counts in the all-reduce.
+        buffer = pack_grads(self.params, self._dtype, self.device, [loss_sum, float(record.samples)])
+        if self._statistics is not None:  # before the gradients: their layout starts the tensor's tail
+            buffer = torch.cat([self._statistics.take(), buffer])
+        record.compute_s = time.perf_counter() - start
+        work = dist.all_reduce(buffer, group=self._group, async_op=True) if self._reduces else None
+        # The step's samples, all-reduced or not, are the batch's: a later stage runs every chunk.
+        samples = batch_size(inputs) if self.stage == 0 else record.samples
+        chunks = min(samples, self.replicas * self._share)  # a short batch leaves the last chunks empty
+        return _Pending(buffer, work, samples, self._step_key(), chunks)
+
+    def _run_chunks(self, inputs: Any, targets: Any, record: StepRecord, loss_sum: torch.Tensor) -> None:
+        """Run this worker's chunks of one batch, recording them; the last stage's losses add to ``loss_sum``."""
+        y_parts = split_batch(targets, self.replicas * self._share) if self.is_last else None
+        in_flight: deque[tuple[Any, Arrival]] = deque()  # forwards sent on whose gradients are not back
         for arrival, n, source in self._chunks(inputs):
             targets_j = to_device(y_parts[arrival.chunk], self.device) if y_parts is not None else None
             out = self._chunk(arrival, targets_j, n, loss_sum, backup=source == "backup")
+            if self._statistics is not None:
+                self._statistics.end_chunk(arrival.chunk, arrival.count, counted=out is not None)
             if out is None:  # a peer's run of the chunk was used instead
                 record.dropped += n
                 continue
@@ -303,16 +330,6 @@ class FlexiblePipeline(FlexibleStage):
                 self._backward(*in_flight.popleft())
         while in_flight:
             self._backward(*in_flight.popleft())
-        if master is not None:
-            with torch.no_grad():
-                for p, w in zip(self.params, master, strict=True):
-                    p.copy_(w)
-        # A later stage runs every chunk; the first stage's replicas sum their counts in the all-reduce.
-        buffer = pack_grads(self.params, self._dtype, self.device, [loss_sum, float(record.samples)])
-        record.compute_s = time.perf_counter() - start
-        work = dist.all_reduce(buffer, group=self._group, async_op=True) if self._reduces else None
-        # The step's samples, all-reduced or not, are the batch's: a later stage runs every chunk.
-        return _Pending(buffer, work, batch_size(inputs) if self.stage == 0 else record.samples, self._step_key())
 
     def _chunk(self, arrival: Arrival, targets: Any, n: int, loss_sum: torch.Tensor, backup: bool = False) -> Any:
         """Run one chunk: its forward, and on the last stage its loss (added to ``loss_sum``) and backward; its
@@ -382,8 +399,12 @@ class FlexiblePipeline(FlexibleStage):
         self._release(pending.step_key)
         samples = pending.samples  # (what the all-reduce summed too: read here, it would wait for the device)
         losses.append(pending.buffer[-2] / max(samples, 1))
+        grads = pending.buffer
+        if self._statistics is not None:
+            self._statistics.apply(grads[: self._statistics.size], pending.chunks)
+            grads = grads[self._statistics.size :]
         if samples and self.optimizer is not None:
-            set_mean_grads(self.params, pending.buffer, samples)
+            set_mean_grads(self.params, grads, samples)
             if self.predict:
                 self._previous = [p.detach().clone() for p in self.params]
             self.optimizer.step()
