@@ -109,6 +109,15 @@ def test_bad_cases_say_what_is_wrong(cases: tuple[str, ...], match: str) -> None
         StragglersConfig(cases=cases)
 
 
+@pytest.mark.parametrize("given", [True, False])
+def test_the_runs_take_the_stale_correction_and_shares_given(given: bool, tmp_path) -> None:
+    cfg = StragglersConfig(stale_correction=given, equal_shares=given)
+    case = stragglers.Case.parse("vgg:2-1:64", cfg.batch_size)
+    train = stragglers._train_config(cfg, case, "none", "flexrr", tmp_path)
+    assert train.optimizer.stale_correction is given
+    assert train.stragglers is not None and train.stragglers.equal_shares is given
+
+
 @needs_root
 @pytest.mark.timeout(300)
 def test_a_small_run_reports_every_pattern_and_mode(tmp_path) -> None:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from models import batches, mlp
 
+from conveyor.errors import InputError
 from conveyor.runtime import WorkerError, launch
 from conveyor.stragglers import FlexiblePipeline, StepClaims
 
@@ -21,14 +22,16 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @settings(max_examples=25, deadline=None)
-@given(replicas=st.integers(1, 6), chunks=st.integers(1, 5), reassign=st.booleans())
-def test_threads_racing_claim_every_chunk_once(replicas: int, chunks: int, reassign: bool) -> None:
+@given(shares=st.lists(st.integers(0, 5), min_size=1, max_size=6).filter(sum), reassign=st.booleans())
+def test_threads_racing_claim_every_chunk_once(shares: list[int], reassign: bool) -> None:
+    # Shares of any sizes, empty ones too, as weighted shares deal them.
+    replicas = len(shares)
     store, claimed = dist.HashStore(), list[list[tuple[int, bool]]]([[] for _ in range(replicas)])
     barrier = threading.Barrier(replicas)
 
     def claim(w: int) -> None:
         barrier.wait()  # all at once
-        claimed[w] = list(StepClaims(store, "step0", replica=w, replicas=replicas, chunks=chunks, reassign=reassign))
+        claimed[w] = list(StepClaims(store, "step0", replica=w, shares=shares, reassign=reassign))
 
     threads = [threading.Thread(target=claim, args=(w,)) for w in range(replicas)]
     for t in threads:
@@ -36,10 +39,16 @@ def test_threads_racing_claim_every_chunk_once(replicas: int, chunks: int, reass
     for t in threads:
         t.join()
     ran = sorted(j for mine in claimed for j, _ in mine)
-    assert ran == list(range(replicas * chunks))
+    owner = [w for w, n in enumerate(shares) for _ in range(n)]  # each chunk's share
+    assert ran == list(range(sum(shares)))
     for w, mine in enumerate(claimed):
-        assert all(taken == (j // chunks != w) for j, taken in mine)  # taken means from another's share
-        assert reassign or all(j // chunks == w for j, _ in mine)
+        assert all(taken == (owner[j] != w) for j, taken in mine)  # taken means from another's share
+        assert reassign or all(owner[j] == w for j, _ in mine)
+
+
+def test_shares_must_hold_a_chunk() -> None:
+    with pytest.raises(InputError, match="some one"):
+        StepClaims(dist.HashStore(), "s", replica=0, shares=[0, 0])
 
 
 def _claim_many(steps: int, chunks: int) -> list[list[int]]:
@@ -47,7 +56,7 @@ def _claim_many(steps: int, chunks: int) -> list[list[int]]:
     out = []
     for step in range(steps):
         dist.barrier()
-        out.append([j for j, _ in StepClaims(store, f"race/{step}", replica=w, replicas=n, chunks=chunks)])
+        out.append([j for j, _ in StepClaims(store, f"race/{step}", replica=w, shares=[chunks] * n)])
     return out
 
 

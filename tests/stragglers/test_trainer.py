@@ -155,6 +155,8 @@ def test_updates_equal_the_reference(
     if straggler is not None and reassign:
         slow = sum(r["samples"] for r in records if r["stage"] == 0 and r["replica"] == straggler)
         assert slow < sum(SIZES + SIZES[:4]) / replicas[0]
+        owned = [r["owned"] for r in records if r["stage"] == 0 and r["replica"] == straggler]
+        assert owned[0] == 3 and max(owned[-3:]) < 3  # re-planned: the persistently slow replica's share shrank
     assert sum(r["backups"] + r["dropped"] for r in records) == 0
 
 

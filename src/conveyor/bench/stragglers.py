@@ -95,6 +95,8 @@ class StragglersConfig:
     lr: float = 0.05
     chunks: Chunks = 2  # or "auto"
     slack: int = 1  # flexrr's and slack's (at 2 the vgg pipeline diverged)
+    stale_correction: bool = True  # slack's weight prediction
+    equal_shares: bool = False  # shares not weighted by measured speed
     cpu_slice: float = 0.005  # a slowed device runs 5 ms between stops: slowed within a step, not stopped
     period: float = 1.0  # seconds between the patterns' events
     pause: float = 0.1  # power-law: the shortest pause
@@ -161,6 +163,8 @@ def _train_config(cfg: StragglersConfig, case: Case, pattern: str, mode: str, ru
         faults=faults or None,
         stragglers=mode,
         slack=cfg.slack,
+        stale_correction=cfg.stale_correction,
+        equal_shares=cfg.equal_shares,
         chunks=cfg.chunks,
         run_dir=str(run_dir),
     )

@@ -30,6 +30,15 @@ def add_stragglers(which: Any) -> None:
         "--chunks", type=positive_or_auto, default=2, help="chunks each replica owns per batch, or auto"
     )
     stragglers.add_argument("--slack", type=positive, default=1, help="flexrr's and slack's")
+    stragglers.add_argument(
+        "--no-stale-correction",
+        dest="stale_correction",
+        action="store_false",
+        help="take slack's gradients at the current weights, not the weights predicted slack updates ahead",
+    )
+    stragglers.add_argument(
+        "--equal-shares", action="store_true", help="every replica owns as many chunks (default: weighted by speed)"
+    )
     add_cpu_slice(stragglers)
     stragglers.set_defaults(cpu_slice=0.005)  # a slowed device is slowed within a step, not stopped for one
     stragglers.add_argument("--period", type=float, default=1.0, help="seconds between the patterns' events")

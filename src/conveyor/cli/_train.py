@@ -168,6 +168,12 @@ def add_parser(sub: Any) -> None:
         help="chunks each replica owns per batch (reassignment), or auto: weigh the chunks' fixed costs against the "
         "work a stalled replica holds, timed on the first batch",
     )
+    train.add_argument(
+        "--equal-shares",
+        action="store_true",
+        help="every replica owns as many of a batch's chunks (default: shares in proportion to the replicas' "
+        "measured speeds, one chunk each at least)",
+    )
     wan = train.add_argument_group("data centres joined by a WAN: the outer level of --network (conveyor.gaia)")
     wan.add_argument(  # conveyor.job's WAN_MODES written out: importing it would load torch at start-up
         "--wan",

@@ -21,3 +21,4 @@ class StepRecord:
     wait_s: float  # time blocked on the all-reduce the update needed (slack 0: this step's)
     backups: int = 0  # of its samples, those of chunks it ran as a backup of a stalled peer's (and won)
     dropped: int = 0  # samples it ran (or began) whose result a peer's run replaced
+    owned: int = 0  # the first stage: chunks its share held (weighted shares give a slow replica fewer)

@@ -29,7 +29,7 @@ At the end of a run the last ``s`` gradients are applied in order, so a run make
 Every replica applies the same updates in the same order, so all hold the same parameters. ``s = 0`` is
 synchronous data parallelism. The gradients are ``s`` updates old when applied, so, as for the asynchronous
 pipelines, they are taken at the weights predicted ``s`` updates ahead (weight prediction; SpecTrain's
-form with SGD momentum):
+form with SGD momentum; :mod:`conveyor.stragglers._prediction`):
 
     W~(t) = W(t) + s (W(t) - W(t - 1))    (W~(t) = W(t) when ``predict`` is off or t = 0)
 
@@ -78,8 +78,10 @@ from conveyor.stragglers._backup import Backups
 from conveyor.stragglers._claims import StepClaims, release_share
 from conveyor.stragglers._granularity import Chunks, agree_on_chunks
 from conveyor.stragglers._modes import check_flexible
+from conveyor.stragglers._prediction import WeightPrediction
 from conveyor.stragglers._records import StepRecord
 from conveyor.stragglers._route import END, Arrival, Router
+from conveyor.stragglers._shares import ShareWeights
 from conveyor.stragglers._stage import FlexibleStage
 from conveyor.stragglers._statistics import RunningStatistics
 
@@ -96,6 +98,7 @@ class _Pending:
     samples: int  # the batch's: every chunk runs once, on one replica of each stage
     step_key: str  # the step's store keys, released once its all-reduce is done
     chunks: int  # the batch's non-empty chunks (on the first stage)
+    owned: range  # the chunks this replica's share held (its backup keys, released with the step)
 
 
 class FlexiblePipeline(FlexibleStage):
@@ -114,20 +117,23 @@ class FlexiblePipeline(FlexibleStage):
         slack: ``s``, how many steps a replica may run ahead of the slowest (0: synchronous).
         reassign: let replicas take chunks from slow peers (``False``: a fixed split).
         backup: let idle replicas run again chunks that stalled peers hold (needs ``slack=0``).
+        weighted: deal each step's chunks in proportion to the replicas' measured speeds
+            (:mod:`conveyor.stragglers._shares`; ``False``: equal shares).
         predict: take gradients at the weights predicted ``slack`` updates ahead (see above).
         device: this worker's device; default ``cuda:LOCAL_RANK`` with CUDA, else CPU.
         autocast: run forwards and the loss under ``torch.autocast`` with this dtype (``torch.bfloat16``).
 
     Example (on every worker of ``conveyor.launch(main, nprocs=4)``: data parallelism)::
 
-        ddp = FlexiblePipeline(model, F.cross_entropy, partial(torch.optim.SGD, lr=0.1), chunks=2, slack=1)
+        ddp = FlexiblePipeline(model, loss_fn=F.cross_entropy, optimizer=partial(torch.optim.SGD, lr=0.1),
+                               chunks=2, slack=1)
         for epoch in range(10):
             losses = ddp.train(loader)       # every replica reads every batch, in the same order
 
     Or of ``conveyor.launch(main, nprocs=3)``, workers 0 and 1 replicating stage 0::
 
-        pipe = FlexiblePipeline(model, F.cross_entropy, partial(torch.optim.SGD, lr=0.1), balance=[4, 2],
-                                replicas=[2, 1], chunks=2, slack=1)
+        pipe = FlexiblePipeline(model, loss_fn=F.cross_entropy, optimizer=partial(torch.optim.SGD, lr=0.1),
+                                balance=[4, 2], replicas=[2, 1], chunks=2, slack=1)
         for epoch in range(10):
             losses = pipe.train(loader)      # stage 0's replicas read the inputs, the last stage the targets
     """
@@ -144,6 +150,7 @@ class FlexiblePipeline(FlexibleStage):
         slack: int = 0,
         reassign: bool = True,
         backup: bool = False,
+        weighted: bool = True,
         predict: bool = True,
         device: torch.device | str | None = None,
         autocast: torch.dtype | None = None,
@@ -169,11 +176,12 @@ class FlexiblePipeline(FlexibleStage):
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = optimizer(self.params) if self.params else None
         self._dtype = reduce_dtype(self.params)
-        self.loss_fn, self.slack, self.reassign = loss_fn, slack, reassign
+        self.loss_fn, self.slack, self.reassign, self.weighted = loss_fn, slack, reassign, weighted
+        self._weights: ShareWeights | None = None  # the shares by speed, once the chunks are known
         self.chunks: int | None = chunks if isinstance(chunks, int) else None  # auto: chosen at the first train
         self.chunk_times: dict[int, float] = {}  # auto: a step's seconds on worker 0 at each candidate count
         self.autocast = autocast
-        self.predict = predict and slack > 0
+        self._prediction = WeightPrediction(self.params, slack) if predict and slack > 0 else None
         self.store = dist.distributed_c10d._get_default_store()
         self.router = Router(self.store, self.device)
         self._backups = Backups(self.store) if backup and self.stage == 0 and counts[0] > 1 else None
@@ -188,7 +196,6 @@ class FlexiblePipeline(FlexibleStage):
         self._first_arrival: Arrival | None = None  # a stage between: the step's first, read to see it exists
         self.steps = 0  # batches trained on
         self.records: list[StepRecord] = []
-        self._previous: list[torch.Tensor] | None = None  # W(t - 1), for the prediction
         self._id, self._runs, self._evals = next(_INSTANCES), 0, 0
         dist.barrier()  # every worker is built before any claims work, or an early one would take it all
 
@@ -213,8 +220,11 @@ class FlexiblePipeline(FlexibleStage):
                 device=self.device,
                 mixed=self._mixed,
             )
+        if self.weighted and self._reduces and self._weights is None:
+            self._weights = ShareWeights(self.replicas, self._share)
         self._runs += 1
-        self._previous = None  # W(t - 1) = W(t) until this run's first update: its first gradients are fresh
+        if self._prediction is not None:
+            self._prediction.restart()
         pending: deque[_Pending] = deque()
         losses: list[torch.Tensor] = []  # on the device: read once, at the run's end
         for inputs, targets in batches if batches is not None else self._announced_steps():
@@ -259,12 +269,7 @@ class FlexiblePipeline(FlexibleStage):
             parts = split_batch(inputs, self.replicas * self._share)
             nonempty = [j for j, x in enumerate(parts) if batch_size(x)]
             claims = StepClaims(
-                self.store,
-                self._step_key(),
-                replica=self.worker,
-                replicas=self.replicas,
-                chunks=self._share,
-                reassign=self.reassign,
+                self.store, self._step_key(), replica=self.worker, shares=self._shares, reassign=self.reassign
             )
             takeovers = self._backups.takeovers(nonempty) if self._backups is not None else iter(())
             sources = ((j, "taken" if taken else "own") for j, taken in claims), ((j, "backup") for j in takeovers)
@@ -282,20 +287,18 @@ class FlexiblePipeline(FlexibleStage):
     def _compute(self, inputs: Any, targets: Any, record: StepRecord) -> _Pending:
         """Run this worker's chunks of one batch; start the all-reduce of their gradient sums."""
         start = time.perf_counter()
-        master = self._predicted() if self.predict else None
         for p in self.params:
             p.grad = None
         if self._backups is not None:
             self._backups.prefix = self._step_key()
         loss_sum = torch.zeros((), dtype=self._dtype, device=self.device)
-        with self._statistics.step() if self._statistics is not None else contextlib.nullcontext():
-            self._run_chunks(inputs, targets, record, loss_sum)
-        if master is not None:
-            with torch.no_grad():
-                for p, w in zip(self.params, master, strict=True):
-                    p.copy_(w)
-        # A later stage runs every chunk; the first stage's replicas sum their counts in the all-reduce.
-        buffer = pack_grads(self.params, self._dtype, self.device, [loss_sum, float(record.samples)])
+        predicted = self._prediction.predicted() if self._prediction is not None else contextlib.nullcontext()
+        with predicted, self._statistics.step() if self._statistics is not None else contextlib.nullcontext():
+            rate = self._run_chunks(inputs, targets, record, loss_sum)
+        # A later stage runs every chunk; the first stage's replicas sum their counts in the all-reduce, and
+        # with weighted shares each its rate, in its own slot (the others' zero, so every replica reads it exactly).
+        rates = [rate if w == self.worker else 0.0 for w in range(self.replicas)] if self._weights else []
+        buffer = pack_grads(self.params, self._dtype, self.device, [*rates, loss_sum, float(record.samples)])
         if self._statistics is not None:  # before the gradients: their layout starts the tensor's tail
             buffer = torch.cat([self._statistics.take(), buffer])
         record.compute_s = time.perf_counter() - start
@@ -303,15 +306,22 @@ class FlexiblePipeline(FlexibleStage):
         # The step's samples, all-reduced or not, are the batch's: a later stage runs every chunk.
         samples = batch_size(inputs) if self.stage == 0 else record.samples
         chunks = min(samples, self.replicas * self._share)  # a short batch leaves the last chunks empty
-        return _Pending(buffer, work, samples, self._step_key(), chunks)
+        first = sum(self._shares[: self._replica])
+        owned = range(first, first + self._shares[self._replica])
+        record.owned = len(owned) if self.stage == 0 else 0
+        return _Pending(buffer, work, samples, self._step_key(), chunks, owned)
 
-    def _run_chunks(self, inputs: Any, targets: Any, record: StepRecord, loss_sum: torch.Tensor) -> None:
-        """Run this worker's chunks of one batch, recording them; the last stage's losses add to ``loss_sum``."""
+    def _run_chunks(self, inputs: Any, targets: Any, record: StepRecord, loss_sum: torch.Tensor) -> float:
+        """Run this worker's chunks of one batch, recording them; the last stage's losses add to ``loss_sum``.
+        Returns the runs a second inside them (0 without any)."""
+        runs, busy = 0, 0.0
         y_parts = split_batch(targets, self.replicas * self._share) if self.is_last else None
         in_flight: deque[tuple[Any, Arrival]] = deque()  # forwards sent on whose gradients are not back
         for arrival, n, source in self._chunks(inputs):
             targets_j = to_device(y_parts[arrival.chunk], self.device) if y_parts is not None else None
+            began = time.perf_counter()
             out = self._chunk(arrival, targets_j, n, loss_sum, backup=source == "backup")
+            runs, busy = runs + 1, busy + time.perf_counter() - began
             if self._statistics is not None:
                 self._statistics.end_chunk(arrival.chunk, arrival.count, counted=out is not None)
             if out is None:  # a peer's run of the chunk was used instead
@@ -330,6 +340,7 @@ class FlexiblePipeline(FlexibleStage):
                 self._backward(*in_flight.popleft())
         while in_flight:
             self._backward(*in_flight.popleft())
+        return runs / busy if busy > 0 else 0.0
 
     def _chunk(self, arrival: Arrival, targets: Any, n: int, loss_sum: torch.Tensor, backup: bool = False) -> Any:
         """Run one chunk: its forward, and on the last stage its loss (added to ``loss_sum``) and backward; its
@@ -369,6 +380,11 @@ class FlexiblePipeline(FlexibleStage):
         return out
 
     @property
+    def _shares(self) -> list[int]:
+        """The chunks each replica of the first stage owns this step."""
+        return list(self._weights.shares) if self._weights is not None else [self._share] * self.replicas
+
+    @property
     def _share(self) -> int:
         """Chunks each replica owns (chosen at the first run where ``chunks="auto"``)."""
         if self.chunks is None:
@@ -381,39 +397,32 @@ class FlexiblePipeline(FlexibleStage):
         if self.stage > 0:
             self.router.send_grads(arrival)
 
-    def _predicted(self) -> list[torch.Tensor]:
-        """Set the parameters to W~(t) = W(t) + s (W(t) - W(t - 1)); return W(t) to put back."""
-        master = [p.detach().clone() for p in self.params]
-        if self._previous is not None:
-            with torch.no_grad():
-                for p, prev in zip(self.params, self._previous, strict=True):
-                    p.add_(p - prev, alpha=self.slack)
-        return master
-
     def _apply(self, pending: _Pending, losses: list[torch.Tensor]) -> float:
         """Wait for an all-reduce; step the optimizer with its mean gradient; return the seconds waited."""
         start = time.perf_counter()
         if pending.work is not None:
             pending.work.wait()
         waited = time.perf_counter() - start
-        self._release(pending.step_key)
+        self._release(pending)
         samples = pending.samples  # (what the all-reduce summed too: read here, it would wait for the device)
         losses.append(pending.buffer[-2] / max(samples, 1))
         grads = pending.buffer
+        if self._weights is not None:  # the next step's shares, the same on every replica
+            self._weights.update(grads[-2 - self.replicas : -2].tolist())
         if self._statistics is not None:
             self._statistics.apply(grads[: self._statistics.size], pending.chunks)
             grads = grads[self._statistics.size :]
         if samples and self.optimizer is not None:
             set_mean_grads(self.params, grads, samples)
-            if self.predict:
-                self._previous = [p.detach().clone() for p in self.params]
+            if self._prediction is not None:
+                self._prediction.before_update()
             self.optimizer.step()
         return waited
 
-    def _release(self, step_key: str) -> None:
+    def _release(self, pending: _Pending) -> None:
         """Delete this replica's claim keys of a step whose all-reduce is done (the later stages' queues are
         deleted as they are read)."""
         if self.stage == 0:
-            release_share(self.store, step_key, self.worker)
+            release_share(self.store, pending.step_key, self.worker)
             if self._backups is not None:
-                self._backups.release(step_key, range(self.worker * self._share, (self.worker + 1) * self._share))
+                self._backups.release(pending.step_key, pending.owned)
