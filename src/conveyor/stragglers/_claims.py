@@ -10,11 +10,10 @@ One store key per share and step, ``share/w``, counts both ends in one integer, 
 and every claim is one atomic ``add`` to it (``add`` never waits, unlike ``get``): the owner adds 1, a
 helper ``2**20``. The value ``add`` returns says what the claim got: the owner's claim is the share's chunk
 ``head - 1`` and a helper's its chunk ``shares[w] - tail``, each valid only while ``head + tail <=
-shares[w]``. The
-store orders the adds, and each valid one takes the next chunk from its end of what is left, so no chunk
-runs twice and none is skipped however the claims race. The same counter is the owner's progress report:
-a helper reads every peer's (``add`` of 0) and takes from the one with the most left. A replica is done with
-a step once its own share and every peer's counter show nothing left.
+shares[w]``. The store orders the adds, and each valid one takes the next chunk from its end of what is
+left, so no chunk runs twice and none is skipped however the claims race. The same counter is the owner's
+progress report: a helper reads every peer's (``add`` of 0) and takes from the one with the most left. A
+replica is done with a step once its own share and every peer's counter show nothing left.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""BatchNorm's running statistics on a replicated stage, agreed every step: those one process would hold after
-running the batch's chunks in order, whichever replica ran which chunk.
+"""BatchNorm's running statistics on a flexible pipeline's stage, agreed every step: those one process would
+hold after running the batch's chunks in order, whichever replica ran which chunk and in whatever order.
 
 A normalisation layer in training moves its running mean once per chunk it sees, toward the chunk's batch
 mean ``mu_c`` (its running variance alike, toward the chunk's unbiased variance). One process running a
@@ -10,11 +10,13 @@ batch's ``C`` chunks in order ``c = 0 .. C - 1`` leaves
 
 where ``k`` counts the chunks the layer has tracked before. Replicas run the chunks in other orders and each
 only some (claims, reassignment, backups), so each replica's own statistics would follow other chunks, and a
-backup's dropped run would count a chunk twice. Here the layers of each replica record, for every chunk
+backup's dropped run would count a chunk twice (a later stage, unreplicated, sees the chunks in the order
+they arrive). Here the layers of each replica record, for every chunk
 whose run it commits, the chunk's batch statistics (the layer's momentum is 1 for the step, so a forward
 leaves them in the buffers, which are put back after each chunk), weighted by the chunk's place ``c``. The
-all-reduce that sums the replicas' gradients sums these partial ``S`` and the chunk counts too, and every
-replica applies the rule above with the same numbers: all hold the same statistics, those of one process.
+all-reduce that sums the replicas' gradients sums these partial ``S`` too, and every replica applies the rule
+above with the same numbers (``C``, the batch's non-empty chunks, each counted once, is known to all): all
+hold the same statistics, those of one process.
 With slack ``s`` they are applied with the step's gradient, ``s`` steps later, in the same order.
 """
 
@@ -36,7 +38,7 @@ class RunningStatistics:
     """The running statistics of ``module``'s batch-norm layers, recorded per chunk and agreed per step.
 
     Args:
-        layers: a replicated stage's batch-norm layers that track running statistics (:meth:`of`).
+        layers: a stage's batch-norm layers that track running statistics (:meth:`of`).
         dtype: the dtype of the sums (the gradients' all-reduce dtype).
     """
 

@@ -97,7 +97,7 @@ class _Pending:
     work: Any  # the all-reduce in flight (None on an unreplicated stage)
     samples: int  # the batch's: every chunk runs once, on one replica of each stage
     step_key: str  # the step's store keys, released once its all-reduce is done
-    chunks: int  # the batch's non-empty chunks (on the first stage)
+    chunks: int  # the batch's non-empty chunks (every stage runs each once)
     owned: range  # the chunks this replica's share held (its backup keys, released with the step)
 
 
