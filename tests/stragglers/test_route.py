@@ -8,7 +8,7 @@ import torch
 
 from conveyor.runtime import launch
 from conveyor.stragglers import Router
-from conveyor.stragglers._route import END
+from conveyor.stragglers._route import END, FORWARD
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -26,7 +26,7 @@ def _exchange() -> dict:
         for chunk in (rank, rank + 2):
             x = torch.full((3, 2), float(chunk), requires_grad=True)
             out = x * 1.0
-            router.send("q", out, chunk, 4, dst=2)
+            router.send("q", out, step=0, chunk=chunk, count=4, dst=2)
             sent.append((chunk, x, out))
         grads = {}
         for chunk, x, out in sent:  # gradients come back in the order this replica sent
@@ -36,28 +36,30 @@ def _exchange() -> dict:
             store.set("rank 1 sent", "yes")
         else:
             store.get("rank 1 sent")  # waits: the end is announced after every chunk
-            router.end("q-next")  # on the next step's queue, as the trainer does
+            router.notify("q", END, 1)
         router.wait_sends()
         return {"grads": grads}
     order = []
-    for place in range(1, 5):
-        arrival = router.receive("q", place)
-        order.append((arrival.chunk, arrival.sender, float(arrival.inputs[0, 0])))
-        (2 * arrival.inputs).sum().backward()
-        router.send_grads(arrival)
-    last = router.receive("q-next", 1)
+    for _ in range(4):
+        entry = router.receive(router.next("q"))
+        order.append((entry.kind, entry.step, entry.chunk, entry.sender, float(entry.inputs[0, 0])))
+        (2 * entry.inputs).sum().backward()
+        router.send_grads(router.input_grads(entry), entry.sender)
+    last = router.next("q")
+    router.close("q")
     router.wait_sends()
-    left = [store.check([key]) for key in ("q/size", *(f"q/{p}" for p in range(1, 5)), "q-next/size", "q-next/1")]
-    return {"order": order, "last": (last.chunk, last.inputs), "left": left}
+    left = [store.check([key]) for key in ("q/size", *(f"q/{p}" for p in range(1, 6)))]
+    return {"order": order, "last": (last.kind, last.step), "left": left}
 
 
 def test_chunks_arrive_by_announcement_and_gradients_go_back_to_their_sender() -> None:
     out = launch(_exchange, nprocs=3, timeout_s=90)
     order = out[2]["order"]
-    assert [(c, s) for c, s, _ in order] == [(0, 0), (2, 0), (1, 1), (3, 1)]
-    assert all(value == chunk for chunk, _, value in order)  # each payload is the chunk its announcement names
-    assert out[2]["last"] == (END, None)
-    assert not any(out[2]["left"])  # the reader deleted every place it read, and the queues' counters
+    assert [(c, s) for _, _, c, s, _ in order] == [(0, 0), (2, 0), (1, 1), (3, 1)]
+    assert all(kind == FORWARD and step == 0 for kind, step, *_ in order)
+    assert all(value == chunk for _, _, chunk, _, value in order)  # each payload is the chunk its entry names
+    assert out[2]["last"] == (END, 1)  # the run's end, with its step count
+    assert not any(out[2]["left"])  # the reader deleted every place it read, and the queue's counter
     for rank in (0, 1):
         assert set(out[rank]["grads"]) == {rank, rank + 2}
         for grad in out[rank]["grads"].values():

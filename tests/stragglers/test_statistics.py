@@ -58,8 +58,9 @@ def test_replicas_agree_on_the_statistics_of_the_chunks_run_in_order(momentum: f
             with s.step():
                 for j, counted in order:
                     replica(chunks[j])
-                    s.end_chunk(j, CHUNKS, counted=counted)
-            summed += s.take()
+                    term = s.end_chunk(j, CHUNKS)
+                    if counted:
+                        summed += term
         for s in stats:
             assert s is not None
             s.apply(summed, CHUNKS)

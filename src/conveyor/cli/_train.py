@@ -154,11 +154,12 @@ def add_parser(sub: Any) -> None:
     )
     train.add_argument(  # conveyor.stragglers.MODES written out: importing it would load torch at start-up
         "--stragglers",
-        choices=["flexrr", "slack", "reassign", "backup", "off"],
+        choices=["live", "flexrr", "slack", "reassign", "backup", "off"],
         default="off",
         help="layouts whose first stage alone is replicated (data parallelism, 2-1): take slow replicas' work "
         "(reassign), let replicas run --slack steps ahead (slack), both (flexrr), take their unstarted work and "
-        "run again a chunk a stalled replica holds, synchronously (backup), or none (off)",
+        "run again a chunk a stalled replica holds, synchronously (backup), the same reduced among the replicas "
+        "whose runs were used, never waiting for a stalled one (live), or none (off)",
     )
     train.add_argument("--slack", type=int, default=1, help="steps a replica may run ahead of the slowest")
     train.add_argument(

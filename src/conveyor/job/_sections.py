@@ -177,7 +177,7 @@ class EnergyConfig:
 class StragglersConfig:
     """Work reassignment among a replicated first stage's replicas (:mod:`conveyor.stragglers`)."""
 
-    mode: str = "flexrr"  # --stragglers: flexrr, slack, reassign or backup
+    mode: str = "flexrr"  # --stragglers: live, flexrr, slack, reassign or backup
     slack: int = 1  # steps a replica may run ahead of the slowest (flexrr or slack; the others are synchronous)
     chunks: Chunks = 2  # chunks each replica owns per batch (the reassignment granularity), or "auto"
     equal_shares: bool = False  # every replica owns as many chunks (else: in proportion to measured speeds)

@@ -244,6 +244,7 @@ def _trainer(
             slack=settings.slack,
             reassign=settings.reassign,
             backup=settings.backup,
+            live=settings.live,
             weighted=not stragglers.equal_shares,
             predict=cfg.optimizer.stale_correction,
             device=device,

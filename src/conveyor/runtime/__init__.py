@@ -34,7 +34,7 @@ from conveyor.runtime._stage import (
     stage_ranges,
 )
 from conveyor.runtime._threads import CoreShare
-from conveyor.runtime._transport import P2P, differentiable_leaves
+from conveyor.runtime._transport import P2P, PendingRecv, differentiable_leaves
 from conveyor.runtime._update import pack_grads, reduce_dtype, set_mean_grads
 from conveyor.runtime._versions import StashError, WeightVersions
 
@@ -50,6 +50,7 @@ __all__ = [
     "Materialize",
     "OptimizerFactory",
     "OuterSync",
+    "PendingRecv",
     "Pipeline",
     "SiteLinks",
     "StagePosition",

@@ -145,12 +145,18 @@ class P2P:
         group: the process group; the default one if ``None``. Peers are global ranks.
         staged: send through host memory over gloo (default: on CUDA, see the module docstring); the CPU takes
             it too, which tests use.
+        tag: the messages' tag: two P2Ps of one group with different tags keep their messages apart.
     """
 
     def __init__(
-        self, device: torch.device, group: dist.ProcessGroup | None = None, *, staged: bool | None = None
+        self,
+        device: torch.device,
+        group: dist.ProcessGroup | None = None,
+        *,
+        staged: bool | None = None,
+        tag: int = 0,
     ) -> None:
-        self.device = device
+        self.device, self._tag = device, tag
         self._staged = device.type == "cuda" if staged is None else staged
         self._pin = self._staged and torch.cuda.is_available()
         # The ProcessGroup's own send/recv: torch.distributed.isend adds ~45 us of Python checks per call,
@@ -172,7 +178,7 @@ class P2P:
             # waited on; a send this many messages old was received long ago (a schedule keeps only a
             # pipeline's depth of messages in flight), so the wait returns at once.
             self._pending.popleft()[0].wait()
-        work = self._pg.send([buf], self._peer(dst), 0)
+        work = self._pg.send([buf], self._peer(dst), self._tag)
         # Keep the buffer alive until the send completes: the backend reads it asynchronously.
         self._pending.append((work, buf))
 
@@ -188,7 +194,7 @@ class P2P:
 
     def _irecv(self, nbytes: int, src: int) -> PendingRecv:
         buf = self._buffer(nbytes) if self._staged else torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return PendingRecv(self._pg.recv([buf], self._peer(src), 0), buf, src)
+        return PendingRecv(self._pg.recv([buf], self._peer(src), self._tag), buf, src)
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
         """A host buffer, pinned where there is CUDA (so copies to and from the GPU need not wait)."""
@@ -275,6 +281,16 @@ class P2P:
         if tensors:
             layout = _Layout.of([(t.shape, t.dtype) for t in tensors], 0)
             self._isend(self._message(layout, tensors, None), dst)
+
+    def isend_tensors(self, tensors: list[torch.Tensor], dsts: list[int]) -> list[tuple[dist.Work, torch.Tensor]]:
+        """Send ``tensors`` as :meth:`send_tensors` does to each of ``dsts`` (packed once), without keeping the sends:
+        the caller waits on each handle returned, keeping its buffer alive until then, once it knows the receiver
+        has it. For a receiver that may not read for a while (a frozen worker), whose sends must not hold up
+        :meth:`wait_sends` or the oldest send's wait that bounds the ones kept here."""
+        if not tensors:
+            return []
+        buf = self._message(_Layout.of([(t.shape, t.dtype) for t in tensors], 0), tensors, None)
+        return [(self._pg.send([buf], self._peer(dst), self._tag), buf) for dst in dsts]
 
     def irecv_tensors(self, like: list[torch.Tensor], src: int) -> PendingRecv:
         """Post the receive of one tensor shaped like each of ``like``; finish it with :meth:`wait_tensors`."""

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from conveyor.errors import InputError
 
-__all__ = ["Claim", "StepClaims", "release_share"]
+__all__ = ["Claim", "StepClaims", "share_keys"]
 
 
 Claim = tuple[int, bool]  # (chunk index in the batch, whether it was taken from a peer's share)
@@ -101,7 +101,7 @@ def _share_key(prefix: str, owner: int) -> str:
     return f"{prefix}/share/{owner}"
 
 
-def release_share(store: dist.Store, prefix: str, replica: int) -> None:
-    """Delete ``replica``'s counter of the step of ``prefix``, once every replica is past that step (its
-    all-reduce is done: no claim on the share can come), so the store does not grow with the steps."""
-    store.delete_key(_share_key(prefix, replica))
+def share_keys(prefix: str, replicas: int) -> list[str]:
+    """The claim counters of the step of ``prefix``, in replica order: each deleted once every replica is past
+    that step (no claim on its share can come), so the store does not grow with the steps."""
+    return [_share_key(prefix, owner) for owner in range(replicas)]

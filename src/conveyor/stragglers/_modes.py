@@ -12,8 +12,9 @@ from conveyor.stragglers._granularity import Chunks, check_chunks
 
 __all__ = ["MODES", "ModeSettings", "check_flexible", "flexible_layout", "mode_settings"]
 
-# FlexRR is slack and reassignment (Harlap et al., SoCC 2016); backup is reassignment and backups, synchronous.
-MODES = ("flexrr", "slack", "reassign", "backup", "off")
+# FlexRR is slack and reassignment (Harlap et al., SoCC 2016); backup is reassignment and backups, synchronous;
+# live is reassignment and backups reduced among the replicas whose runs were used (no all-reduce), synchronous.
+MODES = ("live", "flexrr", "slack", "reassign", "backup", "off")
 
 
 class ModeSettings(NamedTuple):
@@ -22,14 +23,16 @@ class ModeSettings(NamedTuple):
     slack: int
     reassign: bool
     backup: bool
+    live: bool = False
 
 
 def mode_settings(mode: str, slack: int) -> ModeSettings:
     """The settings of ``mode``, with slack ``slack`` where it applies.
 
     Example:
-        >>> [tuple(mode_settings(m, 2)) for m in MODES]
-        [(2, True, False), (2, False, False), (0, True, False), (0, True, True), (0, False, False)]
+        >>> [tuple(mode_settings(m, 2)) for m in MODES]  # doctest: +NORMALIZE_WHITESPACE
+        [(0, True, True, True), (2, True, False, False), (2, False, False, False), (0, True, False, False),
+         (0, True, True, False), (0, False, False, False)]
     """
     if mode not in MODES:
         raise InputError(f"unknown straggler mode {mode!r}: use one of {', '.join(MODES)}")
@@ -37,8 +40,9 @@ def mode_settings(mode: str, slack: int) -> ModeSettings:
         raise InputError(f"--stragglers {mode} needs --slack of at least 1, got {slack}")
     return ModeSettings(
         slack=slack if mode in ("flexrr", "slack") else 0,
-        reassign=mode in ("flexrr", "reassign", "backup"),
-        backup=mode == "backup",
+        reassign=mode in ("live", "flexrr", "reassign", "backup"),
+        backup=mode in ("live", "backup"),
+        live=mode == "live",
     )
 
 

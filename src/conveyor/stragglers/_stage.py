@@ -90,10 +90,12 @@ class FlexibleStage(StagePosition):
             with self._mixed():
                 out = self.module(to_device(inputs, self.device))
         else:
+            entry = self.router.next(f"{queue}{self.stage}")
+            self.router.close(f"{queue}{self.stage}")
             with self._mixed():
-                out = self.module(self.router.receive(f"{queue}{self.stage}", 1, training=False).inputs)
+                out = self.module(self.router.receive(entry, training=False).inputs)
         if not self.is_last:
-            self.router.send(f"{queue}{self.stage + 1}", out, 0, 1, self._next)
+            self.router.send(f"{queue}{self.stage + 1}", out, step=0, chunk=0, count=1, dst=self._next)
             self.router.wait_sends()
         return out if self.is_output else None
 

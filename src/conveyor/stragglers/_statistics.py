@@ -11,10 +11,10 @@ batch's ``C`` chunks in order ``c = 0 .. C - 1`` leaves
 where ``k`` counts the chunks the layer has tracked before. Replicas run the chunks in other orders and each
 only some (claims, reassignment, backups), so each replica's own statistics would follow other chunks, and a
 backup's dropped run would count a chunk twice (a later stage, unreplicated, sees the chunks in the order
-they arrive). Here the layers of each replica record, for every chunk
-whose run it commits, the chunk's batch statistics (the layer's momentum is 1 for the step, so a forward
-leaves them in the buffers, which are put back after each chunk), weighted by the chunk's place ``c``. The
-all-reduce that sums the replicas' gradients sums these partial ``S`` too, and every replica applies the rule
+they arrive). Here each run of a chunk gives the chunk's batch statistics (the layer's momentum is 1 for the
+step, so a forward leaves them in the buffers, which are put back after each chunk), weighted by the chunk's
+place ``c``: its term of ``S``. The terms of the runs committed are summed with the gradients (in the
+replicas' all-reduce, or in live reduction's sum of the chunks' buffers), and every replica applies the rule
 above with the same numbers (``C``, the batch's non-empty chunks, each counted once, is known to all): all
 hold the same statistics, those of one process.
 With slack ``s`` they are applied with the step's gradient, ``s`` steps later, in the same order.
@@ -46,7 +46,6 @@ class RunningStatistics:
         self.layers, self.dtype = list(layers), dtype
         self._momenta: list[float | None] = [m.momentum for m in self.layers]
         self._kept: list[list[torch.Tensor]] = []  # each layer's statistics at the step's start
-        self._sums: torch.Tensor | None = None  # each layer's partial S of its means, then of its variances
 
     @classmethod
     def of(cls, module: nn.Module, dtype: torch.dtype) -> RunningStatistics | None:
@@ -60,19 +59,16 @@ class RunningStatistics:
 
     @property
     def size(self) -> int:
-        """The length of :meth:`take`'s tensor."""
+        """The length of :meth:`end_chunk`'s tensor: each layer's means, then its variances."""
         return 2 * sum(self._means(m).numel() for m in self.layers)
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         """A step's chunks: within it each chunk's forward leaves its batch statistics in the buffers, which
-        :meth:`end_chunk` records and puts back; afterwards the layers have their own momentum again."""
+        :meth:`end_chunk` takes and puts back; afterwards the layers have their own momentum again."""
         self._kept = [[b.clone() for b in self._buffers(m)] for m in self.layers]
         for layer in self.layers:
             layer.momentum = 1.0
-        if self._sums is None:
-            device = self._means(self.layers[0]).device
-            self._sums = torch.zeros(self.size, dtype=self.dtype, device=device)
         try:
             yield
         finally:
@@ -80,32 +76,23 @@ class RunningStatistics:
                 layer.momentum = momentum
 
     @torch.no_grad()
-    def end_chunk(self, place: int, chunks: int, *, counted: bool) -> None:
-        """A run of the chunk at ``place`` of the step's ``chunks`` ended: add its statistics if ``counted``
-        (its run is the one used), and put the layers' statistics back as the step found them."""
-        assert self._sums is not None, "end_chunk() outside step()"
-        offset = 0
+    def end_chunk(self, place: int, chunks: int) -> torch.Tensor:
+        """A run of the chunk at ``place`` of the step's ``chunks`` ended: its term of ``S`` (to sum where the run
+        is the one used), the layers' statistics put back as the step found them."""
+        terms = []
         for layer, momentum, kept in zip(self.layers, self._momenta, self._kept, strict=True):
             weight = 1.0 if momentum is None else momentum * (1 - momentum) ** (chunks - 1 - place)
-            for current in (self._means(layer), self._vars(layer)):
-                if counted:
-                    self._sums[offset : offset + current.numel()] += weight * current.flatten().to(self.dtype)
-                offset += current.numel()
+            terms += [weight * current.flatten().to(self.dtype) for current in (self._means(layer), self._vars(layer))]
             for current, before in zip(self._buffers(layer), kept, strict=True):
                 # Not a new version: a pipeline's chunk still to back-propagate saved these buffers (training
                 # never reads them in the backward), and autograd refuses tensors changed since it saved them.
                 current.data.copy_(before)
-
-    def take(self) -> torch.Tensor:
-        """The step's partial sums, to all-reduce with the gradients (zeros start the next step's)."""
-        assert self._sums is not None, "take() before any step()"
-        sums, self._sums = self._sums, torch.zeros_like(self._sums)
-        return sums
+        return torch.cat(terms)
 
     @torch.no_grad()
     def apply(self, summed: torch.Tensor, chunks: int) -> None:
-        """Apply a step of ``chunks`` chunks (the batch's, each committed once), :meth:`take`'s tensor summed
-        over the replicas: the module docstring's rule, on the device."""
+        """Apply a step of ``chunks`` chunks (the batch's, each committed once), the sum of their
+        :meth:`end_chunk` terms: the module docstring's rule, on the device."""
         offset = 0
         for layer, momentum in zip(self.layers, self._momenta, strict=True):
             tracked = layer.num_batches_tracked

@@ -1,4 +1,5 @@
-"""Training that tolerates stragglers among replicas: rapid reassignment of chunks and bounded staleness.
+"""Training that tolerates stragglers among replicas: rapid reassignment of chunks, backups, live reduction and
+bounded staleness.
 
 Data parallelism, or a pipeline whose first stage is replicated (``2-1``, ``3-1-1``; data parallelism is
 one stage). The first stage's replicas read every batch. A batch is cut into ``replicas x chunks`` chunks,
@@ -7,19 +8,22 @@ with reassignment a replica out of work takes the unstarted tail of the slowest 
 replica sends each chunk's activations on as soon as it has them, announced through the store
 (:mod:`conveyor.stragglers._route`), so the next stage takes chunks in the order they come, from whichever
 replica ran them, and returns each gradient to that replica (at most ``stages - s`` chunks are in flight
-from stage ``s``). Every worker sums its chunks' per-sample gradients; an all-reduce among the replicas of
-the sums and the sample count gives the batch's mean gradient whatever the split:
+from stage ``s``; :mod:`conveyor.stragglers._inbox`). The first stage's replicas sum their chunks' per-sample
+gradients, and the reduction of those sums and the sample count gives the batch's mean gradient whatever the
+split:
 
-    g(t) = (sum over replicas r, chunks c claimed by r: n_c grad l_c(W~(t))) / (sum of n_c) = grad L_t(W~(t))
+    g(t) = (sum over chunks c of the batch: n_c grad l_c(W~(t))) / (sum of n_c) = grad L_t(W~(t))
 
 where ``l_c`` is chunk ``c``'s mean loss over its ``n_c`` samples and ``L_t`` the batch's mean loss (for a
 model whose samples do not interact: BatchNorm's batch statistics depend on the chunks, as on
-microbatches). BatchNorm's running statistics ride in the same all-reduce, so every stage holds those of
-one process running the batch's chunks in order, whichever replica ran them and in whatever order they
-came (:mod:`conveyor.stragglers._statistics`).
+microbatches), each chunk counted once whoever ran it. The reduction is an all-reduce of each replica's sums,
+or, with live reduction, the sum of each chunk's own gradient sent by the replica whose run was used, which
+needs no replica that ran nothing (:mod:`conveyor.stragglers._live`). BatchNorm's running statistics ride in
+the same reduction, so every stage holds those of one process running the batch's chunks in order
+(:mod:`conveyor.stragglers._statistics`).
 
-**Slack** ``s`` (bounded staleness): the all-reduce of step ``t`` is started without waiting, and step ``t``
-applies the averaged gradient of step ``t - s``:
+**Slack** ``s`` (bounded staleness, with the all-reduce): the all-reduce of step ``t`` is started without
+waiting, and step ``t`` applies the averaged gradient of step ``t - s``:
 
     W(t + 1) = opt(W(t), g(t - s))    for t >= s;    W(t + 1) = W(t) for t < s
 
@@ -41,7 +45,7 @@ extrapolate.
 deadline, and the first run to finish is used (:mod:`conveyor.stragglers._backup`).
 
 Each step, each worker records the samples it ran, those it took from peers, those it backed up and those
-dropped, its compute time and the time it waited for the all-reduce (:attr:`FlexiblePipeline.records`).
+dropped, its compute time and the time it waited for the reduction (:attr:`FlexiblePipeline.records`).
 """
 
 from __future__ import annotations
@@ -51,7 +55,6 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -66,7 +69,6 @@ from conveyor.runtime import (
     block_shapes,
     build_stage,
     default_device,
-    pack_grads,
     reduce_dtype,
     set_mean_grads,
     split_batch,
@@ -75,12 +77,15 @@ from conveyor.runtime import (
 )
 from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._backup import Backups
-from conveyor.stragglers._claims import StepClaims, release_share
+from conveyor.stragglers._chunks import ChunkRun, FirstStage, StepWork
+from conveyor.stragglers._claims import StepClaims, share_keys
 from conveyor.stragglers._granularity import Chunks, agree_on_chunks
+from conveyor.stragglers._inbox import Inbox
+from conveyor.stragglers._live import LiveReduction, parse_runner
 from conveyor.stragglers._modes import check_flexible
 from conveyor.stragglers._prediction import WeightPrediction
 from conveyor.stragglers._records import StepRecord
-from conveyor.stragglers._route import END, Arrival, Router
+from conveyor.stragglers._route import END, RELEASE, Router
 from conveyor.stragglers._shares import ShareWeights
 from conveyor.stragglers._stage import FlexibleStage
 from conveyor.stragglers._statistics import RunningStatistics
@@ -89,16 +94,6 @@ __all__ = ["FlexiblePipeline"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 _INSTANCES = itertools.count()  # every worker builds its trainers in the same order, so their keys agree
-
-
-@dataclass
-class _Pending:
-    buffer: torch.Tensor  # the gradient sums, then the loss sum and the sample count (pack_grads)
-    work: Any  # the all-reduce in flight (None on an unreplicated stage)
-    samples: int  # the batch's: every chunk runs once, on one replica of each stage
-    step_key: str  # the step's store keys, released once its all-reduce is done
-    chunks: int  # the batch's non-empty chunks (every stage runs each once)
-    owned: range  # the chunks this replica's share held (its backup keys, released with the step)
 
 
 class FlexiblePipeline(FlexibleStage):
@@ -117,6 +112,8 @@ class FlexiblePipeline(FlexibleStage):
         slack: ``s``, how many steps a replica may run ahead of the slowest (0: synchronous).
         reassign: let replicas take chunks from slow peers (``False``: a fixed split).
         backup: let idle replicas run again chunks that stalled peers hold (needs ``slack=0``).
+        live: reduce each step among the replicas whose runs were used, never waiting for one that ran nothing
+            (:mod:`conveyor.stragglers._live`; needs ``slack=0``, and takes reassignment and backups).
         weighted: deal each step's chunks in proportion to the replicas' measured speeds
             (:mod:`conveyor.stragglers._shares`; ``False``: equal shares).
         predict: take gradients at the weights predicted ``slack`` updates ahead (see above).
@@ -126,7 +123,7 @@ class FlexiblePipeline(FlexibleStage):
     Example (on every worker of ``conveyor.launch(main, nprocs=4)``: data parallelism)::
 
         ddp = FlexiblePipeline(model, loss_fn=F.cross_entropy, optimizer=partial(torch.optim.SGD, lr=0.1),
-                               chunks=2, slack=1)
+                               chunks=2, live=True)
         for epoch in range(10):
             losses = ddp.train(loader)       # every replica reads every batch, in the same order
 
@@ -150,6 +147,7 @@ class FlexiblePipeline(FlexibleStage):
         slack: int = 0,
         reassign: bool = True,
         backup: bool = False,
+        live: bool = False,
         weighted: bool = True,
         predict: bool = True,
         device: torch.device | str | None = None,
@@ -165,7 +163,7 @@ class FlexiblePipeline(FlexibleStage):
             world=world,
             chunks=chunks,
             slack=slack,
-            backup=backup,
+            backup=backup or live,
         )
         self.worker = dist.get_rank()
         self.stage = 0 if self.worker < counts[0] else self.worker - counts[0] + 1
@@ -176,7 +174,9 @@ class FlexiblePipeline(FlexibleStage):
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = optimizer(self.params) if self.params else None
         self._dtype = reduce_dtype(self.params)
-        self.loss_fn, self.slack, self.reassign, self.weighted = loss_fn, slack, reassign, weighted
+        self.loss_fn, self.slack, self.weighted, self.live = loss_fn, slack, weighted, live
+        self.reassign = reassign or live
+        self._id, self._runs, self._evals = next(_INSTANCES), 0, 0
         self._weights: ShareWeights | None = None  # the shares by speed, once the chunks are known
         self.chunks: int | None = chunks if isinstance(chunks, int) else None  # auto: chosen at the first train
         self.chunk_times: dict[int, float] = {}  # auto: a step's seconds on worker 0 at each candidate count
@@ -184,19 +184,25 @@ class FlexiblePipeline(FlexibleStage):
         self._prediction = WeightPrediction(self.params, slack) if predict and slack > 0 else None
         self.store = dist.distributed_c10d._get_default_store()
         self.router = Router(self.store, self.device)
-        self._backups = Backups(self.store) if backup and self.stage == 0 and counts[0] > 1 else None
-        if self._backups is not None:
+        self._backups: Backups | None = None
+        if (backup or live) and self.stage == 0 and counts[0] > 1:  # live: a chunk a stalled peer holds is
+            rounds = counts[0] - 1 if live else 1  # backed up, in turn
+            self._backups = Backups(self.store, replica=self.worker, rounds=rounds)
             self._backups.attach(self.module)
+        self._duplicates = (backup or live) and counts[0] > 1  # a later stage may receive a chunk twice
         self._statistics = RunningStatistics.of(self.module, self._dtype)  # updated in the chunks' order
+        first_ranks = stage_workers(counts)[0]
+        self._live = None
+        if live and self.stage == 0 and counts[0] > 1:
+            tag = 1 + self._id  # apart from the router's messages (tag 0) and another trainer's
+            self._live = LiveReduction(self.store, self.device, replica=self.worker, ranks=first_ranks, tag=tag)
         # Every worker creates every group, as torch.distributed requires; data parallelism uses the world's.
-        group = dist.new_group(stage_workers(counts)[0]) if self.num_stages > 1 and self.replicas > 1 else None
+        group = dist.new_group(first_ranks) if self.num_stages > 1 and self.replicas > 1 else None
         self._group = group if self.stage == 0 and self.replicas > 1 else None
         self._next = self.replicas + self.stage  # the rank of the next stage's worker
         self._output = 0 if self.num_stages == 1 else world - 1  # the last stage's first worker
-        self._first_arrival: Arrival | None = None  # a stage between: the step's first, read to see it exists
         self.steps = 0  # batches trained on
         self.records: list[StepRecord] = []
-        self._id, self._runs, self._evals = next(_INSTANCES), 0, 0
         dist.barrier()  # every worker is built before any claims work, or an early one would take it all
 
     def train(
@@ -222,162 +228,198 @@ class FlexiblePipeline(FlexibleStage):
             )
         if self.weighted and self._reduces and self._weights is None:
             self._weights = ShareWeights(self.replicas, self._share)
+        if self._live is not None:  # a chunk's buffer: its sums, then its loss, samples and seconds
+            like = torch.empty(self._terms + sum(p.numel() for p in self.params) + 3, dtype=self._dtype)
+            self._live.open(like.to(self.device), self.replicas * self._share)
         self._runs += 1
         if self._prediction is not None:
             self._prediction.restart()
-        pending: deque[_Pending] = deque()
+        inbox = None
+        if self.stage > 0:
+            onward = self._queue(self.stage + 1) if not self.is_last else None
+            inbox = Inbox(self.router, self._queue(self.stage), onward, keep=self._duplicates)
+        pending: deque[StepWork] = deque()
         losses: list[torch.Tensor] = []  # on the device: read once, at the run's end
-        for inputs, targets in batches if batches is not None else self._announced_steps():
+        steps = 0
+        for index, (inputs, targets) in enumerate(self._steps(batches, inbox)):
             record = StepRecord(self.steps, self.stage, self._replica, 0, 0, 0, 0.0, 0.0)
-            pending.append(self._compute(inputs, targets, record))
+            step = self._first_step(index, inputs, targets, record) if inbox is None else None
+            pending.append(step or self._later_step(inbox, index, targets, record))  # type: ignore[arg-type]
             if len(pending) > self.slack:
                 record.wait_s = self._apply(pending.popleft(), losses)
             self.records.append(record)
-            self.steps += 1
+            self.steps, steps = self.steps + 1, steps + 1
             if on_step is not None:
                 on_step(self.steps)
-        if self.worker == 0 and self.num_stages > 2:  # the stages between read no batches: tell them it ended
-            self.router.end(self._queue(1))
         while pending:  # the last s gradients, in order (their waits end the run's last step)
             self.records[-1].wait_s += self._apply(pending.popleft(), losses)
-        self.router.wait_sends()
+        self._end_run(inbox, steps)
         return torch.stack(losses).tolist() if self.is_output and losses else None
 
-    def _step_key(self) -> str:
-        """The store keys of this trainer's current run and step (its claims, its queues)."""
-        return f"conveyor/flexible{self._id}/run{self._runs}/step{self.steps}"
-
-    def _queue(self, to_stage: int) -> str:
-        return f"{self._step_key()}/to{to_stage}"
-
-    def _announced_steps(self) -> Iterator[tuple[None, None]]:
-        """A stage between the first and the last: a step per batch, until the first stage says the run ended."""
-        while True:
-            first = self.router.receive(self._queue(self.stage), 1)
-            if first.chunk == END:
-                if self.stage + 1 < self.num_stages - 1:
-                    self.router.end(self._queue(self.stage + 1))
+    def _steps(self, batches: Iterable[tuple[Any, Any]] | None, inbox: Inbox | None) -> Iterator[tuple[Any, Any]]:
+        """The run's batches; a stage between the first and the last: a step per batch the first stage sends."""
+        if batches is not None:
+            yield from batches
+            return
+        assert inbox is not None, "the first stage reads batches"
+        for index in itertools.count():
+            if not inbox.has(index):
                 return
-            self._first_arrival = first
             yield None, None
 
-    def _chunks(self, inputs: Any) -> Iterator[tuple[Arrival, int, str]]:
-        """This worker's chunks of the step, each with its sample count and how it came: ``own``, ``taken``
-        from a peer's share or a ``backup`` of a peer's run; claimed on the first stage, received on the
-        others."""
-        if self.stage == 0:
-            parts = split_batch(inputs, self.replicas * self._share)
-            nonempty = [j for j, x in enumerate(parts) if batch_size(x)]
-            claims = StepClaims(
-                self.store, self._step_key(), replica=self.worker, shares=self._shares, reassign=self.reassign
-            )
-            takeovers = self._backups.takeovers(nonempty) if self._backups is not None else iter(())
-            sources = ((j, "taken" if taken else "own") for j, taken in claims), ((j, "backup") for j in takeovers)
-            for j, source in itertools.chain(*sources):
-                if n := batch_size(parts[j]):
-                    yield Arrival(j, len(nonempty), self.worker, to_device(parts[j], self.device)), n, source
-            return
-        first, self._first_arrival = self._first_arrival, None
-        arrival = first or self.router.receive(self._queue(self.stage), 1)
-        yield arrival, batch_size(arrival.inputs), "own"
-        for place in range(2, arrival.count + 1):
-            arrival = self.router.receive(self._queue(self.stage), place)
-            yield arrival, batch_size(arrival.inputs), "own"
+    def _end_run(self, inbox: Inbox | None, steps: int) -> None:
+        """Every replica of the first stage has finished the run: the last to finish tells the next stage the run's
+        step count; a later stage reads its queue to that end, answering late duplicates."""
+        finished = f"{self._run_key()}/finished"
+        if self.stage == 0 and self.num_stages > 1 and int(self.store.add(finished, 1)) == self.replicas:
+            self.store.delete_key(finished)
+            self.router.notify(self._queue(1), END, steps)
+        if inbox is not None:
+            inbox.finish()
+        if self._live is not None:
+            self._live.finish()
+        self.router.wait_sends()
 
-    def _compute(self, inputs: Any, targets: Any, record: StepRecord) -> _Pending:
-        """Run this worker's chunks of one batch; start the all-reduce of their gradient sums."""
+    def _run_key(self) -> str:
+        return f"conveyor/flexible{self._id}/run{self._runs}"
+
+    def _step_key(self, index: int) -> str:
+        """The store keys of step ``index`` of this trainer's current run (its claims, its commits)."""
+        return f"{self._run_key()}/step{index}"
+
+    def _queue(self, to_stage: int) -> str:
+        return f"{self._run_key()}/to{to_stage}"
+
+    def _first_step(self, index: int, inputs: Any, targets: Any, record: StepRecord) -> StepWork:
+        """Run this replica's chunks of one batch; start the reduction of their gradients."""
         start = time.perf_counter()
         for p in self.params:
             p.grad = None
-        if self._backups is not None:
-            self._backups.prefix = self._step_key()
-        loss_sum = torch.zeros((), dtype=self._dtype, device=self.device)
-        predicted = self._prediction.predicted() if self._prediction is not None else contextlib.nullcontext()
-        with predicted, self._statistics.step() if self._statistics is not None else contextlib.nullcontext():
-            rate = self._run_chunks(inputs, targets, record, loss_sum)
-        # A later stage runs every chunk; the first stage's replicas sum their counts in the all-reduce, and
-        # with weighted shares each its rate, in its own slot (the others' zero, so every replica reads it exactly).
-        rates = [rate if w == self.worker else 0.0 for w in range(self.replicas)] if self._weights else []
-        buffer = pack_grads(self.params, self._dtype, self.device, [*rates, loss_sum, float(record.samples)])
-        if self._statistics is not None:  # before the gradients: their layout starts the tensor's tail
-            buffer = torch.cat([self._statistics.take(), buffer])
-        record.compute_s = time.perf_counter() - start
-        work = dist.all_reduce(buffer, group=self._group, async_op=True) if self._reduces else None
-        # The step's samples, all-reduced or not, are the batch's: a later stage runs every chunk.
-        samples = batch_size(inputs) if self.stage == 0 else record.samples
-        chunks = min(samples, self.replicas * self._share)  # a short batch leaves the last chunks empty
+        total = self.replicas * self._share
+        parts = split_batch(inputs, total)
+        y_parts = split_batch(targets, total) if self.is_last else None
+        chunks = [j for j, x in enumerate(parts) if batch_size(x)]
         first = sum(self._shares[: self._replica])
-        owned = range(first, first + self._shares[self._replica])
-        record.owned = len(owned) if self.stage == 0 else 0
-        return _Pending(buffer, work, samples, self._step_key(), chunks, owned)
-
-    def _run_chunks(self, inputs: Any, targets: Any, record: StepRecord, loss_sum: torch.Tensor) -> float:
-        """Run this worker's chunks of one batch, recording them; the last stage's losses add to ``loss_sum``.
-        Returns the runs a second inside them (0 without any)."""
-        runs, busy = 0, 0.0
-        y_parts = split_batch(targets, self.replicas * self._share) if self.is_last else None
-        in_flight: deque[tuple[Any, Arrival]] = deque()  # forwards sent on whose gradients are not back
-        for arrival, n, source in self._chunks(inputs):
-            targets_j = to_device(y_parts[arrival.chunk], self.device) if y_parts is not None else None
-            began = time.perf_counter()
-            out = self._chunk(arrival, targets_j, n, loss_sum, backup=source == "backup")
-            runs, busy = runs + 1, busy + time.perf_counter() - began
-            if self._statistics is not None:
-                self._statistics.end_chunk(arrival.chunk, arrival.count, counted=out is not None)
-            if out is None:  # a peer's run of the chunk was used instead
-                record.dropped += n
-                continue
-            record.samples, record.chunks = record.samples + n, record.chunks + 1
-            record.taken += n if source == "taken" else 0
-            record.backups += n if source == "backup" else 0
-            if self.is_last:
-                if self.stage > 0:
-                    self.router.send_grads(arrival)
-                continue
-            self.router.send(self._queue(self.stage + 1), out, arrival.chunk, arrival.count, self._next)
-            in_flight.append((out, arrival))
-            if len(in_flight) >= self.num_stages - self.stage:
-                self._backward(*in_flight.popleft())
-        while in_flight:
-            self._backward(*in_flight.popleft())
-        return runs / busy if busy > 0 else 0.0
-
-    def _chunk(self, arrival: Arrival, targets: Any, n: int, loss_sum: torch.Tensor, backup: bool = False) -> Any:
-        """Run one chunk: its forward, and on the last stage its loss (added to ``loss_sum``) and backward; its
-        output, or ``None`` where a peer's run of it was used (with backups, whose result is dropped here)."""
-        if self._backups is None:
-            return self._forward_backward(arrival, targets, n, loss_sum)
-        chunk_loss = torch.zeros_like(loss_sum)
-        won, out = self._backups.run(
-            arrival.chunk,
-            self.params,
-            lambda check: self._forward_backward(arrival, targets, n, chunk_loss, before_backward=check),
-            backup=backup,
+        step = StepWork.begin(
+            index,
+            self._step_key(index),
+            chunks=chunks,
+            samples=batch_size(inputs),
+            record=record,
+            owned=range(first, first + self._shares[self._replica]),
+            terms=self._terms,
+            dtype=self._dtype,
+            device=self.device,
         )
-        if won:
-            loss_sum += chunk_loss
-        return out if won else None
+        record.owned = len(step.owned)
+        if self._backups is not None:
+            self._backups.prefix = step.key
+        runs = self._first_stage(step)
+        with self._predicted(), self._statistics.step() if self._statistics is not None else contextlib.nullcontext():
+            for j, source in self._sources(step, chunks):
+                if not (n := batch_size(parts[j])):  # a short batch leaves the last chunks empty
+                    continue
+                y = to_device(y_parts[j], self.device) if y_parts is not None else None
+                runs.run(ChunkRun(j, len(chunks), n, source, to_device(parts[j], self.device), y))
+            runs.drain()
+        record.compute_s = time.perf_counter() - start
+        if self._live is None:
+            step.reduce(self.params, reduces=self._reduces, group=self._group, extra=self._rates(step))
+        return step
 
-    def _forward_backward(
-        self,
-        arrival: Arrival,
-        targets: Any,
-        n: int,
-        loss_sum: torch.Tensor,
-        before_backward: Callable[[], None] | None = None,
-    ) -> Any:
-        """The chunk's forward; on the last stage also its loss (added to ``loss_sum``) and its backward."""
-        with self._mixed():
-            out = self.module(arrival.inputs)
-        if not self.is_last:
-            return out
-        with self._mixed():
-            loss = self.loss_fn(out, targets)
-        if before_backward is not None:
-            before_backward()
-        (loss * n).backward()  # a sum over the chunk's samples
-        loss_sum += loss.detach() * n
-        return out
+    def _predicted(self) -> contextlib.AbstractContextManager[Any]:
+        """Within: the parameters are the weights predicted ``slack`` updates ahead (or the weights)."""
+        return self._prediction.predicted() if self._prediction is not None else contextlib.nullcontext()
+
+    def _first_stage(self, step: StepWork) -> FirstStage:
+        return FirstStage(
+            step=step,
+            module=self.module,
+            params=self.params,
+            loss_fn=self.loss_fn,
+            mixed=self._mixed,
+            statistics=self._statistics,
+            backups=self._backups,
+            live=self._live,
+            router=self.router if not self.is_last else None,
+            queue=self._queue(1),
+            next_rank=self._next,
+            depth=self.num_stages,
+            replica=self.worker,
+        )
+
+    def _sources(self, step: StepWork, chunks: list[int]) -> Iterator[tuple[int, str]]:
+        """The chunks this replica runs in the step, each with how it came: ``own``, ``taken`` from a peer's share
+        or a ``backup`` of a peer's run (once idle, of chunks still unfinished at the deadline)."""
+        claims = StepClaims(self.store, step.key, replica=self.worker, shares=self._shares, reassign=self.reassign)
+        for j, taken in claims:
+            yield j, "taken" if taken else "own"
+        if self._backups is not None:
+            for j in self._backups.takeovers(chunks):
+                yield j, "backup"
+
+    def _rates(self, step: StepWork) -> list[float]:
+        """With weighted shares, this replica's chunks a second in its own slot, the others' zero (an all-reduce
+        then gives every replica every rate exactly)."""
+        if self._weights is None:
+            return []
+        return [step.rate if w == self.worker else 0.0 for w in range(self.replicas)]
+
+    def _later_step(self, inbox: Inbox, index: int, targets: Any, record: StepRecord) -> StepWork:
+        """Run this stage's chunks of one batch as they arrive (each once), answering each with its inputs'
+        gradient; the later stages are single workers, so their sums are the batch's."""
+        start = time.perf_counter()
+        for p in self.params:
+            p.grad = None
+        y_parts = split_batch(targets, self.replicas * self._share) if self.is_last else None
+        step = StepWork.begin(
+            index,
+            self._step_key(index),
+            chunks=[],
+            samples=0,
+            record=record,
+            terms=self._terms,
+            dtype=self._dtype,
+            device=self.device,
+        )
+        in_flight: deque[tuple[Any, Any]] = deque()
+        with self._predicted(), self._statistics.step() if self._statistics is not None else contextlib.nullcontext():
+            for entry in inbox.arrivals(index):
+                n = batch_size(entry.inputs)
+                with self._mixed():
+                    out = self.module(entry.inputs)
+                if self._statistics is not None:
+                    step.add_term(self._statistics.end_chunk(entry.chunk, entry.count))
+                step.chunks.append(entry.chunk)
+                step.samples, record.samples, record.chunks = step.samples + n, record.samples + n, record.chunks + 1
+                if self.is_last:
+                    assert y_parts is not None
+                    with self._mixed():
+                        loss = self.loss_fn(out, to_device(y_parts[entry.chunk], self.device))
+                    (loss * n).backward()  # a sum over the chunk's samples
+                    step.loss += loss.detach() * n
+                    inbox.answer(entry)
+                    continue
+                onward = self._queue(self.stage + 1)
+                self.router.send(onward, out, step=index, chunk=entry.chunk, count=entry.count, dst=self._next)
+                in_flight.append((out, entry))
+                if len(in_flight) >= self.num_stages - self.stage:
+                    self._answer_after_backward(inbox, *in_flight.popleft())
+            while in_flight:
+                self._answer_after_backward(inbox, *in_flight.popleft())
+        record.compute_s = time.perf_counter() - start
+        step.reduce(self.params, reduces=False, group=None, extra=[])
+        return step
+
+    def _answer_after_backward(self, inbox: Inbox, out: Any, entry: Any) -> None:
+        """Back-propagate the gradient the next stage returns for ``out``; answer ``entry``'s sender."""
+        self.router.backward(out, self._next)
+        inbox.answer(entry)
+
+    @property
+    def _terms(self) -> int:
+        """The length of a chunk's BatchNorm term (0 without BatchNorm)."""
+        return self._statistics.size if self._statistics is not None else 0
 
     @property
     def _shares(self) -> list[int]:
@@ -391,38 +433,63 @@ class FlexiblePipeline(FlexibleStage):
             raise RuntimeError("chunks='auto' are chosen by the first train(), before any step")
         return self.chunks
 
-    def _backward(self, out: Any, arrival: Arrival) -> None:
-        """Back-propagate the gradient the next stage returns for ``out``; pass the inputs' on to their sender."""
-        self.router.backward(out, self._next)
-        if self.stage > 0:
-            self.router.send_grads(arrival)
-
-    def _apply(self, pending: _Pending, losses: list[torch.Tensor]) -> float:
-        """Wait for an all-reduce; step the optimizer with its mean gradient; return the seconds waited."""
+    def _apply(self, step: StepWork, losses: list[torch.Tensor]) -> float:
+        """Wait for a step's reduction; step the optimizer with its mean gradient; return the seconds waited."""
         start = time.perf_counter()
-        if pending.work is not None:
-            pending.work.wait()
+        rates: list[float] = []
+        if self._live is not None:
+            rates = self._collect(step)
+        else:
+            step.wait()
+            if self._weights is not None and step.buffer is not None:
+                rates = step.buffer[-self.replicas :].tolist()
         waited = time.perf_counter() - start
-        self._release(pending)
-        samples = pending.samples  # (what the all-reduce summed too: read here, it would wait for the device)
-        losses.append(pending.buffer[-2] / max(samples, 1))
-        grads = pending.buffer
-        if self._weights is not None:  # the next step's shares, the same on every replica
-            self._weights.update(grads[-2 - self.replicas : -2].tolist())
+        buffer = step.buffer
+        assert buffer is not None
+        size = self._terms
+        losses.append(buffer[size + sum(p.numel() for p in self.params)] / max(step.samples, 1))
+        if self._weights is not None and rates:  # the next step's shares, the same on every replica
+            self._weights.update(rates)
         if self._statistics is not None:
-            self._statistics.apply(grads[: self._statistics.size], pending.chunks)
-            grads = grads[self._statistics.size :]
-        if samples and self.optimizer is not None:
-            set_mean_grads(self.params, grads, samples)
+            self._statistics.apply(buffer[:size], len(step.chunks))
+        if step.samples and self.optimizer is not None:
+            set_mean_grads(self.params, buffer[size:], step.samples)
             if self._prediction is not None:
                 self._prediction.before_update()
             self.optimizer.step()
+        self._release(step)
         return waited
 
-    def _release(self, pending: _Pending) -> None:
-        """Delete this replica's claim keys of a step whose all-reduce is done (the later stages' queues are
-        deleted as they are read)."""
-        if self.stage == 0:
-            release_share(self.store, pending.step_key, self.worker)
-            if self._backups is not None:
-                self._backups.release(pending.step_key, pending.owned)
+    def _collect(self, step: StepWork) -> list[float]:
+        """Live reduction: every chunk's buffer from the replica whose run was used, summed in chunk order;
+        each replica's chunks a second in the step."""
+        assert self._live is not None and self._backups is not None
+        runners = {j: parse_runner(self._backups.runner(j)) for j in step.chunks}
+        buffers = self._live.collect(runners)
+        step.buffer = torch.stack(buffers).sum(0) if len(buffers) > 1 else buffers[0].clone()
+        seconds = torch.stack([b[-1] for b in buffers]).tolist()
+        busy = [0.0] * self.replicas
+        ran = [0] * self.replicas
+        for (replica, _), s in zip(runners.values(), seconds, strict=True):
+            busy[replica], ran[replica] = busy[replica] + s, ran[replica] + 1
+        return [r / b if b > 0 else 0.0 for r, b in zip(ran, busy, strict=True)]
+
+    def _release(self, step: StepWork) -> None:
+        """Delete a step's store keys once every replica is past it, and tell the next stage (which then drops
+        what it kept to answer the step's duplicates)."""
+        if self.stage != 0:
+            return
+        if self._live is not None:
+            assert self._backups is not None
+            keys = [*share_keys(step.key, self.replicas), *self._backups.keys(step.key, step.chunks)]
+            self._live.applied(step.key, keys, lambda: self._tell_released(step.index))
+            return
+        self.store.delete_key(share_keys(step.key, self.replicas)[self.worker])
+        if self._backups is not None:
+            self._backups.release(step.key, step.owned)
+            if self.worker == 0:  # the all-reduce is done: every replica is past the step
+                self._tell_released(step.index)
+
+    def _tell_released(self, index: int) -> None:
+        if self.num_stages > 1:
+            self.router.notify(self._queue(1), RELEASE, index)

@@ -1,0 +1,172 @@
+"""Live reduction: a replica frozen for several whole steps holds up nobody, and every worker, the frozen one
+included, ends with the weights, optimizer state and BatchNorm statistics of one process running each batch's
+chunks in order; a replica that dies still fails the job in one line."""
+
+import os
+import signal
+import threading
+import time
+from functools import partial
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from conveyor.runtime import WorkerError, launch, load_checkpoint, split_batch
+from conveyor.stragglers import FlexiblePipeline
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+SGD = partial(torch.optim.SGD, lr=0.05, momentum=0.9)
+SIZES = (24, 24, 24, 17, 24, 24, 24, 24, 24, 24)  # one short batch, its chunks uneven
+CHUNKS = 6  # of every batch: 3 replicas x 2, or 2 x 3
+FREEZE_AT, THAW_AFTER = 2, 6  # the replica stops itself in step 2; worker 0 wakes it once past step 6
+LAYOUTS = {"dp": (None, [3]), "2-1": ([3, 3], [2, 1])}
+
+
+def _model() -> nn.Sequential:
+    """Six blocks, BatchNorm in the first three (a 2-1 pipeline's replicated stage) and in the last three."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Linear(16, 4)
+    )
+
+
+def _data() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(n, 8, generator=g) * 3 + 1, torch.randint(0, 4, (n,), generator=g)) for n in SIZES]
+
+
+def _state(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
+    """Weights, buffers and each weight's momentum, by name."""
+    out = {k: v.detach().clone() for k, v in [*module.named_parameters(), *module.named_buffers()]}
+    if optimizer is not None:
+        for name, p in module.named_parameters():
+            out[f"{name}.momentum"] = optimizer.state[p]["momentum_buffer"].clone()
+    return out
+
+
+def _reference() -> dict[str, torch.Tensor]:
+    """One process: each batch's mean gradient over its chunks run in order (BatchNorm's batch statistics per
+    chunk), then the second run of the first three batches."""
+    model = _model()
+    opt = SGD(model.parameters())
+    for data in (_data(), _data()[:3]):
+        for x, y in data:
+            opt.zero_grad()
+            for xc, yc in zip(split_batch(x, CHUNKS), split_batch(y, CHUNKS), strict=True):
+                (F.cross_entropy(model(xc), yc, reduction="sum") / len(x)).backward()
+            opt.step()
+    return _state(model, opt)
+
+
+def _freeze_in_forward(model: nn.Sequential, step: int) -> None:
+    """This process stops itself (SIGSTOP: every thread, gloo's too) in its first forward of ``step``."""
+    calls = {"steps": 0, "stopped": False}
+
+    def hook(*_: Any) -> None:
+        if calls["steps"] == step and not calls["stopped"]:
+            calls["stopped"] = True
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    model[0].register_forward_pre_hook(hook)
+    model.steps = calls  # type: ignore[assignment]  # the trainer's on_step advances it
+
+
+def _train(layout: str, live: bool, path: str, fallback_s: float) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    model = _model()
+    pids: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    if dist.get_rank() == 1:
+        _freeze_in_forward(model, FREEZE_AT)
+    balance, replicas = LAYOUTS[layout]
+    pipe = FlexiblePipeline(
+        model,
+        loss_fn=F.cross_entropy,
+        optimizer=SGD,
+        balance=balance,
+        replicas=replicas,
+        chunks=CHUNKS // replicas[0],
+        backup=True,
+        live=live,
+    )
+    woken = {"by": "", "at": 0.0}
+
+    def wake(by: str) -> None:
+        if not woken["by"]:
+            woken["by"], woken["at"] = by, time.perf_counter()
+            os.kill(pids[1], signal.SIGCONT)
+
+    timer = threading.Timer(fallback_s, wake, args=("timer",))  # a broken mechanism must not hang the test
+    if dist.get_rank() == 0:
+        timer.start()
+
+    def on_step(step: int) -> None:
+        if dist.get_rank() == 1:
+            model.steps["steps"] = step  # type: ignore[index]
+        if dist.get_rank() == 0 and step == THAW_AFTER + 1:
+            wake("step")
+
+    feed = _data() if pipe.is_first or pipe.is_last else None
+    pipe.train(feed, on_step)
+    pipe.train(feed[:3] if feed else None)
+    timer.cancel()
+    records = pipe.gather_records()
+    pipe.save(path)
+    return {"state": _state(pipe.module, pipe.optimizer), "records": records, "woken": woken["by"]}
+
+
+@pytest.mark.parametrize("layout", ["dp", "2-1"])
+def test_a_replica_frozen_for_whole_steps_holds_up_nobody_and_rejoins_with_the_reference_state(
+    layout: str, tmp_path
+) -> None:
+    path = str(tmp_path / "model.pt")
+    per_rank = launch(_train, layout, True, path, 20.0, nprocs=sum(LAYOUTS[layout][1]), timeout_s=150)
+    assert per_rank[0]["woken"] == "step"  # worker 0 finished steps 2 to 6 while replica 1 was frozen
+    expected = _reference()
+    saved = load_checkpoint(path)["model"]
+    for name, value in saved.items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=f"checkpoint {name}")
+    for rank, out in per_rank.items():  # every worker's stage, the frozen replica's included
+        assert out["state"], f"worker {rank} holds nothing"
+        for name, value in out["state"].items():
+            torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=f"worker {rank} {name}")
+    records = next(out["records"] for out in per_rank.values() if out["records"] is not None)
+    frozen = [r for r in records if r["stage"] == 0 and r["replica"] == 1]
+    assert sum(r["samples"] for r in frozen[FREEZE_AT : THAW_AFTER + 1]) == 0  # it ran nothing the steps used
+    assert frozen[FREEZE_AT]["dropped"] > 0  # the run it froze in was replaced by a peer's
+    for step in range(len(SIZES) + 3):  # every sample counted once on each stage
+        for stage in range(len(LAYOUTS[layout][1])):
+            ran = sum(r["samples"] for r in records if r["step"] == step and r["stage"] == stage)
+            assert ran == (SIZES + SIZES[:3])[step]
+
+
+def test_with_an_all_reduce_the_others_wait_for_the_frozen_replica(tmp_path) -> None:
+    # The same freeze with backups alone: the all-reduce needs replica 1, so worker 0 cannot finish step 6
+    # before the timer wakes it. What live reduction removes.
+    per_rank = launch(_train, "dp", False, str(tmp_path / "model.pt"), 3.0, nprocs=3, timeout_s=150)
+    assert per_rank[0]["woken"] == "timer"
+
+
+def _killed_in_a_chunk() -> None:
+    torch.set_num_threads(1)
+    model = _model()
+    if dist.get_rank() == 1:
+        calls = iter(range(100))
+        model[0].register_forward_pre_hook(lambda *_: os._exit(3) if next(calls) == 3 else None)
+    pipe = FlexiblePipeline(model, loss_fn=F.cross_entropy, optimizer=SGD, chunks=2, live=True)
+    pipe.train(_data())
+    pipe.gather_records()  # the epoch's end needs every worker
+
+
+def test_a_replica_killed_mid_step_fails_the_job_in_one_line() -> None:
+    with pytest.raises(WorkerError) as failure:
+        launch(_killed_in_a_chunk, nprocs=3, timeout_s=60, collective_timeout_s=30)
+    assert failure.value.rank == 1
+    assert str(failure.value).splitlines()[0] == (
+        "worker 1 failed with WorkerDied: exited with code 3 without a Python error (killed, or out of memory?)"
+    )
