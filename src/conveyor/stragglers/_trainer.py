@@ -316,11 +316,13 @@ class FlexiblePipeline(FlexibleStage):
             self._backups.prefix = step.key
         runs = self._first_stage(step)
         with self._predicted(), self._statistics.step() if self._statistics is not None else contextlib.nullcontext():
-            for j, source in self._sources(step, chunks):
+            for j, source in self._sources(step, chunks, runs):
                 if not (n := batch_size(parts[j])):  # a short batch leaves the last chunks empty
                     continue
                 y = to_device(y_parts[j], self.device) if y_parts is not None else None
                 runs.run(ChunkRun(j, len(chunks), n, source, to_device(parts[j], self.device), y))
+                if source == "backup":  # committed only after its backward: no peer waits on a backup in flight
+                    runs.drain()
             runs.drain()
         record.compute_s = time.perf_counter() - start
         if self._live is None:
@@ -348,12 +350,13 @@ class FlexiblePipeline(FlexibleStage):
             replica=self.worker,
         )
 
-    def _sources(self, step: StepWork, chunks: list[int]) -> Iterator[tuple[int, str]]:
+    def _sources(self, step: StepWork, chunks: list[int], runs: FirstStage) -> Iterator[tuple[int, str]]:
         """The chunks this replica runs in the step, each with how it came: ``own``, ``taken`` from a peer's share
         or a ``backup`` of a peer's run (once idle, of chunks still unfinished at the deadline)."""
         claims = StepClaims(self.store, step.key, replica=self.worker, shares=self._shares, reassign=self.reassign)
         for j, taken in claims:
             yield j, "taken" if taken else "own"
+        runs.drain()  # this replica's own chunks committed before it watches the others'
         if self._backups is not None:
             for j in self._backups.takeovers(chunks):
                 yield j, "backup"
