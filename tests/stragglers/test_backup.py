@@ -162,9 +162,9 @@ def test_a_runs_gradient_joins_the_sum_only_if_it_wins() -> None:
     first, step = _stage(store, w, 0)
     second, _ = _stage(store, w, 1)
     x, y = torch.ones(1, 2), torch.tensor([[1.0, 2.0]])
-    first.run(ChunkRun(0, 2, 1, "own", x * w, y))  # the loss of sample-count 1: sum(w * y)
+    first.run(ChunkRun(0, 2, 0, 1, "own", x * w, y))  # the loss of sample-count 1: sum(w * y)
     assert w.grad.tolist() == [11.0, 12.0]  # the winner's gradient added to the sum
     assert step.record.samples == 1 and step.loss.item() == 3.0
-    second.run(ChunkRun(0, 2, 1, "backup", x * w, y))
+    second.run(ChunkRun(0, 2, 0, 1, "backup", x * w, y))
     assert w.grad.tolist() == [11.0, 12.0]  # the loser's dropped (a backup stops at its first look)
     assert second.step.record.dropped == 1 and second.step.record.samples == 0

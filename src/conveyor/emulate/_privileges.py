@@ -26,7 +26,8 @@ def _capabilities() -> int:
 
 
 def require_network() -> None:
-    """Network emulation needs CAP_NET_ADMIN and CAP_SYS_ADMIN (namespaces) and the ``ip`` and ``tc`` tools."""
+    """Network emulation needs CAP_NET_ADMIN and CAP_SYS_ADMIN (namespaces), the ``ip`` and ``tc`` tools (iproute2)
+    and ``nsenter`` (util-linux, to read the links' counters)."""
     caps = _capabilities()
     missing = [
         name
@@ -35,9 +36,11 @@ def require_network() -> None:
     ]
     if missing:
         raise EmulationError(f"--network needs {' and '.join(missing)} (run as root) to make namespaces and links")
-    tools = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    tools = [tool for tool in ("ip", "tc", "nsenter") if shutil.which(tool) is None]
     if tools:
-        raise EmulationError(f"--network needs the iproute2 tools, and {' and '.join(tools)} is not on PATH")
+        raise EmulationError(
+            f"--network needs iproute2's ip and tc and util-linux's nsenter, and {' and '.join(tools)} is not on PATH"
+        )
 
 
 def require_netem() -> None:

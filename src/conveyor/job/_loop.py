@@ -147,7 +147,6 @@ class EpochLoop:
                 losses = self._train_epoch(epoch, updated)
                 train_seconds += time.perf_counter() - began
                 traffic.stop()
-                self._write_straggler_records(epoch)
                 if wan is not None:
                     wan.stop()
                     self._write_wan_records(epoch, wan)
@@ -190,6 +189,7 @@ class EpochLoop:
                     and epoch + 1 < cfg.run.epochs
                 ):
                     self.trainer.save(self.checkpoint)  # a run killed later loses at most the epochs since
+        self._write_straggler_records()  # once: a gather each epoch would wait there for a stalled replica
         return outcome
 
     def _progress(self) -> Progress:
@@ -213,11 +213,11 @@ class EpochLoop:
             torch.cuda.synchronize(self.device)  # the epoch's time is the GPU's too
         return losses
 
-    def _write_straggler_records(self, epoch: int) -> None:
+    def _write_straggler_records(self) -> None:
         gather = getattr(self.trainer, "gather_records", None)  # a flexible pipeline's steps, for stragglers.jsonl
         if gather is not None and (records := gather()) is not None:
             with (self.folder / "stragglers.jsonl").open("a") as f:
-                f.writelines(json.dumps({"epoch": epoch + 1, **r}) + "\n" for r in records)
+                f.writelines(json.dumps({"epoch": r.pop("run"), **r}) + "\n" for r in records)
 
     def _wan_traffic(self) -> ServerTraffic | None:
         """With ``--wan``, worker 0's count of what each data centre sends up its WAN link (the outer level)."""

@@ -9,6 +9,8 @@ Example:
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -38,25 +40,38 @@ def batch_size(batch: Any) -> int:
     return sizes.pop()
 
 
-def split(batch: Any, microbatches: int) -> list[Any]:
+def split(batch: Any, microbatches: int | Sequence[int]) -> list[Any]:
     """Cut every tensor of ``batch`` into ``microbatches`` parts along dim 0 (views); other leaves are shared.
 
-    The parts' sizes differ by at most one sample, the larger ones first; a batch of fewer samples than
-    ``microbatches`` leaves the last parts empty (a pipeline skips them).
+    With a count, the parts' sizes differ by at most one sample, the larger ones first; a batch of fewer samples
+    than ``microbatches`` leaves the last parts empty (a pipeline skips them). With a sequence, it is the parts'
+    sizes, which sum to the batch's.
+
+    Example:
+        >>> [tuple(p.shape) for p in split(torch.zeros(7, 3), [4, 0, 3])]
+        [(4, 3), (0, 3), (3, 3)]
 
     Raises:
-        ValueError: ``microbatches`` is below 1, or the batch is not a pytree of tensors with one batch size.
+        ValueError: ``microbatches`` is below 1 (or sizes that do not sum to the batch's), or the batch is not a
+            pytree of tensors with one batch size.
     """
-    if microbatches < 1:
-        raise InputError(f"a batch is split into at least 1 microbatch, got {microbatches}")
-    batch_size(batch)
+    samples = batch_size(batch)
+    if isinstance(microbatches, int):
+        if microbatches < 1:
+            raise InputError(f"a batch is split into at least 1 microbatch, got {microbatches}")
+        cuts: int | list[int] = microbatches
+    else:
+        if sum(microbatches) != samples or min(microbatches, default=-1) < 0:
+            raise InputError(f"parts of sizes {list(microbatches)} do not make a batch of {samples}")
+        cuts = list(itertools.accumulate(microbatches))[:-1]
     if isinstance(batch, torch.Tensor):
-        return [batch] if microbatches == 1 else list(batch.tensor_split(microbatches))
+        return [batch] if cuts == 1 or cuts == [] else list(batch.tensor_split(cuts))
     leaves, spec = pytree.tree_flatten(batch)
-    chunks = [leaf.tensor_split(microbatches) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+    parts = [leaf.tensor_split(cuts) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+    count = microbatches if isinstance(microbatches, int) else len(microbatches)
     return [
-        pytree.tree_unflatten([leaf if c is None else c[i] for leaf, c in zip(leaves, chunks, strict=True)], spec)
-        for i in range(microbatches)
+        pytree.tree_unflatten([leaf if c is None else c[i] for leaf, c in zip(leaves, parts, strict=True)], spec)
+        for i in range(count)
     ]
 
 

@@ -52,7 +52,7 @@ class StepWork:
     terms: torch.Tensor | None = None  # the committed runs' BatchNorm terms (live: in the chunks' buffers)
     owned: range = range(0)  # the first stage: the chunks its share held
     busy: float = 0.0  # seconds inside its runs
-    runs: int = 0
+    ran: int = 0  # samples in its runs (used or not)
     buffer: torch.Tensor | None = None  # the step's buffer, once reduced (module docstring)
     work: Any = None  # the all-reduce in flight
 
@@ -66,8 +66,8 @@ class StepWork:
 
     @property
     def rate(self) -> float:
-        """Its runs a second inside them (0 without any)."""
-        return self.runs / self.busy if self.busy > 0 else 0.0
+        """Samples a second inside its runs (0 without any)."""
+        return self.ran / self.busy if self.busy > 0 else 0.0
 
     def add_term(self, term: torch.Tensor) -> None:
         assert self.terms is not None, "a BatchNorm term for a step begun without them"
@@ -90,6 +90,7 @@ class ChunkRun:
 
     chunk: int
     count: int  # the batch's non-empty chunks
+    start: int  # its first sample's place in the batch
     samples: int
     source: str  # own, taken (from a peer's share) or backup (of a peer's run)
     inputs: Any
@@ -158,7 +159,8 @@ class FirstStage:
             self._finish(run, backward, loss.detach() * n, began)
             return
         run.out = out
-        self.router.send(self.queue, out, step=self.step.index, chunk=run.chunk, count=run.count, dst=self.next_rank)
+        index, dst = self.step.index, self.next_rank
+        self.router.send(self.queue, out, step=index, chunk=run.chunk, count=run.count, start=run.start, dst=dst)
         run.seconds += time.perf_counter() - began
         self._in_flight.append(run)
         if len(self._in_flight) >= self.depth:
@@ -228,7 +230,7 @@ class FirstStage:
     def _counted(self, run: ChunkRun, loss: torch.Tensor | None) -> None:
         """A run whose result is used: recorded, and its loss and term added to the step's (all-reduce)."""
         step, record = self.step, self.step.record
-        step.runs, step.busy = step.runs + 1, step.busy + run.seconds
+        step.ran, step.busy = step.ran + run.samples, step.busy + run.seconds
         record.samples, record.chunks = record.samples + run.samples, record.chunks + 1
         record.taken += run.samples if run.source == "taken" else 0
         record.backups += run.samples if run.source == "backup" else 0
@@ -242,5 +244,5 @@ class FirstStage:
         """A run a peer's replaced: its samples recorded as dropped."""
         if began is not None:
             run.seconds += time.perf_counter() - began
-        self.step.runs, self.step.busy = self.step.runs + 1, self.step.busy + run.seconds
+        self.step.ran, self.step.busy = self.step.ran + run.samples, self.step.busy + run.seconds
         self.step.record.dropped += run.samples

@@ -130,14 +130,9 @@ class LiveReduction:
             for key in (*keys, f"{step_key}/applied"):
                 self.store.delete_key(key)
             on_last()
-        for key in [k for k in self._sends if k != step_key]:
+        for key in [k for k in self._sends if k != step_key]:  # the run's last steps' wait for the next run's
             if not self.store.check([f"{key}/applied"]):  # deleted: every replica applied it
                 self._wait(key)
-
-    def finish(self) -> None:
-        """At a run's end, once every replica has applied its last step: wait for every send."""
-        for key in list(self._sends):
-            self._wait(key)
 
     def _wait(self, step_key: str) -> None:
         for work, _ in self._sends.pop(step_key):

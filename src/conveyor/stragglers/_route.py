@@ -3,7 +3,7 @@
 With reassignment, which replica of a stage runs a microbatch is decided at run time by its claims, so the
 next stage cannot know ahead of time whom to receive from, nor whom to send the gradient back to. Each
 send is announced through the c10d store, on one queue per run and receiving stage: the sender appends
-``kind,step,chunk,count,sender`` (``add`` gives it the next place, ``set`` fills it) and the receiver reads
+``kind,step,chunk,count,sender,start`` (``add`` gives it the next place, ``set`` fills it) and the receiver reads
 the places in order (``get`` waits for the next one), then receives the payload from that sender over
 :class:`~conveyor.runtime.P2P`. A sender's payloads arrive in the order of its announcements (messages
 between two workers stay in order), and the gradient goes back to the sender the announcement named: the
@@ -43,6 +43,7 @@ class Entry:
     chunk: int = 0  # its index among the batch's chunks (which targets it takes)
     count: int = 0  # how many non-empty chunks the batch has
     sender: int = -1  # the rank that ran its forward, which takes its gradient back
+    start: int = 0  # its first sample's place in the batch (the chunks' sizes follow the replicas' speeds)
     inputs: Any = None  # the activations once received (their floating tensors require gradients when training)
 
 
@@ -58,14 +59,15 @@ class Router:
         self.store, self.p2p, self.rank = store, P2P(device), dist.get_rank()
         self._read: dict[str, int] = {}  # each queue's last place read here
 
-    def send(self, queue: str, tree: Any, *, step: int, chunk: int, count: int, dst: int) -> None:
-        """Announce on ``queue`` and send ``tree`` (chunk ``chunk`` of ``count`` in ``step``) to rank ``dst``."""
+    def send(self, queue: str, tree: Any, *, step: int, chunk: int, count: int, start: int, dst: int) -> None:
+        """Announce on ``queue`` and send ``tree`` (chunk ``chunk`` of ``count`` in ``step``, from sample ``start``)
+        to rank ``dst``."""
         self.p2p.send_tree(tree, dst)  # queued before it is announced, so a reader never waits on it long
-        self._announce(queue, f"{FORWARD},{step},{chunk},{count},{self.rank}")
+        self._announce(queue, f"{FORWARD},{step},{chunk},{count},{self.rank},{start}")
 
     def notify(self, queue: str, kind: str, step: int = 0) -> None:
         """Announce on ``queue`` that ``step`` is released (:data:`RELEASE`) or the run ended (:data:`END`)."""
-        self._announce(queue, f"{kind},{step},0,0,-1")
+        self._announce(queue, f"{kind},{step},0,0,-1,0")
 
     def _announce(self, queue: str, text: str) -> None:
         place = int(self.store.add(f"{queue}/size", 1))
@@ -78,8 +80,8 @@ class Router:
         kind, *fields = self.store.get(f"{queue}/{place}").decode().split(",")
         self.store.delete_key(f"{queue}/{place}")
         self._read[queue] = place
-        step, chunk, count, sender = (int(v) for v in fields)
-        return Entry(kind, step, chunk, count, sender)
+        step, chunk, count, sender, start = (int(v) for v in fields)
+        return Entry(kind, step, chunk, count, sender, start)
 
     def close(self, queue: str) -> None:
         """Delete ``queue``'s counter, once its last place is read (nobody announces on it again)."""

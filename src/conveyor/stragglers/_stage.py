@@ -95,7 +95,7 @@ class FlexibleStage(StagePosition):
             with self._mixed():
                 out = self.module(self.router.receive(entry, training=False).inputs)
         if not self.is_last:
-            self.router.send(f"{queue}{self.stage + 1}", out, step=0, chunk=0, count=1, dst=self._next)
+            self.router.send(f"{queue}{self.stage + 1}", out, step=0, chunk=0, count=1, start=0, dst=self._next)
             self.router.wait_sends()
         return out if self.is_output else None
 

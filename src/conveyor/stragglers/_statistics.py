@@ -45,7 +45,10 @@ class RunningStatistics:
     def __init__(self, layers: Sequence[Norm], dtype: torch.dtype) -> None:
         self.layers, self.dtype = list(layers), dtype
         self._momenta: list[float | None] = [m.momentum for m in self.layers]
-        self._kept: list[list[torch.Tensor]] = []  # each layer's statistics at the step's start
+        self._stats = [t for m in self.layers for t in (self._means(m), self._vars(m))]  # a term's order
+        self._kept: list[torch.Tensor] = []  # every buffer at the step's start
+        self._weights: dict[tuple[int, int], torch.Tensor] = {}  # a term's weights, by (place, chunks)
+        self._decays: dict[int, torch.Tensor] = {}  # (1 - m)^C, by C, for the layers with a momentum
 
     @classmethod
     def of(cls, module: nn.Module, dtype: torch.dtype) -> RunningStatistics | None:
@@ -60,13 +63,14 @@ class RunningStatistics:
     @property
     def size(self) -> int:
         """The length of :meth:`end_chunk`'s tensor: each layer's means, then its variances."""
-        return 2 * sum(self._means(m).numel() for m in self.layers)
+        return sum(t.numel() for t in self._stats)
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """A step's chunks: within it each chunk's forward leaves its batch statistics in the buffers, which
-        :meth:`end_chunk` takes and puts back; afterwards the layers have their own momentum again."""
-        self._kept = [[b.clone() for b in self._buffers(m)] for m in self.layers]
+        """A step's chunks: within it each chunk's forward leaves its batch statistics in the buffers (the layers'
+        momentum is 1), which :meth:`end_chunk` reads; afterwards the buffers are as the step found them and the
+        layers have their own momentum again."""
+        self._kept = [b.clone() for b in self.buffers()]
         for layer in self.layers:
             layer.momentum = 1.0
         try:
@@ -74,34 +78,52 @@ class RunningStatistics:
         finally:
             for layer, momentum in zip(self.layers, self._momenta, strict=True):
                 layer.momentum = momentum
+            with torch.no_grad():
+                for current, before in zip(self.buffers(), self._kept, strict=True):
+                    # Not a new version: a pipeline's chunk still to back-propagate saved these buffers (training
+                    # never reads them in the backward), and autograd refuses tensors changed since it saved them.
+                    current.data.copy_(before)
 
     @torch.no_grad()
     def end_chunk(self, place: int, chunks: int) -> torch.Tensor:
-        """A run of the chunk at ``place`` of the step's ``chunks`` ended: its term of ``S`` (to sum where the run
-        is the one used), the layers' statistics put back as the step found them."""
-        terms = []
-        for layer, momentum, kept in zip(self.layers, self._momenta, self._kept, strict=True):
-            weight = 1.0 if momentum is None else momentum * (1 - momentum) ** (chunks - 1 - place)
-            terms += [weight * current.flatten().to(self.dtype) for current in (self._means(layer), self._vars(layer))]
-            for current, before in zip(self._buffers(layer), kept, strict=True):
-                # Not a new version: a pipeline's chunk still to back-propagate saved these buffers (training
-                # never reads them in the backward), and autograd refuses tensors changed since it saved them.
-                current.data.copy_(before)
-        return torch.cat(terms)
+        """A run of the chunk at ``place`` of the step's ``chunks`` ended its forward: its term of ``S`` (to sum
+        where the run is the one used). The next chunk's forward replaces the statistics it read."""
+        return torch.cat([t.reshape(-1) for t in self._stats]).to(self.dtype) * self._weight(place, chunks)
+
+    def _weight(self, place: int, chunks: int) -> torch.Tensor:
+        """Each element's weight in a term: ``m (1 - m)^(C - 1 - c)``, or 1 for a cumulative average."""
+        if (place, chunks) not in self._weights:
+            parts = [
+                torch.full((t.numel(),), 1.0 if m is None else m * (1 - m) ** (chunks - 1 - place), dtype=self.dtype)
+                for layer, m in zip(self.layers, self._momenta, strict=True)
+                for t in (self._means(layer), self._vars(layer))
+            ]
+            self._weights[(place, chunks)] = torch.cat(parts).to(self._stats[0].device)
+        return self._weights[(place, chunks)]
 
     @torch.no_grad()
     def apply(self, summed: torch.Tensor, chunks: int) -> None:
         """Apply a step of ``chunks`` chunks (the batch's, each committed once), the sum of their
         :meth:`end_chunk` terms: the module docstring's rule, on the device."""
+        if chunks not in self._decays:
+            parts = [
+                torch.full((t.numel(),), 1.0 if m is None else (1 - m) ** chunks, dtype=self.dtype)
+                for layer, m in zip(self.layers, self._momenta, strict=True)
+                for t in (self._means(layer), self._vars(layer))
+            ]
+            self._decays[chunks] = torch.cat(parts).to(summed.device)
+        moved = (torch.cat([t.reshape(-1) for t in self._stats]).to(self.dtype) * self._decays[chunks] + summed).to(
+            self._stats[0].dtype
+        )
         offset = 0
         for layer, momentum in zip(self.layers, self._momenta, strict=True):
             tracked = layer.num_batches_tracked
             for current in (self._means(layer), self._vars(layer)):
-                part = summed[offset : offset + current.numel()].view_as(current).to(current.dtype)
+                span = slice(offset, offset + current.numel())
                 if momentum is not None:
-                    current.mul_((1 - momentum) ** chunks).add_(part)
+                    current.copy_(moved[span].view_as(current))
                 elif tracked is not None and chunks:  # k r + S over k + C
-                    current.mul_(tracked).add_(part).div_(tracked + chunks)
+                    current.mul_(tracked).add_(summed[span].view_as(current)).div_(tracked + chunks)
                 offset += current.numel()
             if tracked is not None:
                 tracked.add_(chunks)

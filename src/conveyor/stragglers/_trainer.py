@@ -86,7 +86,7 @@ from conveyor.stragglers._modes import check_flexible
 from conveyor.stragglers._prediction import WeightPrediction
 from conveyor.stragglers._records import StepRecord
 from conveyor.stragglers._route import END, RELEASE, Router
-from conveyor.stragglers._shares import ShareWeights
+from conveyor.stragglers._shares import ShareWeights, equal_cut
 from conveyor.stragglers._stage import FlexibleStage
 from conveyor.stragglers._statistics import RunningStatistics
 
@@ -242,7 +242,9 @@ class FlexiblePipeline(FlexibleStage):
         losses: list[torch.Tensor] = []  # on the device: read once, at the run's end
         steps = 0
         for index, (inputs, targets) in enumerate(self._steps(batches, inbox)):
-            record = StepRecord(self.steps, self.stage, self._replica, 0, 0, 0, 0.0, 0.0)
+            record = StepRecord(
+                self.steps, self.stage, self._replica, 0, 0, 0, 0.0, 0.0, wall=time.time(), run=self._runs
+            )
             step = self._first_step(index, inputs, targets, record) if inbox is None else None
             pending.append(step or self._later_step(inbox, index, targets, record))  # type: ignore[arg-type]
             if len(pending) > self.slack:
@@ -276,8 +278,6 @@ class FlexiblePipeline(FlexibleStage):
             self.router.notify(self._queue(1), END, steps)
         if inbox is not None:
             inbox.finish()
-        if self._live is not None:
-            self._live.finish()
         self.router.wait_sends()
 
     def _run_key(self) -> str:
@@ -295,23 +295,23 @@ class FlexiblePipeline(FlexibleStage):
         start = time.perf_counter()
         for p in self.params:
             p.grad = None
-        total = self.replicas * self._share
-        parts = split_batch(inputs, total)
-        y_parts = split_batch(targets, total) if self.is_last else None
-        chunks = [j for j, x in enumerate(parts) if batch_size(x)]
-        first = sum(self._shares[: self._replica])
+        cut = self._cut(batch_size(inputs))
+        parts = split_batch(inputs, cut)
+        y_parts = split_batch(targets, cut) if self.is_last else None
+        starts = [sum(cut[:j]) for j in range(len(cut))]
+        chunks = [j for j, n in enumerate(cut) if n]
         step = StepWork.begin(
             index,
             self._step_key(index),
             chunks=chunks,
             samples=batch_size(inputs),
             record=record,
-            owned=range(first, first + self._shares[self._replica]),
+            owned=range(self._replica * self._share, (self._replica + 1) * self._share),
             terms=self._terms,
             dtype=self._dtype,
             device=self.device,
         )
-        record.owned = len(step.owned)
+        record.owned, record.cut = sum(cut[j] for j in step.owned), cut
         if self._backups is not None:
             self._backups.prefix = step.key
         runs = self._first_stage(step)
@@ -320,7 +320,7 @@ class FlexiblePipeline(FlexibleStage):
                 if not (n := batch_size(parts[j])):  # a short batch leaves the last chunks empty
                     continue
                 y = to_device(y_parts[j], self.device) if y_parts is not None else None
-                runs.run(ChunkRun(j, len(chunks), n, source, to_device(parts[j], self.device), y))
+                runs.run(ChunkRun(j, len(chunks), starts[j], n, source, to_device(parts[j], self.device), y))
                 if source == "backup":  # committed only after its backward: no peer waits on a backup in flight
                     runs.drain()
             runs.drain()
@@ -353,7 +353,8 @@ class FlexiblePipeline(FlexibleStage):
     def _sources(self, step: StepWork, chunks: list[int], runs: FirstStage) -> Iterator[tuple[int, str]]:
         """The chunks this replica runs in the step, each with how it came: ``own``, ``taken`` from a peer's share
         or a ``backup`` of a peer's run (once idle, of chunks still unfinished at the deadline)."""
-        claims = StepClaims(self.store, step.key, replica=self.worker, shares=self._shares, reassign=self.reassign)
+        shares = [self._share] * self.replicas
+        claims = StepClaims(self.store, step.key, replica=self.worker, shares=shares, reassign=self.reassign)
         for j, taken in claims:
             yield j, "taken" if taken else "own"
         runs.drain()  # this replica's own chunks committed before it watches the others'
@@ -362,7 +363,7 @@ class FlexiblePipeline(FlexibleStage):
                 yield j, "backup"
 
     def _rates(self, step: StepWork) -> list[float]:
-        """With weighted shares, this replica's chunks a second in its own slot, the others' zero (an all-reduce
+        """With weighted shares, this replica's samples a second in its own slot, the others' zero (an all-reduce
         then gives every replica every rate exactly)."""
         if self._weights is None:
             return []
@@ -374,7 +375,6 @@ class FlexiblePipeline(FlexibleStage):
         start = time.perf_counter()
         for p in self.params:
             p.grad = None
-        y_parts = split_batch(targets, self.replicas * self._share) if self.is_last else None
         step = StepWork.begin(
             index,
             self._step_key(index),
@@ -396,15 +396,16 @@ class FlexiblePipeline(FlexibleStage):
                 step.chunks.append(entry.chunk)
                 step.samples, record.samples, record.chunks = step.samples + n, record.samples + n, record.chunks + 1
                 if self.is_last:
-                    assert y_parts is not None
+                    y = split_batch(targets, [entry.start, n, batch_size(targets) - entry.start - n])[1]
                     with self._mixed():
-                        loss = self.loss_fn(out, to_device(y_parts[entry.chunk], self.device))
+                        loss = self.loss_fn(out, to_device(y, self.device))
                     (loss * n).backward()  # a sum over the chunk's samples
                     step.loss += loss.detach() * n
                     inbox.answer(entry)
                     continue
                 onward = self._queue(self.stage + 1)
-                self.router.send(onward, out, step=index, chunk=entry.chunk, count=entry.count, dst=self._next)
+                chunk, count, start = entry.chunk, entry.count, entry.start
+                self.router.send(onward, out, step=index, chunk=chunk, count=count, start=start, dst=self._next)
                 in_flight.append((out, entry))
                 if len(in_flight) >= self.num_stages - self.stage:
                     self._answer_after_backward(inbox, *in_flight.popleft())
@@ -424,10 +425,12 @@ class FlexiblePipeline(FlexibleStage):
         """The length of a chunk's BatchNorm term (0 without BatchNorm)."""
         return self._statistics.size if self._statistics is not None else 0
 
-    @property
-    def _shares(self) -> list[int]:
-        """The chunks each replica of the first stage owns this step."""
-        return list(self._weights.shares) if self._weights is not None else [self._share] * self.replicas
+    def _cut(self, samples: int) -> list[int]:
+        """The sizes of a batch's chunks, each replica's in turn: in proportion to the replicas' measured speeds
+        (:mod:`conveyor.stragglers._shares`), or as equal as possible."""
+        if self._weights is not None:
+            return self._weights.cut(samples)
+        return equal_cut(samples, self.replicas * self._share)
 
     @property
     def _share(self) -> int:
@@ -465,17 +468,18 @@ class FlexiblePipeline(FlexibleStage):
 
     def _collect(self, step: StepWork) -> list[float]:
         """Live reduction: every chunk's buffer from the replica whose run was used, summed in chunk order;
-        each replica's chunks a second in the step."""
+        each replica's samples a second in the step (over its runs that were used)."""
         assert self._live is not None and self._backups is not None
         runners = {j: parse_runner(self._backups.runner(j)) for j in step.chunks}
         buffers = self._live.collect(runners)
-        step.buffer = torch.stack(buffers).sum(0) if len(buffers) > 1 else buffers[0].clone()
-        seconds = torch.stack([b[-1] for b in buffers]).tolist()
-        busy = [0.0] * self.replicas
-        ran = [0] * self.replicas
-        for (replica, _), s in zip(runners.values(), seconds, strict=True):
-            busy[replica], ran[replica] = busy[replica] + s, ran[replica] + 1
-        return [r / b if b > 0 else 0.0 for r, b in zip(ran, busy, strict=True)]
+        step.buffer = buffers[0].clone()
+        for buffer in buffers[1:]:  # in chunk order, as every replica adds them: bitwise the same sum
+            step.buffer += buffer
+        samples, seconds = torch.stack([b[-2:] for b in buffers]).T.tolist()
+        busy, ran = [0.0] * self.replicas, [0.0] * self.replicas
+        for (replica, _), n, s in zip(runners.values(), samples, seconds, strict=True):
+            busy[replica], ran[replica] = busy[replica] + s, ran[replica] + n
+        return [n / s if s > 0 else 0.0 for n, s in zip(ran, busy, strict=True)]
 
     def _release(self, step: StepWork) -> None:
         """Delete a step's store keys once every replica is past it, and tell the next stage (which then drops
