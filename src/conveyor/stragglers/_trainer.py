@@ -306,7 +306,7 @@ class FlexiblePipeline(FlexibleStage):
             chunks=chunks,
             samples=batch_size(inputs),
             record=record,
-            owned=range(self._replica * self._share, (self._replica + 1) * self._share),
+            owned=range(sum(self._shares[: self._replica]), sum(self._shares[: self._replica + 1])),
             terms=self._terms,
             dtype=self._dtype,
             device=self.device,
@@ -353,8 +353,7 @@ class FlexiblePipeline(FlexibleStage):
     def _sources(self, step: StepWork, chunks: list[int], runs: FirstStage) -> Iterator[tuple[int, str]]:
         """The chunks this replica runs in the step, each with how it came: ``own``, ``taken`` from a peer's share
         or a ``backup`` of a peer's run (once idle, of chunks still unfinished at the deadline)."""
-        shares = [self._share] * self.replicas
-        claims = StepClaims(self.store, step.key, replica=self.worker, shares=shares, reassign=self.reassign)
+        claims = StepClaims(self.store, step.key, replica=self.worker, shares=self._shares, reassign=self.reassign)
         for j, taken in claims:
             yield j, "taken" if taken else "own"
         runs.drain()  # this replica's own chunks committed before it watches the others'
@@ -424,6 +423,11 @@ class FlexiblePipeline(FlexibleStage):
     def _terms(self) -> int:
         """The length of a chunk's BatchNorm term (0 without BatchNorm)."""
         return self._statistics.size if self._statistics is not None else 0
+
+    @property
+    def _shares(self) -> list[int]:
+        """The chunks each replica of the first stage owns this step."""
+        return self._weights.shares() if self._weights is not None else [self._share] * self.replicas
 
     def _cut(self, samples: int) -> list[int]:
         """The sizes of a batch's chunks, each replica's in turn: in proportion to the replicas' measured speeds
