@@ -13,7 +13,7 @@ import torch
 import conveyor.runtime
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.cli import _parser, main
-from conveyor.stragglers import MODES
+from conveyor.stragglers import DEFAULT_MODE, MODES
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -237,7 +237,7 @@ def test_the_straggler_modes_written_out_for_the_parser_are_the_packages() -> No
     parser = _parser()
     train = next(a for a in parser._subparsers._group_actions if a.dest).choices["train"]  # type: ignore[union-attr]
     stragglers = next(a for a in train._actions if a.dest == "stragglers")
-    assert tuple(stragglers.choices) == MODES
+    assert tuple(stragglers.choices) == MODES and stragglers.default == DEFAULT_MODE
 
 
 @pytest.mark.slow

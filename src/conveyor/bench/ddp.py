@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
+from conveyor.emulate import ServerTraffic, launch_emulated
 from conveyor.job import EpochBatches, TrainConfig, loss_and_optimizer, model_and_data
 
 __all__ = ["train_ddp"]
@@ -33,7 +33,8 @@ def _worker(cfg: TrainConfig) -> dict[str, Any]:
     optimizer = make_optimizer(ddp.parameters())
     batches = EpochBatches(data.train_x, data.train_y, cfg.optimizer.batch_size, cfg.run.seed)
     history: list[dict[str, Any]] = []
-    start, train_seconds, traffic = time.perf_counter(), 0.0, ServerTraffic(rank == 0)
+    dist.barrier()  # every worker built before the clock starts, as conveyor train's
+    started_at, start, train_seconds, traffic = time.time(), time.perf_counter(), 0.0, ServerTraffic(rank == 0)
     for epoch in range(cfg.run.epochs):
         batches.order.epoch = epoch
         began = time.perf_counter()
@@ -65,20 +66,20 @@ def _worker(cfg: TrainConfig) -> dict[str, Any]:
         )
         if cfg.run.target_accuracy is not None and float(accuracy) >= cfg.run.target_accuracy:
             break
-    return {"history": history, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"history": history, "peak_rss_bytes": peak, "started_at": started_at}
 
 
 def train_ddp(cfg: TrainConfig, workers: int, run_dir: str | Path | None = None) -> dict[str, Any]:
-    """Train ``cfg``'s model with DDP on ``workers`` processes (on ``cfg``'s emulated cluster, if any).
+    """Train ``cfg``'s model with DDP on ``workers`` processes (on ``cfg``'s emulated cluster, faults included, if
+    any; their log in ``run_dir/faults.jsonl``).
 
     Returns:
         ``accuracy`` and ``epoch_seconds`` per epoch, ``samples_per_s`` (of training time), ``seconds``,
         ``samples`` trained, ``bytes_between_servers`` while training (``None`` off an emulated network),
-        ``peak_rss_bytes`` per worker and ``layout``.
+        ``peak_rss_bytes`` per worker, ``started_at`` (``time.time()`` when training began) and ``layout``.
     """
-    per_rank = launch_emulated(
-        _worker, cfg, nprocs=workers, emulation=Emulation(cfg.emulation.network, cfg.emulation.devices), log_dir=run_dir
-    )
+    per_rank = launch_emulated(_worker, cfg, nprocs=workers, emulation=cfg.emulation.emulation(), log_dir=run_dir)
     history = per_rank[0]["history"]
     return {
         "accuracy": [h["accuracy"] for h in history],
@@ -88,5 +89,6 @@ def train_ddp(cfg: TrainConfig, workers: int, run_dir: str | Path | None = None)
         "samples": history[-1]["samples"],
         "bytes_between_servers": history[-1]["bytes_between_servers"],
         "peak_rss_bytes": [per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
+        "started_at": per_rank[0]["started_at"],
         "layout": {"replicas": [workers], "schedule": "ddp"},
     }

@@ -44,7 +44,13 @@ def add_stragglers(which: Any) -> None:
     stragglers.add_argument("--period", type=float, default=1.0, help="seconds between the patterns' events")
     stragglers.add_argument("--seed", type=int, default=0, help="the patterns', the weights' and the data's seed")
     stragglers.add_argument("--patterns", type=names, default=None, help="e.g. slow-worker,none (default: all)")
-    stragglers.add_argument("--modes", type=names, default=None, help="e.g. off,flexrr (default: all)")
+    stragglers.add_argument(
+        "--modes",
+        type=names,
+        default=None,
+        help="e.g. off,flexrr; ddp: PyTorch's DistributedDataParallel (default: live, flexrr, backup, off, ddp)",
+    )
+    stragglers.add_argument("--repeats", type=positive, default=2, help="runs of each case, pattern and mode")
     stragglers.add_argument("--keep", type=Path, default=None, help="keep every run's folder here")
     stragglers.add_argument("--json", type=Path, default=None, help="write the report here")
     stragglers.add_argument("--plot", type=Path, default=None, help="write the ratios to the ideal here (PNG)")
@@ -53,16 +59,16 @@ def add_stragglers(which: Any) -> None:
 def run_stragglers(args: argparse.Namespace) -> None:
     """Every case, pattern and mode against the ideal; prints the table and the goals."""
     from conveyor.bench.stragglers import PATTERNS, StragglersConfig, run
-    from conveyor.stragglers import MODES
 
-    given = {"patterns": args.patterns or tuple(PATTERNS), "modes": args.modes or MODES}
+    given = {"patterns": args.patterns or tuple(PATTERNS), "modes": args.modes or StragglersConfig.modes}
     cfg = config(StragglersConfig, argparse.Namespace(**{**vars(args), **given}))
     report = run(cfg, str(args.plot) if args.plot else None, str(args.keep) if args.keep else None)
     table = Table(
         "case",
         "pattern",
         "mode",
-        "seconds",
+        "seconds (median)",
+        "runs' spread",
         "ideal s",
         "ratio",
         "final acc",
@@ -70,22 +76,20 @@ def run_stragglers(args: argparse.Namespace) -> None:
         "backed up",
         "dropped",
         "wait s",
-        title=f"{cfg.epochs} epochs, each worker {cfg.cores:g} cores",
+        title=f"{cfg.epochs} epochs, each worker {cfg.cores:g} cores, {cfg.repeats} runs each",
     )
     for r in report["results"]:
-        wait = "-" if r["wait_s"] is None else f"{r['wait_s']:.1f}"
         table.add_row(
             f"{r['model']}:{r['layout']}",
             r["pattern"],
             r["mode"],
             f"{r['seconds']:.1f}",
+            f"{100 * r['spread']:.0f}%",
             f"{r['ideal_seconds']:.1f}",
             f"{r['ratio_to_ideal']:.2f}",
             f"{r['final_accuracy']:.3f}",
-            str(r["samples_moved"]),
-            str(r["samples_backed_up"]),
-            str(r["samples_dropped"]),
-            wait,
+            *(_median(r[k], "{:.0f}") for k in ("samples_moved", "samples_backed_up", "samples_dropped")),
+            _median(r["wait_s"], "{:.1f}"),
         )
     console.print(table)
     for f in report["failed"]:
@@ -96,7 +100,13 @@ def run_stragglers(args: argparse.Namespace) -> None:
     within = ", ".join(f"{p} {x}x" for p, x in targets["ratio_to_ideal"].items())
     console.print(f"modes within {within} of the ideal, {targets['accuracy_points']} point of accuracy: {goals['met']}")
     console.print(f"off at least {targets['off_ratio_to_ideal_at_least']}x on slowed workers: {goals['off_met']}")
+    spread = targets["no_jitter_spread_at_most"]
+    console.print(f"every mode's no-jitter runs within {100 * spread:.0f}%: {goals['no_jitter_spread_met']}")
     if args.plot:
         console.print(f"wrote {args.plot}")
     if args.json:
         write_json(args.json, report)
+
+
+def _median(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)

@@ -10,11 +10,12 @@ from conveyor.errors import InputError
 from conveyor.runtime import WorldSizeError
 from conveyor.stragglers._granularity import Chunks, check_chunks
 
-__all__ = ["MODES", "ModeSettings", "check_flexible", "flexible_layout", "mode_settings"]
+__all__ = ["DEFAULT_MODE", "MODES", "ModeSettings", "check_flexible", "flexible_layout", "mode_settings"]
 
 # FlexRR is slack and reassignment (Harlap et al., SoCC 2016); backup is reassignment and backups, synchronous;
 # live is reassignment and backups reduced among the replicas whose runs were used (no all-reduce), synchronous.
 MODES = ("live", "flexrr", "slack", "reassign", "backup", "off")
+DEFAULT_MODE = "off"  # conveyor train --stragglers' default (the CLI writes it out: it loads no torch)
 
 
 class ModeSettings(NamedTuple):
