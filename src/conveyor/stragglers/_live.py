@@ -123,6 +123,19 @@ class LiveReduction:
         self._own = {}
         return [buffers[chunk] for chunk in runners]
 
+    def reduce(self, runners: dict[int, Runner], replicas: int) -> tuple[torch.Tensor, list[float]]:
+        """The step's sum (module docstring) from ``runners`` (chunk -> who committed it, in chunk order), and
+        each replica's samples a second over its runs that were used (0 where it ran none)."""
+        buffers = self.collect(runners)
+        total = buffers[0].clone()
+        for buffer in buffers[1:]:  # in chunk order, as every replica adds them: bitwise the same sum
+            total += buffer
+        samples, seconds = torch.stack([b[-2:] for b in buffers]).T.tolist()  # each buffer ends so
+        busy, ran = [0.0] * replicas, [0.0] * replicas
+        for (replica, _), n, s in zip(runners.values(), samples, seconds, strict=True):
+            busy[replica], ran[replica] = busy[replica] + s, ran[replica] + n
+        return total, [n / s if s > 0 else 0.0 for n, s in zip(ran, busy, strict=True)]
+
     def applied(self, step_key: str, keys: Sequence[str], on_last: Callable[[], None]) -> None:
         """This replica applied the step of ``step_key``. The last of the replicas to do so deletes ``keys`` (the
         step's) and calls ``on_last``; sends of steps every replica has applied are waited on (at once: read)."""

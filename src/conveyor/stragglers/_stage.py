@@ -1,12 +1,14 @@
-"""One worker's stage of a :class:`~conveyor.stragglers.FlexiblePipeline` beyond its training: where it sits,
-its evaluation through the first stage's replica 0, its per-step records, and its checkpoints, the replicas'
-floating buffers averaged first (other than BatchNorm's running statistics, which the replicas agree every
-step: :mod:`conveyor.stragglers._statistics`)."""
+"""One worker's stage of a :class:`~conveyor.stragglers.FlexiblePipeline` beyond its steps: where it sits, its
+runs' store keys and queues and how a run ends, its evaluation through the first stage's replica 0, its per-step
+records, and its checkpoints, the replicas' floating buffers averaged first (other than BatchNorm's running
+statistics, which the replicas agree every step: :mod:`conveyor.stragglers._statistics`)."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -16,8 +18,13 @@ from torch import nn
 
 from conveyor.errors import InputError
 from conveyor.runtime import StagePosition, load_stage, save_stages, to_device
+from conveyor.stragglers._backup import Backups
+from conveyor.stragglers._chunks import StepWork
+from conveyor.stragglers._claims import share_keys
+from conveyor.stragglers._inbox import Inbox
+from conveyor.stragglers._live import LiveReduction
 from conveyor.stragglers._records import StepRecord
-from conveyor.stragglers._route import Router
+from conveyor.stragglers._route import END, RELEASE, Router
 from conveyor.stragglers._statistics import RunningStatistics
 
 __all__ = ["FlexibleStage"]
@@ -28,6 +35,8 @@ class FlexibleStage(StagePosition):
 
     worker: int
     replicas: int  # the first stage's
+    chunks: int | None  # each replica's per batch (None: auto, chosen by the first run)
+    store: dist.Store
     device: torch.device
     autocast: torch.dtype | None
     module: nn.Module
@@ -40,8 +49,11 @@ class FlexibleStage(StagePosition):
     _output: int  # the last stage's first worker
     _model_shapes: Any
     _id: int
+    _runs: int
     _evals: int
     _statistics: RunningStatistics | None
+    _backups: Backups | None
+    _live: LiveReduction | None
 
     @property
     def is_output(self) -> bool:
@@ -55,6 +67,70 @@ class FlexibleStage(StagePosition):
     def _mixed(self) -> contextlib.AbstractContextManager[Any]:
         """``torch.autocast`` to the trainer's dtype, or nothing."""
         return torch.autocast(self.device.type, self.autocast) if self.autocast else contextlib.nullcontext()
+
+    def _steps(self, batches: Iterable[tuple[Any, Any]] | None, inbox: Inbox | None) -> Iterator[tuple[Any, Any]]:
+        """The run's batches; a stage between the first and the last: a step per batch the first stage sends."""
+        if batches is not None:
+            yield from batches
+            return
+        assert inbox is not None, "the first stage reads batches"
+        for index in itertools.count():
+            if not inbox.has(index):
+                return
+            yield None, None
+
+    def _end_run(self, inbox: Inbox | None, steps: int) -> None:
+        """Every replica of the first stage has finished the run: the last to finish tells the next stage the run's
+        step count; a later stage reads its queue to that end, answering late duplicates."""
+        finished = f"{self._run_key()}/finished"
+        if self.stage == 0 and self.num_stages > 1 and int(self.store.add(finished, 1)) == self.replicas:
+            self.store.delete_key(finished)
+            self.router.notify(self._queue(1), END, steps)
+        if inbox is not None:
+            inbox.finish()
+        self.router.wait_sends()
+
+    def _run_key(self) -> str:
+        return f"conveyor/flexible{self._id}/run{self._runs}"
+
+    def _step_key(self, index: int) -> str:
+        """The store keys of step ``index`` of this trainer's current run (its claims, its commits)."""
+        return f"{self._run_key()}/step{index}"
+
+    def _queue(self, to_stage: int) -> str:
+        return f"{self._run_key()}/to{to_stage}"
+
+    @property
+    def _terms(self) -> int:
+        """The length of a chunk's BatchNorm term (0 without BatchNorm)."""
+        return self._statistics.size if self._statistics is not None else 0
+
+    @property
+    def _share(self) -> int:
+        """Chunks each replica owns (chosen at the first run where ``chunks="auto"``)."""
+        if self.chunks is None:
+            raise RuntimeError("chunks='auto' are chosen by the first train(), before any step")
+        return self.chunks
+
+    def _release(self, step: StepWork) -> None:
+        """Delete a step's store keys once every replica is past it, and tell the next stage (which then drops
+        what it kept to answer the step's duplicates)."""
+        if self.stage != 0:
+            return
+        if self._live is not None:
+            assert self._backups is not None
+            keys = [*share_keys(step.key, self.replicas), *self._backups.keys(step.key, step.chunks)]
+            self._live.applied(step.key, keys, lambda: self._tell_released(step.index))
+            return
+        self.store.delete_key(share_keys(step.key, self.replicas)[self.worker])
+        if self._backups is not None:
+            self._backups.release(step.key, step.owned)
+            if self.worker == 0:  # the all-reduce is done: every replica is past the step
+                self._tell_released(step.index)
+
+    def _tell_released(self, index: int) -> None:
+        if self.num_stages > 1:
+            self.router.notify(self._queue(1), RELEASE, index)
 
     @property
     def _reduces(self) -> bool:

@@ -78,14 +78,15 @@ from conveyor.runtime import (
 from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._backup import Backups
 from conveyor.stragglers._chunks import ChunkRun, FirstStage, StepWork
-from conveyor.stragglers._claims import StepClaims, share_keys
+from conveyor.stragglers._claims import StepClaims
 from conveyor.stragglers._granularity import Chunks, agree_on_chunks
 from conveyor.stragglers._inbox import Inbox
+from conveyor.stragglers._later import LaterStage
 from conveyor.stragglers._live import LiveReduction, parse_runner
 from conveyor.stragglers._modes import check_flexible
 from conveyor.stragglers._prediction import WeightPrediction
 from conveyor.stragglers._records import StepRecord
-from conveyor.stragglers._route import END, RELEASE, Router
+from conveyor.stragglers._route import Router
 from conveyor.stragglers._shares import ShareWeights, equal_cut
 from conveyor.stragglers._stage import FlexibleStage
 from conveyor.stragglers._statistics import RunningStatistics
@@ -184,26 +185,32 @@ class FlexiblePipeline(FlexibleStage):
         self._prediction = WeightPrediction(self.params, slack) if predict and slack > 0 else None
         self.store = dist.distributed_c10d._get_default_store()
         self.router = Router(self.store, self.device)
-        self._backups: Backups | None = None
-        if (backup or live) and self.stage == 0 and counts[0] > 1:  # live: a chunk a stalled peer holds is
-            rounds = counts[0] - 1 if live else 1  # backed up, in turn
-            self._backups = Backups(self.store, replica=self.worker, rounds=rounds)
-            self._backups.attach(self.module)
-        self._duplicates = (backup or live) and counts[0] > 1  # a later stage may receive a chunk twice
         self._statistics = RunningStatistics.of(self.module, self._dtype)  # updated in the chunks' order
-        first_ranks = stage_workers(counts)[0]
-        self._live = None
-        if live and self.stage == 0 and counts[0] > 1:
-            tag = 1 + self._id  # apart from the router's messages (tag 0) and another trainer's
-            self._live = LiveReduction(self.store, self.device, replica=self.worker, ranks=first_ranks, tag=tag)
+        self._backups, self._live = self._straggler_parts(counts, backup=backup, live=live)
+        self._duplicates = (backup or live) and counts[0] > 1  # a later stage may receive a chunk twice
         # Every worker creates every group, as torch.distributed requires; data parallelism uses the world's.
-        group = dist.new_group(first_ranks) if self.num_stages > 1 and self.replicas > 1 else None
+        group = dist.new_group(stage_workers(counts)[0]) if self.num_stages > 1 and self.replicas > 1 else None
         self._group = group if self.stage == 0 and self.replicas > 1 else None
         self._next = self.replicas + self.stage  # the rank of the next stage's worker
         self._output = 0 if self.num_stages == 1 else world - 1  # the last stage's first worker
         self.steps = 0  # batches trained on
         self.records: list[StepRecord] = []
         dist.barrier()  # every worker is built before any claims work, or an early one would take it all
+
+    def _straggler_parts(
+        self, counts: tuple[int, ...], *, backup: bool, live: bool
+    ) -> tuple[Backups | None, LiveReduction | None]:
+        """The first stage's backups (with live reduction, a round per peer: a chunk a stalled backup holds is
+        backed up in turn) and its side of live reduction, where its replicas have them."""
+        if not (backup or live) or self.stage != 0 or counts[0] < 2:
+            return None, None
+        backups = Backups(self.store, replica=self.worker, rounds=counts[0] - 1 if live else 1)
+        backups.attach(self.module)
+        if not live:
+            return backups, None
+        tag = 1 + self._id  # apart from the router's messages (tag 0) and another trainer's
+        ranks = stage_workers(counts)[0]
+        return backups, LiveReduction(self.store, self.device, replica=self.worker, ranks=ranks, tag=tag)
 
     def train(
         self, batches: Iterable[tuple[Any, Any]] | None, on_step: Callable[[int], None] | None = None
@@ -257,38 +264,6 @@ class FlexiblePipeline(FlexibleStage):
             self.records[-1].wait_s += self._apply(pending.popleft(), losses)
         self._end_run(inbox, steps)
         return torch.stack(losses).tolist() if self.is_output and losses else None
-
-    def _steps(self, batches: Iterable[tuple[Any, Any]] | None, inbox: Inbox | None) -> Iterator[tuple[Any, Any]]:
-        """The run's batches; a stage between the first and the last: a step per batch the first stage sends."""
-        if batches is not None:
-            yield from batches
-            return
-        assert inbox is not None, "the first stage reads batches"
-        for index in itertools.count():
-            if not inbox.has(index):
-                return
-            yield None, None
-
-    def _end_run(self, inbox: Inbox | None, steps: int) -> None:
-        """Every replica of the first stage has finished the run: the last to finish tells the next stage the run's
-        step count; a later stage reads its queue to that end, answering late duplicates."""
-        finished = f"{self._run_key()}/finished"
-        if self.stage == 0 and self.num_stages > 1 and int(self.store.add(finished, 1)) == self.replicas:
-            self.store.delete_key(finished)
-            self.router.notify(self._queue(1), END, steps)
-        if inbox is not None:
-            inbox.finish()
-        self.router.wait_sends()
-
-    def _run_key(self) -> str:
-        return f"conveyor/flexible{self._id}/run{self._runs}"
-
-    def _step_key(self, index: int) -> str:
-        """The store keys of step ``index`` of this trainer's current run (its claims, its commits)."""
-        return f"{self._run_key()}/step{index}"
-
-    def _queue(self, to_stage: int) -> str:
-        return f"{self._run_key()}/to{to_stage}"
 
     def _first_step(self, index: int, inputs: Any, targets: Any, record: StepRecord) -> StepWork:
         """Run this replica's chunks of one batch; start the reduction of their gradients."""
@@ -370,7 +345,7 @@ class FlexiblePipeline(FlexibleStage):
 
     def _later_step(self, inbox: Inbox, index: int, targets: Any, record: StepRecord) -> StepWork:
         """Run this stage's chunks of one batch as they arrive (each once), answering each with its inputs'
-        gradient; the later stages are single workers, so their sums are the batch's."""
+        gradient (:mod:`conveyor.stragglers._later`)."""
         start = time.perf_counter()
         for p in self.params:
             p.grad = None
@@ -384,45 +359,21 @@ class FlexiblePipeline(FlexibleStage):
             dtype=self._dtype,
             device=self.device,
         )
-        in_flight: deque[tuple[Any, Any]] = deque()
+        stage = LaterStage(
+            module=self.module,
+            loss_fn=self.loss_fn,
+            mixed=self._mixed,
+            statistics=self._statistics,
+            router=self.router,
+            next_rank=self._next,
+            depth=self.num_stages - self.stage,
+            last=self.is_last,
+        )
         with self._predicted(), self._statistics.step() if self._statistics is not None else contextlib.nullcontext():
-            for entry in inbox.arrivals(index):
-                n = batch_size(entry.inputs)
-                with self._mixed():
-                    out = self.module(entry.inputs)
-                if self._statistics is not None:
-                    step.add_term(self._statistics.end_chunk(entry.chunk, entry.count))
-                step.chunks.append(entry.chunk)
-                step.samples, record.samples, record.chunks = step.samples + n, record.samples + n, record.chunks + 1
-                if self.is_last:
-                    y = split_batch(targets, [entry.start, n, batch_size(targets) - entry.start - n])[1]
-                    with self._mixed():
-                        loss = self.loss_fn(out, to_device(y, self.device))
-                    (loss * n).backward()  # a sum over the chunk's samples
-                    step.loss += loss.detach() * n
-                    inbox.answer(entry)
-                    continue
-                onward = self._queue(self.stage + 1)
-                chunk, count, start = entry.chunk, entry.count, entry.start
-                self.router.send(onward, out, step=index, chunk=chunk, count=count, start=start, dst=self._next)
-                in_flight.append((out, entry))
-                if len(in_flight) >= self.num_stages - self.stage:
-                    self._answer_after_backward(inbox, *in_flight.popleft())
-            while in_flight:
-                self._answer_after_backward(inbox, *in_flight.popleft())
+            stage.run(step, inbox, targets, self._queue(self.stage + 1))
         record.compute_s = time.perf_counter() - start
         step.reduce(self.params, reduces=False, group=None, extra=[])
         return step
-
-    def _answer_after_backward(self, inbox: Inbox, out: Any, entry: Any) -> None:
-        """Back-propagate the gradient the next stage returns for ``out``; answer ``entry``'s sender."""
-        self.router.backward(out, self._next)
-        inbox.answer(entry)
-
-    @property
-    def _terms(self) -> int:
-        """The length of a chunk's BatchNorm term (0 without BatchNorm)."""
-        return self._statistics.size if self._statistics is not None else 0
 
     @property
     def _shares(self) -> list[int]:
@@ -436,19 +387,13 @@ class FlexiblePipeline(FlexibleStage):
             return self._weights.cut(samples)
         return equal_cut(samples, self.replicas * self._share)
 
-    @property
-    def _share(self) -> int:
-        """Chunks each replica owns (chosen at the first run where ``chunks="auto"``)."""
-        if self.chunks is None:
-            raise RuntimeError("chunks='auto' are chosen by the first train(), before any step")
-        return self.chunks
-
     def _apply(self, step: StepWork, losses: list[torch.Tensor]) -> float:
         """Wait for a step's reduction; step the optimizer with its mean gradient; return the seconds waited."""
         start = time.perf_counter()
         rates: list[float] = []
-        if self._live is not None:
-            rates = self._collect(step)
+        if self._live is not None and self._backups is not None:
+            runners = {j: parse_runner(self._backups.runner(j)) for j in step.chunks}
+            step.buffer, rates = self._live.reduce(runners, self.replicas)
         else:
             step.wait()
             if self._weights is not None and step.buffer is not None:
@@ -469,38 +414,3 @@ class FlexiblePipeline(FlexibleStage):
             self.optimizer.step()
         self._release(step)
         return waited
-
-    def _collect(self, step: StepWork) -> list[float]:
-        """Live reduction: every chunk's buffer from the replica whose run was used, summed in chunk order;
-        each replica's samples a second in the step (over its runs that were used)."""
-        assert self._live is not None and self._backups is not None
-        runners = {j: parse_runner(self._backups.runner(j)) for j in step.chunks}
-        buffers = self._live.collect(runners)
-        step.buffer = buffers[0].clone()
-        for buffer in buffers[1:]:  # in chunk order, as every replica adds them: bitwise the same sum
-            step.buffer += buffer
-        samples, seconds = torch.stack([b[-2:] for b in buffers]).T.tolist()
-        busy, ran = [0.0] * self.replicas, [0.0] * self.replicas
-        for (replica, _), n, s in zip(runners.values(), samples, seconds, strict=True):
-            busy[replica], ran[replica] = busy[replica] + s, ran[replica] + n
-        return [n / s if s > 0 else 0.0 for n, s in zip(ran, busy, strict=True)]
-
-    def _release(self, step: StepWork) -> None:
-        """Delete a step's store keys once every replica is past it, and tell the next stage (which then drops
-        what it kept to answer the step's duplicates)."""
-        if self.stage != 0:
-            return
-        if self._live is not None:
-            assert self._backups is not None
-            keys = [*share_keys(step.key, self.replicas), *self._backups.keys(step.key, step.chunks)]
-            self._live.applied(step.key, keys, lambda: self._tell_released(step.index))
-            return
-        self.store.delete_key(share_keys(step.key, self.replicas)[self.worker])
-        if self._backups is not None:
-            self._backups.release(step.key, step.owned)
-            if self.worker == 0:  # the all-reduce is done: every replica is past the step
-                self._tell_released(step.index)
-
-    def _tell_released(self, index: int) -> None:
-        if self.num_stages > 1:
-            self.router.notify(self._queue(1), RELEASE, index)
