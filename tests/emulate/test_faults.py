@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor.emulate._faults import KINDS, Fault, parse_faults
+from conveyor.errors import InputError
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "spot-traces"
 
@@ -395,3 +396,18 @@ def test_from_dict_rejects_bad_dicts(d: dict[str, object], match: str) -> None:
 def test_bad_job_shape() -> None:
     with pytest.raises(ValueError, match=r"parse_faults needs workers, per_server >= 1"):
         parse_faults("", workers=0)
+
+
+def test_a_trace_can_govern_the_workers_after_the_reliable_ones(tmp_path: Path) -> None:
+    """SkyPilot counts every 300 s: slot s is rank 1 + s; a slot empty at the start is revoked at once."""
+    path = tmp_path / "us-west-2a_v100_1.json"
+    path.write_text('{"metadata": {"gap_seconds": 300}, "data": [1, 1, 2, 0]}')
+    faults = parse_faults(f"trace:{path},time-scale=60,machines=2,first=1", workers=3)
+    assert [(f.at, f.kind, f.workers) for f in faults] == [
+        (0.0, "revoke", (2,)),
+        (10.0, "add", (2,)),
+        (15.0, "revoke", (1,)),
+        (15.0, "revoke", (2,)),
+    ]
+    with pytest.raises(InputError, match=r"machines=3 must be 1\.\.2"):
+        parse_faults(f"trace:{path},machines=3,first=1", workers=3)

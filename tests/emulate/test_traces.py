@@ -47,3 +47,15 @@ def test_bad_traces_are_one_line(tmp_path: Path, text: str, message: str) -> Non
     trace.write_text(text)
     with pytest.raises(ValueError, match=message):
         replay_trace(trace)
+
+
+def test_a_skypilot_trace_is_replayed_as_counts_every_tick(tmp_path: Path) -> None:
+    trace = tmp_path / "us-west-2a_v100_1.json"
+    trace.write_text('{"metadata": {"gap_seconds": 300}, "data": [2, 2, 0, 1]}')
+    assert replay_trace(trace) == [
+        (0.0, "add", 0),
+        (0.0, "add", 1),
+        (600.0, "remove", 1),
+        (600.0, "remove", 0),
+        (900.0, "add", 0),
+    ]

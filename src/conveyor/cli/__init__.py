@@ -1,5 +1,5 @@
-"""The ``conveyor`` command: ``train``, ``profile``, ``plan``, ``emulate ...``, ``cluster ...``, ``models ...`` and
-``bench ...``, one module per group."""
+"""The ``conveyor`` command: ``train``, ``profile``, ``plan``, ``emulate ...``, ``cluster ...``, ``models ...``,
+``markets ...`` and ``bench ...``, one module per group."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from conveyor.cli import _bench, _cluster, _emulate, _models, _plan, _train
+from conveyor.cli import _bench, _cluster, _emulate, _markets, _models, _plan, _train
 from conveyor.cli._common import Parser
 from conveyor.errors import InputError
 
@@ -25,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     _emulate.add_parser(sub)
     _cluster.add_parser(sub)
     _models.add_parser(sub)
+    _markets.add_parser(sub)
     _bench.add_parser(sub)
     return parser
 
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "emulate": _emulate.run,
         "cluster": _cluster.run,
         "models": _models.run,
+        "markets": _markets.run,
         "bench": _bench.run,
     }
     try:

@@ -18,6 +18,8 @@ from conveyor.cli._bench_stragglers import add_stragglers, run_stragglers
 from conveyor.cli._bench_wan import add_wan, run_wan
 from conveyor.cli._bench_warmstart import add_warmstart, run_warmstart
 from conveyor.cli._common import add_emulation, config, console, floats, names, positive, sizes, write_json
+from conveyor.cli._markets import add_bench as add_markets
+from conveyor.cli._markets import run_bench as run_markets
 
 __all__ = ["add_parser", "run"]
 
@@ -96,6 +98,7 @@ def add_parser(sub: Any) -> None:
     add_models(which)
     add_wan(which)
     add_soak(which)
+    add_markets(which)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -119,6 +122,7 @@ def run(args: argparse.Namespace) -> None:
         "models": run_models,
         "wan": run_wan,
         "soak": run_soak,
+        "markets": run_markets,
     }[args.bench](args)
 
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         sent_bytes,
     )
     from conveyor.emulate._privileges import EmulationError, require_netem
-    from conveyor.emulate._traces import replay_trace
+    from conveyor.emulate._traces import read_counts, replay_trace
 
 # Imported on first use: the janitor process and fault planning need none of torch.
 _HOME = {
@@ -46,7 +46,7 @@ _HOME = {
     "_launch": ("WorkerRevoked", "launch_emulated"),
     "_network": ("Link", "Network", "ServerTraffic", "address", "links_of", "sent_bytes"),
     "_privileges": ("EmulationError", "require_netem"),
-    "_traces": ("replay_trace",),
+    "_traces": ("read_counts", "replay_trace"),
 }
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
@@ -73,6 +73,7 @@ __all__ = [
     "links_of",
     "parse_devices",
     "parse_faults",
+    "read_counts",
     "remove_stale_jobs",
     "replay_trace",
     "require_netem",

@@ -39,8 +39,8 @@ _KEYS: dict[str, tuple[str, str]] = {
     "power-law": ("alpha scale period seed among at until", "power-law:alpha=1.5,scale=0.1,period=10,seed=1"),
     "random-revoke": ("rate grace seed server at until", "random-revoke:rate=0.01,grace=30,seed=1"),
     "trace": (
-        "time-scale offset machines grace",
-        "trace:../shared/spot-traces/p3-trace.csv,time-scale=3600,machines=4",
+        "time-scale offset machines first grace",
+        "trace:../shared/spot-traces/p3-trace.csv,time-scale=3600,machines=4,first=1",
     ),
 }
 # Kinds whose events last a while; a revoke or an add is an instant.
@@ -377,7 +377,8 @@ class _Item:
         events); a later removal revokes its slot's rank (with ``grace``), a later addition emits ``add``.
         Slots the trace has no machine for at the start are revoked at time 0 with no grace. The trace governs
         slots ``0 .. M-1``, M the ``machines=`` key or else its peak live count (an error if above the
-        worker count); other ranks get no events.
+        worker count); slot ``s`` is rank ``first + s`` (``first=`` key, default 0: a job's reliable workers
+        come first and the trace governs the transient ones); other ranks get no events.
         """
         file = Path(path := self.parse(rest, positional=True))
         if not path or not file.is_file():
@@ -386,14 +387,16 @@ class _Item:
         grace = self.num("grace", 0.0)
         steps = replay_trace(file)
         peak = max((slot + 1 for _, _, slot in steps), default=0)
+        first = self.whole("first", 0, below=self.n)
+        room = self.n - first
         if "machines" in self.kv:
             keep = self.whole("machines")
-            if not 1 <= keep <= self.n:
-                raise self.fail(f"machines={keep} must be 1..{self.n} (the job's worker count)")
-        elif peak > self.n:
+            if not 1 <= keep <= room:
+                raise self.fail(f"machines={keep} must be 1..{room} (the job's workers from rank {first})")
+        elif peak > room:
             raise InputError(
-                f"trace {file.name}: up to {peak} machines are live at once but the job has {self.n} workers; "
-                f"add machines=M (M <= {self.n}) to keep only the first M machine slots"
+                f"trace {file.name}: up to {peak} machines are live at once but the job has {room} workers from "
+                f"rank {first}; add machines=M (M <= {room}) to keep only the first M machine slots"
             )
         else:
             keep = peak
@@ -405,8 +408,8 @@ class _Item:
                 # Up to the offset the trace only builds the fleet the job starts on.
                 (live.add if op == "add" else live.discard)(slot)
             elif op == "add":
-                out.append(Fault((t - offset) / scale, "add", (slot,), source=source))
+                out.append(Fault((t - offset) / scale, "add", (first + slot,), source=source))
             else:
-                out.append(Fault((t - offset) / scale, "revoke", (slot,), grace=grace, source=source))
+                out.append(Fault((t - offset) / scale, "revoke", (first + slot,), grace=grace, source=source))
         # Slots the trace has no machine for at the start are revoked at once (no notice: there was no machine).
-        return [Fault(0.0, "revoke", (s,), source=source) for s in range(keep) if s not in live] + out
+        return [Fault(0.0, "revoke", (first + s,), source=source) for s in range(keep) if s not in live] + out

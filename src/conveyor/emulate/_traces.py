@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import datetime
 import heapq
+import json
 from pathlib import Path
 
 from conveyor.errors import InputError
 
-__all__ = ["replay_trace"]
+__all__ = ["read_counts", "replay_trace"]
 
 
 def replay_trace(file: Path) -> list[tuple[float, str, int]]:
     """A trace's events as ``(seconds, "add"|"remove", slot)``, seconds counted from the trace's first event.
 
-    Two formats (see ``../shared/spot-traces/README.md``): ``MILLISECONDS,add|remove,NODE`` lines, where an
-    added machine takes the lowest free slot and keeps it until removed; and Google Cloud's
+    Three formats (see ``../shared/spot-traces/README.md``): ``MILLISECONDS,add|remove,NODE`` lines, where an
+    added machine takes the lowest free slot and keeps it until removed; Google Cloud's
     ``DATE, TIME, LIVE_COUNT`` samples, where a drop removes the highest live slots and a rise fills the lowest
-    free ones. A count file repeats each sample on later lines, some stamped earlier than the line before, so a
-    change takes the time of the first line with the new count, kept no earlier than the change before it.
+    free ones; and SkyPilot's ``{"metadata": {"gap_seconds": G}, "data": [COUNTS]}`` (``.json``), counts every
+    ``G`` seconds, read as the samples are. A Google Cloud count file repeats each sample on later lines, some
+    stamped earlier than the line before, so a change takes the time of the first line with the new count, kept
+    no earlier than the change before it.
     """
-    rows = [[c.strip() for c in line.split(",")] for line in file.read_text().splitlines() if line.strip()]
+    rows = _json_rows(file) if file.suffix == ".json" else _csv_rows(file)
     if not rows:
         raise InputError(f"trace {file.name} is empty")
     out: list[tuple[float, str, int]] = []
@@ -31,7 +34,11 @@ def replay_trace(file: Path) -> list[tuple[float, str, int]]:
     count = 0
     for n, row in enumerate(rows, 1):
         try:
-            if row[1] in ("add", "remove") and len(row) == 3:
+            if row[0] == "count":  # a SkyPilot tick, already in seconds
+                t, target = float(row[1]), int(row[2])
+                ops = [("add", "") for _ in range(target - count)] + [("remove", "") for _ in range(count - target)]
+                count = target
+            elif row[1] in ("add", "remove") and len(row) == 3:
                 t, ops = float(row[0]) / 1000.0, [(row[1], row[2])]
             else:
                 stamp = datetime.datetime.strptime(f"{row[0]} {row[1]} +0000", "%Y-%m-%d %H:%M:%S %z").timestamp()
@@ -57,3 +64,47 @@ def replay_trace(file: Path) -> list[tuple[float, str, int]]:
                 heapq.heappush(free, slot)
             out.append((t, op, slot))
     return out
+
+
+def _csv_rows(file: Path) -> list[list[str]]:
+    return [[c.strip() for c in line.split(",")] for line in file.read_text().splitlines() if line.strip()]
+
+
+def _json_rows(file: Path) -> list[list[str]]:
+    """SkyPilot's counts as ``count, SECONDS, N`` rows (only the changes)."""
+    gap, counts = read_counts(file)
+    rows, last = [], -1
+    for i, n in enumerate(counts):
+        if n != last:
+            rows.append(["count", str(i * gap), str(n)])
+            last = n
+    return rows
+
+
+def read_counts(file: Path) -> tuple[float, list[int]]:
+    """SkyPilot's ``{"metadata": {"gap_seconds": G}, "data": [N0, N1, ...]}``: ``G`` and the counts, checked.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = Path(d) / "us-east-1a_v100_1.json"
+        ...     _ = p.write_text('{"metadata": {"gap_seconds": 60}, "data": [1, -1]}')
+        ...     read_counts(p)
+        Traceback (most recent call last):
+        ...
+        conveyor.errors.InputError: trace us-east-1a_v100_1.json: data must be whole numbers >= 0 (tick 1 is -1)
+    """
+    try:
+        raw = json.loads(file.read_text())
+        gap, data = float(raw["metadata"]["gap_seconds"]), raw["data"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        want = '{"metadata": {"gap_seconds": G}, "data": [counts]}'
+        raise InputError(f"trace {file.name}: expected {want} ({type(exc).__name__}: {exc})") from None
+    if not gap > 0:
+        raise InputError(f"trace {file.name}: gap_seconds must be > 0, got {gap}")
+    if not isinstance(data, list) or len(data) < 2:
+        raise InputError(f"trace {file.name}: data must be a list of at least 2 counts")
+    for i, n in enumerate(data):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise InputError(f"trace {file.name}: data must be whole numbers >= 0 (tick {i} is {n!r})")
+    return gap, data
