@@ -66,3 +66,16 @@ def test_without_a_binding_target_the_portfolio_holds_the_expected_capacity_only
     kw = {"available": np.array([1, 1]), "speeds": np.ones(2), "prices": np.ones(2), "losses": losses}
     assert sum(choose(**kw, required=0.9, target=0.99, extra=2).machines) == 2
     assert sum(choose(**kw, required=0.9, target=0.99, extra=2, binding=False).machines) == 1
+
+
+def test_machines_held_are_kept_while_needed_and_surplus_given_back() -> None:
+    """Two equal markets: the one held already is kept (a move pays a start again); of three held where one is
+    needed, two go back, the riskiest first."""
+    losses = Losses(np.array([0.08, 0.06, 0.01]), np.ones(3), np.eye(3))
+    kw = {"available": np.array([1, 1, 1]), "speeds": np.ones(3), "prices": np.ones(3), "losses": losses}
+    fresh = choose(**kw, required=0.9, target=0.99, extra=2, binding=False)
+    assert fresh.machines == (0, 0, 1)  # the safest market, from nothing
+    kept = choose(**kw, required=0.9, target=0.99, extra=2, binding=False, held_now=np.array([1, 0, 0]))
+    assert kept.machines == (1, 0, 0)
+    trimmed = choose(**kw, required=0.9, target=0.99, extra=2, binding=False, held_now=np.array([1, 1, 1]))
+    assert trimmed.machines == (0, 0, 1)

@@ -1,8 +1,9 @@
 """``conveyor bench markets --real``: a policy's holding drives a real elastic job on the emulated cluster, and
 the simulator's prediction of its finish and cost is set beside what happened.
 
-1. **Measure** the job (``conveyor train --reliable 1``, no faults) on 1 to ``1 + transient`` workers:
-   training samples/s after the first epoch, ``r(m)``; data parallelism's efficiency ``r(m) / (m r(1))``.
+1. **Measure** the job (``conveyor train --reliable 1``, each worker an emulated device of ``cores`` cores, no
+   faults) on 1 to ``1 + transient`` workers: training samples/s after the first epoch, ``r(m)``; data
+   parallelism's efficiency ``r(m) / (m r(1))``.
 2. **Simulate** the policy from the trace set's median start with that job compressed: a trace day is ``day_s``
    real seconds (``scale = 86400 / day_s``), the work is ``work_h`` trace hours on ``1 + transient`` workers
    (the deadline 1.5x that), worker 0 is the reliable tier (an on-demand machine held throughout), at most
@@ -34,12 +35,13 @@ class RealConfig:
     """The real-mode run of ``conveyor bench markets --real``."""
 
     policy: str = "portfolio"
-    model: str = "mlp"
+    model: str = "resnet"
+    cores: float = 0.45  # each worker's emulated device, so that a machine added adds capacity
     transient: int = 3  # spot machines at most: workers 1..transient
     day_s: float = 300.0  # real seconds per trace day
     work_h: float = 24.0  # trace hours of work on the 1 + transient workers
-    calibrate_epochs: int = 4
-    batch_size: int = 64
+    calibrate_epochs: int = 8
+    batch_size: int = 256
     seed: int = 0
 
 
@@ -63,6 +65,7 @@ def _train(cfg: RealConfig, folder: Path, workers: int, epochs: int, faults: str
         batch_size=cfg.batch_size,
         seed=cfg.seed,
         run_dir=str(folder),
+        devices=f"{cfg.cores:g}",
         faults=faults,
     )
 

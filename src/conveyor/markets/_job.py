@@ -55,7 +55,7 @@ class Overheads:
 
     Attributes:
         revocation_s: survivors' pause when some machines are revoked (Conveyor elastic).
-        addition_s: the pause when machines join a running job.
+        addition_s: from a machine's start to its first step in a running job (it is billed, the job goes on).
         restart_s: a start from the last checkpoint (nothing running, or a non-elastic job's loss).
         checkpoint_s: writing a checkpoint; every ``checkpoint_every_s`` seconds of running.
     """

@@ -46,6 +46,7 @@ class Situation:
     home: int  # the single-zone policies' market
     may_move: bool  # portfolio-moves: the last move is move_every_h ago
     on_demand: int  # on-demand machines held now
+    spot_held: tuple[int, ...]  # spot machines held now, per market
 
 
 Place = tuple[str, str]  # (region, instance kind)
@@ -135,6 +136,7 @@ def _portfolio(ctx: Context, s: Situation, place: Place) -> Holding:
         base=float(ctx.job.reliable),
         most=ctx.settings.most_spot,
         binding=slack_h(ctx, s) < ctx.settings.binding_h,
+        held_now=np.array(s.spot_held) if place == s.place else None,
     )
 
 

@@ -75,10 +75,13 @@ def choose(
     base: float = 0.0,
     most: int = 0,
     binding: bool = True,
+    held_now: np.ndarray | None = None,
 ) -> Holding:
     """The greedy portfolio over markets with ``available`` machines each (see the module docstring), beside
     ``base``, the on-demand speed ``o`` held anyway, and no more than ``most`` machines (0: no limit). With
     ``binding`` false the survival target is not asked for: machines are added only until ``E[C] >= R``.
+    ``held_now``, the machines held already, are kept while they are needed (a machine moved to another
+    market pays its start again): the greedy steps start from them, and surplus ones are given back.
 
     Example:
         >>> from conveyor.markets._hazard import Losses
@@ -89,9 +92,10 @@ def choose(
         ((0, 1, 1), True)
     """
     lost = _losses(losses)
-    held = np.zeros(len(available), dtype=np.int64)
+    held = np.zeros(len(available), dtype=np.int64) if held_now is None else np.minimum(held_now, available)
     limit = int(np.ceil(required / max(speeds.max(), 1e-9))) + extra
     limit = min(limit, most) if most else limit
+    held = _give_back(held, speeds, lost, losses, required, base, target if binding else 0.0, limit)
     score = survival(held, speeds, lost, losses.fraction, required, base)
     while (score[2] < 1.0 or (binding and score[0] < target)) and held.sum() < limit:
         best, best_gain = -1, 0.0
@@ -108,3 +112,27 @@ def choose(
         held[best] += 1
         score = best_score
     return Holding(tuple(int(n) for n in held), score[0], float(held @ prices))
+
+
+def _give_back(
+    held: np.ndarray,
+    speeds: np.ndarray,
+    lost: np.ndarray,
+    losses: Losses,
+    required: float,
+    base: float,
+    target: float,
+    limit: int,
+) -> np.ndarray:
+    """Machines held already, less those not needed: one at a time, the riskiest first, while ``E[C] >= R``
+    and ``P(C >= R) >= target`` still hold without it (and always down to ``limit``)."""
+    held = held.copy()
+    for i in np.argsort(-losses.p).tolist():
+        while held[i] > 0:
+            held[i] -= 1
+            alive, _, expected = survival(held, speeds, lost, losses.fraction, required, base)
+            if held.sum() >= limit or (expected >= 1.0 and alive >= target):
+                continue
+            held[i] += 1
+            break
+    return held

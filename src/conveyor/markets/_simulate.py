@@ -4,7 +4,8 @@ At each tick ``k`` (``gap`` seconds): the markets' counts ``c_i(k)`` revoke what
 (``held_i > c_i``: the newest machines go, billed as revoked); a loss that leaves nothing running, or any loss
 of a non-elastic policy without a reliable tier (``Job.reliable``), sends the job back to its last checkpoint;
 the policy re-decides at a loss, every ``decide_every_h`` and while nothing is held (the reliable tier's
-machines always are); then the job runs for what is left of the tick after its pauses:
+machines always are); machines started while the job runs join it ``addition_s`` later (billed meanwhile),
+the job going on without them; then the job runs for what is left of the tick after its pauses:
 
     ``progress += rate(held) * run_s / 3600 * (1 - checkpoint_s / checkpoint_every_s)``
 
@@ -38,12 +39,17 @@ class _Fleet:
         self.places = tuple((t.region, t.instance) for t in traces)
         self.spot: list[list[float]] = [[] for _ in traces]
         self.od: list[float] = []
+        self.joining: list[tuple[float, float]] = []  # (ready at, speed) of machines still joining the job
 
     def count(self) -> tuple[int, int]:
         return sum(len(m) for m in self.spot), len(self.od)
 
-    def speed(self) -> float:
-        return sum(len(m) * self.ctx.speeds[k] for m, k in zip(self.spot, self.kinds, strict=True)) + len(self.od)
+    def speed(self, now: float, gap: float) -> float:
+        """The machines' summed speed over the tick from ``now``, a joining machine's counted from when it is
+        ready."""
+        held = sum(len(m) * self.ctx.speeds[k] for m, k in zip(self.spot, self.kinds, strict=True)) + len(self.od)
+        self.joining = [(ready, v) for ready, v in self.joining if ready > now]
+        return held - sum(v * min(ready - now, gap) / gap for ready, v in self.joining)
 
     def bill(self, price: float, start: float, end: float, *, revoked: bool, on_demand: bool) -> None:
         self.run.cost_usd += self.ctx.pricing.rule.charge(price, start, end, revoked)
@@ -62,19 +68,22 @@ class _Fleet:
                 lost += 1
         return lost
 
-    def hold(self, d: Decision, now: float) -> tuple[int, int]:
-        """Release or start machines to match ``d``; returns (started, released)."""
+    def hold(self, d: Decision, now: float, join_s: float = 0.0) -> tuple[int, int]:
+        """Release or start machines to match ``d``, those started working ``join_s`` later; returns (started,
+        released)."""
         started = released = 0
         for i, want in enumerate(d.spot):
             while len(self.spot[i]) > want:
                 self.bill(self.ctx.pricing.spot(self.kinds[i]), self.spot[i].pop(), now, revoked=False, on_demand=False)
                 released += 1
             started += want - len(self.spot[i])
+            self.joining += [(now + join_s, self.ctx.speeds[self.kinds[i]])] * max(want - len(self.spot[i]), 0)
             self.spot[i].extend([now] * (want - len(self.spot[i])))
         while len(self.od) > d.on_demand:
             self.bill(self.ctx.pricing.on_demand("v100_1"), self.od.pop(), now, revoked=False, on_demand=True)
             released += 1
         started += max(d.on_demand - len(self.od), 0)
+        self.joining += [(now + join_s, 1.0)] * max(d.on_demand - len(self.od), 0)
         self.od.extend([now] * max(d.on_demand - len(self.od), 0))
         return started, released
 
@@ -151,7 +160,8 @@ def replay(policy: str, ctx: Context, traces: list[MarketTrace], start: int, *, 
                 fleet.hold(nothing, now)
                 running_before = False
         may_move = now - last_move >= ctx.settings.move_every_h * 3600
-        s = Situation(k, now / 3600, work.done, counts, fleet.places, place, home, may_move, len(fleet.od))
+        held = tuple(len(m) for m in fleet.spot)
+        s = Situation(k, now / 3600, work.done, counts, fleet.places, place, home, may_move, len(fleet.od), held)
         rescue = rescue or (policy in DEADLINE and behind_deadline(ctx, s, gap / 3600))
         if rescue:
             d = Decision(nothing.spot, job.machines, place)
@@ -164,12 +174,14 @@ def replay(policy: str, ctx: Context, traces: list[MarketTrace], start: int, *, 
             fleet.hold(nothing, now)
             work.pause += o.move_s
             place, last_move, running_before = d.place, now, False
-        started, released = fleet.hold(Decision(d.spot, max(d.on_demand, job.reliable), d.place), now)
-        if started or (released and not elastic):
-            work.pause += o.addition_s if running_before and elastic else o.restart_s
+        joins = running_before and elastic  # machines join a running job: it goes on while they start
+        wanted = Decision(d.spot, max(d.on_demand, job.reliable), d.place)
+        started, released = fleet.hold(wanted, now, o.addition_s if joins else 0.0)
+        if (started and not joins) or (released and not elastic):
+            work.pause += o.restart_s
         run.held.append((now / 3600, *fleet.count()))
         run.spent.append((now / 3600, fleet.spent(now)))
-        rate = job.rate(fleet.speed(), sum(fleet.count())) * (1 - o.checkpoint_s / o.checkpoint_every_s)
+        rate = job.rate(fleet.speed(now, gap), sum(fleet.count())) * (1 - o.checkpoint_s / o.checkpoint_every_s)
         run_s, gain = work.run(rate, gap)
         if gain > 0 and work.done + gain >= job.work:
             _finish(run, fleet, now + (gap - run_s) + run_s * (job.work - work.done) / gain)
