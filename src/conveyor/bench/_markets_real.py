@@ -45,14 +45,14 @@ class RealConfig:
     seed: int = 0
 
 
-def _measure(cfg: RealConfig, folder: Path) -> list[float]:
-    """Training samples/s on 1 .. 1 + transient workers (the first epoch, start-up included, left out)."""
-    _, data = model_and_data(TrainConfig.from_options(model=cfg.model, seed=cfg.seed))
+def _measure(cfg: RealConfig, folder: Path, samples: int) -> list[float]:
+    """Training samples/s on 1 .. 1 + transient workers (the first epoch, start-up included, left out);
+    ``samples``: an epoch's."""
     rates = []
     for workers in range(1, cfg.transient + 2):
         summary = train_elastic(_train(cfg, folder / f"measure-{workers}", workers, cfg.calibrate_epochs, None))
         seconds = summary.epoch_seconds[-1] - summary.epoch_seconds[0]
-        rates.append(data.samples * (len(summary.epoch_seconds) - 1) / seconds)
+        rates.append(samples * (len(summary.epoch_seconds) - 1) / seconds)
     return rates
 
 
@@ -94,9 +94,9 @@ def _cost(held: list[tuple[int, int]], gap_s: float, finish_h: float, pricing: P
 def run_real(cfg: RealConfig, study: Study, start: int, folder: Path) -> dict[str, Any]:
     """Measure, simulate, run and compare (see the module docstring); ``study`` gives the traces and prices."""
     folder.mkdir(parents=True, exist_ok=True)
-    rates = _measure(cfg, folder)
-    scale = 86400.0 / cfg.day_s
     _, data = model_and_data(TrainConfig.from_options(model=cfg.model, seed=cfg.seed))
+    rates = _measure(cfg, folder, data.samples)
+    scale = 86400.0 / cfg.day_s
     fleet = 1 + cfg.transient
     epochs = max(2, round(cfg.work_h * 3600 / scale * rates[-1] / data.samples))  # work_h on the whole fleet
     work = epochs * data.samples / rates[0] * scale / 3600  # one worker's hours of trace time

@@ -34,15 +34,11 @@ def replay_trace(file: Path) -> list[tuple[float, str, int]]:
     count = 0
     for n, row in enumerate(rows, 1):
         try:
-            if row[0] == "count":  # a SkyPilot tick, already in seconds
-                t, target = float(row[1]), int(row[2])
-                ops = [("add", "") for _ in range(target - count)] + [("remove", "") for _ in range(count - target)]
-                count = target
-            elif row[1] in ("add", "remove") and len(row) == 3:
+            if row[1] in ("add", "remove") and len(row) == 3:
                 t, ops = float(row[0]) / 1000.0, [(row[1], row[2])]
-            else:
-                stamp = datetime.datetime.strptime(f"{row[0]} {row[1]} +0000", "%Y-%m-%d %H:%M:%S %z").timestamp()
-                target, t = int(row[2]), stamp
+            else:  # a count: a SkyPilot tick (already in seconds) or a Google Cloud sample
+                t = float(row[1]) if row[0] == "count" else _stamp(row[0], row[1])
+                target = int(row[2])
                 ops = [("add", "") for _ in range(target - count)] + [("remove", "") for _ in range(count - target)]
                 count = target
         except (IndexError, ValueError):
@@ -64,6 +60,10 @@ def replay_trace(file: Path) -> list[tuple[float, str, int]]:
                 heapq.heappush(free, slot)
             out.append((t, op, slot))
     return out
+
+
+def _stamp(date: str, time: str) -> float:
+    return datetime.datetime.strptime(f"{date} {time} +0000", "%Y-%m-%d %H:%M:%S %z").timestamp()
 
 
 def _csv_rows(file: Path) -> list[list[str]]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from conveyor.markets._hazard import HazardModel, Losses, features, fit, losses_at
+from conveyor.markets._hazard import HazardModel, Losses, features, fit_known, labels, losses_at
 from conveyor.markets._traces import MarketTrace
 
 __all__ = ["Forecaster"]
@@ -22,18 +22,20 @@ class Forecaster:
     def __init__(self, traces: Sequence[MarketTrace], *, horizon: int, refit_every: int) -> None:
         self.traces, self.horizon, self.refit_every = list(traces), horizon, max(refit_every, 1)
         self._features = [features(t) for t in self.traces]
+        self._labels = [labels(t, horizon) for t in self.traces]  # each fit and forecast reads its past only
         self._models: dict[int, HazardModel] = {}
         self._losses: dict[int, Losses] = {}
 
     def model(self, t: int) -> HazardModel:
         r = t - t % self.refit_every
         if r not in self._models:
-            self._models[r] = fit(self.traces, until=r, horizon=self.horizon)
+            gap = self.traces[0].gap_s
+            self._models[r] = fit_known(self._features, self._labels, until=r, horizon=self.horizon, gap_s=gap)
         return self._models[r]
 
     def losses(self, t: int) -> Losses:
         if t not in self._losses:
-            self._losses[t] = losses_at(self.traces, self.model(t), self._features, t)
+            self._losses[t] = losses_at(self.traces, self.model(t), self._features, self._labels, t)
         return self._losses[t]
 
     def availability(self, t: int, days: float = 7.0) -> np.ndarray:

@@ -22,7 +22,7 @@ from scipy.optimize import minimize  # type: ignore[import-untyped]
 
 from conveyor.markets._traces import MarketTrace
 
-__all__ = ["HazardModel", "Losses", "calibration", "features", "fit", "labels"]
+__all__ = ["HazardModel", "Losses", "calibration", "features", "fit", "fit_known", "labels", "losses_at"]
 
 FEATURES = ("log_hours_held", "available_24h", "drops_per_h_24h", "drops_per_h_past", "level")
 L2 = 1e-2
@@ -84,16 +84,22 @@ class HazardModel:
 def fit(traces: Sequence[MarketTrace], *, until: int, horizon: int) -> HazardModel:
     """Fit on the ticks ``s`` with ``s + horizon <= until`` of every market (nothing at or after ``until``
     beyond what those labels saw)."""
-    xs, ys = [], []
-    for t in traces:
-        x, y = features(t)[: max(until - horizon + 1, 0)], labels(t, horizon)[: max(until - horizon + 1, 0)]
-        keep = ~np.isnan(y)
-        xs.append(x[keep])
-        ys.append(y[keep])
-    x, y = np.concatenate(xs), np.concatenate(ys)
+    feats, ys = [features(t) for t in traces], [labels(t, horizon) for t in traces]
+    return fit_known(feats, ys, until=until, horizon=horizon, gap_s=traces[0].gap_s)
+
+
+def fit_known(
+    feats: Sequence[np.ndarray], ys: Sequence[np.ndarray], *, until: int, horizon: int, gap_s: float
+) -> HazardModel:
+    """:func:`fit` on each market's features and labels computed already (over the whole trace: only the
+    ticks whose horizon has passed by ``until`` are read)."""
+    known = max(until - horizon + 1, 0)
+    keep = [~np.isnan(y[:known]) for y in ys]
+    x = np.concatenate([f[:known][k] for f, k in zip(feats, keep, strict=True)])
+    y = np.concatenate([y[:known][k] for y, k in zip(ys, keep, strict=True)])
     width = len(FEATURES)
     if len(y) == 0:  # nothing known yet: one drop a day, whatever the features
-        rate = 1.0 - np.exp(-horizon * traces[0].gap_s / 86400.0)
+        rate = 1.0 - np.exp(-horizon * gap_s / 86400.0)
         return HazardModel(
             np.zeros(width), float(np.log(rate / (1 - rate))), np.zeros(width), np.ones(width), horizon, until
         )
@@ -129,11 +135,18 @@ class Losses:
     correlation: np.ndarray
 
 
-def losses_at(traces: Sequence[MarketTrace], model: HazardModel, feats: Sequence[np.ndarray], t: int) -> Losses:
-    """Each market's loss probability at tick ``t``, the past loss fractions and the losses' correlation."""
+def losses_at(
+    traces: Sequence[MarketTrace],
+    model: HazardModel,
+    feats: Sequence[np.ndarray],
+    labelled: Sequence[np.ndarray],
+    t: int,
+) -> Losses:
+    """Each market's loss probability at tick ``t``, the past loss fractions and the losses' correlation, from
+    its features and labels over the whole trace (only the labels whose horizon has passed by ``t`` are read)."""
     p = np.array([model.predict(f[t : t + 1])[0] for f in feats])
     known = max(t - model.horizon + 1, 0)
-    ys = np.array([labels(tr, model.horizon)[:known] for tr in traces])
+    ys = np.array([y[:known] for y in labelled])
     fraction = np.ones(len(traces))
     for i, tr in enumerate(traces):
         c = tr.counts[: known + model.horizon].astype(float)
