@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -88,14 +89,45 @@ def loop_seconds(iterations: int, repeats: int = 3) -> tuple[float, float]:
     return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
 
 
-def loop_times(iterations: int, seconds: float) -> list[tuple[float, float]]:
-    """Run a fixed CPU loop again and again for ``seconds``; the wall-clock and CPU seconds of each."""
+def own_cpu_cgroup() -> Path:
+    """This process's cgroup in the CPU controller's hierarchy (v1's ``cpu``, or v2's one tree)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return Path("/sys/fs/cgroup", controllers, path.lstrip("/"))
+    v2 = next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+    return Path("/sys/fs/cgroup", v2[3:].lstrip("/"))
+
+
+def cgroup_state(group: Path) -> tuple[float, int]:
+    """The cgroup's CPU quota in cores (``inf``: none) and how many processes it holds."""
+    if (group / "cpu.max").exists():
+        quota, period = (group / "cpu.max").read_text().split()
+    else:
+        quota, period = ((group / f"cpu.cfs_{f}_us").read_text().strip() for f in ("quota", "period"))
+    cores = float("inf") if quota in ("max", "-1") else int(quota) / int(period)
+    return cores, len((group / "cgroup.procs").read_text().split())
+
+
+def cgroup_samples(rank: int, iterations: int, guard_s: float) -> list[tuple[float, float, float, float, int]]:
+    """On worker ``rank`` (the others return at once), run a fixed CPU loop again and again until this worker's
+    cgroup has changed and come back (or for ``guard_s``); per loop, the wall-clock time after it, its wall-clock
+    and CPU seconds, then the cgroup's quota in cores and its number of processes. The end follows the fault,
+    not a clock the work could beat."""
     from conveyor.emulate import cpu_loop
 
-    end, times = time.monotonic() + seconds, []
+    group, end = own_cpu_cgroup(), time.monotonic() + guard_s
+    first, changed, samples = cgroup_state(group), False, []
+    if dist.get_rank() != rank:
+        return samples
     while time.monotonic() < end:
-        times.append(cpu_loop(iterations))
-    return times
+        wall, cpu = cpu_loop(iterations)
+        state = cgroup_state(group)
+        samples.append((time.time(), wall, cpu, *state))
+        changed = changed or state != first
+        if changed and state == first:
+            break
+    return samples
 
 
 def gaps(seconds: float) -> float:

@@ -25,7 +25,16 @@ def test_the_public_api_resolves() -> None:
         conveyor.nothing  # noqa: B018
 
 
-BLOCK_TORCH = "import sys; sys.modules['torch'] = None\n"
+# What a machine without torch looks like: importing it raises ModuleNotFoundError and it is absent from
+# sys.modules (a None entry there instead breaks libraries that probe sys.modules, such as SciPy's array API layer).
+BLOCK_TORCH = (
+    "import sys, importlib.abc\n"
+    "class NoTorch(importlib.abc.MetaPathFinder):\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == 'torch' or name.startswith('torch.'):\n"
+    "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+    "sys.meta_path.insert(0, NoTorch())\n"
+)
 
 
 @pytest.mark.parametrize(

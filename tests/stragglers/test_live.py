@@ -72,7 +72,9 @@ def _freeze_in_forward(model: nn.Sequential, step: int) -> None:
     calls = {"steps": 0, "stopped": False}
 
     def hook(*_: Any) -> None:
-        if calls["steps"] == step and not calls["stopped"]:
+        # ">=": on a slow machine peers' backups may take every chunk of this replica's step, so it may first
+        # run a forward a step later
+        if calls["steps"] >= step and not calls["stopped"]:
             calls["stopped"] = True
             os.kill(os.getpid(), signal.SIGSTOP)
 
@@ -98,30 +100,46 @@ def _train(layout: str, live: bool, path: str, fallback_s: float) -> dict[str, A
         backup=True,
         live=live,
     )
-    woken = {"by": "", "at": 0.0}
+    woken: dict[str, Any] = {"by": "", "frozen_at_step": None, "woken_at_step": None}
+    done = {"step": -1}  # worker 0's last finished step
+    wake_now = threading.Event()
 
-    def wake(by: str) -> None:
-        if not woken["by"]:
-            woken["by"], woken["at"] = by, time.perf_counter()
-            os.kill(pids[1], signal.SIGCONT)
+    def watch() -> None:
+        """Worker 0 waits to see replica 1 stopped (its /proc state "T"), notes its own progress then, and wakes
+        it when the step after THAW_AFTER is done, or ``fallback_s`` later if worker 0 cannot get there."""
+        deadline = time.monotonic() + 60
+        while _state_of(pids[1]) != "T" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        woken["frozen_at_step"] = done["step"] if _state_of(pids[1]) == "T" else None
+        woken["by"] = "step" if wake_now.wait(fallback_s) else "timer"
+        woken["woken_at_step"] = done["step"]
+        os.kill(pids[1], signal.SIGCONT)
 
-    timer = threading.Timer(fallback_s, wake, args=("timer",))  # a broken mechanism must not hang the test
+    watcher = threading.Thread(target=watch, daemon=True)
     if dist.get_rank() == 0:
-        timer.start()
+        watcher.start()
 
     def on_step(step: int) -> None:
         if dist.get_rank() == 1:
             model.steps["steps"] = step  # type: ignore[index]
+        done["step"] = step
         if dist.get_rank() == 0 and step == THAW_AFTER + 1:
-            wake("step")
+            wake_now.set()
 
     feed = _data() if pipe.is_first or pipe.is_last else None
     pipe.train(feed, on_step)
     pipe.train(feed[:3] if feed else None)
-    timer.cancel()
+    if dist.get_rank() == 0:
+        watcher.join()
     records = pipe.gather_records()
     pipe.save(path)
-    return {"state": _state(pipe.module, pipe.optimizer), "records": records, "woken": woken["by"]}
+    return {"state": _state(pipe.module, pipe.optimizer), "records": records, "woken": woken}
+
+
+def _state_of(pid: int) -> str:
+    """A process's state letter in /proc (R running, S sleeping, T stopped)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 @pytest.mark.parametrize("layout", ["dp", "2-1"])
@@ -130,7 +148,9 @@ def test_a_replica_frozen_for_whole_steps_holds_up_nobody_and_rejoins_with_the_r
 ) -> None:
     path = str(tmp_path / "model.pt")
     per_rank = launch(_train, layout, True, path, 20.0, nprocs=sum(LAYOUTS[layout][1]), timeout_s=150)
-    assert per_rank[0]["woken"] == "step"  # worker 0 finished steps 2 to 6 while replica 1 was frozen
+    woken = per_rank[0]["woken"]
+    assert woken["frozen_at_step"] is not None, "replica 1 never stopped"
+    assert woken["by"] == "step", woken  # worker 0 finished steps 2 to 6 while replica 1 was stopped
     records = next(out["records"] for out in per_rank.values() if out["records"] is not None)
     expected = _reference(cuts_of(records))
     saved = load_checkpoint(path)["model"]
@@ -150,10 +170,13 @@ def test_a_replica_frozen_for_whole_steps_holds_up_nobody_and_rejoins_with_the_r
 
 
 def test_with_an_all_reduce_the_others_wait_for_the_frozen_replica(tmp_path) -> None:
-    # The same freeze with backups alone: the all-reduce needs replica 1, so worker 0 cannot finish step 6
-    # before the timer wakes it. What live reduction removes.
+    # The same freeze with backups alone: the all-reduce needs replica 1, so worker 0 finishes at most the step
+    # it was in while replica 1 stays stopped (3 s here, however fast the machine). What live reduction removes.
     per_rank = launch(_train, "dp", False, str(tmp_path / "model.pt"), 3.0, nprocs=3, timeout_s=150)
-    assert per_rank[0]["woken"] == "timer"
+    woken = per_rank[0]["woken"]
+    assert woken["frozen_at_step"] is not None, "replica 1 never stopped"
+    assert woken["by"] == "timer", woken
+    assert woken["woken_at_step"] - woken["frozen_at_step"] <= 1, woken
 
 
 def _killed_in_a_chunk() -> None:
