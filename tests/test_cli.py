@@ -13,7 +13,6 @@ import torch
 import conveyor.runtime
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.cli import _parser, main
-from conveyor.stragglers import DEFAULT_MODE, MODES
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,10 +33,18 @@ def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) 
     assert saved["steps"] == 3 * -(-1437 // 64)
     assert set(saved["model"]) == {f"{i}.{p}" for i in (0, 2, 4) for p in ("weight", "bias")}
 
-    resumed = subprocess.run(
+    from conveyor.config import TrainConfig
+
+    recorded = TrainConfig.from_toml((tmp_path / "run" / "config.toml").read_text())
+    given = {"epochs": 3, "stages": 2, "checkpoint": str(ckpt), "run_dir": str(tmp_path / "run")}
+    assert recorded == TrainConfig.from_options(**given)
+
+    resumed = subprocess.run(  # the first run's config, some options overridden on the command line
         [
             *conveyor,
             "train",
+            "--config",
+            str(tmp_path / "run" / "config.toml"),
             "--epochs",
             "1",
             "--stages",
@@ -60,6 +67,11 @@ def test_train_reaches_accuracy_writes_a_checkpoint_and_resumes(tmp_path: Path) 
     )
     assert resumed.returncode == 0, resumed.stderr
     assert checkpoint.load(tmp_path / "again.pt")["steps"] == 4 * -(-1437 // 64)
+    overridden = {"epochs": 1, "stages": 3, "replicas": "1-2-1", "schedule": "pipedream", "resume": str(ckpt)}
+    again = {"checkpoint": str(tmp_path / "again.pt"), "run_dir": str(tmp_path / "again")}
+    assert TrainConfig.from_toml((tmp_path / "again" / "config.toml").read_text()) == recorded.replaced(
+        **overridden, **again
+    )
 
 
 @pytest.mark.slow
@@ -225,21 +237,6 @@ def test_cuda_where_there_is_none_is_one_line(capsys: pytest.CaptureFixture[str]
     assert not (tmp_path / "run").exists()  # nothing started, nothing written
 
 
-def test_the_devices_and_backends_written_out_for_the_parser_are_the_runtimes() -> None:
-    from conveyor.cli._train import BACKENDS, DEVICES
-    from conveyor.runtime import BACKENDS as RUNTIME_BACKENDS
-    from conveyor.runtime import DEVICES as RUNTIME_DEVICES
-
-    assert (DEVICES, BACKENDS) == (RUNTIME_DEVICES, RUNTIME_BACKENDS)
-
-
-def test_the_straggler_modes_written_out_for_the_parser_are_the_packages() -> None:
-    parser = _parser()
-    train = next(a for a in parser._subparsers._group_actions if a.dest).choices["train"]  # type: ignore[union-attr]
-    stragglers = next(a for a in train._actions if a.dest == "stragglers")
-    assert tuple(stragglers.choices) == MODES and stragglers.default == DEFAULT_MODE
-
-
 @pytest.mark.slow
 def test_bench_schedules_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
@@ -362,20 +359,6 @@ def test_chunks_are_a_count_or_auto(command: list[str], capsys: pytest.CaptureFi
         with pytest.raises(SystemExit):
             _parser().parse_args([*command, "--chunks", bad])
         assert message in capsys.readouterr().err
-
-
-def test_every_train_option_is_a_config_field_with_the_same_default() -> None:
-    """argparse writes the config sections' defaults out again; this keeps the two the same, option by option."""
-    from conveyor.job import TrainConfig
-
-    args = vars(_parser().parse_args(["train"]))
-    fields = TrainConfig().options()  # every option by name, each at its section's default
-    set_by_the_cli = {"tune_batch_size"}  # --batch-size auto sets it
-    assert set(fields) - set(args) == set_by_the_cli
-    assert set(args) - set(fields) == {"command", "json"}  # the subcommand, and where the CLI writes the summary
-    assert {name: args[name] for name in fields.keys() & args.keys()} == {
-        name: fields[name] for name in fields.keys() & args.keys()
-    }
 
 
 def test_a_bug_keeps_its_traceback_and_bad_input_is_one_line(

@@ -2,6 +2,7 @@
 
 import importlib
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,26 @@ def test_no_package_has_an_import_cycle_among_its_modules() -> None:
         }
         graph.pop("__init__", None)
         assert _cycle(graph) is None, f"{package.name}: {' -> '.join(_cycle(graph) or [])}"
+
+
+def _layers() -> dict[str, int]:
+    """Each subpackage's place in docs/architecture.md's dependency order (siblings share one)."""
+    page = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    line = re.search(r"```text\n(schedule ←[^\n]*)\n```", page)
+    assert line, "architecture.md lost its dependency order"
+    return {name.strip(): i for i, group in enumerate(line[1].split("←")) for name in group.split(",")}
+
+
+def test_every_import_follows_the_dependency_order_of_architecture_md() -> None:
+    """A package imports only those to its left in the order (function-local and type-only imports count)."""
+    layers = _layers()
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
+    assert set(layers) == packages, "architecture.md's dependency order names every subpackage, and only those"
+    against = []
+    for path in SRC.rglob("*.py"):
+        home = path.relative_to(SRC).parts[0]
+        for module in _imports(path):
+            used = module.split(".")[1] if module.count(".") else ""
+            if home in layers and used in layers and used != home and layers[used] >= layers[home]:
+                against.append(f"{path.relative_to(SRC)} imports {module}")
+    assert not against

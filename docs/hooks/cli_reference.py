@@ -86,13 +86,13 @@ def _option_row(parser: argparse.ArgumentParser, action: argparse.Action) -> str
 def _default(action: argparse.Action) -> str:
     """An option's default as the command takes it; none for a positional argument or a plain flag (off unless
     given), on or off for a ``--x/--no-x`` pair."""
-    if not action.option_strings or action.default in (None, argparse.SUPPRESS):
+    default = getattr(action, "config_default", action.default)  # conveyor.config.CONFIG_DEFAULT: its field's
+    if not action.option_strings or default in (None, argparse.SUPPRESS):
         return ""
     if isinstance(action, argparse.BooleanOptionalAction):
         return "on" if action.default else "off"
     if action.nargs == 0:
         return ""
-    default = action.default
     return _cell(f"`{default}`") if not isinstance(default, str) or default else '`""`'
 
 

@@ -12,7 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from conveyor.job import TrainConfig, train
+    from conveyor.config import TrainConfig
+    from conveyor.job import train
     from conveyor.plan import Plan, Profile, Topology, optimize
     from conveyor.runtime import CheckpointError, Pipeline, StashError, WeightVersions, WorkerError, launch, profile
     from conveyor.schedule import (
@@ -59,7 +60,8 @@ _HOME = {
         "launch",
         "profile",
     ),
-    "conveyor.job": ("TrainConfig", "train"),
+    "conveyor.config": ("TrainConfig",),
+    "conveyor.job": ("train",),
 }
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import zeus
 
-from conveyor.energy._meter import MeterStatus, check_meter_spec, describe_meters, open_meter
+from conveyor.config import check_meter_spec
+from conveyor.energy._meter import MeterStatus, describe_meters, open_meter
 
 HEADER = "start_time,window_name,elapsed_time,gpu0_energy,gpu1_energy\n"
 VERSION = ".".join(zeus.__version__.split(".")[:2])

@@ -9,7 +9,8 @@ from zeus.device.gpu import ZeusGPUInitError, ZeusGPUNoPermissionError
 from zeus.monitor import Measurement
 from zeus.optimizer import power_limit as zpl
 
-from conveyor.energy._power import PowerLimits, ProfiledLimit, check_power_limit_spec
+from conveyor.config import parse_power_limit as check_power_limit_spec
+from conveyor.energy._power import PowerLimits, ProfiledLimit
 
 ORIGINAL_MW = 280_000  # every fake GPU starts here: neither the maximum nor a profiled limit, so a restore shows
 LIMITS_W = (300, 250, 200, 150)  # range 100..300 W in steps of 50 W, profiled from the top: 300, 250, 200, 150, 100

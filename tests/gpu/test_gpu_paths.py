@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from models import batches, mlp, small_gpt2
 
 import conveyor.runtime._checkpoint as checkpoint
+from conveyor.config import TrainConfig
 from conveyor.gaia import DiLoCo, Gaia
-from conveyor.job import TrainConfig, train, train_elastic
+from conveyor.job import train, train_elastic
 from conveyor.runtime import Pipeline, default_device, launch, profile
 from conveyor.runtime._stage import as_blocks, build_stage, stage_ranges
 from conveyor.stragglers import FlexiblePipeline

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import conveyor.runtime._checkpoint as checkpoint
-from conveyor.job import TrainConfig, check_against_data
+from conveyor.config import TrainConfig
+from conveyor.job import check_against_data
 
 MODEL = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
 
@@ -30,7 +31,7 @@ def test_microbatches_and_a_checkpoint_must_fit(tmp_path) -> None:
 
 
 def test_options_fill_the_sections_and_come_back_the_same() -> None:
-    from conveyor.job import ElasticConfig, OptimizerConfig, RunConfig, StragglersConfig
+    from conveyor.config import ElasticConfig, OptimizerConfig, RunConfig, StragglersConfig
 
     cfg = TrainConfig.from_options(lr=0.1, optimizer="adam", epochs=3, stragglers="slack", slack=2, reliable=None)
     assert cfg.optimizer == OptimizerConfig(name="adam", lr=0.1) and cfg.run == RunConfig(epochs=3)
@@ -47,7 +48,7 @@ def test_options_fill_the_sections_and_come_back_the_same() -> None:
 
 
 def test_each_section_checks_its_own_fields_and_the_config_the_rules_between_them() -> None:
-    from conveyor.job import ElasticConfig, EnergyConfig, ModelConfig, OptimizerConfig, RunConfig
+    from conveyor.config import ElasticConfig, EnergyConfig, ModelConfig, OptimizerConfig, RunConfig
 
     with pytest.raises(ValueError, match="--model-args goes with a module:callable model, not mlp"):
         ModelConfig(args="width=3")
@@ -95,7 +96,7 @@ def test_a_bad_wan_setting_is_one_line(options: dict[str, object], message: str)
 
 
 def test_a_wan_mode_on_data_centres_is_accepted() -> None:
-    from conveyor.job import WanConfig
+    from conveyor.config import WanConfig
 
     cfg = TrainConfig.from_options(**WAN, wan="gaia", wan_threshold=0.05)
     assert cfg.wan == WanConfig(mode="gaia", threshold=0.05)

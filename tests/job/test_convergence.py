@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.job import TrainConfig, train
+from conveyor.config import TrainConfig
+from conveyor.job import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

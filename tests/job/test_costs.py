@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conveyor.job import TrainConfig, model_and_data
+from conveyor.config import TrainConfig
+from conveyor.job import model_and_data
 from conveyor.job._costs import Costs, measure_costs
 from conveyor.runtime import launch
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from emulation import needs_root
 
+from conveyor.config import TrainConfig
 from conveyor.emulate import Emulation
-from conveyor.job import TrainConfig, join_elastic, read_jsonl, train_elastic, write_lease
+from conveyor.job import join_elastic, read_jsonl, train_elastic, write_lease
 from conveyor.job._elastic import check_faults
 
 pytestmark = pytest.mark.timeout(180)
@@ -19,10 +20,10 @@ def test_options_that_cannot_go_with_elastic_training_fail_in_one_line() -> None
     with pytest.raises(ValueError, match="drop --stragglers"):
         TrainConfig.from_options(reliable=1, stragglers="flexrr")
     with pytest.raises(ValueError, match="--reliable 5: give 1 to 4"):
-        check_faults(Emulation(None, None, None), 5, 4)
+        check_faults(Emulation(), 5, 4)
     with pytest.raises(ValueError, match="revokes worker 0, which is reliable"):
-        check_faults(Emulation(None, None, "revoke:worker=0,at=3"), 1, 4)
-    check_faults(Emulation(None, None, "revoke:worker=3,at=3"), 1, 4)  # a transient one is fine
+        check_faults(Emulation(faults="revoke:worker=0,at=3"), 1, 4)
+    check_faults(Emulation(faults="revoke:worker=3,at=3"), 1, 4)  # a transient one is fine
     with pytest.raises(ValueError, match="give HOST:PORT"):
         join_elastic("nowhere")
     with pytest.raises(ValueError, match="--elastic-layout 'stages': use data or pipeline"):

@@ -15,8 +15,9 @@ import zeus
 
 import conveyor.cli._common as cli_common
 from conveyor.cli import main
+from conveyor.config import TrainConfig
 from conveyor.energy._meter import open_meter
-from conveyor.job import TrainConfig, train
+from conveyor.job import train
 
 HEADER = "start_time,window_name,elapsed_time,gpu0_energy,gpu1_energy\n"
 # Rows (GPU 0 J, GPU 1 J) per epoch, for worker 0 and worker 1: epochs of 101 + 10, 202 + 20, 303 + 30.5 J.

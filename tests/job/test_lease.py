@@ -17,7 +17,8 @@ import pytest
 
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.cli import main
-from conveyor.job import TrainConfig, lease_expires, read_lease, write_lease
+from conveyor.config import TrainConfig
+from conveyor.job import lease_expires, read_lease, write_lease
 
 pytestmark = pytest.mark.timeout(240)
 

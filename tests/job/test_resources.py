@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
+from conveyor.config import check_resources_every
 from conveyor.errors import InputError
-from conveyor.job._resources import ResourceLog, check_resources_every, sample_resources
+from conveyor.job._resources import ResourceLog, sample_resources
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the samples read Linux's /proc/self")
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import conveyor.runtime._checkpoint as checkpoint
-from conveyor.job import TrainConfig, train
+from conveyor.config import TrainConfig
+from conveyor.job import train
 from conveyor.plan import layout_file, read_plan_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -12,8 +12,9 @@ import torch
 
 import conveyor.job._train as train_module
 from conveyor.cli import main
+from conveyor.config import TrainConfig
 from conveyor.energy import RecurrenceStore, open_meter
-from conveyor.job import TrainConfig, train
+from conveyor.job import train
 from conveyor.job._energy import guarded_power_limits, start_recurrence
 
 QUICK = ["train", "--workers", "1", "--epochs", "6", "--target-accuracy", "0.9", "--batch-size", "auto"]

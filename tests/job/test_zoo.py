@@ -131,7 +131,7 @@ def test_vgg16_is_shaped_like_vgg16() -> None:
 
 
 def test_model_arguments_are_python_literals_or_words() -> None:
-    from conveyor.job import model_arguments
+    from conveyor.config import model_arguments
 
     assert model_arguments("") == {}
     assert model_arguments("num_classes=10, depths=[1,1],act=gelu,p=0.5,bias=False") == {

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig
 from conveyor.runtime import WorkerError, launch
 from conveyor.stragglers._granularity import CANDIDATES, agree_on_chunks, choose_chunks, time_chunks
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conveyor.stragglers import MODES, mode_settings
+from conveyor.config import MODES, mode_settings
 
 
 def test_each_mode_turns_on_its_mechanisms() -> None:

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from conveyor.job import TrainConfig, model_and_data, train_elastic
+from conveyor.config import TrainConfig
+from conveyor.job import model_and_data, train_elastic
 from conveyor.markets import Job, Overheads, Pricing, Run, Study, simulate
 
 __all__ = ["RealConfig", "run_real"]

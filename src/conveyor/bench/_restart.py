@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from conveyor.job import TrainConfig, loss_and_optimizer, model_and_data
+from conveyor.config import TrainConfig
+from conveyor.job import loss_and_optimizer, model_and_data
 from conveyor.runtime import load_checkpoint, save_checkpoint
 
 

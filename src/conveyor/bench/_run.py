@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from conveyor.job import RunSummary, TrainConfig, read_jsonl, train
+from conveyor.config import TrainConfig
+from conveyor.job import RunSummary, read_jsonl, train
 
 __all__ = ["run_job", "run_rate", "steady_rate"]
 

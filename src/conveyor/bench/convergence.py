@@ -24,8 +24,8 @@ from typing import Any
 
 from conveyor.bench._checks import require_known
 from conveyor.bench._run import run_job
+from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig
 from conveyor.schedule import KINDS
 
 __all__ = ["STRATEGIES", "TARGETS", "ConvergenceConfig", "run"]

@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from conveyor.emulate import ServerTraffic, launch_emulated
-from conveyor.job import EpochBatches, TrainConfig, loss_and_optimizer, model_and_data
+from conveyor.config import TrainConfig
+from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
+from conveyor.job import EpochBatches, loss_and_optimizer, model_and_data
 
 __all__ = ["train_ddp"]
 
@@ -79,7 +80,7 @@ def train_ddp(cfg: TrainConfig, workers: int, run_dir: str | Path | None = None)
         ``samples`` trained, ``bytes_between_servers`` while training (``None`` off an emulated network),
         ``peak_rss_bytes`` per worker, ``started_at`` (``time.time()`` when training began) and ``layout``.
     """
-    per_rank = launch_emulated(_worker, cfg, nprocs=workers, emulation=cfg.emulation.emulation(), log_dir=run_dir)
+    per_rank = launch_emulated(_worker, cfg, nprocs=workers, emulation=Emulation.of(cfg.emulation), log_dir=run_dir)
     history = per_rank[0]["history"]
     return {
         "accuracy": [h["accuracy"] for h in history],

@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.job import TrainConfig, model_and_data, read_jsonl, train_elastic
+from conveyor.config import TrainConfig
+from conveyor.job import model_and_data, read_jsonl, train_elastic
 
 __all__ = ["GOALS", "ElasticBenchConfig", "committed_steps_lost", "run"]
 

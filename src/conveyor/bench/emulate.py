@@ -39,7 +39,7 @@ class EmulateBenchConfig:
 def _setup_teardown(network: str, devices: str, workers: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="conveyor-bench-emulate-") as tmp:
         start = time.perf_counter()
-        with Cluster(Emulation(network, devices), workers, Path(tmp)):
+        with Cluster(Emulation(network=network, devices=devices), workers, Path(tmp)):
             built = time.perf_counter()
         return {
             "workers": workers,

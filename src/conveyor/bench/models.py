@@ -30,8 +30,9 @@ from torch import nn
 
 from conveyor.bench._checks import require_known
 from conveyor.bench._run import run_job, run_rate, steady_rate
+from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, load_dataset, loss_and_optimizer, user_model
+from conveyor.job import load_dataset, loss_and_optimizer, user_model
 from conveyor.runtime import default_device, launch, split_model
 
 __all__ = ["CASES", "MEMORY", "Case", "ModelsBenchConfig", "TwinMLP", "run"]

@@ -102,7 +102,7 @@ def run(cfg: PlanVsRunConfig) -> dict[str, Any]:
         replicas = [st.replicas for st in plan.stages]
         schedule = make_schedule("pipedream", len(replicas), 1, cfg.minibatches, replicas)
         simulated_s = simulate(schedule, forward_s, backward_s).step_s
-        emulation = Emulation(cfg.network, cfg.devices)
+        emulation = Emulation(network=cfg.network, devices=cfg.devices)
         walls = launch_emulated(
             _worker, cfg, forward_s, backward_s, replicas, nprocs=plan.workers, emulation=emulation, timeout_s=600
         )[0]

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench._run import run_job
+from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig
 from conveyor.schedule import KINDS
 
 __all__ = ["PredictionsConfig", "run"]

@@ -152,7 +152,7 @@ def _flush_theory(stages: int, microbatches: int) -> float:
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
     """Run the benchmark on ``cfg.stages`` local processes and return its JSON-ready report."""
-    emulation = Emulation(cfg.network, cfg.devices)
+    emulation = Emulation(network=cfg.network, devices=cfg.devices)
     out = launch_emulated(_worker, cfg, nprocs=cfg.stages, emulation=emulation, timeout_s=900)[0]
     microbatches = cfg.steps * cfg.microbatches
     work_s = (cfg.forward_ms + cfg.backward_ms) / 1e3

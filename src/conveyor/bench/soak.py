@@ -35,13 +35,13 @@ import numpy as np
 
 from conveyor.bench._checks import require_known
 from conveyor.bench.elastic import committed_steps_lost
+from conveyor.config import MODES, TrainConfig
 from conveyor.elastic import JobFailed
-from conveyor.emulate import BUSY_LOOP
+from conveyor.emulate import BUSY_LOOP, Emulation
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, read_jsonl, train, train_elastic, write_lease
+from conveyor.job import read_jsonl, train, train_elastic, write_lease
 from conveyor.processes import set_parent_death_signal
 from conveyor.runtime import WorkerError
-from conveyor.stragglers import MODES
 
 __all__ = [
     "GOALS",
@@ -245,7 +245,7 @@ def run(cfg: SoakConfig, plot_path: str | None = None, keep: str | None = None) 
         root = Path(keep or tmp)
         configs = {job: _train_config(cfg, job, root / job) for job in cfg.jobs}
         for job, train_cfg in configs.items():
-            train_cfg.emulation.emulation().check(cfg.workers)  # no privileges, no namespaces: fail before any run
+            Emulation.of(train_cfg.emulation).check(cfg.workers)  # no privileges, no namespaces: fail before any run
             (root / job).mkdir(parents=True, exist_ok=True)
             (root / job / "error.txt").unlink(missing_ok=True)
         for job in cfg.jobs:

@@ -37,12 +37,13 @@ from conveyor.bench._checks import require_known
 from conveyor.bench._run import run_job
 from conveyor.bench._stragglers_report import aggregate, goals, plot
 from conveyor.bench.ddp import train_ddp
+from conveyor.config import DEFAULT_MODE, MODES, Chunks, TrainConfig, check_chunks
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, read_jsonl
+from conveyor.job import read_jsonl
 from conveyor.plan import Topology
 from conveyor.runtime import WorkerError
 from conveyor.schedule import parse_replicas
-from conveyor.stragglers import DEFAULT_MODE, MODES, Chunks, check_chunks, flexible_layout
+from conveyor.stragglers import flexible_layout
 
 __all__ = ["BENCH_MODES", "PATTERNS", "Case", "StragglersConfig", "mean_capacity", "run"]
 

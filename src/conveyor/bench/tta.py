@@ -29,8 +29,9 @@ from typing import Any
 from conveyor.bench._checks import require_known
 from conveyor.bench._run import run_job
 from conveyor.bench.ddp import train_ddp
+from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig, plot_accuracy
+from conveyor.job import plot_accuracy
 
 __all__ = ["STRATEGIES", "TTAConfig", "run"]
 

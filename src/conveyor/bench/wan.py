@@ -26,8 +26,8 @@ from typing import Any
 
 from conveyor.bench._checks import require_known
 from conveyor.bench._run import run_job
+from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import TrainConfig
 
 __all__ = ["MODES", "WanBenchConfig", "run"]
 

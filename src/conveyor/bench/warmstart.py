@@ -28,8 +28,9 @@ from rich.progress import Progress
 
 from conveyor.bench._checks import require_known
 from conveyor.bench._run import run_job
+from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import RunSummary, TrainConfig, gpt, mlp, resnet, vgg
+from conveyor.job import RunSummary, gpt, mlp, resnet, vgg
 from conveyor.warmstart import ModelIndex, ModelStore, op_graph
 
 __all__ = ["FAMILIES", "GOALS", "Family", "WarmStartBenchConfig", "measure_matching", "plot", "report", "run"]

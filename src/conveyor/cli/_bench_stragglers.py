@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from conveyor.cli._common import add_cpu_slice, config, console, names, positive, positive_or_auto, write_json
+from conveyor.cli._common import config, console, names, positive, positive_or_auto, write_json
 
 __all__ = ["add_stragglers", "run_stragglers"]
 
@@ -39,8 +39,13 @@ def add_stragglers(which: Any) -> None:
     stragglers.add_argument(
         "--equal-shares", action="store_true", help="every replica owns as many chunks (default: weighted by speed)"
     )
-    add_cpu_slice(stragglers)
-    stragglers.set_defaults(cpu_slice=0.005)  # a slowed device is slowed within a step, not stopped for one
+    stragglers.add_argument(
+        "--cpu-slice",
+        type=float,
+        default=0.005,
+        help="seconds an emulated device runs before each stop of its quota (short: a slowed device is slowed "
+        "within a step, not stopped for one)",
+    )
     stragglers.add_argument("--period", type=float, default=1.0, help="seconds between the patterns' events")
     stragglers.add_argument("--seed", type=int, default=0, help="the patterns', the weights' and the data's seed")
     stragglers.add_argument("--patterns", type=names, default=None, help="e.g. slow-worker,none (default: all)")

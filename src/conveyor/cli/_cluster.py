@@ -189,7 +189,7 @@ def _run(args: argparse.Namespace) -> None:
     jobs = read_trace(args.trace)
     device_types = parse_device_types(args.devices)
     # the jobs run on emulated devices (cgroups): a machine that cannot emulate them fails here, in one line
-    Emulation(None, args.devices).check(sum(device_types.counts.values()))
+    Emulation(devices=args.devices).check(sum(device_types.counts.values()))
     folder = args.run_dir or Path("runs") / time.strftime("cluster-%Y%m%d-%H%M%S")
     backend = LocalBackend() if args.backend == "local" else RayBackend(args.ray_address, dict(device_types.counts))
     try:

@@ -11,7 +11,20 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-__all__ = ["Parser", "config", "console", "finish_report", "names", "positive", "sizes", "write_json"]
+from conveyor.config import CONFIG_DEFAULT, EmulationConfig, add_options, positive, positive_or_auto
+
+__all__ = [
+    "Parser",
+    "add_emulation",
+    "config",
+    "console",
+    "finish_report",
+    "names",
+    "positive",
+    "positive_or_auto",
+    "sizes",
+    "write_json",
+]
 
 console = Console()
 _C = TypeVar("_C")
@@ -23,11 +36,11 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        default = action.default
+        default = getattr(action, CONFIG_DEFAULT, action.default)
         flag = action.nargs == 0  # --x / --no-x: their defaults read backwards
-        if default in (None, argparse.SUPPRESS) or flag or not action.option_strings or "default" in text:
+        if default in (None, "", argparse.SUPPRESS) or flag or not action.option_strings or "default" in text:
             return text
-        return f"{text} (default: %(default)s)".lstrip()
+        return f"{text} (default: {str(default).replace('%', '%%')})".lstrip()
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,21 +49,6 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def positive_or_auto(text: str) -> int | str:
-    if text == "auto":
-        return text
-    if not text.strip().isdecimal():
-        raise argparse.ArgumentTypeError(f"write a whole number of at least 1, or auto, not {text!r}")
-    return positive(text)
 
 
 def sizes(text: str) -> tuple[int, ...]:
@@ -101,26 +99,8 @@ def write_json(path: Path, data: object) -> None:
 
 
 def add_emulation(parser: argparse.ArgumentParser, faults: bool = True, cpu_slice: bool = False) -> None:
-    """The options that run a command's workers on an emulated cluster (conveyor.emulate)."""
-    group = parser.add_argument_group("emulated cluster (needs root)")
-    group.add_argument("--network", default=None, help="a topology to emulate, e.g. 2:1.25e9,2:1.25e7 (2 servers of 2)")
-    group.add_argument("--devices", default=None, help="CPU cores per worker: 1,1,0.5,0.5 or fast=1.0:2,slow=0.25:2")
-    if cpu_slice:
-        add_cpu_slice(group)
-    if faults:
-        group.add_argument(
-            "--faults",
-            default=None,
-            help="a JSON file, events or patterns, ';'-separated (docs/guides/emulated-cluster.md)",
-        )
-
-
-def add_cpu_slice(group: argparse._ActionsContainer) -> None:
-    """``--cpu-slice``: how long an emulated device's quota lets it run before each stop."""
-    group.add_argument(
-        "--cpu-slice",
-        type=float,
-        default=0.025,
-        help="seconds an emulated device runs before each stop of its quota (default 0.025; shorter slows it more "
-        "evenly, each stop costing some work)",
-    )
+    """The options that run a command's workers on an emulated cluster (conveyor.emulate), from its config
+    section."""
+    group = parser.add_argument_group(EmulationConfig.TITLE)
+    names = ("network", "devices", *(("cpu_slice",) if cpu_slice else ()), *(("faults",) if faults else ()))
+    add_options(group, EmulationConfig, only=names, absent=False)

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> None:
     if not (args.network or args.devices):
         raise InputError("conveyor emulate check needs --network, --devices or both")
     workers = args.workers or (Topology.parse(args.network).workers if args.network else len(args.devices.split(",")))
-    report = check_cluster(Emulation(args.network, args.devices, cpu_slice=args.cpu_slice), workers)
+    report = check_cluster(Emulation(network=args.network, devices=args.devices, cpu_slice=args.cpu_slice), workers)
     if report["links"]:
         links = Table("from", "to", "spec MB/s", "measured MB/s", "error", "spec latency", "measured latency")
         for link in report["links"]:

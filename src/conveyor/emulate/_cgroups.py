@@ -13,6 +13,8 @@ import signal
 import time
 from pathlib import Path
 
+from conveyor.config import EmulationConfig
+
 __all__ = [
     "MAX_PERIOD_US",
     "MIN_RUN_US",
@@ -31,7 +33,7 @@ _ROOT = Path("/sys/fs/cgroup")
 # waking), so the runs must be long for the rate to hold (a 5 ms run made a 0.1-core device 13% slow, a
 # 25 ms run within 6%); a slower device then has a longer period, and stops as long, relative to its speed,
 # as a faster one. A shorter run slows a device more evenly, at that cost.
-RUN_US = 25_000
+RUN_US = round(EmulationConfig.cpu_slice * 1e6)  # --cpu-slice's default: 25 ms
 MIN_RUN_US = 1_000  # the kernel's shortest quota and period
 MAX_PERIOD_US = 1_000_000  # the kernel's longest period
 

@@ -7,14 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from conveyor.config import EmulationConfig
 from conveyor.emulate._cgroups import (
     MAX_PERIOD_US,
     MIN_RUN_US,
-    RUN_US,
     WorkerCgroup,
     job_name,
     remove_job,
@@ -34,21 +34,21 @@ __all__ = ["Cluster", "Emulation", "WorkerSetup"]
 _jobs = itertools.count()
 
 
-@dataclass(frozen=True)
-class Emulation:
-    """What to emulate: ``network`` (a topology string), ``devices`` (cores per worker) and ``faults`` (a
-    fault spec); each ``None`` when not wanted. ``cpu_slice``: the seconds a device's quota lets it run
-    before each stop (shorter: slowed more evenly, each stop costing some work).
+@dataclass(frozen=True, kw_only=True)
+class Emulation(EmulationConfig):
+    """What to emulate, the fields of ``conveyor train``'s emulation section (:class:`~conveyor.config.
+    EmulationConfig`): ``network`` (a topology string), ``devices`` (cores per worker) and ``faults`` (a fault
+    spec), each ``None`` when not wanted; ``cpu_slice``, the seconds a device's quota lets it run before each stop.
 
     Example:
         >>> Emulation(network="2:1.25e9,2:1.25e7").topology(4).levels[1].bandwidth
         12500000.0
     """
 
-    network: str | None = None
-    devices: str | None = None
-    faults: str | None = None
-    cpu_slice: float = RUN_US / 1e6
+    @classmethod
+    def of(cls, section: EmulationConfig) -> Emulation:
+        """The emulation a config section describes."""
+        return cls(**{f.name: getattr(section, f.name) for f in fields(section)})
 
     @property
     def active(self) -> bool:

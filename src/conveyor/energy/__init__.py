@@ -1,8 +1,8 @@
 """Energy: measure it, and spend less of it (Zeus, NSDI'23): batch size and power limit of recurring jobs."""
 
 from conveyor.energy._bandit import BatchSizeSearch, Choice, Recurrence, zeus_cost
-from conveyor.energy._meter import Meter, MeterStatus, check_meter_spec, describe_meters, open_meter
-from conveyor.energy._power import PowerLimits, ProfiledLimit, check_power_limit_spec
+from conveyor.energy._meter import Meter, MeterStatus, describe_meters, open_meter
+from conveyor.energy._power import PowerLimits, ProfiledLimit
 from conveyor.energy._recurring import CostMeter, Recurring, candidate_sizes, scaled_lr
 from conveyor.energy._replay import Outcome, Workload, WorkloadTrace, load_traces, replay, search_policy
 from conveyor.energy._store import JobSettings, RecurrenceStore, Started, default_store_path
@@ -24,8 +24,6 @@ __all__ = [
     "Workload",
     "WorkloadTrace",
     "candidate_sizes",
-    "check_meter_spec",
-    "check_power_limit_spec",
     "default_store_path",
     "describe_meters",
     "load_traces",

@@ -11,44 +11,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from conveyor.errors import InputError
+from conveyor.config import METER_RANK, split_meter_spec
 
-__all__ = ["Meter", "MeterStatus", "check_meter_spec", "describe_meters", "open_meter"]
+__all__ = ["Meter", "MeterStatus", "describe_meters", "open_meter"]
 
-ACCEPTED = "auto, off or replay:PATH"
-RANK = "{rank}"  # in a replay PATH: each worker reads its own log
 _NO_METER = "no energy meter readable here ({}): energy is not recorded"
 POWERCAP = "/sys/class/powercap"  # where the kernel puts RAPL's counters, which Zeus reads
-
-
-def _split(spec: str) -> tuple[str, str | None]:
-    """``(kind, path)`` of a spec; raises ValueError (one line) for anything but auto, off or replay:PATH."""
-    if spec in ("auto", "off"):
-        return spec, None
-    if spec.startswith("replay:") and spec.removeprefix("replay:").strip():
-        return "replay", spec.removeprefix("replay:")
-    raise InputError(f"--energy-meter {spec!r}: use {ACCEPTED} (a Zeus CSV log; {RANK} in PATH: one log per worker)")
-
-
-def check_meter_spec(spec: str) -> None:
-    """Check an ``--energy-meter`` value: ``auto``, ``off`` or ``replay:PATH``.
-
-    A replay PATH without ``{rank}`` is read by every worker, so it must exist; with ``{rank}`` each worker reads
-    its own file, and a worker whose file is missing simply has no meter.
-
-    Raises:
-        ValueError: anything else, or a missing replay log; one line says what is accepted.
-
-    Example:
-        >>> check_meter_spec("auto")
-        >>> check_meter_spec("joules")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        conveyor.errors.InputError: --energy-meter 'joules': use auto, off or replay:PATH (...)
-    """
-    kind, path = _split(spec)
-    if kind == "replay" and path is not None and RANK not in path and not os.path.isfile(path):
-        raise InputError(f"--energy-meter {spec}: no replay log at {path}")
 
 
 @dataclass(frozen=True)
@@ -196,11 +164,11 @@ def open_meter(spec: str = "auto", *, gpu_index: int | None = None, measure_host
         ...         print(meter.end())
         150.5
     """
-    kind, path = _split(spec)
+    kind, path = split_meter_spec(spec)
     if kind == "off":
         return Meter(reason="energy metering is off (--energy-meter off)")
     if path is not None:
-        return _open_replay(path.replace(RANK, str(rank)))
+        return _open_replay(path.replace(METER_RANK, str(rank)))
     if gpu_index is None and not measure_host:  # nothing of its own: no need to load Zeus
         return Meter(reason=_NO_METER.format("no GPU; its host's CPU is measured by local rank 0"), delegated=True)
     if gpu_index is None and not os.path.exists(POWERCAP):  # nothing Zeus could read: spare its import (1.7 s)

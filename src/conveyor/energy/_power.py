@@ -14,38 +14,15 @@ from typing import Any
 
 import torch
 
+from conveyor.config import parse_power_limit
 from conveyor.errors import InputError
 
-__all__ = ["PowerLimits", "ProfiledLimit", "check_power_limit_spec"]
+__all__ = ["PowerLimits", "ProfiledLimit"]
 
 log = logging.getLogger(__name__)
 
 _NO_GPU = "--power-limit needs NVIDIA GPUs (CUDA); this run has none: drop --power-limit"
 _NO_PRIVILEGE = "setting GPU power limits needs the SYS_ADMIN capability (root, or docker run --cap-add SYS_ADMIN)"
-
-
-def _parse(spec: str | int) -> str | int:
-    """``"auto"``, ``"max"`` or a positive number of watts, from a ``--power-limit`` value."""
-    text = str(spec).strip().lower()
-    if isinstance(spec, str) and text in ("auto", "max"):
-        return text
-    if not isinstance(spec, bool) and text.isascii() and text.isdecimal() and int(text) > 0:
-        return int(text)
-    raise InputError(f"--power-limit must be 'auto', 'max' or a whole number of watts such as 250, got {spec!r}")
-
-
-def check_power_limit_spec(spec: str) -> None:
-    """Check a ``--power-limit`` value's format (no GPU is touched); raise a one-line ValueError if it is bad.
-
-    Example:
-        >>> for spec in ("auto", "max", "250"):
-        ...     check_power_limit_spec(spec)
-        >>> check_power_limit_spec("250W")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        conveyor.errors.InputError: --power-limit must be 'auto', 'max' or a whole number of watts ..., got '250W'
-    """
-    _parse(spec)
 
 
 @dataclass(frozen=True)
@@ -109,7 +86,7 @@ class PowerLimits:
     the original values win; ``close()`` also makes zeus's callback a no-op.
 
     Args:
-        spec: ``"auto"``, ``"max"`` or whole watts (see ``check_power_limit_spec``).
+        spec: ``"auto"``, ``"max"`` or whole watts (see :func:`conveyor.config.parse_power_limit`).
         eta: Weight of energy against time in ``"auto"``'s cost, in [0, 1] (1: energy alone, 0: time alone).
         gpu_index: This worker's GPU (CUDA's index, after ``CUDA_VISIBLE_DEVICES``).
         warmup_steps: Steps run at each limit before its profiling window (``"auto"``).
@@ -147,7 +124,7 @@ class PowerLimits:
         world_size: int | None = None,
         monitor: Any = None,
     ) -> None:
-        self.spec = _parse(spec)
+        self.spec = parse_power_limit(spec)
         if not 0.0 <= eta <= 1.0:
             raise InputError(f"eta weighs energy against time and must lie in [0, 1], got {eta}")
         for name, value, least in (("warmup_steps", warmup_steps, 1), ("profile_steps", profile_steps, 1)):

@@ -8,7 +8,7 @@ outer Nesterov step on the sites' averaged change. Either is the ``outer`` of a
 
 from conveyor.gaia._asp import Gaia
 from conveyor.gaia._diloco import DiLoCo
-from conveyor.gaia._modes import WAN_MODES, outer_sync
+from conveyor.gaia._modes import outer_sync
 from conveyor.gaia._sparse import decode, encode, encoded_bytes
 
-__all__ = ["WAN_MODES", "DiLoCo", "Gaia", "decode", "encode", "encoded_bytes", "outer_sync"]
+__all__ = ["DiLoCo", "Gaia", "decode", "encode", "encoded_bytes", "outer_sync"]

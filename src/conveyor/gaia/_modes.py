@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from conveyor.config import WAN_MODES
 from conveyor.gaia._asp import Gaia
 from conveyor.gaia._diloco import DiLoCo
 from conveyor.runtime import OuterSync
 
-__all__ = ["WAN_MODES", "outer_sync"]
-
-WAN_MODES = ("off", "gaia", "diloco")
+__all__ = ["outer_sync"]
 
 
 def outer_sync(

@@ -1,13 +1,6 @@
 """The training job behind ``conveyor train``: model zoo, bundled data, measured costs, layout choice, run folder."""
 
-from conveyor.job._config import (
-    OPTION_FIELDS,
-    TrainConfig,
-    check_against_data,
-    explicit_workers,
-    job_devices,
-    loss_and_optimizer,
-)
+from conveyor.job._config import check_against_data, explicit_workers, job_devices, loss_and_optimizer
 from conveyor.job._data import Dataset, rows
 from conveyor.job._data import load as load_dataset
 from conveyor.job._elastic import join_elastic, train_elastic
@@ -16,18 +9,6 @@ from conveyor.job._lease import lease_expires, read_lease, write_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._model import model_and_data
 from conveyor.job._report import plot_accuracy, read_jsonl
-from conveyor.job._sections import (
-    ElasticConfig,
-    EmulationConfig,
-    EnergyConfig,
-    LayoutConfig,
-    ModelConfig,
-    ModelStoreConfig,
-    OptimizerConfig,
-    RunConfig,
-    StragglersConfig,
-    WanConfig,
-)
 from conveyor.job._summary import (
     ElasticSummary,
     Prediction,
@@ -38,28 +19,16 @@ from conveyor.job._summary import (
 )
 from conveyor.job._trace import torch_profiled
 from conveyor.job._train import train
-from conveyor.job._zoo import default_dataset, gpt, mlp, model_arguments, resnet, resolve, user_model, vgg, vgg16
+from conveyor.job._zoo import default_dataset, gpt, mlp, resnet, resolve, user_model, vgg, vgg16
 
 __all__ = [
-    "OPTION_FIELDS",
     "Dataset",
-    "ElasticConfig",
     "ElasticSummary",
-    "EmulationConfig",
-    "EnergyConfig",
     "EpochBatches",
     "Layout",
-    "LayoutConfig",
-    "ModelConfig",
-    "ModelStoreConfig",
-    "OptimizerConfig",
     "Prediction",
-    "RunConfig",
     "RunSummary",
-    "StragglersConfig",
     "Summary",
-    "TrainConfig",
-    "WanConfig",
     "check_against_data",
     "choose_layout",
     "default_dataset",
@@ -73,7 +42,6 @@ __all__ = [
     "loss_and_optimizer",
     "mlp",
     "model_and_data",
-    "model_arguments",
     "open_run_folder",
     "plot_accuracy",
     "read_jsonl",

@@ -1,34 +1,22 @@
-"""What ``conveyor train`` does: :class:`TrainConfig`, its sections (:mod:`conveyor.job._sections`) and the rules
-between them, checked when it is made (one line for every bad value, before any worker starts); the map from
-command-line options to sections; the loss and optimizer it names; the device, backend and worker count it
-resolves to on this machine."""
+"""What a :class:`~conveyor.config.TrainConfig` means on this machine and with torch: the loss, optimizer and
+autocast it names, the device, backend and worker count it resolves to, and the rules that need the model and
+its data (one line each, before any worker starts)."""
 
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 
+from conveyor.config import LayoutConfig, OptimizerConfig, TrainConfig
 from conveyor.errors import InputError
-from conveyor.job._sections import (
-    OPTIMIZERS,
-    ElasticConfig,
-    EmulationConfig,
-    EnergyConfig,
-    LayoutConfig,
-    ModelConfig,
-    ModelStoreConfig,
-    OptimizerConfig,
-    RunConfig,
-    StragglersConfig,
-    WanConfig,
-)
-from conveyor.plan import Topology, read_plan_file
+from conveyor.plan import read_plan_file
 from conveyor.runtime import (
     Blocks,
     OptimizerFactory,
@@ -45,176 +33,21 @@ from conveyor.runtime import (
 from conveyor.schedule import parse_replicas
 
 __all__ = [
-    "OPTION_FIELDS",
     "RunState",
-    "TrainConfig",
+    "autocast_dtype",
     "check_against_data",
     "explicit_workers",
     "job_devices",
     "loss_and_optimizer",
 ]
 
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """What ``conveyor train`` does, in sections; each component takes its own. ``None`` for ``stragglers`` and
-    ``elastic``: a run without them. :meth:`from_options` makes one from ``conveyor train``'s options by name.
-
-    Example:
-        >>> cfg = TrainConfig.from_options(model="mlp", epochs=3, stages=2)
-        >>> cfg == TrainConfig(model=ModelConfig(name="mlp"), run=RunConfig(epochs=3), layout=LayoutConfig(stages=2))
-        True
-        >>> cfg.options()["epochs"], cfg.stragglers is None
-        (3, True)
-    """
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    layout: LayoutConfig = field(default_factory=LayoutConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    emulation: EmulationConfig = field(default_factory=EmulationConfig)
-    energy: EnergyConfig = field(default_factory=EnergyConfig)
-    stragglers: StragglersConfig | None = None
-    elastic: ElasticConfig | None = None
-    store: ModelStoreConfig = field(default_factory=ModelStoreConfig)
-    wan: WanConfig = field(default_factory=WanConfig)
-
-    def __post_init__(self) -> None:
-        check_sections(self)
-
-    @classmethod
-    def from_options(cls, **options: Any) -> TrainConfig:
-        """The config of ``conveyor train``'s options (their names with ``_`` for ``-``; ``stragglers="off"`` and
-        no ``reliable`` nor ``join``: those sections are ``None``).
-
-        Raises:
-            InputError: a name that is no option, or a bad value (one line).
-        """
-        unknown = sorted(set(options) - set(OPTION_FIELDS))
-        if unknown:
-            raise InputError(f"conveyor train has no option {', '.join(unknown)}")
-        values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
-        for option, value in options.items():
-            section, name = OPTION_FIELDS[option]
-            values[section][name] = value
-        stragglers = values["stragglers"]
-        elastic = values["elastic"]
-        made = {
-            section: kind(**values[section])
-            for section, kind in SECTIONS.items()
-            if section not in ("stragglers", "elastic")
-        }
-        return cls(
-            **made,
-            stragglers=None if stragglers.get("mode", "off") == "off" else StragglersConfig(**stragglers),
-            elastic=ElasticConfig(**elastic) if elastic.get("reliable") is not None or elastic.get("join") else None,
-        )
-
-    def replaced(self, **options: Any) -> TrainConfig:
-        """This config with some options changed, by their ``conveyor train`` names."""
-        return TrainConfig.from_options(**{**self.options(), **options})
-
-    def options(self) -> dict[str, Any]:
-        """Every ``conveyor train`` option's value: the inverse of :meth:`from_options` (JSON-ready)."""
-        out: dict[str, Any] = {}
-        for option, (section, name) in OPTION_FIELDS.items():
-            part = getattr(self, section)
-            out[option] = getattr(part, name) if part is not None else _DEFAULTS[option]
-        if self.stragglers is None:  # the field's default is a mode; off is the option's
-            out["stragglers"] = "off"
-        return out
+_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}  # conveyor.config.OPTIMIZERS' classes
+_AUTOCAST = {"off": None, "bf16": torch.bfloat16}  # conveyor.config.AUTOCAST's dtypes
 
 
-SECTIONS: dict[str, type[Any]] = {
-    "model": ModelConfig,
-    "layout": LayoutConfig,
-    "optimizer": OptimizerConfig,
-    "run": RunConfig,
-    "emulation": EmulationConfig,
-    "energy": EnergyConfig,
-    "stragglers": StragglersConfig,
-    "elastic": ElasticConfig,
-    "store": ModelStoreConfig,
-    "wan": WanConfig,
-}
-_RENAMED = {
-    ("model", "name"): "model",
-    ("model", "args"): "model_args",
-    ("optimizer", "name"): "optimizer",
-    ("energy", "meter"): "energy_meter",
-    ("stragglers", "mode"): "stragglers",
-    ("elastic", "layout"): "elastic_layout",
-    ("store", "folder"): "store",
-    ("wan", "mode"): "wan",
-    ("wan", "threshold"): "wan_threshold",
-    ("wan", "staleness"): "wan_staleness",
-}
-OPTION_FIELDS: dict[str, tuple[str, str]] = {
-    _RENAMED.get((section, f.name), f.name): (section, f.name)
-    for section, kind in SECTIONS.items()
-    for f in fields(kind)
-}
-"""``conveyor train``'s option (``_`` for ``-``) -> the section and field that hold it."""
-_DEFAULTS: dict[str, Any] = {
-    option: next(f.default for f in fields(SECTIONS[section]) if f.name == name)
-    for option, (section, name) in OPTION_FIELDS.items()
-}  # every option's default, which an absent (None) section's options read as
-
-
-def check_sections(cfg: TrainConfig) -> None:
-    """The rules between sections (each section checks its own fields); one line each."""
-    elastic, run = cfg.elastic, cfg.run
-    layout = cfg.layout
-    if elastic is not None:
-        if elastic.reliable is not None and (cfg.stragglers or layout.stages or layout.replicas or layout.plan):
-            raise InputError(
-                "--reliable plans its own layouts (--elastic-layout): drop --stragglers, --stages, --replicas, --plan"
-            )
-        if run.checkpoint_every is not None:
-            raise InputError("--checkpoint-every saves a run of fixed workers; elastic jobs keep their own backups")
-        if run.lease and elastic.join:
-            raise InputError("--lease bounds the job its worker 0 starts: drop --join (the job's own lease holds)")
-        if cfg.energy.tune_batch_size or cfg.energy.power_limit:
-            raise InputError("--batch-size auto and --power-limit apply to fixed workers: drop --reliable and --join")
-        if cfg.store.warm_start or cfg.store.register:
-            raise InputError("--warm-start and --register apply to fixed workers: drop --reliable and --join")
-    if cfg.model.materialize == "stage" and (
-        elastic or cfg.stragglers or cfg.store.warm_start or cfg.energy.tune_batch_size
-    ):
-        raise InputError(
-            "--materialize stage builds each worker's stage alone, for a fixed pipeline: drop --reliable, --join, "
-            "--stragglers, --warm-start and --batch-size auto"
-        )
-    if cfg.wan.mode != "off":
-        check_wan(cfg)
-    if cfg.store.warm_start and run.resume:
-        raise InputError("--warm-start starts a new model from a parent's weights; --resume continues one: pick one")
-    if cfg.energy.tune_batch_size and (cfg.energy.job is None or run.target_accuracy is None):
-        raise InputError(
-            "--batch-size auto learns across recurrences of a job to a target: give --job NAME and --target-accuracy"
-        )
-    if cfg.energy.tune_batch_size and (run.lease or run.resume):
-        raise InputError("a recurrence of --batch-size auto runs whole, from scratch: drop --lease and --resume")
-
-
-def check_wan(cfg: TrainConfig) -> None:
-    """``--wan``'s rules: a topology of two data centres or more, sites that step together, fixed workers."""
-    mode, network = cfg.wan.mode, cfg.emulation.network
-    if network is None:
-        raise InputError(
-            f"--wan {mode} trains across data centres: give --network with the WAN as its outer level, e.g. "
-            "--network 2:1.25e9,3:6.25e6 (3 data centres of 2 workers)"
-        )
-    levels = Topology.parse(network).levels
-    if len(levels) < 2 or levels[-1].count < 2:
-        raise InputError(
-            f"--wan {mode} needs two data centres or more, the outer level of --network: {network} is one data centre "
-            f"(add a level, e.g. {network},2:6.25e6)"
-        )
-    if cfg.layout.schedule not in ("flush", "gpipe"):
-        raise InputError(f"--wan {mode}: the data centres step together: give --schedule flush or gpipe")
-    if cfg.elastic is not None or cfg.stragglers is not None:
-        raise InputError(f"--wan {mode} runs fixed workers: drop --reliable, --join and --stragglers")
+def autocast_dtype(cfg: TrainConfig) -> torch.dtype | None:
+    """The dtype ``--autocast`` names (``None``: off)."""
+    return _AUTOCAST[cfg.run.autocast]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,7 +64,7 @@ def loss_and_optimizer(
 ) -> tuple[Callable[[Any, Any], Any], OptimizerFactory]:
     """The loss (cross-entropy; per position for a sequence's logits (B, T, V)) and the optimizer asked for."""
     opt_args = {"lr": optimizer.lr, "momentum": optimizer.momentum} if optimizer.name == "sgd" else {"lr": optimizer.lr}
-    make_optimizer = partial(OPTIMIZERS[optimizer.name], **opt_args)
+    make_optimizer = partial(_OPTIMIZERS[optimizer.name], **opt_args)
     if sequence:
         return (lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())), make_optimizer
     return F.cross_entropy, make_optimizer

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
 
+from conveyor.config import ElasticConfig, TrainConfig
 from conveyor.elastic import (
     ElasticJob,
     ElasticOptions,
@@ -37,13 +38,12 @@ from conveyor.elastic import (
 )
 from conveyor.emulate import Emulation
 from conveyor.errors import InputError
-from conveyor.job._config import TrainConfig, loss_and_optimizer
+from conveyor.job._config import loss_and_optimizer
 from conveyor.job._layout import PIPELINE_MICROBATCHES
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._model import model_and_data
 from conveyor.job._report import read_jsonl
 from conveyor.job._resources import ResourceLog
-from conveyor.job._sections import ElasticConfig
 from conveyor.job._summary import ElasticSummary, open_run_folder, write_run_folder
 from conveyor.plan import Profile
 from conveyor.runtime import profile, resolve_device
@@ -102,7 +102,7 @@ def _layouts(
         microbatch = example[: max(1, cfg.optimizer.batch_size // microbatches)]
         device = resolve_device(cfg.run.device)  # where the job computes
         measured = profile(copy.deepcopy(model), microbatch, name=cfg.model.name, device=device, repeats=3, warmup=1)
-        topology = cfg.emulation.emulation().topology(workers)
+        topology = Emulation.of(cfg.emulation).topology(workers)
         bandwidth = min(level.bandwidth for level in topology.levels) if topology is not None else DEFAULT_BANDWIDTH
         store.set("bandwidth", repr(bandwidth))
         store.set("profile", measured.to_json())  # (a copy: profiling moves BatchNorm's running statistics)
@@ -176,11 +176,13 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
 
 def train_elastic(cfg: TrainConfig) -> ElasticSummary:
     """Run ``cfg`` as an elastic job on local workers (or the emulated cluster); return the run's summary."""
-    run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "elastic.jsonl", "resources.jsonl"))
+    run_dir = open_run_folder(
+        cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "elastic.jsonl", "resources.jsonl"), cfg.to_toml()
+    )
     if cfg.run.lease:
         read_lease(cfg.run.lease)  # fail here, with one line, rather than in the worker that evaluates
     workers = cfg.layout.workers or 4
-    emulation = cfg.emulation.emulation()
+    emulation = Emulation.of(cfg.emulation)
     check_faults(emulation, _section(cfg)[1], workers)
     launch_elastic(_worker, cfg, str(run_dir), workers, nprocs=workers, folder=run_dir, emulation=emulation)
     history = read_jsonl(run_dir / "metrics.jsonl")

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from conveyor.config import EnergyConfig, TrainConfig
 from conveyor.energy import (
     CostMeter,
     JobSettings,
@@ -28,8 +29,6 @@ from conveyor.energy import (
     scaled_lr,
 )
 from conveyor.errors import InputError
-from conveyor.job._config import TrainConfig
-from conveyor.job._sections import EnergyConfig
 from conveyor.job._summary import RunSummary
 
 __all__ = ["EpochKnobs", "finish_recurrence", "guarded_power_limits", "start_recurrence"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job._config import TrainConfig
 from conveyor.job._costs import Costs
 from conveyor.plan import (
     EpochFactors,

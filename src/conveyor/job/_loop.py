@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from conveyor.config import TrainConfig
 from conveyor.emulate import ServerTraffic
 from conveyor.energy import Meter
-from conveyor.job._config import TrainConfig
 from conveyor.job._data import Inputs, rows
 from conveyor.job._energy import EpochKnobs
 from conveyor.job._lease import lease_expires, read_lease

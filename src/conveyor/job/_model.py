@@ -9,7 +9,7 @@ from torch import nn
 
 import conveyor.job._data as datasets
 import conveyor.job._zoo as zoo
-from conveyor.job._config import TrainConfig
+from conveyor.config import TrainConfig
 from conveyor.job._warmstart import apply_plan
 from conveyor.runtime import Materialize, initialise_from
 

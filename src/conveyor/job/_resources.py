@@ -19,9 +19,7 @@ from types import TracebackType
 
 import torch.distributed as dist
 
-from conveyor.errors import InputError
-
-__all__ = ["ResourceLog", "ResourceSample", "check_resources_every", "sample_resources"]
+__all__ = ["ResourceLog", "ResourceSample", "sample_resources"]
 
 _PROC = Path("/proc/self")
 
@@ -38,16 +36,6 @@ class ResourceSample:
     fds: int  # open file descriptors (sockets included)
     threads: int  # the process's threads, Python's and native
     store_keys: int | None  # keys in the job's c10d store (None without one)
-
-
-def check_resources_every(seconds: float | None) -> None:
-    """One line for a bad ``--resources-every`` before any worker starts."""
-    if seconds is None:
-        return
-    if not seconds > 0:
-        raise InputError(f"--resources-every is a period in seconds above 0, got {seconds}")
-    if not (_PROC / "status").exists():
-        raise InputError("--resources-every reads /proc/self, which only Linux has: drop it on this system")
 
 
 def sample_resources(worker: int, store: dist.Store | None, *, started: float) -> ResourceSample:

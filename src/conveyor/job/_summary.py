@@ -109,13 +109,16 @@ class ElasticSummary(Summary):
     generations: list[dict[str, Any]]
 
 
-def open_run_folder(run_dir: str | None, model: str, logs: Sequence[str]) -> Path:
+def open_run_folder(run_dir: str | None, model: str, logs: Sequence[str], config: str | None = None) -> Path:
     """The run folder (``run_dir``, else ``runs/MODEL-TIME``), made if new; its ``logs`` are started afresh
-    (a run folder used again would otherwise append to the last run's)."""
+    (a run folder used again would otherwise append to the last run's); ``config``, the run's whole
+    configuration as TOML, goes to ``config.toml`` before anything runs (``conveyor train --config`` reruns it)."""
     folder = Path(run_dir or f"runs/{model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)
     for log in logs:
         (folder / log).unlink(missing_ok=True)
+    if config is not None:
+        (folder / "config.toml").write_text(config)
     return folder
 
 

@@ -32,11 +32,12 @@ from rich.console import Console
 from torch import nn
 
 import conveyor.job._data as datasets
+from conveyor.config import TrainConfig, mode_settings
 from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
 from conveyor.errors import InputError
 from conveyor.gaia import outer_sync
-from conveyor.job._config import RunState, TrainConfig, job_devices, loss_and_optimizer
+from conveyor.job._config import RunState, autocast_dtype, job_devices, loss_and_optimizer
 from conveyor.job._costs import measure_costs
 from conveyor.job._energy import (
     EpochKnobs,
@@ -51,7 +52,6 @@ from conveyor.job._loop import EpochLoop
 from conveyor.job._model import materializer, model_and_data
 from conveyor.job._report import energy_summary
 from conveyor.job._resources import ResourceLog
-from conveyor.job._sections import AUTOCAST
 from conveyor.job._summary import Prediction, RunSummary, open_run_folder, write_run_folder
 from conveyor.job._warmstart import prepare_warm_start, register_model
 from conveyor.plan import Topology
@@ -63,7 +63,7 @@ from conveyor.runtime import (
     default_device,
     to_device,
 )
-from conveyor.stragglers import FlexiblePipeline, flexible_layout, mode_settings
+from conveyor.stragglers import FlexiblePipeline, flexible_layout
 
 __all__ = ["train"]
 
@@ -90,7 +90,7 @@ def _measure_and_plan(
     ]
     fixed = fixed_layout(cfg, len(model), dist.get_world_size())
     microbatches = microbatches_of(cfg, dist.get_world_size()) if fixed is None else fixed.microbatches
-    emulation = Emulation(cfg.emulation.network, cfg.emulation.devices)
+    emulation = Emulation(network=cfg.emulation.network, devices=cfg.emulation.devices)
     network, devices = emulation.topology(dist.get_world_size()), emulation.device_list(dist.get_world_size())
     device_cores = devices[dist.get_rank()].cores if devices else None
     costs = measure_costs(
@@ -103,7 +103,7 @@ def _measure_and_plan(
         network=network,
         device_cores=device_cores,
         device=default_device(),
-        autocast=AUTOCAST[cfg.run.autocast],
+        autocast=autocast_dtype(cfg),
         share=cores,
         materialize=materializer(cfg, model),
     )
@@ -248,7 +248,7 @@ def _trainer(
             weighted=not stragglers.equal_shares,
             predict=cfg.optimizer.stale_correction,
             device=device,
-            autocast=AUTOCAST[cfg.run.autocast],
+            autocast=autocast_dtype(cfg),
         )
     if stragglers is not None and dist.get_rank() == 0:
         layout_text = "-".join(map(str, layout.replicas))
@@ -265,7 +265,7 @@ def _trainer(
         schedule=layout.schedule,
         replicas=layout.replicas,
         device=device,
-        autocast=AUTOCAST[cfg.run.autocast],
+        autocast=autocast_dtype(cfg),
         recompute=layout.recompute,
         correct_staleness=cfg.optimizer.stale_correction,
         materialize=materializer(cfg, model),
@@ -309,10 +309,12 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     if cfg.run.lease:
         read_lease(cfg.run.lease)  # fail here, with one line, rather than in worker 0
     device, backend, nprocs = job_devices(cfg)  # so do a device, a backend or a worker count this machine lacks
-    run_dir = open_run_folder(cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "stragglers.jsonl", "resources.jsonl"))
+    run_dir = open_run_folder(
+        cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "stragglers.jsonl", "resources.jsonl"), cfg.to_toml()
+    )
     if cfg.run.checkpoint:
         Path(cfg.run.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-    emulation = cfg.emulation.emulation()
+    emulation = Emulation.of(cfg.emulation)
     cfg, recurring, stop_above = start_recurrence(cfg, lambda: model_and_data(cfg)[1].samples, nprocs)
     plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
     state = RunState(stop_above=stop_above, warm_start_plan=plan)

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from torch import nn
 
-from conveyor.job._config import TrainConfig
+from conveyor.config import TrainConfig
 from conveyor.job._summary import RunSummary
 from conveyor.warmstart import ModelStore, WarmStart, apply_warm_start, op_graph, plan_warm_start
 

@@ -23,10 +23,8 @@ Example:
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conveyor.config import model_arguments
 from conveyor.errors import InputError
 from conveyor.job._data import Dataset, load, rows
 from conveyor.runtime import GraphBlock, split_model
@@ -48,7 +47,6 @@ __all__ = [
     "gpt",
     "load_factory",
     "mlp",
-    "model_arguments",
     "resnet",
     "resolve",
     "user_model",
@@ -242,25 +240,6 @@ def build(name: str, dataset: Dataset, width: int | None = None, depth: int | No
     if name not in ("gpt", "gpt2") and dataset.sequence:
         raise InputError(f"{name} classifies samples; {dataset.name} is text: use gpt for it")
     return MODELS[name][0](dataset, width, depth)
-
-
-def model_arguments(text: str) -> dict[str, Any]:
-    """``--model-args``: ``"num_classes=10,depths=[1,1],name=x"`` -> ``{"num_classes": 10, "depths": [1, 1],
-    "name": "x"}`` (Python literals; anything else is a string).
-
-    Raises:
-        InputError: an item is not ``NAME=VALUE``.
-    """
-    out: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in re.split(r",\s*(?=[A-Za-z_]\w*\s*=)", text))):
-        name, equals, value = item.partition("=")
-        if not equals or not name.strip().isidentifier():
-            raise InputError(f"--model-args {text!r}: give NAME=VALUE items separated by commas, e.g. num_classes=10")
-        try:
-            out[name.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            out[name.strip()] = value.strip()
-    return out
 
 
 def resolve(spec: str, batch_size: int, data: Dataset | None = None, args: str = "") -> tuple[nn.Sequential, Any]:

@@ -6,8 +6,6 @@ from conveyor.runtime._checkpoint import check_compatible as check_checkpoint
 from conveyor.runtime._checkpoint import load as load_checkpoint
 from conveyor.runtime._checkpoint import save as save_checkpoint
 from conveyor.runtime._devices import (
-    BACKENDS,
-    DEVICES,
     check_workers,
     default_backend,
     default_device,
@@ -39,8 +37,6 @@ from conveyor.runtime._update import pack_grads, reduce_dtype, set_mean_grads
 from conveyor.runtime._versions import StashError, WeightVersions
 
 __all__ = [
-    "BACKENDS",
-    "DEVICES",
     "P2P",
     "Blocks",
     "CheckpointError",

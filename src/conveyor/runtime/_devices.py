@@ -30,11 +30,10 @@ import os
 import torch
 import torch.distributed as dist
 
+from conveyor.config import BACKENDS, DEVICES
 from conveyor.errors import InputError
 
 __all__ = [
-    "BACKENDS",
-    "DEVICES",
     "check_workers",
     "default_backend",
     "default_device",
@@ -43,8 +42,6 @@ __all__ = [
     "resolve_device",
 ]
 
-DEVICES = ("auto", "cpu", "cuda")
-BACKENDS = ("auto", "nccl", "gloo")
 CPU_WORKERS = 4  # local workers of a CPU job that names no count
 _ENV = "CONVEYOR_DEVICE"  # the device type the launcher chose, for its workers
 

@@ -30,38 +30,21 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from conveyor.errors import InputError
 from conveyor.runtime import batch_size, split_batch, to_device
 
-__all__ = ["CANDIDATES", "Chunks", "agree_on_chunks", "check_chunks", "choose_chunks", "time_chunks"]
+__all__ = ["CANDIDATES", "agree_on_chunks", "choose_chunks", "time_chunks"]
 
 Batches = Iterable[tuple[Any, Any]]
-Chunks = int | Literal["auto"]  # chunks each replica owns, or auto
 Mixed = Callable[[], contextlib.AbstractContextManager[Any]]  # the trainer's autocast, or nothing
 
 CANDIDATES = (1, 2, 4, 8)  # chunks per replica that auto tries
-
-
-def check_chunks(chunks: object) -> Chunks:
-    """``chunks`` if it is a count of at least 1 or ``"auto"``; else a one-line error.
-
-    Example:
-        >>> check_chunks("auto"), check_chunks(3)
-        ('auto', 3)
-        >>> check_chunks(True)
-        Traceback (most recent call last):
-        conveyor.errors.InputError: --chunks must be at least 1 or auto, got True
-    """
-    if chunks == "auto" or (isinstance(chunks, int) and not isinstance(chunks, bool) and chunks >= 1):
-        return chunks
-    raise InputError(f"--chunks must be at least 1 or auto, got {chunks!r}")
 
 
 def agree_on_chunks(

@@ -1,50 +1,15 @@
-"""The straggler modes of ``conveyor train --stragglers``: which of slack, reassignment and backups each turns
-on, and the layouts they apply to."""
+"""The layouts the straggler modes of ``conveyor train --stragglers`` apply to (the modes themselves, and what
+each turns on: :func:`conveyor.config.mode_settings`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
+from conveyor.config import Chunks, check_chunks
 from conveyor.errors import InputError
 from conveyor.runtime import WorldSizeError
-from conveyor.stragglers._granularity import Chunks, check_chunks
 
-__all__ = ["DEFAULT_MODE", "MODES", "ModeSettings", "check_flexible", "flexible_layout", "mode_settings"]
-
-# FlexRR is slack and reassignment (Harlap et al., SoCC 2016); backup is reassignment and backups, synchronous;
-# live is reassignment and backups reduced among the replicas whose runs were used (no all-reduce), synchronous.
-MODES = ("live", "flexrr", "slack", "reassign", "backup", "off")
-DEFAULT_MODE = "off"  # conveyor train --stragglers' default (the CLI writes it out: it loads no torch)
-
-
-class ModeSettings(NamedTuple):
-    """What a straggler mode turns on."""
-
-    slack: int
-    reassign: bool
-    backup: bool
-    live: bool = False
-
-
-def mode_settings(mode: str, slack: int) -> ModeSettings:
-    """The settings of ``mode``, with slack ``slack`` where it applies.
-
-    Example:
-        >>> [tuple(mode_settings(m, 2)) for m in MODES]  # doctest: +NORMALIZE_WHITESPACE
-        [(0, True, True, True), (2, True, False, False), (2, False, False, False), (0, True, False, False),
-         (0, True, True, False), (0, False, False, False)]
-    """
-    if mode not in MODES:
-        raise InputError(f"unknown straggler mode {mode!r}: use one of {', '.join(MODES)}")
-    if slack < 1 and mode in ("flexrr", "slack"):
-        raise InputError(f"--stragglers {mode} needs --slack of at least 1, got {slack}")
-    return ModeSettings(
-        slack=slack if mode in ("flexrr", "slack") else 0,
-        reassign=mode in ("live", "flexrr", "reassign", "backup"),
-        backup=mode in ("live", "backup"),
-        live=mode == "live",
-    )
+__all__ = ["check_flexible", "flexible_layout"]
 
 
 def flexible_layout(replicas: Sequence[int]) -> bool:

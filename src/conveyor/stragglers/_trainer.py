@@ -61,6 +61,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from conveyor.config import Chunks
 from conveyor.errors import InputError
 from conveyor.runtime import (
     OptimizerFactory,
@@ -79,7 +80,7 @@ from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._backup import Backups
 from conveyor.stragglers._chunks import ChunkRun, FirstStage, StepWork
 from conveyor.stragglers._claims import StepClaims
-from conveyor.stragglers._granularity import Chunks, agree_on_chunks
+from conveyor.stragglers._granularity import agree_on_chunks
 from conveyor.stragglers._inbox import Inbox
 from conveyor.stragglers._later import LaterStage
 from conveyor.stragglers._live import LiveReduction, parse_runner
