@@ -9,7 +9,7 @@ import pytest
 from conveyor.bench.markets import AVAILABILITY, MarketsConfig, plot, run
 from conveyor.bench.spot import SHARED
 from conveyor.cli import main
-from conveyor.markets import POLICIES
+from conveyor.markets import MARKET_POLICIES
 
 KEYS = {"trace_set", "policy", "start_h", "cost_usd", "work", "cost_per_work", "limit_cost_per_work", "finish_h"}
 
@@ -28,7 +28,7 @@ def test_a_short_run_reports_every_policy_start_and_goal(shared: Path, tmp_path:
     json.dumps(report)
     assert {"config", "results", "summary", "sweep", "calibration", "goals"} <= set(report)
     policies = {r["policy"] for r in report["results"]}
-    assert policies == {*POLICIES, "portfolio[k80_1]", "portfolio[v100_1]"}
+    assert policies == {*MARKET_POLICIES, "portfolio[k80_1]", "portfolio[v100_1]"}
     assert len(report["results"]) == 2 * len(policies)
     for r in report["results"]:
         assert KEYS | {"deadline_h", "deadline_met"} <= set(r)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from conveyor.cluster._policies import POLICIES, allocate
+from conveyor.cluster._policies import SCHEDULING_POLICIES, allocate
 from conveyor.cluster._policy_baselines import isolated
 from conveyor.cluster._policy_lp import equal_share_throughputs, isolated_throughputs
 from conveyor.cluster._policy_time import finish_time_ratios
@@ -268,7 +268,7 @@ def test_allocate_rejects_unknown_names_and_bad_inputs() -> None:
         allocate("max_min_fairness_packing", mixed)
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", list(SCHEDULING_POLICIES))
 def test_an_empty_problem_gets_an_empty_allocation(name: str) -> None:
     a = allocate(name, Problem((), ("k80", "v100"), np.zeros((0, 2)), [], [4, 4]))
     assert a.combos == () and a.fractions.shape == (0, 2)
@@ -312,7 +312,7 @@ def problems(draw: st.DrawFn) -> Problem:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_every_policy_keeps_the_constraints(problem: Problem) -> None:
-    for name in POLICIES:
+    for name in SCHEDULING_POLICIES:
         check_valid(problem, allocate(name, problem))
 
 

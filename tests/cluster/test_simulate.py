@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conveyor.cluster import Devices, TraceJob, simulate
+from conveyor.cluster import Devices, TraceJob, simulate_cluster
 
 
 def _job(steps: float, arrival: float = 0.0, scale: int = 1, job_type: str = "a", slo: float | None = None):
@@ -13,7 +13,7 @@ def _job(steps: float, arrival: float = 0.0, scale: int = 1, job_type: str = "a"
 
 
 def test_one_job_finishes_mid_round_at_its_rate() -> None:
-    sim = simulate([_job(1000)], lambda job: np.array([2.0]), Devices({"v100": 1}), "max_min_fairness_perf")
+    sim = simulate_cluster([_job(1000)], lambda job: np.array([2.0]), Devices({"v100": 1}), "max_min_fairness_perf")
     record = sim.jobs[0]
     assert record.finish_s == pytest.approx(500.0) and record.jct_s == pytest.approx(500.0)
     assert sim.rounds == 2 and sim.utilization == pytest.approx(500 / 720)
@@ -23,7 +23,7 @@ def test_one_job_finishes_mid_round_at_its_rate() -> None:
 def test_two_jobs_take_turns_on_one_device() -> None:
     # Each needs two rounds alone; LAS alternates them: A runs rounds 1 and 3, B rounds 2 and 4.
     jobs = [_job(720), _job(720)]
-    sim = simulate(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "max_min_fairness", round_s=360)
+    sim = simulate_cluster(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "max_min_fairness", round_s=360)
     assert sorted(r.finish_s for r in sim.jobs) == [pytest.approx(3 * 360), pytest.approx(4 * 360)]
     assert sim.average_jct_s() == pytest.approx(3.5 * 360)
     assert sim.makespan_s == pytest.approx(4 * 360)
@@ -33,8 +33,8 @@ def test_two_jobs_take_turns_on_one_device() -> None:
 
 def test_a_moved_job_pays_its_restart() -> None:
     jobs = [_job(720), _job(720)]
-    plain = simulate(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "max_min_fairness")
-    paying = simulate(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "max_min_fairness", restart_s=60)
+    plain = simulate_cluster(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "max_min_fairness")
+    paying = simulate_cluster(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "max_min_fairness", restart_s=60)
     assert paying.average_jct_s() > plain.average_jct_s()
     # Every round starts the job that did not hold the device the round before: 60 s lost in each, so each
     # job does 300 s of work per turn and needs a third turn (A: rounds 1, 3, 5; B: 2, 4, 6).
@@ -47,22 +47,22 @@ def test_the_restart_cost_can_depend_on_the_device_type() -> None:
     # the first round 60 s, so it finishes at 780 s; a restart charged on "fast" only does not touch it.
     jobs, cluster = [_job(720)], Devices({"fast": 1, "slow": 1})
     slow_only = lambda job: np.array([0.0, 1.0])  # noqa: E731
-    on_slow = simulate(jobs, slow_only, cluster, "max_min_fairness_perf", restart_s={"fast": 0.0, "slow": 60.0})
-    on_fast = simulate(jobs, slow_only, cluster, "max_min_fairness_perf", restart_s={"fast": 60.0, "slow": 0.0})
+    on_slow = simulate_cluster(jobs, slow_only, cluster, "max_min_fairness_perf", restart_s={"fast": 0.0, "slow": 60.0})
+    on_fast = simulate_cluster(jobs, slow_only, cluster, "max_min_fairness_perf", restart_s={"fast": 60.0, "slow": 0.0})
     assert on_slow.jobs[0].finish_s == pytest.approx(780.0) and on_fast.jobs[0].finish_s == pytest.approx(720.0)
     with pytest.raises(ValueError, match=r"no seconds for device types \['slow'\]"):
-        simulate(jobs, slow_only, cluster, "max_min_fairness_perf", restart_s={"fast": 1.0})
+        simulate_cluster(jobs, slow_only, cluster, "max_min_fairness_perf", restart_s={"fast": 1.0})
 
 
 def test_late_arrivals_and_a_window() -> None:
     jobs = [_job(360), _job(360, arrival=10_000.0)]
-    sim = simulate(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "fifo")
+    sim = simulate_cluster(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "fifo")
     assert sim.jobs[1].start_s == pytest.approx(10_000.0) and sim.jobs[1].jct_s == pytest.approx(360.0)
     assert sim.average_jct_s((1, 2)) == pytest.approx(360.0)
 
 
 def test_prices_give_the_cost() -> None:
-    sim = simulate(
+    sim = simulate_cluster(
         [_job(3600, scale=2)], lambda job: np.array([1.0]), Devices({"v100": 2}), "fifo", prices={"v100": 3.0}
     )
     assert sim.cost == pytest.approx(2 * 3.0)  # two devices for an hour
@@ -71,7 +71,7 @@ def test_prices_give_the_cost() -> None:
 def test_slo_violations_are_counted() -> None:
     # Two jobs of one round each, both due within 1.2x their duration: one of them must be late.
     jobs = [_job(360, slo=1.2), _job(360, slo=1.2)]
-    sim = simulate(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "fifo")
+    sim = simulate_cluster(jobs, lambda job: np.array([1.0]), Devices({"v100": 1}), "fifo")
     assert sim.slo_violations == 1
 
 
@@ -85,15 +85,15 @@ def test_heterogeneity_awareness_shortens_completion_times() -> None:
         _job(2_000, job_type="b"),
     ]
     devices = Devices({"v100": 1, "k80": 1})
-    agnostic = simulate(jobs, lambda job: speeds[job.job_type], devices, "max_min_fairness")
-    aware = simulate(jobs, lambda job: speeds[job.job_type], devices, "max_min_fairness_perf")
+    agnostic = simulate_cluster(jobs, lambda job: speeds[job.job_type], devices, "max_min_fairness")
+    aware = simulate_cluster(jobs, lambda job: speeds[job.job_type], devices, "max_min_fairness_perf")
     assert aware.average_jct_s() < agnostic.average_jct_s()
 
 
 def test_bad_input_fails_in_one_line() -> None:
     with pytest.raises(ValueError, match="needs 4 devices"):
-        simulate([_job(10, scale=4)], lambda job: np.array([1.0]), Devices({"v100": 2}), "fifo")
+        simulate_cluster([_job(10, scale=4)], lambda job: np.array([1.0]), Devices({"v100": 2}), "fifo")
     with pytest.raises(ValueError, match="cannot run on any device type"):
-        simulate([_job(10)], lambda job: np.array([0.0]), Devices({"v100": 2}), "fifo")
+        simulate_cluster([_job(10)], lambda job: np.array([0.0]), Devices({"v100": 2}), "fifo")
     with pytest.raises(ValueError, match="unknown policy"):
-        simulate([_job(10)], lambda job: np.array([1.0]), Devices({"v100": 2}), "no-such-policy")
+        simulate_cluster([_job(10)], lambda job: np.array([1.0]), Devices({"v100": 2}), "no-such-policy")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.job import ElasticSummary, Prediction, RunSummary, write_run_folder
+from conveyor.job import ElasticSummary, RunPrediction, RunSummary, write_run_folder
 
 
 def _summary(run_dir: Path, *, measured: float, predicted: float, single: float, workers: int) -> RunSummary:
@@ -29,7 +29,7 @@ def _summary(run_dir: Path, *, measured: float, predicted: float, single: float,
         peak_rss_bytes=[1, 2],
         layout={"replicas": [1, 1]},
         checkpoint=str(run_dir / "checkpoint.pt"),
-        prediction=Prediction(samples_per_s=predicted, error=measured / predicted - 1, measured_at_start=start),
+        prediction=RunPrediction(samples_per_s=predicted, error=measured / predicted - 1, measured_at_start=start),
         energy_j=None,
         epoch_energy_j=[None, None],
         energy_meter=None,

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conveyor.stragglers._backup import Backups, ChunkBackedUp
+from conveyor.stragglers._buffer import BufferLayout
 from conveyor.stragglers._chunks import ChunkRun, FirstStage, StepWork
 from conveyor.stragglers._records import StepRecord
 
@@ -133,7 +134,7 @@ def _stage(store: dist.Store, w: torch.Tensor, replica: int) -> tuple[FirstStage
         chunks=[0, 1],
         samples=4,
         record=StepRecord(0, 0, 0, 0, 0, 0, 0.0, 0.0),
-        terms=0,
+        layout=BufferLayout(terms=0, grads=w.numel()),
         dtype=torch.float32,
         device=torch.device("cpu"),
     )

@@ -26,7 +26,7 @@ from typing import Any
 
 from conveyor.config import TrainConfig
 from conveyor.job import model_and_data, train_elastic
-from conveyor.markets import Job, Overheads, Pricing, Run, Study, simulate
+from conveyor.markets import Job, Overheads, Pricing, Run, Study, simulate_markets
 
 __all__ = ["RealConfig", "run_real"]
 
@@ -93,7 +93,7 @@ def _cost(held: list[tuple[int, int]], gap_s: float, finish_h: float, pricing: P
 
 
 def run_real(cfg: RealConfig, study: Study, start: int, folder: Path) -> dict[str, Any]:
-    """Measure, simulate, run and compare (see the module docstring); ``study`` gives the traces and prices."""
+    """Measure, simulate_markets, run and compare (see the module docstring); ``study`` gives the traces and prices."""
     folder.mkdir(parents=True, exist_ok=True)
     _, data = model_and_data(TrainConfig.from_options(model=cfg.model, seed=cfg.seed))
     rates = _measure(cfg, folder, data.samples)
@@ -113,7 +113,7 @@ def run_real(cfg: RealConfig, study: Study, start: int, folder: Path) -> dict[st
     v100 = [t for t in study.traces if t.instance == "v100_1"]
     settings = replace(study.settings, most_spot=cfg.transient)
     compressed = Study(v100, job, {"v100_1": 1.0}, pricing=study.pricing, overheads=overheads, settings=settings)
-    predicted = simulate(compressed, cfg.policy, start)
+    predicted = simulate_markets(compressed, cfg.policy, start)
     gap = v100[0].gap_s
     held = _schedule(predicted, gap, len(v100[0].counts) - start)
     counts = [max(0, min(s + o - 1, cfg.transient)) for s, o in held]  # beside worker 0, the reliable one

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from rich.progress import Progress
 
-from conveyor.cluster import Devices, Problem, ThroughputTable, TraceJob, allocate, generate_jobs, simulate
+from conveyor.cluster import Devices, Problem, ThroughputTable, TraceJob, allocate, generate_jobs, simulate_cluster
 from conveyor.errors import InputError
 
 __all__ = ["PAPER", "ClusterBenchConfig", "jct_vs_load", "plot", "solve_times", "sustained"]
@@ -68,7 +68,7 @@ def _one_point(cfg: ClusterBenchConfig, policy: str, rate: float) -> dict[str, A
     devices = parse_cluster(cfg.cluster)
     jobs = generate_jobs(2 * cfg.window[1], jobs_per_hour=rate, seed=cfg.seed, table=table)
     began = time.perf_counter()
-    sim = simulate(
+    sim = simulate_cluster(
         jobs,
         lambda job: table.matrix([job], devices.types)[0],
         devices,
@@ -245,7 +245,7 @@ def fidelity(cfg: ClusterBenchConfig, folder: Path) -> dict[str, Any]:
         real = run_real(jobs, device_types, policy, backend, folder, round_s=cfg.fidelity_round_s)
     restart = real.restart_s()
     index = {id(job): i for i, job in enumerate(jobs)}
-    sim = simulate(
+    sim = simulate_cluster(
         jobs,
         lambda job: real.rates(index[id(job)]),
         device_types.devices,

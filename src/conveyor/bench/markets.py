@@ -3,7 +3,7 @@
 Per trace set a job sized to it (:data:`TRACE_SETS`): a one-V100 job of ``work_h`` hours on the 1-node sets, an
 8-machine ResNet-50 of ``work_h`` hours on 8 on-demand V100s on the 16-node set; started at ``starts`` evenly
 spaced points after a warm-up (the preemption model's first past); deadline ``deadline`` x its on-demand time.
-Every policy of :data:`conveyor.markets.POLICIES` runs from every start; on a set with several instance kinds
+Every policy of :data:`conveyor.markets.MARKET_POLICIES` runs from every start; on a set with several instance kinds
 the portfolio also runs pinned to each kind (``portfolio[k80_1]``: the static single-kind choices that DISPA's
 moves are measured against). Then the portfolio and its baselines at spot discounts 0.2-0.5, the portfolio
 under AWS's 2016 hourly billing at a 2016-like discount, and the preemption model's calibration per market
@@ -27,7 +27,7 @@ from conveyor.bench.spot import MEASURED, SHARED
 from conveyor.errors import InputError
 from conveyor.markets import (
     DISCOUNT_2016,
-    POLICIES,
+    MARKET_POLICIES,
     Job,
     MarketTrace,
     Overheads,
@@ -38,7 +38,7 @@ from conveyor.markets import (
     gavel_speeds,
     read_trace_set,
     scaling_from_plan,
-    simulate,
+    simulate_markets,
 )
 
 __all__ = ["AVAILABILITY", "TRACE_SETS", "MarketsConfig", "median_rows", "plot", "run", "simulate_set"]
@@ -59,7 +59,7 @@ class MarketsConfig:
     """What ``conveyor bench markets`` replays."""
 
     trace_sets: tuple[str, ...] = tuple(TRACE_SETS)
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = MARKET_POLICIES
     starts: int = 30
     work_h: float = 24.0
     deadline: float = 1.5
@@ -79,7 +79,7 @@ class MarketsConfig:
 
     def __post_init__(self) -> None:
         require_known("trace sets", self.trace_sets, TRACE_SETS)
-        require_known("policies", self.policies, POLICIES)
+        require_known("policies", self.policies, MARKET_POLICIES)
         if not (self.starts >= 1 and self.work_h > 0 and self.deadline >= 1 and self.warmup_h >= 0):
             raise InputError("need starts >= 1, work_h > 0, deadline >= 1 (x the on-demand time) and warmup_h >= 0")
 
@@ -103,7 +103,7 @@ def _runs(
     for label, kind in policies:
         policy = label.split("[")[0]
         for s in starts:
-            run = simulate(study, policy, s, kind=kind)
+            run = simulate_markets(study, policy, s, kind=kind)
             row = {**run.row(name, limit), "policy": label, "discount": study.pricing.discount}
             row["billing"] = study.pricing.billing
             if s == starts[len(starts) // 2]:  # the plot's: the median start's machines over time

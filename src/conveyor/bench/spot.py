@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench._checks import require_known
-from conveyor.elastic import BILLINGS, POLICIES, Costs, Outcome, read_markets, simulate, throughput_from_plan
+from conveyor.elastic import (
+    BILLINGS,
+    SPOT_POLICIES,
+    Costs,
+    SpotOutcome,
+    read_markets,
+    simulate_spot,
+    throughput_from_plan,
+)
 from conveyor.errors import InputError
 from conveyor.plan import read_graph_txt
 
@@ -55,11 +63,11 @@ class SpotConfig:
     bandwidth: float = 1.17e9  # bytes/s of each machine's link (10 Gbit/s goodput)
     checkpoint_every_s: float = 600.0
     decide_every_s: float = 300.0
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = SPOT_POLICIES
     measured: dict[str, float] = field(default_factory=lambda: dict(MEASURED))
 
     def __post_init__(self) -> None:
-        require_known("policies", self.policies, POLICIES)
+        require_known("policies", self.policies, SPOT_POLICIES)
         require_known("billing", [self.billing], BILLINGS)
         if not (self.work > 0 and self.fleet >= 1 and self.reliable >= 1 and self.machines >= 1 and self.batch >= 1):
             raise InputError("work, fleet, reliable, machines and batch must be positive")
@@ -118,7 +126,7 @@ def _goals(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def plot(outcomes: list[Outcome], path: str | Path) -> None:
+def plot(outcomes: list[SpotOutcome], path: str | Path) -> None:
     """Machines held over time per policy (left) and cost per million samples (right)."""
     import matplotlib
 
@@ -155,7 +163,7 @@ def run(cfg: SpotConfig, plot_path: str | None = None) -> dict[str, Any]:
     )
     costs = Costs(**cfg.measured, checkpoint_every_s=cfg.checkpoint_every_s, decide_every_s=cfg.decide_every_s)
     outcomes = [
-        simulate(
+        simulate_spot(
             p,
             markets,
             x,

@@ -121,10 +121,10 @@ def run_elastic(args: argparse.Namespace) -> None:
 def run_spot(args: argparse.Namespace) -> None:
     """Acquisition policies over spot traces; prints the costs."""
     from conveyor.bench.spot import MEASURED, SpotConfig, costs_from_elastic, run
-    from conveyor.elastic import POLICIES
+    from conveyor.elastic import SPOT_POLICIES
 
     measured = {**MEASURED, **(costs_from_elastic(args.elastic) if args.elastic else {})}
-    given: dict[str, Any] = {"policies": args.policies or POLICIES, "measured": measured}
+    given: dict[str, Any] = {"policies": args.policies or SPOT_POLICIES, "measured": measured}
     if args.trace:
         given["traces"] = tuple(t for group in args.trace for t in group)
     cfg = config(SpotConfig, argparse.Namespace(**{**vars(args), **given}))

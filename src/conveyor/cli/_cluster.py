@@ -72,11 +72,19 @@ def run(args: argparse.Namespace) -> None:
 
 def _simulate(args: argparse.Namespace) -> None:
     from conveyor.bench.cluster import parse_cluster, plot
-    from conveyor.cluster import POLICIES, ThroughputTable, TraceJob, generate_jobs, read_trace, simulate, write_trace
+    from conveyor.cluster import (
+        SCHEDULING_POLICIES,
+        ThroughputTable,
+        TraceJob,
+        generate_jobs,
+        read_trace,
+        simulate_cluster,
+        write_trace,
+    )
 
     for policy in args.policy:
-        if policy not in POLICIES:
-            raise InputError(f"unknown policy {policy!r}: choose from {', '.join(sorted(POLICIES))}")
+        if policy not in SCHEDULING_POLICIES:
+            raise InputError(f"unknown policy {policy!r}: choose from {', '.join(sorted(SCHEDULING_POLICIES))}")
     table = ThroughputTable.load(args.throughputs)
     devices = parse_cluster(args.cluster, args.per_server)
     prices = _prices(args.prices)
@@ -105,7 +113,7 @@ def _simulate(args: argparse.Namespace) -> None:
 
         pair_rates = colocated if args.space_sharing else None
         for policy in args.policy:
-            sim = simulate(
+            sim = simulate_cluster(
                 jobs,
                 lambda job: table.matrix([job], devices.types)[0],
                 devices,

@@ -26,7 +26,7 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    from conveyor.markets import POLICIES
+    from conveyor.markets import MARKET_POLICIES
 
     markets = sub.add_parser("markets", help="buy a job with a deadline from spot markets (Tributary, DISPA)")
     which = markets.add_subparsers(dest="markets_command", required=True)
@@ -39,7 +39,9 @@ def add_parser(sub: Any) -> None:
     )
     sim.add_argument("--instances", type=names, default=(), help="keep these kinds, e.g. v100_1,k80_1 (default: all)")
     sim.add_argument("--machines", type=positive, default=1, help="the job's on-demand V100 machines")
-    sim.add_argument("--policies", type=names, default=POLICIES, help=f"comma-separated from {', '.join(POLICIES)}")
+    sim.add_argument(
+        "--policies", type=names, default=MARKET_POLICIES, help=f"comma-separated from {', '.join(MARKET_POLICIES)}"
+    )
     sim.add_argument("--billing", choices=("per-second", "hourly-2016"), default="per-second")
     _policy_options(sim)
 

@@ -10,13 +10,13 @@ import numpy as np
 from conveyor.cluster._problem import Allocation, Problem
 from conveyor.errors import InputError
 
-__all__ = ["Device", "Devices", "Rounds"]
+__all__ = ["ClusterDevice", "Devices", "Rounds"]
 
 Combo = tuple[int, ...]  # job ids running together on the same devices: (7,) alone, (7, 9) sharing them
 
 
 @dataclass(frozen=True, order=True)
-class Device:
+class ClusterDevice:
     """One accelerator: its type, the server holding it, and its slot there."""
 
     type: str
@@ -50,8 +50,11 @@ class Devices:
     def types(self) -> tuple[str, ...]:
         return tuple(self.counts)
 
-    def of(self, device_type: str) -> list[Device]:
-        return [Device(device_type, i // self.per_server, i % self.per_server) for i in range(self.counts[device_type])]
+    def of(self, device_type: str) -> list[ClusterDevice]:
+        return [
+            ClusterDevice(device_type, i // self.per_server, i % self.per_server)
+            for i in range(self.counts[device_type])
+        ]
 
     @property
     def total(self) -> int:
@@ -82,15 +85,16 @@ class Rounds:
         >>> rounds = Rounds(cluster)
         >>> rounds.set_allocation(problem, Allocation.singles(np.array([[0.5, 0.5], [0.5, 0.5]])))
         >>> sorted(rounds.next_round(problem).items())  # doctest: +NORMALIZE_WHITESPACE
-        [((10,), (Device(type='fast', server=0, slot=0),)), ((11,), (Device(type='slow', server=0, slot=0),))]
+        [((10,), (ClusterDevice(type='fast', server=0, slot=0),)),
+         ((11,), (ClusterDevice(type='slow', server=0, slot=0),))]
     """
 
     devices: Devices
     fill_idle: bool = True
     allocation: dict[Combo, np.ndarray] = field(default_factory=dict)  # combo -> share of time per type
     received: dict[Combo, np.ndarray] = field(init=False)  # time run per type since the allocation changed
-    placement: dict[Combo, tuple[Device, ...]] = field(default_factory=dict)  # the current round's
-    previous: dict[Combo, tuple[Device, ...]] = field(default_factory=dict)  # the round before's
+    placement: dict[Combo, tuple[ClusterDevice, ...]] = field(default_factory=dict)  # the current round's
+    previous: dict[Combo, tuple[ClusterDevice, ...]] = field(default_factory=dict)  # the round before's
 
     def __post_init__(self) -> None:
         self.received = defaultdict(lambda: np.zeros(len(self.devices.types)))
@@ -107,7 +111,7 @@ class Rounds:
         }
         self.received = defaultdict(lambda: np.zeros(len(self.devices.types)))
 
-    def next_round(self, problem: Problem, again: bool = False) -> dict[Combo, tuple[Device, ...]]:
+    def next_round(self, problem: Problem, again: bool = False) -> dict[Combo, tuple[ClusterDevice, ...]]:
         """Choose the combinations that run this round and their devices; keeps them as ``placement``.
         ``again``: choose the same round once more (jobs came or went since), still against the round before."""
         row = {job: i for i, job in enumerate(problem.job_ids)}
@@ -162,12 +166,16 @@ class Rounds:
         return pair is not None and bool((pair[k] > 0).all())
 
     def _place(
-        self, chosen: dict[Combo, int], problem: Problem, row: dict[int, int], before: dict[Combo, tuple[Device, ...]]
-    ) -> dict[Combo, tuple[Device, ...]]:
+        self,
+        chosen: dict[Combo, int],
+        problem: Problem,
+        row: dict[int, int],
+        before: dict[Combo, tuple[ClusterDevice, ...]],
+    ) -> dict[Combo, tuple[ClusterDevice, ...]]:
         """Devices for each chosen combination: its previous ones when it keeps its type and they are free,
         else the servers that fit it most tightly, largest combinations first."""
         free = {t: set(self.devices.of(t)) for t in self.devices.types}
-        placed: dict[Combo, tuple[Device, ...]] = {}
+        placed: dict[Combo, tuple[ClusterDevice, ...]] = {}
         for combo, k in chosen.items():
             held = before.get(combo, ())
             if held and held[0].type == self.devices.types[k] and free[held[0].type].issuperset(held):
@@ -181,17 +189,17 @@ class Rounds:
         return placed
 
 
-def _tightest(free: set[Device], count: int) -> tuple[Device, ...]:
+def _tightest(free: set[ClusterDevice], count: int) -> tuple[ClusterDevice, ...]:
     """``count`` free devices: all on one server if one has room (the one with the fewest free devices that
     suffice), else from the servers with the most free devices first."""
-    by_server: dict[int, list[Device]] = defaultdict(list)
+    by_server: dict[int, list[ClusterDevice]] = defaultdict(list)
     for device in sorted(free):
         by_server[device.server].append(device)
     fitting = [s for s, devices in by_server.items() if len(devices) >= count]
     if fitting:
         server = min(fitting, key=lambda s: (len(by_server[s]), s))
         return tuple(by_server[server][:count])
-    taken: list[Device] = []
+    taken: list[ClusterDevice] = []
     for server in sorted(by_server, key=lambda s: (-len(by_server[s]), s)):
         taken += by_server[server][: count - len(taken)]
         if len(taken) == count:

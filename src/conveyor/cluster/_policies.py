@@ -24,9 +24,9 @@ from conveyor.cluster._policy_time import (
 from conveyor.cluster._problem import Allocation, Problem
 from conveyor.errors import InputError
 
-__all__ = ["POLICIES", "allocate"]
+__all__ = ["SCHEDULING_POLICIES", "allocate"]
 
-POLICIES: dict[str, Callable[[Problem], Allocation]] = {
+SCHEDULING_POLICIES: dict[str, Callable[[Problem], Allocation]] = {
     "max_min_fairness": max_min_fairness,
     "max_min_fairness_perf": max_min_fairness_perf,
     "max_min_fairness_packing": max_min_fairness_packing,
@@ -49,7 +49,7 @@ others stand in for schedulers that do not; ``*_packing`` and ``gandiva`` may pu
 
 
 def allocate(name: str, problem: Problem) -> Allocation:
-    """Run policy ``name`` (a key of :data:`POLICIES`) on ``problem``.
+    """Run policy ``name`` (a key of :data:`SCHEDULING_POLICIES`) on ``problem``.
 
     Args:
         name: the policy, e.g. ``"max_min_fairness_perf"``.
@@ -69,9 +69,9 @@ def allocate(name: str, problem: Problem) -> Allocation:
         >>> allocate("fifo", Problem((), ("v100",), np.zeros((0, 1)), [], [4])).fractions.shape
         (0, 1)
     """
-    policy = POLICIES.get(name)
+    policy = SCHEDULING_POLICIES.get(name)
     if policy is None:
-        raise InputError(f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
+        raise InputError(f"unknown policy {name!r}; choose one of: {', '.join(SCHEDULING_POLICIES)}")
     if problem.jobs == 0:
         return Allocation((), np.zeros((0, len(problem.device_types))))
     return policy(problem)

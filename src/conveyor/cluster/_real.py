@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.cluster._backends import Backend, Launched
-from conveyor.cluster._mechanism import Combo, Device, Devices, Rounds
+from conveyor.cluster._mechanism import ClusterDevice, Combo, Devices, Rounds
 from conveyor.cluster._policies import allocate
 from conveyor.cluster._problem import Problem
 from conveyor.cluster._simulate import JobRecord, Simulation, active_problem
@@ -180,7 +180,7 @@ def run_real(
                 return
             time.sleep(poll_s)
 
-    def plan(again: bool = False) -> dict[Combo, tuple[Device, ...]]:
+    def plan(again: bool = False) -> dict[Combo, tuple[ClusterDevice, ...]]:
         nonlocal arrived, planned_for, problem
         now = clock()
         while arrived < len(order) and jobs[order[arrived]].arrival_s <= now:

@@ -14,7 +14,7 @@ from conveyor.cluster._problem import Problem
 from conveyor.cluster._trace import TraceJob
 from conveyor.errors import InputError
 
-__all__ = ["JobRecord", "Simulation", "simulate"]
+__all__ = ["JobRecord", "Simulation", "simulate_cluster"]
 
 ROUND_S = 360.0  # Gavel's default round: 6 minutes
 
@@ -77,7 +77,7 @@ class Simulation:
         return sum(1 for r in self.jobs if r.deadline_s < float("inf") and (r.finish_s or np.inf) > r.deadline_s)
 
 
-def simulate(
+def simulate_cluster(
     jobs: Sequence[TraceJob],
     rates: Rates,
     devices: Devices,
@@ -110,7 +110,7 @@ def simulate(
     Example:
         >>> jobs = [TraceJob("a", total_steps=720, scale_factor=1, arrival_s=0.0)]
         >>> fast_and_slow = Devices({"fast": 1, "slow": 1})
-        >>> sim = simulate(jobs, lambda job: np.array([2.0, 1.0]), fast_and_slow, "max_min_fairness_perf")
+        >>> sim = simulate_cluster(jobs, lambda job: np.array([2.0, 1.0]), fast_and_slow, "max_min_fairness_perf")
         >>> sim.jobs[0].finish_s, sim.rounds  # 720 steps at 2 steps/s on the fast device: one round
         (360.0, 1)
     """

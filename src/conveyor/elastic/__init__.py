@@ -3,7 +3,7 @@
 A job's first workers are reliable, the rest transient; the trainer (:class:`ElasticTrainer`) keeps going when
 transient workers are revoked, with or without notice, and takes in new ones, without restarting anyone
 or reading a checkpoint file, as data parallelism or as a pipeline the planner re-plans at every change
-(:func:`planned_layouts`). The market simulator (:func:`simulate`) replays spot-availability traces
+(:func:`planned_layouts`). The market simulator (:func:`simulate_spot`) replays spot-availability traces
 with prices to compare acquisition policies, BidBrain's among them.
 
 Example:
@@ -18,12 +18,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from conveyor.elastic._bidbrain import POLICIES, Outcome, simulate
+    from conveyor.elastic._bidbrain import SPOT_POLICIES, SpotOutcome, simulate_spot
     from conveyor.elastic._job import ElasticJob, ElasticOptions, WorkerOutcome
     from conveyor.elastic._launch import launch_elastic, store_address
     from conveyor.elastic._market import BILLINGS, PRICES, Billing, Market, MarketPrice, read_markets
     from conveyor.elastic._membership import Coordinator, Generation, JobFailed, MembershipChanged, connect
-    from conveyor.elastic._objective import Offer, hold_cost, paid_left, plan
+    from conveyor.elastic._objective import Offer, hold_cost, paid_left, plan_holdings
     from conveyor.elastic._pipeline import StageLayout, agreed_layouts, planned_layouts
     from conveyor.elastic._throughput import Costs, Throughput, throughput_from_plan
     from conveyor.elastic._tiers import Roles, agile_stage, roles, shard_bounds
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 # Imported on first use: the market simulator and the CLI need none of torch.
 _HOME = {
-    "_bidbrain": ("POLICIES", "Outcome", "simulate"),
-    "_objective": ("Offer", "hold_cost", "paid_left", "plan"),
+    "_bidbrain": ("SPOT_POLICIES", "SpotOutcome", "simulate_spot"),
+    "_objective": ("Offer", "hold_cost", "paid_left", "plan_holdings"),
     "_pipeline": ("StageLayout", "agreed_layouts", "planned_layouts"),
     "_throughput": ("Costs", "Throughput", "throughput_from_plan"),
     "_launch": ("launch_elastic", "store_address"),
@@ -45,8 +45,8 @@ _HOME = {
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
     "BILLINGS",
-    "POLICIES",
     "PRICES",
+    "SPOT_POLICIES",
     "Billing",
     "Coordinator",
     "Costs",
@@ -59,8 +59,8 @@ __all__ = [
     "MarketPrice",
     "MembershipChanged",
     "Offer",
-    "Outcome",
     "Roles",
+    "SpotOutcome",
     "StageLayout",
     "Throughput",
     "WorkerOutcome",
@@ -70,12 +70,12 @@ __all__ = [
     "hold_cost",
     "launch_elastic",
     "paid_left",
-    "plan",
+    "plan_holdings",
     "planned_layouts",
     "read_markets",
     "roles",
     "shard_bounds",
-    "simulate",
+    "simulate_spot",
     "store_address",
     "throughput_from_plan",
 ]

@@ -8,17 +8,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.elastic._market import Billing, Market
-from conveyor.elastic._objective import AT_END_S, Offer, paid_left, plan
+from conveyor.elastic._objective import AT_END_S, Offer, paid_left, plan_holdings
 from conveyor.elastic._throughput import Costs, Throughput
 from conveyor.errors import InputError
 
-__all__ = ["POLICIES", "Outcome", "simulate"]
+__all__ = ["SPOT_POLICIES", "SpotOutcome", "simulate_spot"]
 
-POLICIES = ("on-demand", "checkpoint-restart", "elastic-fixed", "bidbrain")
+SPOT_POLICIES = ("on-demand", "checkpoint-restart", "elastic-fixed", "bidbrain")
 
 
 @dataclass
-class Outcome:
+class SpotOutcome:
     """One policy's run: what it cost, how long it took, and what it lost."""
 
     policy: str
@@ -55,7 +55,7 @@ class _Sim:
     """The shared replay: capacity per market, the machines held, their bills, and the job's work."""
 
     def __init__(self, policy: str, *, markets: Sequence[Market], machines: int, billing: Billing) -> None:
-        self.markets, self.billing, self.out, self.machines = list(markets), billing, Outcome(policy), machines
+        self.markets, self.billing, self.out, self.machines = list(markets), billing, SpotOutcome(policy), machines
         self.events = sorted((t, i, float(n)) for i, m in enumerate(self.markets) for t, n in m.counts())
         self.cap = [0.0] * len(self.markets)
         self.held: list[list[float]] = [[] for _ in self.markets]  # start times of held spot machines
@@ -122,7 +122,7 @@ def _on_demand_home(markets: Sequence[Market]) -> int:
     return min(range(len(markets)), key=lambda i: markets[i].price.on_demand / markets[i].price.speed)
 
 
-def _on_demand(markets: Sequence[Market], x: Throughput, work: float, fleet: int, billing: Billing) -> Outcome:
+def _on_demand(markets: Sequence[Market], x: Throughput, work: float, fleet: int, billing: Billing) -> SpotOutcome:
     i = _on_demand_home(markets)
     sim = _Sim("on-demand", markets=markets, machines=fleet, billing=billing)
     seconds = work / x(fleet, fleet * markets[i].price.speed)
@@ -133,7 +133,7 @@ def _on_demand(markets: Sequence[Market], x: Throughput, work: float, fleet: int
     return sim.out
 
 
-def simulate(
+def simulate_spot(
     policy: str,
     markets: Sequence[Market],
     throughput: Throughput,
@@ -144,7 +144,7 @@ def simulate(
     machines: int = 16,
     billing: Billing | str = "per-second",
     costs: Costs | None = None,
-) -> Outcome:
+) -> SpotOutcome:
     """Replay ``policy`` until ``work`` samples are done (see :mod:`conveyor.elastic` for the policies).
 
     A market's capacity is its trace's live count ``c(t)``, of which the job may hold up to ``machines``; when
@@ -156,12 +156,12 @@ def simulate(
     Example:
         >>> from conveyor.elastic._market import MarketPrice
         >>> m = Market("toy", MarketPrice("toy", 3.6, 0.36), tuple((0.0, "add", s) for s in range(4)))
-        >>> out = simulate("on-demand", [m], Throughput(1, 1.0), 7200.0, fleet=2, machines=4)
+        >>> out = simulate_spot("on-demand", [m], Throughput(1, 1.0), 7200.0, fleet=2, machines=4)
         >>> out.seconds, round(out.cost, 6)  # 2 machines x 3600 s at $3.6/h
         (3600.0, 7.2)
     """
-    if policy not in POLICIES:
-        raise InputError(f"unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
+    if policy not in SPOT_POLICIES:
+        raise InputError(f"unknown policy {policy!r}: choose from {', '.join(SPOT_POLICIES)}")
     if not markets:
         raise InputError("simulate needs at least one market")
     if not (work > 0 and fleet >= 1 and machines >= 1 and reliable >= 0):
@@ -217,7 +217,7 @@ class _Replay(_Sim):
         s = self.reliable * self.markets[self.home].price.speed
         return n, s + sum(len(h) * m.price.speed for h, m in zip(self.held, self.markets, strict=True))
 
-    def run(self) -> Outcome:
+    def run(self) -> SpotOutcome:
         t, p, c = 0.0, self.out.policy, self.costs
         next_decision = 0.0
         while True:
@@ -309,7 +309,7 @@ class _Replay(_Sim):
         return min((u for u in ends if u - t > AT_END_S), default=math.inf)
 
     def bidbrain(self, t: float) -> list[int]:
-        """Machines to hold per market: :func:`plan` on what the job holds now and what it has seen so far."""
+        """Machines to hold per market: :func:`plan_holdings` on what the job holds now and what it has seen so far."""
         ms, billing = self.markets, self.billing
         offers = [
             Offer(m.price.spot, m.price.speed, self.rate(i), tuple(paid_left(billing, held, t)), self.free(i))
@@ -317,7 +317,9 @@ class _Replay(_Sim):
         ]
         home = ms[self.home].price
         reliable = Offer(home.on_demand, home.speed, 0.0, tuple(paid_left(billing, [0.0] * self.reliable, t)), 0)
-        return plan(self.x, self.work - self.done, offers=offers, reliable=reliable, costs=self.costs, billing=billing)
+        return plan_holdings(
+            self.x, self.work - self.done, offers=offers, reliable=reliable, costs=self.costs, billing=billing
+        )
 
     def finish(self, t: float) -> None:
         for i, held in enumerate(self.held):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from conveyor.elastic._market import Billing
 from conveyor.elastic._throughput import Costs, Throughput
 
-__all__ = ["AT_END_S", "Offer", "hold_cost", "paid_left", "plan"]
+__all__ = ["AT_END_S", "Offer", "hold_cost", "paid_left", "plan_holdings"]
 
 AT_END_S = 1e-6  # a machine whose paid time ends within this many seconds is at its end (free to release)
 
@@ -73,7 +73,7 @@ class Offer:
     free: int = 0
 
 
-def plan(
+def plan_holdings(
     x: Throughput, remaining: float, *, offers: Sequence[Offer], reliable: Offer, costs: Costs, billing: Billing
 ) -> list[int]:
     """BidBrain's choice: how many machines ``h_m`` to hold in each market to finish ``remaining`` samples at the
@@ -105,11 +105,11 @@ def plan(
         >>> rel = Offer(price=3.6, speed=1.0, rate=0.0, paid=(40 / 60,))
         >>> free = Costs(revocation_s=0, addition_s=0, steps_redone=0)
         >>> # 10 min of work on 3 paid machines: add no hour
-        >>> plan(one, 3 * 600.0, offers=[busy], reliable=rel, costs=free, billing=hourly)
+        >>> plan_holdings(one, 3 * 600.0, offers=[busy], reliable=rel, costs=free, billing=hourly)
         [2]
         >>> now, rel_now = Offer(0.36, 1.0, 0.0, paid=(0.0, 0.0), free=8), Offer(3.6, 1.0, 0.0, paid=(0.0,))
         >>> # per second, all 8 pay off
-        >>> plan(one, 3 * 600.0, offers=[now], reliable=rel_now, costs=free, billing=Billing("per-second"))
+        >>> plan_holdings(one, 3 * 600.0, offers=[now], reliable=rel_now, costs=free, billing=Billing("per-second"))
         [10]
     """
     c, k_r = costs, len(reliable.paid)

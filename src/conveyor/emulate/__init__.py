@@ -20,12 +20,12 @@ if TYPE_CHECKING:
     from conveyor.emulate._cgroups import CgroupError, WorkerCgroup, remove_stale_jobs
     from conveyor.emulate._check import check_cluster, cpu_loop, cpu_loop_seconds, link_pairs
     from conveyor.emulate._cluster import Cluster, Emulation, WorkerSetup
-    from conveyor.emulate._devices import Device, parse_devices
+    from conveyor.emulate._devices import EmulatedDevice, parse_devices
     from conveyor.emulate._driver import BUSY_LOOP, FaultDriver
     from conveyor.emulate._faults import Fault, parse_faults
     from conveyor.emulate._launch import WorkerRevoked, launch_emulated
     from conveyor.emulate._network import (
-        Link,
+        EmulatedLink,
         Network,
         ServerTraffic,
         address,
@@ -40,11 +40,11 @@ _HOME = {
     "_cgroups": ("CgroupError", "WorkerCgroup", "remove_stale_jobs"),
     "_check": ("check_cluster", "cpu_loop", "cpu_loop_seconds", "link_pairs"),
     "_cluster": ("Cluster", "Emulation", "WorkerSetup"),
-    "_devices": ("Device", "parse_devices"),
+    "_devices": ("EmulatedDevice", "parse_devices"),
     "_driver": ("BUSY_LOOP", "FaultDriver"),
     "_faults": ("Fault", "parse_faults"),
     "_launch": ("WorkerRevoked", "launch_emulated"),
-    "_network": ("Link", "Network", "ServerTraffic", "address", "links_of", "sent_bytes"),
+    "_network": ("EmulatedLink", "Network", "ServerTraffic", "address", "links_of", "sent_bytes"),
     "_privileges": ("EmulationError", "require_netem"),
     "_traces": ("read_counts", "replay_trace"),
 }
@@ -53,12 +53,12 @@ __all__ = [
     "BUSY_LOOP",
     "CgroupError",
     "Cluster",
-    "Device",
+    "EmulatedDevice",
+    "EmulatedLink",
     "Emulation",
     "EmulationError",
     "Fault",
     "FaultDriver",
-    "Link",
     "Network",
     "ServerTraffic",
     "WorkerCgroup",

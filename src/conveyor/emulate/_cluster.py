@@ -20,7 +20,7 @@ from conveyor.emulate._cgroups import (
     remove_job,
     remove_stale_jobs,
 )
-from conveyor.emulate._devices import Device, parse_devices
+from conveyor.emulate._devices import EmulatedDevice, parse_devices
 from conveyor.emulate._faults import Fault, parse_faults
 from conveyor.emulate._janitor import start_janitor
 from conveyor.emulate._netns import enter_namespace
@@ -66,7 +66,7 @@ class Emulation(EmulationConfig):
             raise InputError(f"--network {self.network} has {topology.workers} workers but the job has {workers}")
         return topology
 
-    def device_list(self, workers: int) -> tuple[Device, ...] | None:
+    def device_list(self, workers: int) -> tuple[EmulatedDevice, ...] | None:
         return parse_devices(self.devices, workers) if self.devices else None
 
     def fault_list(self, workers: int) -> list[Fault]:
@@ -139,7 +139,7 @@ class Cluster:
     log_dir: Path
     network: Network | None = None
     cgroups: list[WorkerCgroup] = field(default_factory=list)
-    devices: tuple[Device, ...] | None = None
+    devices: tuple[EmulatedDevice, ...] | None = None
     job: str = ""
     _janitor: subprocess.Popen[bytes] | None = None
 

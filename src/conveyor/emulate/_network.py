@@ -24,7 +24,7 @@ from conveyor.emulate._netns import Namespace
 from conveyor.errors import InputError
 from conveyor.plan import Topology
 
-__all__ = ["FABRIC_ENV", "Link", "Network", "ServerTraffic", "address", "links_of", "sent_bytes"]
+__all__ = ["FABRIC_ENV", "EmulatedLink", "Network", "ServerTraffic", "address", "links_of", "sent_bytes"]
 
 INTERFACE = "eth0"  # every worker's one interface, the one gloo is told to use
 FABRIC_ENV = "CONVEYOR_FABRIC"  # a worker's way to its cluster's fabric namespace, for the link counters
@@ -42,7 +42,7 @@ def address(rank: int) -> str:
 
 
 @dataclass(frozen=True)
-class Link:
+class EmulatedLink:
     """An emulated link: ``up`` is the end on the lower side, ``down`` the one on the upper side; each shapes
     what it sends at ``bandwidth`` bytes/s, after ``delay_s`` seconds."""
 
@@ -54,7 +54,7 @@ class Link:
     delay_s: float
 
 
-def links_of(topology: Topology) -> list[Link]:
+def links_of(topology: Topology) -> list[EmulatedLink]:
     """Every link of ``topology``: one per worker, then one per group of each level below the top.
 
     Latency is per level (a message joined at level ``k`` takes ``latency_k``), so each link of level ``k``
@@ -72,13 +72,14 @@ def links_of(topology: Topology) -> list[Link]:
                 f"({inner.latency:g} s); a message across it crosses the inner links too"
             )
     links = [
-        Link(0, r, INTERFACE, f"w{r}", levels[0].bandwidth, levels[0].latency / 2) for r in range(topology.workers)
+        EmulatedLink(0, r, INTERFACE, f"w{r}", levels[0].bandwidth, levels[0].latency / 2)
+        for r in range(topology.workers)
     ]
     groups = topology.workers
     for k in range(1, len(levels)):
         groups //= levels[k - 1].count
         delay = (levels[k].latency - levels[k - 1].latency) / 2
-        links += [Link(k, g, f"u{k}.{g}", f"d{k}.{g}", levels[k].bandwidth, delay) for g in range(groups)]
+        links += [EmulatedLink(k, g, f"u{k}.{g}", f"d{k}.{g}", levels[k].bandwidth, delay) for g in range(groups)]
     return links
 
 
@@ -206,7 +207,7 @@ class Network:
         self.fabric.batch("ip", fabric_ip)
         self.fabric.batch("tc", fabric_tc)
 
-    def set_link(self, link: Link, up: bool) -> None:
+    def set_link(self, link: EmulatedLink, up: bool) -> None:
         """Cut (``up=False``) or restore a link, both directions at once."""
         state = "up" if up else "down"
         if link.level == 0:

@@ -4,7 +4,7 @@ from conveyor.energy._bandit import BatchSizeSearch, Choice, Recurrence, zeus_co
 from conveyor.energy._meter import Meter, MeterStatus, describe_meters, open_meter
 from conveyor.energy._power import PowerLimits, ProfiledLimit
 from conveyor.energy._recurring import CostMeter, Recurring, candidate_sizes, scaled_lr
-from conveyor.energy._replay import Outcome, Workload, WorkloadTrace, load_traces, replay, search_policy
+from conveyor.energy._replay import ReplayOutcome, Workload, WorkloadTrace, load_traces, replay, search_policy
 from conveyor.energy._store import JobSettings, RecurrenceStore, Started, default_store_path
 
 __all__ = [
@@ -14,12 +14,12 @@ __all__ = [
     "JobSettings",
     "Meter",
     "MeterStatus",
-    "Outcome",
     "PowerLimits",
     "ProfiledLimit",
     "Recurrence",
     "RecurrenceStore",
     "Recurring",
+    "ReplayOutcome",
     "Started",
     "Workload",
     "WorkloadTrace",

@@ -28,7 +28,7 @@ import numpy as np
 from conveyor.energy._bandit import BatchSizeSearch, Recurrence, zeus_cost
 from conveyor.errors import InputError
 
-__all__ = ["Outcome", "Workload", "WorkloadTrace", "load_traces", "replay"]
+__all__ = ["ReplayOutcome", "Workload", "WorkloadTrace", "load_traces", "replay"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def load_traces(folder: Path, workloads: list[Workload], gpu: str) -> list[Workl
 
 
 @dataclass
-class Outcome:
+class ReplayOutcome:
     """What a policy paid over a job's recurrences: energy, time and cost summed, and each try."""
 
     energy_j: float = 0.0
@@ -134,13 +134,13 @@ def replay(
     beta: float | None,
     seed: int = 0,
     limit: Callable[[int], int] | None = None,
-) -> Outcome:
+) -> ReplayOutcome:
     """Run ``recurrences`` recurrences of ``trace``'s job, each until a try reaches the target (at most 20 tries),
     with batch sizes from ``policy`` and power limits from ``limit`` (default: profiled just in time, the least
     epoch cost); ``beta``: early stopping at ``beta`` times the least cost of a recurrence so far (None: off)."""
     rng = np.random.default_rng(seed)
     history: list[Recurrence] = []
-    out = Outcome()
+    out = ReplayOutcome()
     profiled: set[int] = set()
     least = math.inf
     top = trace.max_power

@@ -11,7 +11,7 @@ from conveyor.job._model import model_and_data
 from conveyor.job._report import plot_accuracy, read_jsonl
 from conveyor.job._summary import (
     ElasticSummary,
-    Prediction,
+    RunPrediction,
     RunSummary,
     Summary,
     open_run_folder,
@@ -26,7 +26,7 @@ __all__ = [
     "ElasticSummary",
     "EpochBatches",
     "Layout",
-    "Prediction",
+    "RunPrediction",
     "RunSummary",
     "Summary",
     "check_against_data",

@@ -31,8 +31,8 @@ from conveyor.plan import Level, Profile, RuntimeCosts, Topology
 from conveyor.runtime import (
     P2P,
     CoreShare,
-    Link,
     Materialize,
+    MeasuredLink,
     batch_size,
     measure_allreduce,
     measure_link,
@@ -63,7 +63,7 @@ class Costs:
     """
 
     profile: Profile
-    link: Link | None
+    link: MeasuredLink | None
     allreduce: tuple[float, float] | None
     overhead_s: float
     single_worker_samples_per_s: float | None
@@ -86,7 +86,7 @@ class Costs:
     def runtime(self) -> RuntimeCosts:
         """The runtime's own costs, for the simulator. On an emulated network an all-reduce's rate is that of
         the slowest link its ring crosses (the one measured spans all the workers, and so the slowest level)."""
-        link = self.link or Link(0.0, 0.0, 0.0, 1e12)
+        link = self.link or MeasuredLink(0.0, 0.0, 0.0, 1e12)
         latency, bandwidth = self.allreduce or (None, None)
         if self.network is not None:
             bandwidth = None

@@ -31,7 +31,7 @@ from conveyor.energy import (
 from conveyor.errors import InputError
 from conveyor.job._summary import RunSummary
 
-__all__ = ["EpochKnobs", "finish_recurrence", "guarded_power_limits", "start_recurrence"]
+__all__ = ["EpochKnobs", "KnobsSummary", "finish_recurrence", "guarded_power_limits", "start_recurrence"]
 
 
 @contextlib.contextmanager
@@ -232,16 +232,27 @@ class EpochKnobs:
         if self.power is not None:
             self.power.close()  # the GPU's own limit back, also on failure
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> KnobsSummary:
         """What the run's summary gets: the recurrence's cost, the power limit chosen and its profile."""
-        out: dict[str, Any] = {} if self.cost is None else {"cost": self.cost.cost}
-        if self.power is not None:
-            out["power_limit_w"] = self.power.chosen
-            out["power_profile"] = [dataclasses.asdict(p) for p in self.power.profile]
-            if self.power.chosen is None:
-                out["power_limit_note"] = (
-                    f"--power-limit auto measured {len(self.power.profile)} of {self.power.candidates} limits before "
-                    "the run ended, so the GPU ran at its largest limit: run more epochs (each limit takes a window "
-                    "of an epoch's steps), or give a limit in watts"
-                )
-        return out
+        cost = None if self.cost is None else self.cost.cost
+        if self.power is None:
+            return KnobsSummary(cost=cost)
+        note = None
+        if self.power.chosen is None:
+            note = (
+                f"--power-limit auto measured {len(self.power.profile)} of {self.power.candidates} limits before "
+                "the run ended, so the GPU ran at its largest limit: run more epochs (each limit takes a window "
+                "of an epoch's steps), or give a limit in watts"
+            )
+        profile = [dataclasses.asdict(p) for p in self.power.profile]
+        return KnobsSummary(cost=cost, power_limit_w=self.power.chosen, power_profile=profile, power_limit_note=note)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KnobsSummary:
+    """The knobs' part of a run's summary (``None`` where their options were not given)."""
+
+    cost: float | None = None  # --batch-size auto: the recurrence's cost
+    power_limit_w: float | None = None  # --power-limit: the limit chosen
+    power_profile: list[dict[str, Any]] | None = None  # --power-limit auto: each limit's measured cost
+    power_limit_note: str | None = None  # --power-limit auto: why no limit was chosen

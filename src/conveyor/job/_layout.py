@@ -59,6 +59,11 @@ class Layout:
     how: str = ""
     plan_file: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    @property
+    def predicted_samples_per_s(self) -> float:
+        """The plan file's predicted training samples per second."""
+        return float(self.plan_file["predicted"]["samples_per_s"])
+
     def describe(self) -> str:
         config = "-".join(map(str, self.replicas))
         predicted = self.plan_file.get("predicted", {})

@@ -75,6 +75,16 @@ class Trainer(Protocol):
         """Read a checkpoint written by any layout of the same model."""
         ...
 
+    def gather_records(self) -> list[dict[str, Any]] | None:
+        """A flexible pipeline's step records since the last call (stragglers.jsonl) on the output worker;
+        ``None`` elsewhere and for a trainer that keeps none. Every worker calls it."""
+        ...
+
+    def wan_records(self) -> list[dict[str, Any]] | None:
+        """Each data centre's outer-sync counts since the last call (wan.jsonl) on worker 0; ``None`` elsewhere and
+        for a trainer without an outer sync. Every worker calls it."""
+        ...
+
 
 @dataclass
 class EpochRecord:
@@ -214,8 +224,7 @@ class EpochLoop:
         return losses
 
     def _write_straggler_records(self) -> None:
-        gather = getattr(self.trainer, "gather_records", None)  # a flexible pipeline's steps, for stragglers.jsonl
-        if gather is not None and (records := gather()) is not None:
+        if (records := self.trainer.gather_records()) is not None:
             with (self.folder / "stragglers.jsonl").open("a") as f:
                 f.writelines(json.dumps({"epoch": r.pop("run"), **r}) + "\n" for r in records)
 
@@ -229,8 +238,7 @@ class EpochLoop:
     def _write_wan_records(self, epoch: int, wan: ServerTraffic) -> None:
         """wan.jsonl: per data centre and epoch, the bytes its WAN link carried (the kernel's count, frames
         included; ``null`` off an emulated network) beside what the outer sync sent and how stale its reads were."""
-        gather = getattr(self.trainer, "wan_records", None)
-        records = gather() if gather is not None else None
+        records = self.trainer.wan_records()
         if records is None:
             return
         with (self.folder / "wan.jsonl").open("a") as f:

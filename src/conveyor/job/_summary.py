@@ -12,11 +12,11 @@ from typing import Any
 
 from conveyor.job._report import plot_accuracy
 
-__all__ = ["ElasticSummary", "Prediction", "RunSummary", "Summary", "open_run_folder", "write_run_folder"]
+__all__ = ["ElasticSummary", "RunPrediction", "RunSummary", "Summary", "open_run_folder", "write_run_folder"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Prediction:
+class RunPrediction:
     """The training throughput a run predicted from what it measured at start-up, and how far off it was."""
 
     samples_per_s: float  # predicted training samples per second
@@ -61,7 +61,7 @@ class RunSummary(Summary):
     peak_rss_bytes: list[int]  # per worker
     layout: dict[str, Any]  # the layout run, with its plan file
     checkpoint: str  # where the model was saved
-    prediction: Prediction
+    prediction: RunPrediction
     energy_j: float | None  # all workers, all epochs
     epoch_energy_j: list[float | None]
     energy_meter: str | None  # what measured it

@@ -22,7 +22,7 @@ import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from conveyor.job._config import RunState, autocast_dtype, job_devices, loss_and
 from conveyor.job._costs import measure_costs
 from conveyor.job._energy import (
     EpochKnobs,
+    KnobsSummary,
     finish_recurrence,
     guarded_power_limits,
     start_recurrence,
@@ -48,11 +49,11 @@ from conveyor.job._energy import (
 from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatches_of
 from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
-from conveyor.job._loop import EpochLoop
+from conveyor.job._loop import EpochLoop, LoopOutcome
 from conveyor.job._model import materializer, model_and_data
 from conveyor.job._report import energy_summary
 from conveyor.job._resources import ResourceLog
-from conveyor.job._summary import Prediction, RunSummary, open_run_folder, write_run_folder
+from conveyor.job._summary import RunPrediction, RunSummary, open_run_folder, write_run_folder
 from conveyor.job._warmstart import prepare_warm_start, register_model
 from conveyor.plan import Topology
 from conveyor.runtime import (
@@ -119,7 +120,7 @@ def _measure_and_plan(
     return box[0]
 
 
-def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
+def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult:
     device = default_device()  # the one its launcher gave this worker
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
     local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
@@ -192,21 +193,33 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> dict[str, Any]:
     dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
     energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
     pipe.save(checkpoint)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    return {
-        "history": [asdict(h) for h in outcome.history],
-        "peak_rss_bytes": peak,
-        "layout": asdict(layout),
-        "started_at": started_at,
-        "stopped_by_lease": outcome.stopped_by_lease,
-        "epochs_before": done,
-        "energy_meter": energy_meter,
-        "energy_note": energy_note,
-        "stopped_by_cost": outcome.stopped_by_cost,
-        "interrupted": outcome.interrupted,
-        "chunks": chunks,
-        **knobs.summary(),
-    }
+    return WorkerResult(
+        outcome=outcome,
+        layout=layout,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
+        started_at=started_at,
+        epochs_before=done,
+        energy_meter=energy_meter,
+        energy_note=energy_note,
+        chunks=chunks,
+        knobs=knobs.summary(),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerResult:
+    """What each worker of :func:`train` hands back: the epochs' outcome (the records on the output worker
+    alone), the layout it ran, and what the run's summary takes from it."""
+
+    outcome: LoopOutcome
+    layout: Layout
+    peak_rss_bytes: int
+    started_at: float  # time.time() when training began
+    epochs_before: int  # epochs the --resume checkpoint had trained
+    energy_meter: str | None  # what measured the energy (every worker's meters described)
+    energy_note: str | None
+    chunks: dict[str, Any] | None  # --stragglers: chunks per replica and, with --chunks auto, the times chosen from
+    knobs: KnobsSummary
 
 
 def _chunks(pipe: Pipeline | FlexiblePipeline) -> dict[str, Any] | None:
@@ -336,14 +349,13 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         if recurring is not None:  # an error counts as a missed target; an interruption as nothing
             recurring.fail(interrupted=isinstance(exc, KeyboardInterrupt | SystemExit))
         raise
-    out = next((r for r in per_rank.values() if r["history"]), None)
+    results: dict[int, WorkerResult] = per_rank
+    out = next((r for r in results.values() if r.outcome.history), None)
     if out is None:  # under torchrun, only the output worker's process has the history
         return None
-    history = out["history"]
-    plan_file = out["layout"]["plan_file"]
-    predicted = plan_file["predicted"]["samples_per_s"]
+    history = [asdict(h) for h in out.outcome.history]
+    predicted = out.layout.predicted_samples_per_s
     last = history[-1]
-    keys = ("stopped_by_cost", "cost", "power_limit_w", "power_profile", "power_limit_note", "chunks")
     summary = RunSummary(
         run_dir=str(run_dir),
         epochs=len(history),
@@ -351,25 +363,27 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         loss=[h["loss"] for h in history],
         seconds=last["seconds"],
         epoch_seconds=[h["seconds"] for h in history],
-        epochs_before=out["epochs_before"],
-        stopped_by_lease=out["stopped_by_lease"],
-        interrupted=out["interrupted"],
+        epochs_before=out.epochs_before,
+        stopped_by_lease=out.outcome.stopped_by_lease,
+        stopped_by_cost=out.outcome.stopped_by_cost,
+        interrupted=out.outcome.interrupted,
         train_seconds=last["train_seconds"],
         samples_per_s=last["samples_per_s"],
         bytes_between_servers=last["bytes_between_servers"],
         samples=last["samples"],
-        started_at=out["started_at"],
-        peak_rss_bytes=[per_rank[r]["peak_rss_bytes"] for r in sorted(per_rank)],
-        layout=out["layout"],
+        started_at=out.started_at,
+        peak_rss_bytes=[results[r].peak_rss_bytes for r in sorted(results)],
+        layout=asdict(out.layout),
         checkpoint=cfg.run.checkpoint or str(run_dir / "checkpoint.pt"),
-        prediction=Prediction(
+        prediction=RunPrediction(
             samples_per_s=predicted,
             error=last["samples_per_s"] / predicted - 1,  # measured against predicted
-            measured_at_start=plan_file["measured_at_start"],
+            measured_at_start=out.layout.plan_file["measured_at_start"],
         ),
         warm_start=warm,
-        **energy_summary(history, out["energy_meter"], out["energy_note"], cfg.run.target_accuracy),
-        **{k: out[k] for k in keys if k in out},
+        chunks=out.chunks,
+        **asdict(out.knobs),
+        **energy_summary(history, out.energy_meter, out.energy_note, cfg.run.target_accuracy),
     )
     if summary.interrupted:  # a stopped run has no outcome to learn from, nor a finished model to keep
         if recurring is not None:

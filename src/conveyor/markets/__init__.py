@@ -4,7 +4,7 @@ Each (zone, instance kind) of a trace set is a market (:func:`read_trace_set`); 
 the past alone (:mod:`conveyor.markets._hazard`) tells each market's chance of a loss within the next interval;
 Tributary's portfolio holds machines across markets so that the needed capacity survives with a chosen
 probability; DISPA's moves change instance kind when another is cheaper per work; a deadline is kept by
-on-demand machines when spot cannot keep it. :func:`simulate` replays the policies over the traces (no torch).
+on-demand machines when spot cannot keep it. :func:`simulate_markets` replays the policies over the traces (no torch).
 
 Example:
     >>> from conveyor.markets import Job
@@ -15,17 +15,17 @@ Example:
 from __future__ import annotations
 
 from conveyor.markets._hazard import FEATURES, HazardModel, Losses, calibration, features, fit, labels
-from conveyor.markets._job import POLICIES, Job, Overheads, PolicySettings, Run
+from conveyor.markets._job import MARKET_POLICIES, Job, Overheads, PolicySettings, Run
 from conveyor.markets._portfolio import Holding, choose
 from conveyor.markets._prices import DISCOUNT_2016, INSTANCES, Instance, Pricing, gavel_speeds
-from conveyor.markets._study import Study, scaling_from_plan, simulate
+from conveyor.markets._study import Study, scaling_from_plan, simulate_markets
 from conveyor.markets._traces import MarketTrace, read_market_trace, read_trace_set
 
 __all__ = [
     "DISCOUNT_2016",
     "FEATURES",
     "INSTANCES",
-    "POLICIES",
+    "MARKET_POLICIES",
     "HazardModel",
     "Holding",
     "Instance",
@@ -46,5 +46,5 @@ __all__ = [
     "read_market_trace",
     "read_trace_set",
     "scaling_from_plan",
-    "simulate",
+    "simulate_markets",
 ]

@@ -1,4 +1,4 @@
-"""Today's BidBrain (Proteus, :func:`conveyor.elastic.simulate`) on a trace set's window, as a :class:`Run`.
+"""Today's BidBrain (Proteus, :func:`conveyor.elastic.simulate_spot`) on a trace set's window, as a :class:`Run`.
 
 BidBrain knows no deadline: it is run as it is (a reliable on-demand tier of one V100 and spot machines where its
 expected cost per work is lowest) and its finish set beside the deadline.
@@ -6,7 +6,7 @@ expected cost per work is lowest) and its finish set beside the deadline.
 
 from __future__ import annotations
 
-from conveyor.elastic import Costs, Market, MarketPrice, Throughput, simulate
+from conveyor.elastic import Costs, Market, MarketPrice, Throughput, simulate_spot
 from conveyor.markets._job import Run
 from conveyor.markets._policies import Context
 from conveyor.markets._traces import MarketTrace
@@ -45,7 +45,7 @@ def replay_bidbrain(ctx: Context, traces: list[MarketTrace], start: int) -> Run:
         decide_every_s=ctx.settings.decide_every_h * 3600,
     )
     markets = [_market(ctx, t, start) for t in traces if t.counts[start:].max() > 0]
-    out = simulate(
+    out = simulate_spot(
         "bidbrain",
         markets,
         x,

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from conveyor.errors import InputError
 
-__all__ = ["POLICIES", "Job", "Overheads", "PolicySettings", "Run"]
+__all__ = ["MARKET_POLICIES", "Job", "Overheads", "PolicySettings", "Run"]
 
-POLICIES = ("on-demand", "spot-restart", "bidbrain", "uniform-progress", "portfolio", "portfolio-moves")
+MARKET_POLICIES = ("on-demand", "spot-restart", "bidbrain", "uniform-progress", "portfolio", "portfolio-moves")
 
 
 @dataclass(frozen=True)

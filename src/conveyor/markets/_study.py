@@ -11,14 +11,14 @@ from conveyor.elastic import throughput_from_plan
 from conveyor.errors import InputError
 from conveyor.markets._bidbrain import replay_bidbrain
 from conveyor.markets._forecast import Forecaster
-from conveyor.markets._job import POLICIES, Job, Overheads, PolicySettings, Run
+from conveyor.markets._job import MARKET_POLICIES, Job, Overheads, PolicySettings, Run
 from conveyor.markets._policies import Context
 from conveyor.markets._prices import Pricing
 from conveyor.markets._simulate import replay
 from conveyor.markets._traces import MarketTrace
 from conveyor.plan import read_graph_txt
 
-__all__ = ["Study", "scaling_from_plan", "simulate"]
+__all__ = ["Study", "scaling_from_plan", "simulate_markets"]
 
 
 def scaling_from_plan(profile: str | Path, *, batch: int, bandwidth: float, most: int) -> tuple[float, ...]:
@@ -32,7 +32,7 @@ def scaling_from_plan(profile: str | Path, *, batch: int, bandwidth: float, most
 
 @dataclass
 class Study:
-    """A trace set, a job and its prices; :meth:`starts` and :func:`simulate` replay policies on it.
+    """A trace set, a job and its prices; :meth:`starts` and :func:`simulate_markets` replay policies on it.
 
     ``kind`` is the instance kind single-kind policies run on (default: the cheapest spot per work);
     ``warmup_h`` the trace kept before the first start, so the preemption model has a past to learn from.
@@ -96,19 +96,19 @@ class Study:
         return min(self.pricing.spot(k) / (self.speeds[k] * eff) for k in self.kinds)
 
 
-def simulate(study: Study, policy: str, start: int, *, kind: str = "") -> Run:
+def simulate_markets(study: Study, policy: str, start: int, *, kind: str = "") -> Run:
     """Replay ``policy`` from tick ``start`` (``kind``: a single-kind policy's instance kind, else the study's).
 
     Example:
         >>> from conveyor.markets import MarketTrace
         >>> always = MarketTrace("z", "v100_1", 3600.0, np.ones(100, dtype=np.int64))
         >>> study = Study([always], Job(work=10.0, deadline_h=15.0), {"v100_1": 1.0}, warmup_h=0.0)
-        >>> run = simulate(study, "on-demand", 0)
+        >>> run = simulate_markets(study, "on-demand", 0)
         >>> run.deadline_met, round(run.cost_usd / run.work, 2)  # $3.06 an hour, slowed by restarts and checkpoints
         (True, 3.07)
     """
-    if policy not in POLICIES:
-        raise InputError(f"unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
+    if policy not in MARKET_POLICIES:
+        raise InputError(f"unknown policy {policy!r}: choose from {', '.join(MARKET_POLICIES)}")
     if policy == "bidbrain":
         return replay_bidbrain(study.context, study.traces, start)
     return replay(policy, study.context, study.traces, start, kind=kind or study.kind)

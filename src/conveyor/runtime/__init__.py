@@ -1,6 +1,6 @@
 """The runtime: pipelines over torch.distributed, their executor, transport, weight versions, checkpoints, launcher."""
 
-from conveyor.runtime._calibrate import Link, measure_allreduce, measure_link, measure_overhead
+from conveyor.runtime._calibrate import MeasuredLink, measure_allreduce, measure_link, measure_overhead
 from conveyor.runtime._checkpoint import CheckpointError, load_stage, save_stages
 from conveyor.runtime._checkpoint import check_compatible as check_checkpoint
 from conveyor.runtime._checkpoint import load as load_checkpoint
@@ -42,8 +42,8 @@ __all__ = [
     "CheckpointError",
     "CoreShare",
     "GraphBlock",
-    "Link",
     "Materialize",
+    "MeasuredLink",
     "OptimizerFactory",
     "OuterSync",
     "PendingRecv",

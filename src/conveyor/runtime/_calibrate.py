@@ -24,11 +24,11 @@ from conveyor.runtime._update import Updater
 from conveyor.runtime._versions import WeightVersions
 from conveyor.schedule import KINDS, Batches, worker_actions
 
-__all__ = ["Link", "measure_allreduce", "measure_link", "measure_overhead"]
+__all__ = ["MeasuredLink", "measure_allreduce", "measure_link", "measure_overhead"]
 
 
 @dataclass(frozen=True)
-class Link:
+class MeasuredLink:
     """Messages between two workers as the runtime sends them: a message of ``b`` bytes costs its sender
     ``send_s``, then takes ``latency + b / bandwidth`` to arrive, then costs its receiver ``recv_s``."""
 
@@ -51,8 +51,8 @@ def measure_link(
     nbytes: int = 1 << 22,
     repeats: int = 20,
     busy: Callable[[], object] | None = None,
-) -> Link:
-    """Measure :class:`Link` to and from ``peer``; both workers call it, one as the leader (whose result
+) -> MeasuredLink:
+    """Measure :class:`MeasuredLink` to and from ``peer``; both workers call it, one as the leader (whose result
     holds; the follower's holds its own send times only).
 
     A ping-pong of 4-byte messages gives the round trip (two messages, each one send, one transfer and one
@@ -94,7 +94,7 @@ def measure_link(
     big_message, _ = ping_pong(big, max(repeats // 4, 3), None)
     latency = max(per_message - send_s - recv_s, 0.0)
     bandwidth = nbytes / max(big_message - idle, _SHORTEST_S)  # what the bytes add to a message, on idle cores
-    return Link(send_s, recv_s, latency, bandwidth)
+    return MeasuredLink(send_s, recv_s, latency, bandwidth)
 
 
 def _receive_cost(p2p: P2P, peer: int, leader: bool, tree: torch.Tensor, repeats: int) -> float:

@@ -246,6 +246,10 @@ class Pipeline(StagePosition):
             outer.attach(list(self.module.parameters()), self._site)
         return group
 
+    def gather_records(self) -> None:
+        """No step records: a pipeline of fixed work keeps none (a flexible pipeline's go to stragglers.jsonl)."""
+        return None
+
     def wan_records(self) -> list[dict[str, Any]] | None:
         """Every site leader's outer-sync counts since the last call, gathered on worker 0 (``None`` elsewhere, or
         without an outer sync)."""

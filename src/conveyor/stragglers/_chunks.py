@@ -8,9 +8,8 @@ counts. Its gradient joins the step's sums only then (kept apart until the commi
 the sums as they were); with live reduction it is the chunk's own buffer, sent to every peer
 (:mod:`conveyor.stragglers._live`), and the sums stay empty.
 
-The step's buffer, reduced among the replicas (an all-reduce, or the sum of the chunks' buffers) or, on a later
-stage, its own: ``[BatchNorm terms (S), gradient sums (G), loss sum, samples, extra]``, the extra being each
-replica's rate in its own slot (all-reduce, weighted shares), a chunk's run seconds (live), or nothing.
+The step's buffer (:mod:`conveyor.stragglers._buffer`) is reduced among the replicas (an all-reduce, or the sum
+of the chunks' buffers) or, on a later stage, its own.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conveyor.runtime import pack_grads
 from conveyor.stragglers._backup import Backups, ChunkBackedUp, Watch
+from conveyor.stragglers._buffer import BufferLayout
 from conveyor.stragglers._live import LiveReduction
 from conveyor.stragglers._records import StepRecord
 from conveyor.stragglers._route import Router
@@ -48,21 +47,23 @@ class StepWork:
     chunks: list[int]  # the batch's non-empty chunks (a later stage: those it ran, each once)
     samples: int  # the batch's
     record: StepRecord
+    layout: BufferLayout  # of its buffer and its chunks'
     loss: torch.Tensor  # the committed runs' loss sums (the last stage's; live: in the chunks' buffers)
     terms: torch.Tensor | None = None  # the committed runs' BatchNorm terms (live: in the chunks' buffers)
     owned: range = range(0)  # the first stage: the chunks its share held
     busy: float = 0.0  # seconds inside its runs
     ran: int = 0  # samples in its runs (used or not)
-    buffer: torch.Tensor | None = None  # the step's buffer, once reduced (module docstring)
+    buffer: torch.Tensor | None = None  # the step's buffer, once reduced
     work: Any = None  # the all-reduce in flight
 
     @classmethod
     def begin(
-        cls, index: int, key: str, *, terms: int, dtype: torch.dtype, device: torch.device, **fields: Any
+        cls, index: int, key: str, *, layout: BufferLayout, dtype: torch.dtype, device: torch.device, **fields: Any
     ) -> StepWork:
-        """A step's work, its sums zero (``terms``: the length of a BatchNorm term, 0 without BatchNorm)."""
-        zeros = torch.zeros(terms, dtype=dtype, device=device) if terms else None
-        return cls(index=index, key=key, loss=torch.zeros((), dtype=dtype, device=device), terms=zeros, **fields)
+        """A step's work, its sums zero."""
+        zeros = torch.zeros(layout.terms, dtype=dtype, device=device) if layout.terms else None
+        loss = torch.zeros((), dtype=dtype, device=device)
+        return cls(index=index, key=key, layout=layout, loss=loss, terms=zeros, **fields)
 
     @property
     def rate(self) -> float:
@@ -75,8 +76,7 @@ class StepWork:
 
     def reduce(self, params: Sequence[torch.Tensor], *, reduces: bool, group: Any, extra: Sequence[float]) -> None:
         """Pack the step's sums (``extra`` after them) and start their all-reduce where ``reduces``."""
-        buffer = pack_grads(params, self.loss.dtype, self.loss.device, [self.loss, float(self.samples), *extra])
-        self.buffer = buffer if self.terms is None else torch.cat([self.terms, buffer])
+        self.buffer = self.layout.pack(params, terms=self.terms, loss=self.loss, samples=self.samples, extra=extra)
         self.work = dist.all_reduce(self.buffer, group=group, async_op=True) if reduces else None
 
     def wait(self) -> None:
@@ -220,11 +220,10 @@ class FirstStage:
     def _deliver(self, run: ChunkRun, loss: torch.Tensor | None) -> None:
         """Live reduction: the committed run's buffer, sent to every peer."""
         assert self.live is not None
-        dtype, device = self.step.loss.dtype, self.step.loss.device
-        extra = [loss if loss is not None else 0.0, float(run.samples), run.seconds]
-        buffer = pack_grads(self.params, dtype, device, extra)
-        if run.term is not None:
-            buffer = torch.cat([run.term, buffer])
+        loss_sum = loss if loss is not None else self.step.loss.new_zeros(())
+        buffer = self.step.layout.pack(
+            self.params, terms=run.term, loss=loss_sum, samples=run.samples, extra=[run.seconds]
+        )
         self.live.deliver(run.chunk, buffer, self.step.key)
 
     def _counted(self, run: ChunkRun, loss: torch.Tensor | None) -> None:

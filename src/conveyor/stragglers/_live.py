@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from conveyor.runtime import P2P, PendingRecv
+from conveyor.stragglers._buffer import BufferLayout
 
 __all__ = ["LiveReduction", "Runner"]
 
@@ -123,14 +124,17 @@ class LiveReduction:
         self._own = {}
         return [buffers[chunk] for chunk in runners]
 
-    def reduce(self, runners: dict[int, Runner], replicas: int) -> tuple[torch.Tensor, list[float]]:
+    def reduce(
+        self, runners: dict[int, Runner], replicas: int, layout: BufferLayout
+    ) -> tuple[torch.Tensor, list[float]]:
         """The step's sum (module docstring) from ``runners`` (chunk -> who committed it, in chunk order), and
         each replica's samples a second over its runs that were used (0 where it ran none)."""
         buffers = self.collect(runners)
         total = buffers[0].clone()
         for buffer in buffers[1:]:  # in chunk order, as every replica adds them: bitwise the same sum
             total += buffer
-        samples, seconds = torch.stack([b[-2:] for b in buffers]).T.tolist()  # each buffer ends so
+        parts = [layout.read(b) for b in buffers]  # a chunk's extra is its run's seconds
+        samples, seconds = torch.stack([torch.stack([p.samples, p.extra[0]]) for p in parts]).T.tolist()
         busy, ran = [0.0] * replicas, [0.0] * replicas
         for (replica, _), n, s in zip(runners.values(), samples, seconds, strict=True):
             busy[replica], ran[replica] = busy[replica] + s, ran[replica] + n

@@ -101,11 +101,6 @@ class FlexibleStage(StagePosition):
         return f"{self._run_key()}/to{to_stage}"
 
     @property
-    def _terms(self) -> int:
-        """The length of a chunk's BatchNorm term (0 without BatchNorm)."""
-        return self._statistics.size if self._statistics is not None else 0
-
-    @property
     def _share(self) -> int:
         """Chunks each replica owns (chosen at the first run where ``chunks="auto"``)."""
         if self.chunks is None:
@@ -174,6 +169,10 @@ class FlexibleStage(StagePosition):
             self.router.send(f"{queue}{self.stage + 1}", out, step=0, chunk=0, count=1, start=0, dst=self._next)
             self.router.wait_sends()
         return out if self.is_output else None
+
+    def wan_records(self) -> None:
+        """No outer sync's counts: a flexible pipeline runs inside one data centre."""
+        return None
 
     def gather_records(self) -> list[dict[str, Any]] | None:
         """Every worker's records since the last call, on the output worker (``None`` elsewhere); every worker

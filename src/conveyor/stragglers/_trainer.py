@@ -78,6 +78,7 @@ from conveyor.runtime import (
 )
 from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._backup import Backups
+from conveyor.stragglers._buffer import BufferLayout
 from conveyor.stragglers._chunks import ChunkRun, FirstStage, StepWork
 from conveyor.stragglers._claims import StepClaims
 from conveyor.stragglers._granularity import agree_on_chunks
@@ -237,8 +238,8 @@ class FlexiblePipeline(FlexibleStage):
         if self.weighted and self._reduces and self._weights is None:
             self._weights = ShareWeights(self.replicas, self._share)
         if self._live is not None:  # a chunk's buffer: its sums, then its loss, samples and seconds
-            like = torch.empty(self._terms + sum(p.numel() for p in self.params) + 3, dtype=self._dtype)
-            self._live.open(like.to(self.device), self.replicas * self._share)
+            like = self._layout.empty(1, self._dtype, self.device)
+            self._live.open(like, self.replicas * self._share)
         self._runs += 1
         if self._prediction is not None:
             self._prediction.restart()
@@ -283,7 +284,7 @@ class FlexiblePipeline(FlexibleStage):
             samples=batch_size(inputs),
             record=record,
             owned=range(sum(self._shares[: self._replica]), sum(self._shares[: self._replica + 1])),
-            terms=self._terms,
+            layout=self._layout,
             dtype=self._dtype,
             device=self.device,
         )
@@ -304,6 +305,12 @@ class FlexiblePipeline(FlexibleStage):
         if self._live is None:
             step.reduce(self.params, reduces=self._reduces, group=self._group, extra=self._rates(step))
         return step
+
+    @property
+    def _layout(self) -> BufferLayout:
+        """Where the parts of this stage's step and chunk buffers sit."""
+        terms = self._statistics.size if self._statistics is not None else 0  # a chunk's BatchNorm term's length
+        return BufferLayout(terms=terms, grads=sum(p.numel() for p in self.params))
 
     def _predicted(self) -> contextlib.AbstractContextManager[Any]:
         """Within: the parameters are the weights predicted ``slack`` updates ahead (or the weights)."""
@@ -356,7 +363,7 @@ class FlexiblePipeline(FlexibleStage):
             chunks=[],
             samples=0,
             record=record,
-            terms=self._terms,
+            layout=self._layout,
             dtype=self._dtype,
             device=self.device,
         )
@@ -394,22 +401,21 @@ class FlexiblePipeline(FlexibleStage):
         rates: list[float] = []
         if self._live is not None and self._backups is not None:
             runners = {j: parse_runner(self._backups.runner(j)) for j in step.chunks}
-            step.buffer, rates = self._live.reduce(runners, self.replicas)
+            step.buffer, rates = self._live.reduce(runners, self.replicas, self._layout)
         else:
             step.wait()
-            if self._weights is not None and step.buffer is not None:
-                rates = step.buffer[-self.replicas :].tolist()
         waited = time.perf_counter() - start
-        buffer = step.buffer
-        assert buffer is not None
-        size = self._terms
-        losses.append(buffer[size + sum(p.numel() for p in self.params)] / max(step.samples, 1))
+        assert step.buffer is not None
+        buffer = self._layout.read(step.buffer)
+        if self._live is None and self._weights is not None:
+            rates = buffer.extra.tolist()  # each replica's rate, in its slot
+        losses.append(buffer.loss / max(step.samples, 1))
         if self._weights is not None and rates:  # the next step's shares, the same on every replica
             self._weights.update(rates)
         if self._statistics is not None:
-            self._statistics.apply(buffer[:size], len(step.chunks))
+            self._statistics.apply(buffer.terms, len(step.chunks))
         if step.samples and self.optimizer is not None:
-            set_mean_grads(self.params, buffer[size:], step.samples)
+            set_mean_grads(self.params, buffer.grads, step.samples)
             if self._prediction is not None:
                 self._prediction.before_update()
             self.optimizer.step()
