@@ -2,6 +2,7 @@
 exactly the modules that exist, the command-line reference renders every command of the real parser, and the
 code of the "From Python" guide runs as written."""
 
+import ast
 import importlib.util
 import os
 import re
@@ -132,3 +133,16 @@ def test_the_own_model_guides_code_splits_as_it_says(capsys: pytest.CaptureFixtu
         exec(compile(code, "models-and-data.md", "exec"), namespace)
     shown = [m.group(1) for code in blocks for m in re.finditer(r"print\(.*\)\s+# (.*)$", code, re.M)]
     assert len(shown) == 2 and capsys.readouterr().out.strip().splitlines() == shown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_readmes_example_runs(tmp_path: Path) -> None:
+    """The README's first block, run as a reader would: two workers train the module and print the losses."""
+    ((title, code),) = [b for b in _python_blocks(ROOT / "README.md") if b[0] == "readme_example.py"]
+    (tmp_path / title).write_text(code)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, title], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [v for v in ast.literal_eval(done.stdout.strip().splitlines()[-1]).values() if v is not None]
+    assert len(losses) == 1 and len(losses[0]) == 8  # the last stage's worker, one loss per batch

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,50 @@ from conveyor.elastic._membership import ALL_GROUP, RECOVER_GROUP, TRAIN_GROUP, 
 from conveyor.elastic._pipeline import Shard
 from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, full_message_numel, place_shard
 
-__all__ = ["Handover", "Left"]
+__all__ = ["Handover", "Left", "RecoveryReport", "Resumption"]
 
 
 class Left(Exception):
     pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecoveryReport:
+    """What a participant of a recovery tells the others: the last step it completed, the generations whose
+    shard it owns and (worker 0) whose owners hold the live state, worker 0's backup step, and the last epoch
+    whose evaluation it saw."""
+
+    done: int
+    owner_gen: int
+    state_gen: int
+    backup_step: int
+    evaluated: int
+
+    def tensor(self) -> torch.Tensor:
+        """The report as the all-gather carries it."""
+        return torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
+
+    @classmethod
+    def empty(cls) -> torch.Tensor:
+        """Room for a report in the all-gather."""
+        return torch.zeros(len(fields(cls)), dtype=torch.float64)
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> RecoveryReport:
+        """The report an all-gather carried."""
+        return cls(**{f.name: int(x) for f, x in zip(fields(cls), tensor.tolist(), strict=True)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumption:
+    """Where a recovery resumes: the step, the step the reliable tier had committed, whether the state came
+    from its owners (else from worker 0's backup), the steps to redo, and the whole state at the step."""
+
+    step: int
+    committed: int
+    from_owners: bool
+    steps_redone: int
+    state: torch.Tensor
 
 
 class Handover:
@@ -158,6 +198,18 @@ class Handover:
     def _recover(self, gen: Generation) -> None:
         """Meet every participant of ``gen``, resume from the committed state, and build its groups."""
         began = time.time()
+        group, seen = self._meet(gen)
+        resumption = self._assemble(gen, group, seen)
+        held_now = self._resume(gen, resumption)
+        if self.leader:
+            self._record_generation(gen, resumption, recover_s=time.time() - began)
+        if self.worker in gen.leaving:
+            self.store.set(f"left/{self.worker}", str(gen.gen))
+            raise Left
+        self._build_groups(gen, held_now)
+
+    def _meet(self, gen: Generation) -> tuple[Any, dict[int, RecoveryReport]]:
+        """Every participant's report, by worker, through the recovery's own group (which is returned)."""
         self.watch.gen, self.first_step_at = gen, None
         if self.leader:
             self._install_backups(block=False)  # those already arrived: a fresher backup to fall back on
@@ -166,53 +218,65 @@ class Handover:
         group: Any = self.watch.group(RECOVER_GROUP, parts)
         earlier = len(self.retired)
         self.retired.append(group)  # destroyed once the participants have met in a later recovery
-        mine = [self.done, self.owner_gen, self.state_gen, self.backup_step, self.evaluated]
-        reports = [torch.zeros(len(mine), dtype=torch.float64) for _ in parts]
-        self.watch.wait(group.allgather([reports], [torch.tensor(mine, dtype=torch.float64)]))
+        mine = RecoveryReport(
+            done=self.done,
+            owner_gen=self.owner_gen,
+            state_gen=self.state_gen,
+            backup_step=self.backup_step,
+            evaluated=self.evaluated,
+        )
+        reports = [RecoveryReport.empty() for _ in parts]
+        self.watch.wait(group.allgather([reports], [mine.tensor()]))
         # Every participant is here, so done with the groups retired before: destroy them (a peer still in one
         # would lose what it had yet to receive when this worker's sockets close).
         destroy_groups([self.retired.pop(0) for _ in range(earlier)])
-        seen = {w: [int(x) for x in r] for w, r in zip(parts, reports, strict=True)}
-        state_gen, backup_step = seen[0][2], seen[0][3]
+        return group, {w: RecoveryReport.of(r) for w, r in zip(parts, reports, strict=True)}
+
+    def _assemble(self, gen: Generation, group: Any, seen: dict[int, RecoveryReport]) -> Resumption:
+        """The whole state at the step to resume from, assembled on worker 0 from its holders (or its backup)
+        and broadcast to every participant."""
+        state_gen, backup_step = seen[0].state_gen, seen[0].backup_step
         # An epoch's end redone after a loss is not evaluated again if any participant saw it evaluated (decided
         # from what all of them reported, so they all skip it or none does: it holds a collective).
-        self.evaluated = max(r[4] for r in seen.values())
+        self.evaluated = max(r.evaluated for r in seen.values())
         held = self.shards(self.watch.record(state_gen)) if state_gen >= 0 else []
         # Each shard from the first of its holders (its owner, or any replica of a stage) still holding it.
-        sources = [next((h for h in holders if h in seen and seen[h][1] == state_gen), -1) for holders, _, _ in held]
+        sources = [
+            next((h for h in holders if h in seen and seen[h].owner_gen == state_gen), -1) for holders, _, _ in held
+        ]
         from_owners = bool(held) and -1 not in sources
-        c = min(seen[o][0] for o in sources) if from_owners else backup_step
+        c = min(seen[o].done for o in sources) if from_owners else backup_step
         # Committed: held by the reliable tier (every step it owns in stage 1; its backups otherwise).
         committed = c if from_owners and all(o in gen.reliable for o in sources) else backup_step
-        P, V = self.flat.numel, len(self.keys)
         full = torch.zeros_like(self.backup)
         if from_owners:
+            parts = gen.participants
             for o, (_, shard, buffers) in zip(sources, held, strict=True):
                 if o == self.worker == 0:
-                    place_shard(
-                        full,
-                        self._shard_at(c),
-                        bounds=shard,
-                        numel=P,
-                        vectors=V,
-                        buffers=buffers,
-                        scalars=len(self.scalar_keys),
-                    )
+                    self._place(full, self._shard_at(c), shard, buffers)
                 elif o == self.worker:
                     self.watch.wait(group.send([self._shard_at(c)], parts.index(0), 0))
                 elif self.leader:
                     message = self._message_for(shard)
                     self.watch.wait(group.recv([message], parts.index(o), 0))
-                    place_shard(
-                        full, message, bounds=shard, numel=P, vectors=V, buffers=buffers, scalars=len(self.scalar_keys)
-                    )
+                    self._place(full, message, shard, buffers)
         elif self.leader:
             full.copy_(self.backup)
         if self.leader:
             self.backup.copy_(full)
             self.backup_step = c
-        self.watch.wait(group.broadcast(full, parts.index(0)))
-        redone = max(r[0] for r in seen.values()) - c
+        self.watch.wait(group.broadcast(full, gen.participants.index(0)))
+        redone = max(r.done for r in seen.values()) - c
+        return Resumption(step=c, committed=committed, from_owners=from_owners, steps_redone=redone, state=full)
+
+    def _place(self, full: torch.Tensor, message: torch.Tensor, shard: tuple[int, int], buffers: Any) -> None:
+        """An owner's shard ``message`` into the whole state ``full``."""
+        P, V, S = self.flat.numel, len(self.keys), len(self.scalar_keys)
+        place_shard(full, message, bounds=shard, numel=P, vectors=V, buffers=buffers, scalars=S)
+
+    def _resume(self, gen: Generation, resumption: Resumption) -> list[tuple[int, Any, Any, Any]]:
+        """Weights, buffers and this worker's shard of ``gen`` from the assembled state; the shards it holds."""
+        c, full, P = resumption.step, resumption.state, self.flat.numel
         self.flat.set_weights(full[:P])
         self.flat.set_buffers(full[full.numel() - self.flat.buffer_numel :])
         self.watch.done, self.prev, self.shard, self.shard_step = c, None, None, c
@@ -221,36 +285,39 @@ class Handover:
         self.sends_backups = False
         for _, holders, shard, buffers in held_now:
             self.shard = ShardOptimizer(self.flat, self.make_optimizer, shard)
-            self.shard.load(cut_shard(full, shard, P, V))
+            self.shard.load(cut_shard(full, shard, P, len(self.keys)))
             self.buffer_bounds, self.sends_backups = buffers, holders[0] == self.worker
         self.owner_gen = gen.gen if self.shard is not None else -1
-        if self.leader:
-            if self.log_dir is not None:
-                (self.log_dir / "training-started").touch()  # an emulated cluster's fault clock starts here
-            self.state_gen = gen.gen
-            self.store.set("state_gen", str(gen.gen))  # the coordinator keeps this generation's record
-            event = {
-                "event": "generation",
-                "gen": gen.gen,
-                "reason": gen.reason,
-                "planned": gen.planned,
-                "members": list(gen.members),
-                "leaving": list(gen.leaving),
-                "stage": gen.roles.stage,
-                "compute": list(gen.roles.compute),
-                "owners": list(gen.roles.owners),
-                "resume_step": c,
-                "layout": self.layout_of(gen),
-                "committed": committed,
-                "steps_redone": redone,
-                "from": "owners" if from_owners else "backup",
-                "recover_s": round(time.time() - began, 4),
-            }
-            self.events.append(event)
-            self.log(event)
-        if self.worker in gen.leaving:
-            self.store.set(f"left/{self.worker}", str(gen.gen))
-            raise Left
+        return held_now
+
+    def _record_generation(self, gen: Generation, resumption: Resumption, *, recover_s: float) -> None:
+        """Worker 0: the generation is the live state's now, in the store and in elastic.jsonl."""
+        if self.log_dir is not None:
+            (self.log_dir / "training-started").touch()  # an emulated cluster's fault clock starts here
+        self.state_gen = gen.gen
+        self.store.set("state_gen", str(gen.gen))  # the coordinator keeps this generation's record
+        event = {
+            "event": "generation",
+            "gen": gen.gen,
+            "reason": gen.reason,
+            "planned": gen.planned,
+            "members": list(gen.members),
+            "leaving": list(gen.leaving),
+            "stage": gen.roles.stage,
+            "compute": list(gen.roles.compute),
+            "owners": list(gen.roles.owners),
+            "resume_step": resumption.step,
+            "layout": self.layout_of(gen),
+            "committed": resumption.committed,
+            "steps_redone": resumption.steps_redone,
+            "from": "owners" if resumption.from_owners else "backup",
+            "recover_s": round(recover_s, 4),
+        }
+        self.events.append(event)
+        self.log(event)
+
+    def _build_groups(self, gen: Generation, held_now: list[tuple[int, Any, Any, Any]]) -> None:
+        """The process groups of ``gen``: the computing workers', a stage's replicas', everyone's for backups."""
         self.retired += [g for g in (self.train_group, self.all_group, self.stage_group) if g is not None]
         self.train_group = self.all_group = self.stage_group = None  # the retired list holds them alone
         if self.worker in gen.roles.compute:
