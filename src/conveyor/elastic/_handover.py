@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from conveyor.elastic._membership import ALL_GROUP, RECOVER_GROUP, TRAIN_GROUP, 
 from conveyor.elastic._pipeline import Shard
 from conveyor.elastic._state import FlatModel, ShardOptimizer, cut_shard, full_message_numel, place_shard
 
-__all__ = ["Handover", "Left", "RecoveryReport", "Resumption"]
+__all__ = ["Handover", "HeldState", "Left", "RecoveryReport", "Resumption"]
 
 
 class Left(Exception):
@@ -67,8 +67,31 @@ class Resumption:
     state: torch.Tensor
 
 
+@dataclass(kw_only=True)
+class HeldState:
+    """What a worker holds of the job's state between steps, which its steps change and a recovery rebuilds:
+    an owner's shard (weights' slice and optimizer state) and the step it is at (one ahead of the last completed
+    step until that step completes everywhere), its shard one step back, the averaged buffers of the last two
+    steps, the generation whose shard it owns, the last epoch whose evaluation it saw; and worker 0's backup of
+    the whole state, its step, and the generation whose owners hold the live state."""
+
+    backup: torch.Tensor  # worker 0: the whole state at backup_step
+    buffer_bounds: tuple[int, int]  # the buffers its shard holds (a stage: its own)
+    shard: ShardOptimizer | None = None
+    prev: tuple[int, torch.Tensor] | None = None  # the shard's message one step back
+    shard_step: int = -1
+    step_buffers: dict[int, torch.Tensor] = field(default_factory=dict)
+    owner_gen: int = -1
+    state_gen: int = -1  # worker 0
+    evaluated: int = -1  # the last epoch whose evaluation this worker (or a peer, as of the last recovery) saw
+    backup_step: int = -1
+    sends_backups: bool = False  # whether this worker backs its shard up (a stage's first replica)
+
+
 class Handover:
-    """Backups and recovery; the attributes are the trainer's."""
+    """Backups and recovery; the attributes are the trainer's, the state it holds in ``held``."""
+
+    held: HeldState
 
     worker: int
     leader: bool
@@ -80,20 +103,9 @@ class Handover:
     make_optimizer: Callable[..., torch.optim.Optimizer]
     options: Any
     log_dir: Path | None
-    shard: ShardOptimizer | None
-    prev: tuple[int, torch.Tensor] | None
-    shard_step: int
-    step_buffers: dict[int, torch.Tensor]
-    owner_gen: int
-    state_gen: int
-    evaluated: int
-    backup: torch.Tensor
-    backup_step: int
     train_group: Any
     all_group: Any
     stage_group: Any
-    sends_backups: bool
-    buffer_bounds: tuple[int, int]
     staged: Any
     pending_send: Waiting | None
     incoming: list[tuple[int, list[tuple[Shard, torch.Tensor, Waiting | None]]]]
@@ -133,10 +145,10 @@ class Handover:
         assert gen is not None
         if not self.backs_up(gen) or t % self.options.backup_every:
             return
-        if self.sends_backups and self.shard is not None and not self.leader:
+        if self.held.sends_backups and self.held.shard is not None and not self.leader:
             if self.pending_send is not None:
                 self.watch.wait(self.pending_send, between_steps=True)  # worker 0 may be in a recovery
-            self.send_buffer = self.shard.message().clone()
+            self.send_buffer = self.held.shard.message().clone()
             self.pending_send = Waiting(self.all_group.send([self.send_buffer], gen.members.index(0), t))
         if self.leader:
             self._post_backup(t)
@@ -168,8 +180,8 @@ class Handover:
                 return  # an owner was lost mid-backup: the generation is about to change
             P, V, S = self.flat.numel, len(self.keys), len(self.scalar_keys)
             for (_, bounds, buffers), message, _ in posts:
-                place_shard(self.backup, message, bounds=bounds, numel=P, vectors=V, buffers=buffers, scalars=S)
-            self.backup_step = t
+                place_shard(self.held.backup, message, bounds=bounds, numel=P, vectors=V, buffers=buffers, scalars=S)
+            self.held.backup_step = t
             self.incoming.pop(0)
 
     def _keep_backups(self) -> None:
@@ -220,10 +232,10 @@ class Handover:
         self.retired.append(group)  # destroyed once the participants have met in a later recovery
         mine = RecoveryReport(
             done=self.done,
-            owner_gen=self.owner_gen,
-            state_gen=self.state_gen,
-            backup_step=self.backup_step,
-            evaluated=self.evaluated,
+            owner_gen=self.held.owner_gen,
+            state_gen=self.held.state_gen,
+            backup_step=self.held.backup_step,
+            evaluated=self.held.evaluated,
         )
         reports = [RecoveryReport.empty() for _ in parts]
         self.watch.wait(group.allgather([reports], [mine.tensor()]))
@@ -238,7 +250,7 @@ class Handover:
         state_gen, backup_step = seen[0].state_gen, seen[0].backup_step
         # An epoch's end redone after a loss is not evaluated again if any participant saw it evaluated (decided
         # from what all of them reported, so they all skip it or none does: it holds a collective).
-        self.evaluated = max(r.evaluated for r in seen.values())
+        self.held.evaluated = max(r.evaluated for r in seen.values())
         held = self.shards(self.watch.record(state_gen)) if state_gen >= 0 else []
         # Each shard from the first of its holders (its owner, or any replica of a stage) still holding it.
         sources = [
@@ -248,7 +260,7 @@ class Handover:
         c = min(seen[o].done for o in sources) if from_owners else backup_step
         # Committed: held by the reliable tier (every step it owns in stage 1; its backups otherwise).
         committed = c if from_owners and all(o in gen.reliable for o in sources) else backup_step
-        full = torch.zeros_like(self.backup)
+        full = torch.zeros_like(self.held.backup)
         if from_owners:
             parts = gen.participants
             for o, (_, shard, buffers) in zip(sources, held, strict=True):
@@ -261,10 +273,10 @@ class Handover:
                     self.watch.wait(group.recv([message], parts.index(o), 0))
                     self._place(full, message, shard, buffers)
         elif self.leader:
-            full.copy_(self.backup)
+            full.copy_(self.held.backup)
         if self.leader:
-            self.backup.copy_(full)
-            self.backup_step = c
+            self.held.backup.copy_(full)
+            self.held.backup_step = c
         self.watch.wait(group.broadcast(full, gen.participants.index(0)))
         redone = max(r.done for r in seen.values()) - c
         return Resumption(step=c, committed=committed, from_owners=from_owners, steps_redone=redone, state=full)
@@ -279,22 +291,22 @@ class Handover:
         c, full, P = resumption.step, resumption.state, self.flat.numel
         self.flat.set_weights(full[:P])
         self.flat.set_buffers(full[full.numel() - self.flat.buffer_numel :])
-        self.watch.done, self.prev, self.shard, self.shard_step = c, None, None, c
-        self.step_buffers = {c: full[full.numel() - self.flat.buffer_numel :].clone()}
+        self.watch.done, self.held.prev, self.held.shard, self.held.shard_step = c, None, None, c
+        self.held.step_buffers = {c: full[full.numel() - self.flat.buffer_numel :].clone()}
         held_now = [(s, *shard) for s, shard in enumerate(self.shards(gen)) if self.worker in shard[0]]
-        self.sends_backups = False
+        self.held.sends_backups = False
         for _, holders, shard, buffers in held_now:
-            self.shard = ShardOptimizer(self.flat, self.make_optimizer, shard)
-            self.shard.load(cut_shard(full, shard, P, len(self.keys)))
-            self.buffer_bounds, self.sends_backups = buffers, holders[0] == self.worker
-        self.owner_gen = gen.gen if self.shard is not None else -1
+            self.held.shard = ShardOptimizer(self.flat, self.make_optimizer, shard)
+            self.held.shard.load(cut_shard(full, shard, P, len(self.keys)))
+            self.held.buffer_bounds, self.held.sends_backups = buffers, holders[0] == self.worker
+        self.held.owner_gen = gen.gen if self.held.shard is not None else -1
         return held_now
 
     def _record_generation(self, gen: Generation, resumption: Resumption, *, recover_s: float) -> None:
         """Worker 0: the generation is the live state's now, in the store and in elastic.jsonl."""
         if self.log_dir is not None:
             (self.log_dir / "training-started").touch()  # an emulated cluster's fault clock starts here
-        self.state_gen = gen.gen
+        self.held.state_gen = gen.gen
         self.store.set("state_gen", str(gen.gen))  # the coordinator keeps this generation's record
         event = {
             "event": "generation",
@@ -330,16 +342,16 @@ class Handover:
     def _shard_at(self, c: int) -> torch.Tensor:
         """This owner's shard message at step ``c``: its shard's last step (which may be one ahead of ``done``,
         when the step's broadcasts did not complete), or the one before; with step ``c``'s buffers."""
-        assert self.shard is not None
-        if self.shard_step == c:
-            message = self.shard.message()
-        elif self.prev is not None and self.prev[0] == c:
-            message = self.prev[1]
+        assert self.held.shard is not None
+        if self.held.shard_step == c:
+            message = self.held.shard.message()
+        elif self.held.prev is not None and self.held.prev[0] == c:
+            message = self.held.prev[1]
         else:
             raise RuntimeError(
-                f"worker {self.worker} holds its shard at step {self.shard_step} and the one before, not {c}"
+                f"worker {self.worker} holds its shard at step {self.held.shard_step} and the one before, not {c}"
             )
-        if self.flat.buffer_numel and c in self.step_buffers:  # the model's own may be mid-step
+        if self.flat.buffer_numel and c in self.held.step_buffers:  # the model's own may be mid-step
             message = message.clone()
-            message[message.numel() - self.flat.buffer_numel :] = self.step_buffers[c]
+            message[message.numel() - self.flat.buffer_numel :] = self.held.step_buffers[c]
         return message

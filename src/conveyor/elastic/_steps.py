@@ -54,8 +54,10 @@ class Steps(Handover):
         self._set_step_buffers(t, packed[P : P + nb] / samples)
         weights = self.flat.weights()
         bounds = shard_bounds(P, len(owners))
-        if self.shard is not None:
-            weights[slice(*self.shard.bounds)] = self._update_shard(t, packed[slice(*self.shard.bounds)] / samples)
+        if self.held.shard is not None:
+            weights[slice(*self.held.shard.bounds)] = self._update_shard(
+                t, packed[slice(*self.held.shard.bounds)] / samples
+            )
         parts = [weights[lo:hi].contiguous() for lo, hi in bounds]
         works = [self.train_group.broadcast(part, compute.index(o)) for part, o in zip(parts, owners, strict=True)]
         for work in works:
@@ -69,7 +71,7 @@ class Steps(Handover):
         peers, but this one needs all, so no worker's state runs two steps ahead of another's (a recovery then
         finds every stage at ``c`` or ``c + 1``, and each holder keeps step ``c``)."""
         gen = self.watch.gen
-        assert gen is not None and self.staged is not None and self.layout is not None and self.shard is not None
+        assert gen is not None and self.staged is not None and self.layout is not None and self.held.shard is not None
         compute = gen.roles.compute
         self.model.train()
         for p in self.flat.params:
@@ -86,7 +88,7 @@ class Steps(Handover):
             targets=y,
             loss_fn=self.loss_fn,
         )
-        (a, b), (ba, bb) = self.shard.bounds, self.buffer_bounds
+        (a, b), (ba, bb) = self.held.shard.bounds, self.held.buffer_bounds
         grad = self.flat.grads()
         buffers = self.flat.buffer_vector()
         count = torch.tensor([float(samples)], dtype=self.flat.dtype)
@@ -105,16 +107,16 @@ class Steps(Handover):
     def _set_step_buffers(self, t: int, buffers: torch.Tensor) -> None:
         """Step ``t``'s averaged buffers (BatchNorm statistics) into the model, kept with the step before's."""
         self.flat.set_buffers(buffers)
-        self.step_buffers = {k: v for k, v in self.step_buffers.items() if k == t - 1}
-        self.step_buffers[t] = buffers
+        self.held.step_buffers = {k: v for k, v in self.held.step_buffers.items() if k == t - 1}
+        self.held.step_buffers[t] = buffers
 
     def _update_shard(self, t: int, grad: torch.Tensor) -> torch.Tensor:
         """Apply step ``t``'s mean gradient to this owner's shard, keeping the shard of the step before (the
         step may not complete everywhere: :meth:`_shard_at` hands over either); return the new weights."""
-        assert self.shard is not None
-        self.prev = (t - 1, self._shard_at(t - 1).clone())
-        new = self.shard.step(grad)
-        self.shard_step = t  # ahead of done until the step completes
+        assert self.held.shard is not None
+        self.held.prev = (t - 1, self._shard_at(t - 1).clone())
+        new = self.held.shard.step(grad)
+        self.held.shard_step = t  # ahead of done until the step completes
         return new
 
     def _gather_stages(self) -> None:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conveyor.elastic._comm import Waiting, Watch
-from conveyor.elastic._handover import Left
+from conveyor.elastic._handover import HeldState, Left
 from conveyor.elastic._job import ElasticJob, ElasticOptions, WorkerOutcome
 from conveyor.elastic._liveness import Liveness, keep_alive
 from conveyor.elastic._membership import (
@@ -51,7 +51,7 @@ from conveyor.elastic._membership import (
     listen_for_notice,
 )
 from conveyor.elastic._pipeline import Shard, StagedStep, StageLayout
-from conveyor.elastic._state import FlatModel, ShardOptimizer, full_message_numel, state_layout
+from conveyor.elastic._state import FlatModel, full_message_numel, state_layout
 from conveyor.elastic._steps import LossFn, Steps
 from conveyor.elastic._tiers import shard_bounds
 from conveyor.runtime import save_checkpoint
@@ -118,8 +118,6 @@ class ElasticTrainer(Steps):
         self.layout, self.microbatches = layout, microbatches
         self.staged: StagedStep | None = None  # a pipeline's stages (built in fit, from the data's shape)
         self.stage_group: Any = None  # the replicas of this worker's stage
-        self.sends_backups = False  # whether this worker backs its shard up (a stage's first replica)
-        self.buffer_bounds = (0, self.flat.buffer_numel)  # the buffers its shard holds (a stage: its own)
         self.log_dir = log_dir
         self.leader = worker == 0
         self.host, self.port = host, port
@@ -148,19 +146,13 @@ class ElasticTrainer(Steps):
         self.watch = Watch(
             self.store, host=host, port=self.port, worker=worker, timeout_s=options.timeout_s, lost_s=options.lost_s
         )
-        self.shard: ShardOptimizer | None = None
-        self.prev: tuple[int, torch.Tensor] | None = None  # an owner's shard message one step back
-        self.shard_step = -1  # the step an owner's shard is at
-        self.step_buffers: dict[int, torch.Tensor] = {}  # the averaged buffers at the last two steps
-        self.owner_gen = -1  # the generation whose shard this worker owns
-        self.state_gen = -1  # worker 0: the generation whose owners hold the live state
-        self.evaluated = -1  # the last epoch whose evaluation this worker (or a peer, as of the last recovery) saw
         numel = full_message_numel(self.flat.numel, len(self.keys), len(self.scalar_keys), self.flat.buffer_numel)
-        self.backup = torch.zeros(numel, dtype=self.flat.dtype)  # worker 0: the whole state at backup_step
-        self.backup_step = -1
+        self.held = HeldState(
+            backup=torch.zeros(numel, dtype=self.flat.dtype), buffer_bounds=(0, self.flat.buffer_numel)
+        )
         if self.leader:
-            self.backup[: self.flat.numel] = self.flat.weights()
-            self.backup[numel - self.flat.buffer_numel :] = self.flat.buffer_vector()
+            self.held.backup[: self.flat.numel] = self.flat.weights()
+            self.held.backup[numel - self.flat.buffer_numel :] = self.flat.buffer_vector()
         self.train_group: Any = None  # this generation's groups (gloo's typing stubs lack their methods)
         self.all_group: Any = None
         self.pending_send: Waiting | None = None  # an owner's backup on its way to worker 0
@@ -268,7 +260,7 @@ class ElasticTrainer(Steps):
         assert gen is not None
         if self.worker in gen.roles.compute:
             epoch, i = divmod(self.done, self.steps_per_epoch)
-            if self.done >= 0 and i == self.steps_per_epoch - 1 and epoch > self.evaluated:
+            if self.done >= 0 and i == self.steps_per_epoch - 1 and epoch > self.held.evaluated:
                 self._end_epoch(epoch, self.done)  # the change came between the epoch's last step and its evaluation
             while self.done + 1 < self._stop_step():
                 self.watch.at_boundary()
@@ -314,7 +306,7 @@ class ElasticTrainer(Steps):
             self.log({"event": "resumed", "gen": gen.gen, "step": t, "worker": self.worker})
         if self.on_step is not None:
             self.on_step(t)
-        if i == self.steps_per_epoch - 1 and epoch > self.evaluated:  # (not an epoch's end redone after a loss)
+        if i == self.steps_per_epoch - 1 and epoch > self.held.evaluated:  # (not an epoch's end redone after a loss)
             self._end_epoch(epoch, t)
         self._backups(t)
 
@@ -340,7 +332,7 @@ class ElasticTrainer(Steps):
         if evaluating and self._stops_after(epoch, float(accuracy)):
             self.store.set("stop_step", str(t + 1))  # before the broadcast: every worker then reads it
         self.watch.wait(self.train_group.broadcast(accuracy, 0), stepping=True)
-        self.evaluated = epoch
+        self.held.evaluated = epoch
         if evaluating:
             t0 = float(self.store.get("t0"))
             per_epoch = list(self.losses)
