@@ -1,6 +1,6 @@
 """Shared test fixtures: where the published PipeDream profiles are, if this checkout has them; the tiers (markers
 ``slow``, ``root``, ``gpu``: skipped, saying why, where the machine lacks what they need; a test of the fast tier
-that starts a process fails, saying to mark it)."""
+that starts a process fails, saying to mark it); and which tests pytest-xdist keeps together."""
 
 import multiprocessing.forkserver
 import multiprocessing.process
@@ -41,6 +41,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, reason in reasons.items():
             if reason is not None and item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.skip(reason=reason))
+        # Under pytest-xdist a group runs in one process, one test at a time: the `serial` tests (whose rates and
+        # latencies another test's load would move), and the emulated cluster's (which see each other's cgroups
+        # and namespaces, and the cleanup test checks none is left).
+        if item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.xdist_group("serial"))
+        elif item.get_closest_marker("root"):
+            item.add_marker(pytest.mark.xdist_group("emulated-cluster"))
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ from conveyor.plan import allreduce_s
 pytestmark = [needs_root, pytest.mark.timeout(300)]
 
 
+@pytest.mark.serial  # transfer times against the wall clock
 def test_report_sets_each_measurement_beside_its_model() -> None:
     cfg = CostsBenchConfig(
         bandwidths=(1.25e7,),

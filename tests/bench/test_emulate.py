@@ -10,6 +10,7 @@ from conveyor.bench.emulate import RATES, EmulateBenchConfig, run
 pytestmark = [needs_root, pytest.mark.timeout(300)]
 
 
+@pytest.mark.serial  # rates against the wall clock
 def test_report_has_every_rate_quota_and_cluster_size() -> None:
     report = run(EmulateBenchConfig(devices="1,0.5", seconds_per_link=0.5, repeats=1))
     rates = [link["rate"] for link in report["links"]]

@@ -43,6 +43,7 @@ def beat(store: dist.Store, workers: list[int], seconds: float) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.serial  # silences and gaps against the wall clock
 def test_generations_from_heartbeats_notices_and_joins(tmp_path: Path) -> None:
     server = connect("127.0.0.1", 0, is_leader=True)
     store = connect("127.0.0.1", server.port, is_leader=False)
@@ -162,6 +163,7 @@ class FakeLiveness:
         self.connected.discard(worker)
 
 
+@pytest.mark.serial  # silences and gaps against the wall clock
 def test_a_connected_worker_is_lost_when_its_connection_closes_not_for_a_short_silence(tmp_path: Path) -> None:
     """After a failed collective, a worker not yet connected is lost after a few silent beats; a connected one
     rides the same silence out (a live worker stalled beside a lost one), and is lost the moment its connection
@@ -200,6 +202,7 @@ def test_a_connected_worker_is_lost_when_its_connection_closes_not_for_a_short_s
         coordinator.close()
 
 
+@pytest.mark.serial  # silences and gaps against the wall clock
 def test_a_heartbeat_records_its_gaps_and_why_it_stopped() -> None:
     """What a worker declared lost alive logs: its beats' longest gaps, and the error that stopped them."""
     server = connect("127.0.0.1", 0, is_leader=True)

@@ -28,6 +28,7 @@ def _speeds_within_their_quota(report: dict[str, Any]) -> bool:
     return all(0.5 * row["spec_cores"] <= row["measured_cores"] <= 1.1 * row["spec_cores"] for row in report["devices"])
 
 
+@pytest.mark.serial  # rates against the wall clock
 def test_check_measures_every_link_and_device_against_its_spec(tmp_path: Path) -> None:
     report = measured_within(lambda: _check(tmp_path / "check.json"), _speeds_within_their_quota)
     assert [(link["from"], link["to"]) for link in report["links"]] == [(0, 1), (1, 0), (2, 3), (3, 2), (0, 2), (2, 0)]

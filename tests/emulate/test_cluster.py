@@ -22,7 +22,7 @@ from emulation import (
 from conveyor.emulate import Emulation, EmulationError, WorkerRevoked, cpu_loop_seconds, launch_emulated
 from conveyor.emulate._privileges import require_netem
 
-pytestmark = [needs_root, pytest.mark.timeout(120)]
+pytestmark = [needs_root, pytest.mark.timeout(120), pytest.mark.serial]  # rates and durations: alone
 
 
 def test_a_100_mbit_link_carries_50_mb_in_4_s() -> None:

@@ -9,7 +9,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from models import batches, mlp
 
-from conveyor.runtime import P2P, launch, measure_allreduce, measure_link, measure_overhead
+from conveyor.runtime import launch, measure_allreduce, measure_link, measure_overhead
+from conveyor.runtime.parts import P2P
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

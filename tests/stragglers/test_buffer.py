@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conveyor.runtime import set_mean_grads
+from conveyor.runtime.parts import set_mean_grads
 from conveyor.stragglers._buffer import BufferLayout
 
 

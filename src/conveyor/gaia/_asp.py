@@ -39,7 +39,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from conveyor.gaia._exchange import Courier, Payload, share_in_site
-from conveyor.runtime import SiteLinks, pack_grads, set_mean_grads
+from conveyor.runtime.parts import SiteLinks, pack_grads, set_mean_grads
 
 __all__ = ["Gaia"]
 

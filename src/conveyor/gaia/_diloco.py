@@ -25,7 +25,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from conveyor.gaia._exchange import broadcast_dense, mean_over_sites
-from conveyor.runtime import SiteLinks
+from conveyor.runtime.parts import SiteLinks
 
 __all__ = ["DiLoCo"]
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from conveyor.gaia._sparse import decode, encode, encoded_bytes
-from conveyor.runtime import SiteLinks
+from conveyor.runtime.parts import SiteLinks
 
 __all__ = ["Courier", "Delivery", "Payload", "Received", "broadcast_dense", "mean_over_sites", "share_in_site"]
 

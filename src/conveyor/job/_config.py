@@ -22,7 +22,6 @@ from conveyor.runtime import (
     OptimizerFactory,
     as_blocks,
     block_shapes,
-    check_checkpoint,
     check_workers,
     default_workers,
     load_checkpoint,
@@ -30,6 +29,7 @@ from conveyor.runtime import (
     resolve_device,
     under_torchrun,
 )
+from conveyor.runtime.parts import check_checkpoint
 from conveyor.schedule import parse_replicas
 
 __all__ = [

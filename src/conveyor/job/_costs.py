@@ -29,7 +29,6 @@ from torch import nn
 
 from conveyor.plan import Level, Profile, RuntimeCosts, Topology
 from conveyor.runtime import (
-    P2P,
     CoreShare,
     Materialize,
     MeasuredLink,
@@ -41,6 +40,7 @@ from conveyor.runtime import (
     split_batch,
     to_device,
 )
+from conveyor.runtime.parts import P2P
 
 __all__ = ["Costs", "measure_costs"]
 

@@ -29,7 +29,7 @@ from conveyor.plan import (
     predict,
     read_plan_file,
 )
-from conveyor.runtime import even_balance
+from conveyor.runtime.parts import even_balance
 from conveyor.schedule import kind, parse_replicas
 
 __all__ = ["Layout", "choose_layout", "fixed_layout", "microbatches_of"]

@@ -30,7 +30,8 @@ from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._trace import torch_profiled
 from conveyor.plan import Topology
-from conveyor.runtime import CoreShare, stop_requested
+from conveyor.runtime import CoreShare
+from conveyor.runtime.parts import stop_requested
 
 __all__ = ["EpochLoop", "EpochRecord", "LoopOutcome", "Trainer"]
 

@@ -1,8 +1,7 @@
 """The runtime: pipelines over torch.distributed, their executor, transport, weight versions, checkpoints, launcher."""
 
 from conveyor.runtime._calibrate import MeasuredLink, measure_allreduce, measure_link, measure_overhead
-from conveyor.runtime._checkpoint import CheckpointError, load_stage, save_stages
-from conveyor.runtime._checkpoint import check_compatible as check_checkpoint
+from conveyor.runtime._checkpoint import CheckpointError
 from conveyor.runtime._checkpoint import load as load_checkpoint
 from conveyor.runtime._checkpoint import save as save_checkpoint
 from conveyor.runtime._devices import (
@@ -14,30 +13,26 @@ from conveyor.runtime._devices import (
     resolve_device,
 )
 from conveyor.runtime._graph_block import GraphBlock
-from conveyor.runtime._launch import WorkerError, launch, stop_requested, under_torchrun
+from conveyor.runtime._launch import WorkerError, launch, under_torchrun
 from conveyor.runtime._materialize import Materialize, initialise_from, is_on_meta, load_from
 from conveyor.runtime._microbatch import batch_size, to_device
 from conveyor.runtime._microbatch import split as split_batch
-from conveyor.runtime._outer import OuterSync, SiteLinks, site_parts
+from conveyor.runtime._outer import OuterSync, site_parts
 from conveyor.runtime._pipeline import OptimizerFactory, Pipeline, WorldSizeError
 from conveyor.runtime._profiler import profile
 from conveyor.runtime._split import split_model
 from conveyor.runtime._stage import (
     Blocks,
-    StagePosition,
     as_blocks,
     block_shapes,
     build_stage,
-    even_balance,
     stage_ranges,
 )
 from conveyor.runtime._threads import CoreShare
-from conveyor.runtime._transport import P2P, PendingRecv, differentiable_leaves
-from conveyor.runtime._update import pack_grads, reduce_dtype, set_mean_grads
+from conveyor.runtime._transport import differentiable_leaves
 from conveyor.runtime._versions import StashError, WeightVersions
 
 __all__ = [
-    "P2P",
     "Blocks",
     "CheckpointError",
     "CoreShare",
@@ -46,10 +41,7 @@ __all__ = [
     "MeasuredLink",
     "OptimizerFactory",
     "OuterSync",
-    "PendingRecv",
     "Pipeline",
-    "SiteLinks",
-    "StagePosition",
     "StashError",
     "WeightVersions",
     "WorkerError",
@@ -58,35 +50,27 @@ __all__ = [
     "batch_size",
     "block_shapes",
     "build_stage",
-    "check_checkpoint",
     "check_workers",
     "default_backend",
     "default_device",
     "default_workers",
     "differentiable_leaves",
-    "even_balance",
     "initialise_from",
     "is_on_meta",
     "launch",
     "load_checkpoint",
     "load_from",
-    "load_stage",
     "measure_allreduce",
     "measure_link",
     "measure_overhead",
-    "pack_grads",
     "profile",
-    "reduce_dtype",
     "resolve_backend",
     "resolve_device",
     "save_checkpoint",
-    "save_stages",
-    "set_mean_grads",
     "site_parts",
     "split_batch",
     "split_model",
     "stage_ranges",
-    "stop_requested",
     "to_device",
     "under_torchrun",
 ]

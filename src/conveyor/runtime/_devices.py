@@ -5,7 +5,7 @@ worker ``LOCAL_RANK`` on ``cuda:LOCAL_RANK``, joined by NCCL; without CUDA it ru
 refuses two ranks on one GPU, so more local workers than GPUs is an error that says what to do instead: fewer
 workers, the CPU, or **shared-GPU mode** (``backend="gloo"`` with CUDA), where several workers take turns on
 each GPU: worker ``LOCAL_RANK`` on ``cuda:LOCAL_RANK % GPUs``. Gloo all-reduces CUDA tensors itself; its
-point-to-point messages of CUDA tensors abort the process, so :class:`~conveyor.runtime.P2P` stages them
+point-to-point messages of CUDA tensors abort the process, so :class:`~conveyor.runtime.parts.P2P` stages them
 through pinned host memory. Shared-GPU mode is for tests and for users with one GPU: it runs every
 multi-worker code path on the device, not fast.
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.runtime import pack_grads
+from conveyor.runtime.parts import pack_grads
 
 __all__ = ["BufferLayout", "StepBuffer"]
 

@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from conveyor.runtime import P2P, PendingRecv
+from conveyor.runtime.parts import P2P, PendingRecv
 from conveyor.stragglers._buffer import BufferLayout
 
 __all__ = ["LiveReduction", "Runner"]

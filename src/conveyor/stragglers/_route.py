@@ -5,7 +5,7 @@ next stage cannot know ahead of time whom to receive from, nor whom to send the 
 send is announced through the c10d store, on one queue per run and receiving stage: the sender appends
 ``kind,step,chunk,count,sender,start`` (``add`` gives it the next place, ``set`` fills it) and the receiver reads
 the places in order (``get`` waits for the next one), then receives the payload from that sender over
-:class:`~conveyor.runtime.P2P`. A sender's payloads arrive in the order of its announcements (messages
+:class:`~conveyor.runtime.parts.P2P`. A sender's payloads arrive in the order of its announcements (messages
 between two workers stay in order), and the gradient goes back to the sender the announcement named: the
 backward runs on the replica that ran the forward. The store, not the backend, carries the routing, so the
 backend never receives from an unknown source (which NCCL cannot).
@@ -27,7 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from conveyor.runtime import P2P, differentiable_leaves
+from conveyor.runtime import differentiable_leaves
+from conveyor.runtime.parts import P2P
 
 __all__ = ["END", "FORWARD", "RELEASE", "Entry", "Router"]
 

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from conveyor.errors import InputError
-from conveyor.runtime import StagePosition, load_stage, save_stages, to_device
+from conveyor.runtime import to_device
+from conveyor.runtime.parts import StagePosition, load_stage, save_stages
 from conveyor.stragglers._backup import Backups
 from conveyor.stragglers._chunks import StepWork
 from conveyor.stragglers._claims import share_keys

@@ -70,12 +70,11 @@ from conveyor.runtime import (
     block_shapes,
     build_stage,
     default_device,
-    reduce_dtype,
-    set_mean_grads,
     split_batch,
     stage_ranges,
     to_device,
 )
+from conveyor.runtime.parts import reduce_dtype, set_mean_grads
 from conveyor.schedule import check_replicas, stage_workers
 from conveyor.stragglers._backup import Backups
 from conveyor.stragglers._buffer import BufferLayout
