@@ -43,6 +43,7 @@ def _spin() -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="measured on a 2-core machine (CI's and ours)")
+@pytest.mark.serial  # a busy process's share of the cores: alone
 def test_a_busy_process_beside_takes_a_thread_away(two_threads: None) -> None:
     """On two cores, one process that never sleeps leaves one: one thread (two would wait for each other at
     every operator). Once it is gone, about a core more is free again."""
