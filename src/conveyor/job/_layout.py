@@ -81,7 +81,7 @@ class Layout:
 
 
 def fixed_layout(cfg: TrainConfig, blocks: int, workers: int) -> Layout | None:
-    """The layout a :class:`~conveyor.job.TrainConfig` fixes (a plan file, or stages and replicas), checked
+    """The layout a :class:`~conveyor.config.TrainConfig` fixes (a plan file, or stages and replicas), checked
     against the model's ``blocks`` and the job's ``workers``; ``None`` when the planner decides. One worker with
     the schedule left to Conveyor is one stage with the flush schedule: a plain training loop.
 
@@ -120,7 +120,7 @@ def fixed_layout(cfg: TrainConfig, blocks: int, workers: int) -> Layout | None:
 def choose_layout(
     cfg: TrainConfig, *, names: list[str], costs: Costs, batches: int, samples: int, layout: Layout | None = None
 ) -> Layout:
-    """The layout for a :class:`~conveyor.job.TrainConfig` on ``costs.workers`` workers (``layout`` when
+    """The layout for a :class:`~conveyor.config.TrainConfig` on ``costs.workers`` workers (``layout`` when
     :func:`fixed_layout` gave one, else the planner's), its plan file with the prediction for an epoch (one
     run of ``batches`` batches, ``samples`` samples) and the figures it rests on."""
     topology, prof, runtime = costs.topology, costs.profile, costs.runtime
