@@ -33,7 +33,8 @@ from conveyor.bench._checks import require_known
 from conveyor.bench._run import run_job, run_rate, steady_rate
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import loss_and_optimizer, model_and_data, torch_profiled
+from conveyor.job import loss_and_optimizer, model_and_data
+from conveyor.job.parts import torch_profiled
 from conveyor.runtime import default_device, launch
 
 __all__ = ["CASES", "GOALS", "Case", "OverheadBenchConfig", "plot", "run"]

@@ -46,14 +46,12 @@ def run(args: argparse.Namespace) -> int:
         ElasticSummary,
         RunSummary,
         check_against_data,
-        explicit_workers,
-        fixed_layout,
-        job_devices,
         model_and_data,
         read_lease,
         train,
         train_elastic,
     )
+    from conveyor.job.parts import explicit_workers, fixed_layout, job_devices
     from conveyor.plan import EpochFactors
 
     if join:

@@ -1,10 +1,10 @@
 """The training job behind ``conveyor train``: model zoo, bundled data, measured costs, layout choice, run folder."""
 
-from conveyor.job._config import check_against_data, explicit_workers, job_devices, loss_and_optimizer
+from conveyor.job._config import check_against_data, loss_and_optimizer
 from conveyor.job._data import Dataset, rows
 from conveyor.job._data import load as load_dataset
 from conveyor.job._elastic import join_elastic, train_elastic
-from conveyor.job._layout import Layout, choose_layout, fixed_layout
+from conveyor.job._layout import Layout, choose_layout
 from conveyor.job._lease import lease_expires, read_lease, write_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._model import model_and_data
@@ -17,7 +17,6 @@ from conveyor.job._summary import (
     open_run_folder,
     write_run_folder,
 )
-from conveyor.job._trace import torch_profiled
 from conveyor.job._train import train
 from conveyor.job._zoo import default_dataset, gpt, mlp, resnet, resolve, user_model, vgg, vgg16
 
@@ -32,10 +31,7 @@ __all__ = [
     "check_against_data",
     "choose_layout",
     "default_dataset",
-    "explicit_workers",
-    "fixed_layout",
     "gpt",
-    "job_devices",
     "join_elastic",
     "lease_expires",
     "load_dataset",
@@ -49,7 +45,6 @@ __all__ = [
     "resnet",
     "resolve",
     "rows",
-    "torch_profiled",
     "train",
     "train_elastic",
     "user_model",
