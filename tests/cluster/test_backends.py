@@ -127,6 +127,7 @@ def ray_backend() -> Iterator[RayBackend]:
     assert not ray.is_initialized()  # it started Ray, so it shut it down
 
 
+@pytest.mark.slow  # Ray starts its own processes
 @pytest.mark.timeout(90)
 def test_ray_runs_a_command_where_its_devices_are(ray_backend: RayBackend, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
@@ -147,6 +148,7 @@ def test_ray_runs_a_command_where_its_devices_are(ray_backend: RayBackend, tmp_p
         )
 
 
+@pytest.mark.slow  # Ray starts its own processes
 @pytest.mark.timeout(90)
 def test_ray_jobs_wait_for_devices_of_their_type(ray_backend: RayBackend, tmp_path: Path) -> None:
     """Two jobs on the one fast device run one after the other; a job on the slow one runs beside the first
@@ -169,6 +171,7 @@ def test_ray_jobs_wait_for_devices_of_their_type(ray_backend: RayBackend, tmp_pa
     assert float(Path(b + ".start").read_text()) >= float(Path(a + ".end").read_text())
 
 
+@pytest.mark.slow  # Ray starts its own processes
 @pytest.mark.timeout(90)
 def test_ray_stop_kills_the_command_and_its_children(ray_backend: RayBackend, tmp_path: Path) -> None:
     job, marker = _sleeper(ray_backend, tmp_path, "slow")
