@@ -187,6 +187,8 @@ class FlexiblePipeline(FlexibleStage):
         self.store = dist.distributed_c10d._get_default_store()
         self.router = Router(self.store, self.device)
         self._statistics = RunningStatistics.of(self.module, self._dtype)  # updated in the chunks' order
+        terms = self._statistics.size if self._statistics is not None else 0  # a chunk's BatchNorm term's length
+        self._layout = BufferLayout(terms=terms, grads=sum(p.numel() for p in self.params))  # of its buffers
         self._backups, self._live = self._straggler_parts(counts, backup=backup, live=live)
         self._duplicates = (backup or live) and counts[0] > 1  # a later stage may receive a chunk twice
         # Every worker creates every group, as torch.distributed requires; data parallelism uses the world's.
@@ -304,12 +306,6 @@ class FlexiblePipeline(FlexibleStage):
         if self._live is None:
             step.reduce(self.params, reduces=self._reduces, group=self._group, extra=self._rates(step))
         return step
-
-    @property
-    def _layout(self) -> BufferLayout:
-        """Where the parts of this stage's step and chunk buffers sit."""
-        terms = self._statistics.size if self._statistics is not None else 0  # a chunk's BatchNorm term's length
-        return BufferLayout(terms=terms, grads=sum(p.numel() for p in self.params))
 
     def _predicted(self) -> contextlib.AbstractContextManager[Any]:
         """Within: the parameters are the weights predicted ``slack`` updates ahead (or the weights)."""
