@@ -1,5 +1,8 @@
 """Small models for the pipeline tests: plain blocks, parameter-less blocks, tuples and dicts between stages."""
 
+import copy
+import functools
+
 import torch
 from torch import nn
 
@@ -76,11 +79,21 @@ class Tangle(nn.Module):
 
 
 def tangle() -> nn.Sequential:
-    """:class:`Tangle` split by torch.export into five blocks (inp, l1, l2, tied, head), as mlp has."""
+    """:class:`Tangle` split by torch.export into five blocks (inp, l1, l2, tied, head), as mlp has: a fresh copy
+    of one split per process (a trace takes a second; the copy keeps the tied weight shared), the random state
+    left as the split left it."""
+    model, rng = _split_tangle()
+    torch.set_rng_state(rng)
+    return copy.deepcopy(model)
+
+
+@functools.cache
+def _split_tangle() -> tuple[nn.Sequential, torch.Tensor]:
     from conveyor.runtime import split_model
 
     torch.manual_seed(0)
-    return split_model(Tangle(), torch.zeros(2, 8))
+    model = split_model(Tangle(), torch.zeros(2, 8))
+    return model, torch.get_rng_state()
 
 
 MODELS = {

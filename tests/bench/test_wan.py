@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(400)
 def test_every_mode_reaches_the_target_and_gaia_sends_less_than_bsp(tmp_path: Path) -> None:
     # Two data centres of one worker joined by 100 Mbit/s: the mlp's all-reduce crosses it at every update.
     cfg = WanBenchConfig(
-        models=("mlp",), targets=(0.8,), wan_bytes_per_s=(1.25e7,), sites=2, per_site=1, epochs=6, local_steps=4
+        models=("mlp",), targets=(0.6,), wan_bytes_per_s=(1.25e7,), sites=2, per_site=1, epochs=3, local_steps=4
     )
     report = run(cfg, plot=str(tmp_path / "wan.png"))
     assert (tmp_path / "wan.png").read_bytes()[:4] == b"\x89PNG"
@@ -24,8 +24,8 @@ def test_every_mode_reaches_the_target_and_gaia_sends_less_than_bsp(tmp_path: Pa
         assert r["model"] == "mlp" and r["wan_bytes_per_s"] == 1.25e7, mode
         history = r["history"]
         if r["seconds_to_target"] is not None:
-            assert history[r["epochs_to_target"] - 1]["accuracy"] >= 0.8, mode
-            assert all(h["accuracy"] < 0.8 for h in history[: r["epochs_to_target"] - 1]), mode
+            assert history[r["epochs_to_target"] - 1]["accuracy"] >= 0.6, mode
+            assert all(h["accuracy"] < 0.6 for h in history[: r["epochs_to_target"] - 1]), mode
         assert r["final_accuracy"] == history[-1]["accuracy"], mode
     assert rows["lan"]["wan_bytes_per_sample"] == 0 and rows["lan"]["lan_ratio"] == 1.0
     assert rows["bsp"]["seconds_to_target"] is not None  # synchronous: the LAN run's numbers, on a slower network

@@ -26,7 +26,7 @@ def _epochs(folder: Path, job: int) -> int:
 
 
 def test_two_jobs_on_two_emulated_devices(tmp_path: Path) -> None:
-    jobs = [_job(3), _job(2, arrival=2.0)]
+    jobs = [_job(2), _job(1, arrival=2.0)]
     with LocalBackend() as backend:
         run = run_real(
             jobs, parse_device_types("fast=1.0:1,slow=0.5:1"), "max_min_fairness_perf", backend, tmp_path, round_s=20.0
@@ -45,12 +45,12 @@ def test_two_jobs_on_two_emulated_devices(tmp_path: Path) -> None:
 
 
 def test_a_preempted_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    # Two jobs of 3 epochs, one device, rounds of 1 s: shorter than any launch's start-up, so a launch's lease has
+    # Two jobs of 2 epochs, one device, rounds of 1 s: shorter than any launch's start-up, so a launch's lease has
     # ended by its first epoch's end and it stops there, saving its checkpoint (a job runs at least one epoch
     # under a lease). The preemption follows the job's progress, its first checkpoint, on any machine: each job
     # needs several launches, every launch after its first resumes from the checkpoint, and no epoch is run twice
     # or lost.
-    jobs = [_job(3), _job(3)]
+    jobs = [_job(2), _job(2)]
     with LocalBackend() as backend:
         run = run_real(jobs, parse_device_types("only=1.0:1"), "max_min_fairness", backend, tmp_path, round_s=1.0)
     later = [launch for launch in run.launches if launch.folder.name != "launch-0"]
@@ -59,5 +59,5 @@ def test_a_preempted_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         summary = json.loads((launch.folder / "summary.json").read_text())
         assert summary["epochs_before"] > 0
     for i in range(2):
-        assert _epochs(tmp_path, i) == 3
+        assert _epochs(tmp_path, i) == 2
         assert run.simulation.jobs[i].finish_s is not None

@@ -238,9 +238,10 @@ LAYOUTS = {"skip": ((2, 3, 3), 1), "gpt2": ((9, None), 4), "gpt2-mask": ((9, Non
 
 def _pipelined(name: str) -> dict[str, Any]:
     out = {}
+    model, batches, loss_fn = _case(name)
+    split = split_model(model, batches[0][0])  # once: a trace takes seconds, a copy of the split nothing
     for schedule in ("gpipe", "flush"):
-        model, batches, loss_fn = _case(name)
-        blocks = split_model(model, batches[0][0])
+        blocks = copy.deepcopy(split)
         (*balance, last), microbatches = LAYOUTS[name]
         balance = [*balance, last or len(blocks) - sum(balance)]
         pipe = Pipeline(blocks, balance, microbatches=microbatches, loss_fn=loss_fn, optimizer=SGD, schedule=schedule)

@@ -26,7 +26,7 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    from conveyor.markets import MARKET_POLICIES
+    from conveyor.config import MARKET_POLICIES  # not conveyor.markets: its SciPy takes a second to import
 
     markets = sub.add_parser("markets", help="buy a job with a deadline from spot markets (Tributary, DISPA)")
     which = markets.add_subparsers(dest="markets_command", required=True)

@@ -1,5 +1,6 @@
-"""The values ``conveyor train``'s options accept, and the checks of those written as text: torch-free, so the
-command line, its parser and its config file need no torch, and the systems that act on them read them here."""
+"""The values the commands' options accept (``conveyor train``'s, and the spot policies of ``conveyor
+markets``), and the checks of those written as text: torch-free and SciPy-free, so the command line, its parser
+and its config file import neither, and the systems that act on them read them here."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_MODE",
     "DEVICES",
+    "MARKET_POLICIES",
     "MATERIALIZE",
     "METER_RANK",
     "MODES",
@@ -37,6 +39,7 @@ BACKENDS = ("auto", "nccl", "gloo")
 AUTOCAST = ("off", "bf16")  # bf16: torch.bfloat16 (conveyor.job looks the dtype up where it is used)
 OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD and Adam (looked up in conveyor.job)
 MATERIALIZE = ("whole", "stage")
+MARKET_POLICIES = ("on-demand", "spot-restart", "bidbrain", "uniform-progress", "portfolio", "portfolio-moves")
 WAN_MODES = ("off", "gaia", "diloco")
 # FlexRR is slack and reassignment (Harlap et al., SoCC 2016); backup is reassignment and backups, synchronous;
 # live is reassignment and backups reduced among the replicas whose runs were used (no all-reduce), synchronous.

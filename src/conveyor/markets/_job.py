@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from conveyor.config import MARKET_POLICIES
 from conveyor.errors import InputError
 
 __all__ = ["MARKET_POLICIES", "Job", "Overheads", "PolicySettings", "Run"]
-
-MARKET_POLICIES = ("on-demand", "spot-restart", "bidbrain", "uniform-progress", "portfolio", "portfolio-moves")
 
 
 @dataclass(frozen=True)
