@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import reduction
 from pathlib import Path
@@ -34,7 +33,6 @@ from typing import Any, NoReturn
 from conveyor.errors import InputError
 
 __all__ = [
-    "TRACING",
     "LauncherOutput",
     "WorkerReport",
     "become_worker",
@@ -51,23 +49,20 @@ __all__ = [
     "worker_context",
 ]
 
-_PRELOAD = ("torch", "torch.distributed", "conveyor.runtime")
-# What ``torch.export`` imports on its first trace (sympy, dynamo, functorch: 2-3 s of CPU on a small machine),
-# imported once by the server instead of by every worker that splits a model.
-TRACING = ("torch.export._trace",)
+# Imported once by the server rather than by every worker: torch; dynamo, which the first optimizer a process
+# builds imports (2 s of CPU on a small machine); torch.export's tracer, which splits a model that is not a sequence.
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.export._trace", "conveyor.runtime"]
 
 # How long a worker gets to exit after SIGTERM before it is killed.
 _TERMINATE_GRACE_S = 5.0
 
 
-def worker_context(*, preload: Sequence[str] = TRACING) -> multiprocessing.context.ForkServerContext:
+def worker_context() -> multiprocessing.context.ForkServerContext:
     """The multiprocessing context local workers start from, its server running. The server ignores Ctrl-C and
     SIGTERM (started so from the main thread), so a signal to the whole process group is left to the launcher and
-    its workers, which decide what it means. A process's first call starts the server, which imports torch,
-    ``conveyor.runtime`` and ``preload`` once for all workers: by default :data:`TRACING`, for workers that split
-    a model with ``torch.export``. Only modules that start no threads belong there (the server forks)."""
+    its workers, which decide what it means."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([*_PRELOAD, *preload])
+    ctx.set_forkserver_preload(_PRELOAD)
     if threading.current_thread() is not threading.main_thread():
         multiprocessing.forkserver.ensure_running()
         return ctx
@@ -147,10 +142,9 @@ class LauncherOutput:
                 os.close(fd)
 
 
-def start_worker_server(*, preload: Sequence[str]) -> None:
-    """Start the server now, so that its import of torch overlaps the caller's own start-up; ``preload``: as
-    :func:`worker_context`'s."""
-    worker_context(preload=preload)
+def start_worker_server() -> None:
+    """Start the server now, so that its import of torch overlaps the caller's own start-up."""
+    worker_context()
 
 
 def under_torchrun() -> bool:

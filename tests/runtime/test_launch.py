@@ -107,7 +107,7 @@ from conveyor.processes import start_worker_server
 from conveyor.runtime import launch
 from test_launch import _say
 
-start_worker_server(preload=())  # with this process's output and environment of now
+start_worker_server()  # with this process's output and environment of now
 os.environ["CONVEYOR_TEST_VALUE"] = "second"
 with open(sys.argv[1], "a") as moved:  # appended: three processes write it
     os.dup2(moved.fileno(), 1)  # then the output moves, as a test run's capture does from one test to the next

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from conveyor.cli._common import console, write_json
 from conveyor.config import OPTION_FIELDS, SECTIONS, TrainConfig, add_options, read_config_file
-from conveyor.processes import TRACING, start_worker_server, under_torchrun
+from conveyor.processes import start_worker_server, under_torchrun
 
 if TYPE_CHECKING:
     from conveyor.job import ElasticSummary, RunSummary
@@ -40,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = _train_config(args)  # every option checked on its own and against the others, before anything starts
     join = cfg.elastic.join if cfg.elastic is not None else None
     if not join and not under_torchrun():
-        # It imports torch for the workers while this process does for itself (and torch.export's tracer for a
-        # module:callable, which may need splitting).
-        start_worker_server(preload=TRACING if cfg.model.from_callable else ())
+        start_worker_server()  # it imports torch for the workers while this process does for itself
     from conveyor.emulate import Emulation
     from conveyor.job import (
         ElasticSummary,

@@ -74,12 +74,6 @@ class ModelConfig:
             raise InputError(f"--model-args goes with a module:callable model, not {self.name}: use --width, --depth")
         model_arguments(self.args)  # a malformed one fails here
 
-    @property
-    def from_callable(self) -> bool:
-        """Whether the model is a ``module:callable`` (any module: split by ``torch.export`` unless it is a
-        sequence), not a zoo model (a sequence of blocks)."""
-        return ":" in self.name
-
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutConfig:
