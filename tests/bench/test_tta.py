@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(400)
 
 @pytest.mark.slow
 def test_time_to_accuracy_report(tmp_path: Path) -> None:
-    cfg = TTAConfig(workers=2, target=0.8, epochs=8, strategies=("dp", "ddp", "pipedream"))  # (2bw: test_train)
+    cfg = TTAConfig(workers=2, target=0.6, epochs=6, strategies=("dp", "ddp", "pipedream"))  # (2bw: test_train)
     report = run(cfg, plot=str(tmp_path / "tta.png"))
     assert (tmp_path / "tta.png").read_bytes()[:4] == b"\x89PNG"
     results = report["results"]
@@ -22,8 +22,8 @@ def test_time_to_accuracy_report(tmp_path: Path) -> None:
         history = r["history"]
         assert r["seconds_to_target"] is not None, name  # the asynchronous schedule gets there too
         reached = history[r["epochs_to_target"] - 1]
-        assert reached["accuracy"] >= 0.8 and reached["seconds"] == r["seconds_to_target"]
-        assert all(h["accuracy"] < 0.8 for h in history[: r["epochs_to_target"] - 1])
+        assert reached["accuracy"] >= 0.6 and reached["seconds"] == r["seconds_to_target"]
+        assert all(h["accuracy"] < 0.6 for h in history[: r["epochs_to_target"] - 1])
         assert r["samples_per_s"] > 0 and r["peak_rss_mb"] > 0
         assert r["measured_speedup"] == pytest.approx(results["dp"]["seconds_to_target"] / r["seconds_to_target"])
         assert r["bytes_between_servers_per_sample"] is None and r["comm_fraction"] is None  # no network here
@@ -35,7 +35,7 @@ def test_time_to_accuracy_report(tmp_path: Path) -> None:
 def test_on_an_emulated_network_the_links_are_counted(tmp_path: Path) -> None:
     """Two servers of one worker: data parallelism all-reduces across the slow link, PipeDream sends activations."""
     cfg = TTAConfig(
-        workers=2, target=0.8, epochs=6, strategies=("dp", "pipedream"), network="1:1.25e9,2:1.25e8", local_epochs=1
+        workers=2, target=0.6, epochs=4, strategies=("dp", "pipedream"), network="1:1.25e9,2:1.25e8", local_epochs=1
     )
     results = run(cfg)["results"]
     for name, r in results.items():

@@ -19,6 +19,7 @@ FIXED = {
     "dataset": "synthetic:8:4:64",
     "width": 32,
     "depth": 3,
+    "max_train_samples": 48,
     "workers": 3,
     "schedule": "2bw",
     "stages": 2,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from conveyor.job import Dataset
 from conveyor.job._data import load
 
 
@@ -17,6 +18,21 @@ def test_digits_and_images_are_the_same_split() -> None:
     torch.testing.assert_close(images.train_x.flatten(1), flat.train_x)
     assert flat.classes == 10 and not flat.sequence
     assert load("digits", seed=1).train_y.tolist() != flat.train_y.tolist()
+
+
+def test_a_subset_draws_training_samples_and_keeps_the_test_split() -> None:
+    whole = load("digits")
+    some = whole.subset(100, seed=3)
+    assert some.samples == 100 and torch.equal(some.test_x, whole.test_x) and torch.equal(some.test_y, whole.test_y)
+    rows = {tuple(r) for r in whole.train_x.tolist()}
+    assert all(tuple(r) in rows for r in some.train_x.tolist())  # samples of the training split, each with its label
+    pairs = {(tuple(x), int(y)) for x, y in zip(whole.train_x.tolist(), whole.train_y.tolist(), strict=True)}
+    assert all((tuple(x), int(y)) in pairs for x, y in zip(some.train_x.tolist(), some.train_y.tolist(), strict=True))
+    by_class = Dataset("sorted", torch.arange(100.0)[:, None], torch.arange(100) // 10, whole.test_x, whole.test_y, 10)
+    assert len(set(by_class.subset(20, seed=0).train_y.tolist())) > 2  # drawn, not the first rows (classes 0, 1)
+    assert torch.equal(whole.subset(100, seed=3).train_x, some.train_x)  # seeded
+    assert not torch.equal(whole.subset(100, seed=4).train_x, some.train_x)
+    assert whole.subset(5000, seed=3) is whole  # asking for more keeps them all
 
 
 def test_text_windows_predict_the_next_character(tmp_path: Path) -> None:

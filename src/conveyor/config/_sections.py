@@ -60,6 +60,12 @@ class ModelConfig:
     dataset: str | None = option(None, _DATASETS)
     width: int | None = option(None, "scale a zoo model's width", parse=positive)
     depth: int | None = option(None, "scale a zoo model's depth", parse=positive)
+    max_train_samples: int | None = option(
+        None,
+        "train on N training samples drawn at random (seeded), for a quick try; the test split stays whole",
+        parse=positive,
+        metavar="N",
+    )
     materialize: str = option(
         "whole",
         "whole: every worker builds the whole model; stage: each builds it on the meta device and makes real only "

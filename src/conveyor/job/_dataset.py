@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,6 +32,15 @@ class Dataset:
     def samples(self) -> int:
         """Training samples."""
         return len(self.train_y)
+
+    def subset(self, samples: int, seed: int) -> Dataset:
+        """``samples`` training samples drawn without replacement (every one where there are fewer), seeded, in
+        the order they were; the test split whole. Drawn rather than the first ones: a folder of images may be
+        sorted by class."""
+        if samples >= self.samples:
+            return self
+        drawn = torch.randperm(self.samples, generator=torch.Generator().manual_seed(seed))[:samples].sort().values
+        return replace(self, train_x=rows(self.train_x, drawn), train_y=self.train_y[drawn])
 
     def tensor_inputs(self, needs: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The training and test inputs, where each is one tensor.

@@ -21,6 +21,8 @@ def model_and_data(cfg: TrainConfig, warm_start_plan: str | None = None) -> tupl
     ``warm_start_plan`` maps; with ``--materialize stage``, built on the meta device: see :func:`materializer`)
     and its dataset."""
     data = datasets.load(cfg.model.dataset or zoo.default_dataset(cfg.model.name), cfg.run.seed)
+    if cfg.model.max_train_samples is not None:
+        data = data.subset(cfg.model.max_train_samples, cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     with torch.device("meta") if cfg.model.materialize == "stage" else contextlib.nullcontext():
         if ":" in cfg.model.name:
