@@ -6,4 +6,4 @@
 # which a test keeps the same.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pip install torch==2.13.0 && pip install -e ".[test,docs]" && ruff check src tests && ruff format --check src tests && mypy && mkdocs build --strict --site-dir site && pytest -q -m "not slow and not root and not gpu and not serial" --durations=5 && pytest -q -n 0 -m "slow or root or gpu or serial" --durations=15
+pip install torch==2.13.0 && pip install -e ".[test,docs]" && ruff check src tests && ruff format --check src tests && mypy && mkdocs build --strict --site-dir site && pytest -q -m "not slow and not root and not gpu and not serial" --durations=5 && pytest -q -m "(slow or root or gpu) and not serial" --durations=15 && pytest -q -n 0 -m serial --durations=5

@@ -50,8 +50,9 @@ __all__ = [
 ]
 
 # Imported once by the server rather than by every worker: torch; dynamo, which the first optimizer a process
-# builds imports (2 s of CPU on a small machine); torch.export's tracer, which splits a model that is not a sequence.
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.export._trace", "conveyor.runtime"]
+# builds imports (2 s of CPU on a small machine); torch.export's tracer, which splits a model that is not a sequence;
+# conveyor.job, what a training worker runs (and conveyor.runtime with it).
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.export._trace", "conveyor.job"]
 
 # How long a worker gets to exit after SIGTERM before it is killed.
 _TERMINATE_GRACE_S = 5.0

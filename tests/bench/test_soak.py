@@ -152,7 +152,7 @@ def test_the_plot_is_written(tmp_path: Path) -> None:
 @needs_root
 @pytest.mark.timeout(300)
 def test_a_short_soak_of_both_jobs(tmp_path: Path) -> None:
-    cfg = SoakConfig(minutes=0.4, warmup=0.15, every=1.0, workers=2, change_every=6.0, busy=1)
+    cfg = SoakConfig(minutes=0.3, warmup=0.1, every=1.0, workers=2, change_every=5.0, busy=1)
     report = run(cfg, str(tmp_path / "soak.png"), str(tmp_path / "runs"))
     assert [r["job"] for r in report["runs"]] == ["data-parallel", "elastic"]
     assert all(r["error"] is None and r["epochs"] >= 1 and r["seconds"] < 60 for r in report["runs"]), report["runs"]

@@ -61,6 +61,7 @@ def _wait_for(condition, seconds: float) -> bool:  # type: ignore[no-untyped-def
     return condition()
 
 
+@pytest.mark.serial  # it reads the machine's namespaces, links and cgroups, which another job would change
 def test_sigkill_of_the_launcher_leaves_no_namespace_link_or_cgroup(tmp_path: Path) -> None:
     before = _network_namespaces()
     roots_before = [root.exists() for root in cgroup_roots()]

@@ -140,7 +140,13 @@ def test_a_hugging_face_model_trains_from_its_class(tmp_path: Path) -> None:
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[models]')")
     args = "n_layer=2,n_embd=32,n_head=2,vocab_size=101,bos_token_id=0,eos_token_id=0"
     cfg = TrainConfig.from_options(
-        model="transformers:GPT2LMHeadModel", model_args=args, dataset="text", stages=2, epochs=1, run_dir=str(tmp_path)
+        model="transformers:GPT2LMHeadModel",
+        model_args=args,
+        dataset="text",
+        max_train_samples=1200,  # of 3,200 windows: enough to learn below a uniform guess
+        stages=2,
+        epochs=1,
+        run_dir=str(tmp_path),
     )
     summary = train(cfg)
     assert summary.epochs == 1 and summary.loss[0] < 4.0  # below log(101) = 4.62, a uniform guess
@@ -180,6 +186,7 @@ def test_each_worker_builds_only_its_stage_of_a_hugging_face_model(tmp_path: Pat
         model="transformers:GPT2LMHeadModel",
         model_args=args,
         dataset="text",
+        max_train_samples=1200,  # of 3,200 windows: enough to learn below a uniform guess
         materialize="stage",
         stages=2,
         epochs=1,

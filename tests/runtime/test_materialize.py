@@ -3,6 +3,7 @@ read from a file, and the pipeline trains as the unsplit model does."""
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -116,10 +117,11 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _meta_pipeline(path: str) -> dict[str, Any]:
     """Each worker builds GPT-2 on the meta device and makes real only its stage: from the file, then afresh."""
     out: dict[str, Any] = {}
+    with torch.device("meta"):
+        built = small_gpt2()
+    split = split_model(built, _batches()[0][0].to("meta"))  # once: a copy keeps the blocks' sharing with the model
     for how in ("file", "init"):
-        with torch.device("meta"):
-            model = small_gpt2()
-        blocks = split_model(model, _batches()[0][0].to("meta"))
+        model, blocks = copy.deepcopy((built, split))
         materialize = load_from(path) if how == "file" else initialise_from(model, seed=3)
         pipe = Pipeline(
             blocks, [9, len(blocks) - 9], microbatches=4, loss_fn=_lm_loss, optimizer=SGD, materialize=materialize
