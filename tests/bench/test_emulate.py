@@ -6,6 +6,7 @@ import pytest
 from emulation import needs_root
 
 from conveyor.bench.emulate import RATES, EmulateBenchConfig, run
+from conveyor.emulate import Emulation, check_cluster
 
 pytestmark = [needs_root, pytest.mark.timeout(300)]
 
@@ -23,3 +24,8 @@ def test_report_has_every_rate_quota_and_cluster_size() -> None:
     assert [row["spec_cores"] for row in report["devices"]] == [1, 0.5]
     assert [row["workers"] for row in report["setup"]] == [4, 16]
     assert all(row["setup_s"] > 0 and row["teardown_s"] >= 0 for row in report["setup"])
+    links_only = check_cluster(Emulation(network="2:1.25e7"), 2, 0.2, speeds=False)  # as the rates are measured
+    assert links_only["devices"] == [] and [(link["from"], link["to"]) for link in links_only["links"]] == [
+        (0, 1),
+        (1, 0),
+    ]

@@ -104,6 +104,8 @@ def _measure(pairs: list[tuple[int, int]], sizes: list[int], iterations: int) ->
                     "seconds": time.perf_counter() - start - latency,
                 }
             )
+    if not iterations:  # the links only
+        return out
     for worker in range(dist.get_world_size()):  # one at a time: its own speed, nobody competing
         dist.barrier()
         if worker == rank:
@@ -113,8 +115,11 @@ def _measure(pairs: list[tuple[int, int]], sizes: list[int], iterations: int) ->
     return out
 
 
-def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 1.0) -> dict[str, Any]:
-    """Measure the links and devices of ``emulation`` for ``workers`` workers; return the JSON report.
+def check_cluster(
+    emulation: Emulation, workers: int, seconds_per_link: float = 1.0, *, speeds: bool = True
+) -> dict[str, Any]:
+    """Measure the links and devices of ``emulation`` for ``workers`` workers; return the JSON report (without
+    ``speeds``, the links only: its ``devices`` are empty, and the 3-4 s of loops that measure them are saved).
 
     Each link's transfer is sized to take ``seconds_per_link`` at its specified rate (1 MiB to 256 MiB);
     each worker's speed is the CPU time this process needs for a fixed loop (the work, in seconds of a whole
@@ -129,9 +134,11 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
     specs = {(a, b): _spec(topology, a, b) for a, b in link_pairs(topology)} if topology else {}
     pairs = list(specs)
     sizes = [int(min(max(bw * seconds_per_link, 1 << 20), 1 << 28)) // 4 * 4 for bw, _ in specs.values()]
-    cpu_loop_seconds(50)  # warm-up
-    iterations = max(1, round(0.5 / (cpu_loop_seconds(200) / 200)))  # half a second on a whole core
-    reference = min(cpu_loop(iterations)[1] for _ in range(3))
+    iterations, reference = 0, 0.0
+    if speeds:
+        cpu_loop_seconds(50)  # warm-up
+        iterations = max(1, round(0.5 / (cpu_loop_seconds(200) / 200)))  # half a second on a whole core
+        reference = min(cpu_loop(iterations)[1] for _ in range(3))
     per_rank = launch_emulated(_measure, pairs, sizes, iterations, nprocs=workers, emulation=emulation, timeout_s=600)
     measured = sorted(
         (m for r in per_rank for m in per_rank[r]["links"]), key=lambda m: pairs.index((m["from"], m["to"]))
@@ -160,6 +167,7 @@ def check_cluster(emulation: Emulation, workers: int, seconds_per_link: float = 
             "measured_cores_all_busy": reference / per_rank[r]["all_busy_s"],
         }
         for r in range(workers)
+        if speeds
     ]
     return {
         "network": emulation.network,
