@@ -142,6 +142,7 @@ def _state_of(pid: int) -> str:
         return stat.read().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.serial  # where in its step the replica stops decides whether a run is dropped: other tests' load
 @pytest.mark.parametrize("layout", ["dp", "2-1"])
 def test_a_replica_frozen_for_whole_steps_holds_up_nobody_and_rejoins_with_the_reference_state(
     layout: str, tmp_path
