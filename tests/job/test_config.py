@@ -54,6 +54,10 @@ def test_each_section_checks_its_own_fields_and_the_config_the_rules_between_the
         ModelConfig(args="width=3")
     with pytest.raises(ValueError, match="--model-args 'depth': give NAME=VALUE"):
         ModelConfig(name="models:residual", args="depth")
+    with pytest.raises(ValueError, match="--max-train-samples must be at least 1, got -3"):
+        ModelConfig(max_train_samples=-3)  # it would drop the last 3 samples
+    with pytest.raises(ValueError, match="--width must be at least 1, got 0"):
+        ModelConfig(width=0)
     with pytest.raises(ValueError, match="--lr must be above 0"):
         OptimizerConfig(lr=float("nan"))
     with pytest.raises(ValueError, match="--epochs must be at least 1"):

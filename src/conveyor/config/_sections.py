@@ -78,6 +78,10 @@ class ModelConfig:
             raise InputError(f"--materialize {self.materialize!r}: use one of {', '.join(MATERIALIZE)}")
         if self.args and ":" not in self.name:
             raise InputError(f"--model-args goes with a module:callable model, not {self.name}: use --width, --depth")
+        counts = {"width": self.width, "depth": self.depth, "max-train-samples": self.max_train_samples}
+        for flag, value in counts.items():
+            if value is not None and value < 1:  # the command line's parser refuses these too (positive)
+                raise InputError(f"--{flag} must be at least 1, got {value}")
         model_arguments(self.args)  # a malformed one fails here
 
 

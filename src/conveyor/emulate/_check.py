@@ -166,8 +166,7 @@ def check_cluster(
             "measured_share": per_rank[r]["alone_cpu_s"] / per_rank[r]["alone_s"],
             "measured_cores_all_busy": reference / per_rank[r]["all_busy_s"],
         }
-        for r in range(workers)
-        if speeds
+        for r in range(workers if speeds else 0)
     ]
     return {
         "network": emulation.network,
