@@ -9,7 +9,7 @@ import pytest
 from conveyor.bench.markets import AVAILABILITY, MarketsConfig, plot, run
 from conveyor.bench.spot import SHARED
 from conveyor.cli import main
-from conveyor.markets import MARKET_POLICIES
+from conveyor.config import MARKET_POLICIES
 
 KEYS = {"trace_set", "policy", "start_h", "cost_usd", "work", "cost_per_work", "limit_cost_per_work", "finish_h"}
 

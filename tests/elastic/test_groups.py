@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conveyor.elastic import connect
 from conveyor.elastic._comm import destroy_groups
+from conveyor.elastic.parts import connect
 from conveyor.job._resources import sample_resources
 
 pytestmark = [

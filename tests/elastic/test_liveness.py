@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import pytest
 
-from conveyor.elastic import connect
 from conveyor.elastic._liveness import Liveness
 from conveyor.elastic._membership import liveness_prefix
+from conveyor.elastic.parts import connect
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from conveyor.elastic import Coordinator, Generation, JobFailed, connect
+from conveyor.elastic import Coordinator, Generation, JobFailed
 from conveyor.elastic._membership import (
     KEPT_GENERATIONS,
     Heartbeat,
@@ -21,6 +21,7 @@ from conveyor.elastic._membership import (
     stage_group,
 )
 from conveyor.elastic._tiers import Roles
+from conveyor.elastic.parts import connect
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from conveyor.elastic import _comm as comm
-from conveyor.elastic import connect
 from conveyor.elastic._comm import Waiting, _Waiters
+from conveyor.elastic.parts import connect
 
 
 class _Never:

@@ -19,8 +19,9 @@ from emulation import (
     send_seconds,
 )
 
-from conveyor.emulate import Emulation, EmulationError, WorkerRevoked, cpu_loop_seconds, launch_emulated
+from conveyor.emulate import Emulation, EmulationError, WorkerRevoked, launch_emulated
 from conveyor.emulate._privileges import require_netem
+from conveyor.emulate.parts import cpu_loop_seconds
 
 pytestmark = [needs_root, pytest.mark.timeout(120), pytest.mark.serial]  # rates and durations: alone
 

@@ -10,7 +10,7 @@ import pytest
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.config import TrainConfig
 from conveyor.job import train
-from conveyor.plan import layout_file, read_plan_file
+from conveyor.plan.parts import layout_file, read_plan_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from conveyor.config import MARKET_POLICIES
 from conveyor.errors import InputError
 from conveyor.markets import (
-    MARKET_POLICIES,
     Job,
     MarketTrace,
     Overheads,
@@ -119,3 +119,10 @@ def test_every_policy_runs_and_bad_inputs_are_refused_in_one_line() -> None:
         Study([_trace([1] * 10, kind="t4_1")], Job(work=1.0), SPEEDS)
     with pytest.raises(InputError, match="spot discount"):
         Pricing(1.5)
+
+
+def test_overheads_refuse_a_negative_or_zero_period() -> None:
+    with pytest.raises(InputError, match="overhead restart_s must be a finite number >= 0"):
+        Overheads(restart_s=-1.0)
+    with pytest.raises(InputError, match="overhead checkpoint_every_s must be > 0"):
+        Overheads(checkpoint_every_s=0.0)

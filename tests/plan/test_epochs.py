@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.plan import EpochFactors
+from conveyor.plan.parts import EpochFactors
 from conveyor.schedule import KINDS
 
 

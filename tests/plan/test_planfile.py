@@ -8,11 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import chains
 
-from conveyor.plan import PlanFileError, plan_file, predict, read_plan_file
+from conveyor.plan import PlanFileError, predict
 from conveyor.plan._memory import PLANNER_SCHEDULES
 from conveyor.plan._optimizer import PlanError, optimize
 from conveyor.plan._profiles import Profile
 from conveyor.plan._topology import Topology
+from conveyor.plan.parts import plan_file, read_plan_file
 
 profiles = chains(max_layers=5)
 

@@ -30,9 +30,11 @@ import torch
 import torch.distributed as dist
 from rich.progress import Progress
 
-from conveyor.emulate import Emulation, cpu_loop_seconds, launch_emulated
+from conveyor.emulate import Emulation, launch_emulated
+from conveyor.emulate.parts import cpu_loop_seconds
 from conveyor.errors import InputError
-from conveyor.plan import Topology, allreduce_s, stage_seconds
+from conveyor.plan import Topology, allreduce_s
+from conveyor.plan.parts import stage_seconds
 
 __all__ = ["CostsBenchConfig", "run"]
 

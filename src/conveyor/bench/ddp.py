@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from conveyor.config import TrainConfig
-from conveyor.emulate import Emulation, ServerTraffic, launch_emulated
+from conveyor.emulate import Emulation, launch_emulated
+from conveyor.emulate.parts import ServerTraffic
 from conveyor.job import EpochBatches, loss_and_optimizer, model_and_data
 
 __all__ = ["train_ddp"]

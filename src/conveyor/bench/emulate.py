@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.emulate import Cluster, Emulation, EmulationError, check_cluster, require_netem
+from conveyor.emulate import Cluster, Emulation, EmulationError, check_cluster
+from conveyor.emulate.parts import require_netem
 from conveyor.errors import InputError
 
 __all__ = ["EmulateBenchConfig", "run"]

@@ -3,7 +3,7 @@
 Per trace set a job sized to it (:data:`TRACE_SETS`): a one-V100 job of ``work_h`` hours on the 1-node sets, an
 8-machine ResNet-50 of ``work_h`` hours on 8 on-demand V100s on the 16-node set; started at ``starts`` evenly
 spaced points after a warm-up (the preemption model's first past); deadline ``deadline`` x its on-demand time.
-Every policy of :data:`conveyor.markets.MARKET_POLICIES` runs from every start; on a set with several instance kinds
+Every policy of :data:`conveyor.config.MARKET_POLICIES` runs from every start; on a set with several instance kinds
 the portfolio also runs pinned to each kind (``portfolio[k80_1]``: the static single-kind choices that DISPA's
 moves are measured against). Then the portfolio and its baselines at spot discounts 0.2-0.5, the portfolio
 under AWS's 2016 hourly billing at a 2016-like discount, and the preemption model's calibration per market
@@ -24,10 +24,10 @@ from conveyor.bench._checks import require_known
 from conveyor.bench._markets_real import RealConfig, run_real
 from conveyor.bench._markets_report import goals, median_rows, plot
 from conveyor.bench.spot import MEASURED, SHARED
+from conveyor.config import MARKET_POLICIES
 from conveyor.errors import InputError
 from conveyor.markets import (
     DISCOUNT_2016,
-    MARKET_POLICIES,
     Job,
     MarketTrace,
     Overheads,

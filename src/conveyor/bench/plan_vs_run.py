@@ -24,7 +24,8 @@ import torch.distributed as dist
 from conveyor.bench.latency import FixedLatencyStage, mse, set_timer_slack_1us
 from conveyor.emulate import Emulation, launch_emulated
 from conveyor.errors import InputError
-from conveyor.plan import Profile, Topology, optimize, stage_times
+from conveyor.plan import Profile, Topology, optimize
+from conveyor.plan.parts import stage_times
 from conveyor.runtime import Pipeline
 from conveyor.schedule import make_schedule, simulate
 

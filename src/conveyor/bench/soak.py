@@ -37,7 +37,8 @@ from conveyor.bench._checks import require_known
 from conveyor.bench.elastic import committed_steps_lost
 from conveyor.config import MODES, TrainConfig
 from conveyor.elastic import JobFailed
-from conveyor.emulate import BUSY_LOOP, Emulation
+from conveyor.emulate import Emulation
+from conveyor.emulate.parts import BUSY_LOOP
 from conveyor.errors import InputError
 from conveyor.job import read_jsonl, train, train_elastic, write_lease
 from conveyor.processes import set_parent_death_signal

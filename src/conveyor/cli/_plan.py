@@ -124,7 +124,8 @@ def _print_candidates(candidates: list[Any]) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from conveyor.plan import Profile, Topology, optimize, plan_2bw, plan_file
+    from conveyor.plan import Profile, Topology, optimize, plan_2bw
+    from conveyor.plan.parts import plan_file
 
     profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
     if args.batch_size is not None:

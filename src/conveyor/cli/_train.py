@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         train_elastic,
     )
     from conveyor.job.parts import explicit_workers, fixed_layout, job_devices
-    from conveyor.plan import EpochFactors
+    from conveyor.plan.parts import EpochFactors
 
     if join:
         from conveyor.job import join_elastic

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from conveyor.elastic._job import ElasticJob, ElasticOptions, WorkerOutcome
     from conveyor.elastic._launch import launch_elastic, store_address
     from conveyor.elastic._market import BILLINGS, PRICES, Billing, Market, MarketPrice, read_markets
-    from conveyor.elastic._membership import Coordinator, Generation, JobFailed, MembershipChanged, connect
+    from conveyor.elastic._membership import Coordinator, Generation, JobFailed, MembershipChanged
     from conveyor.elastic._objective import Offer, hold_cost, paid_left, plan_holdings
-    from conveyor.elastic._pipeline import StageLayout, agreed_layouts, planned_layouts
+    from conveyor.elastic._pipeline import planned_layouts
     from conveyor.elastic._throughput import Costs, Throughput, throughput_from_plan
     from conveyor.elastic._tiers import Roles, agile_stage, roles, shard_bounds
     from conveyor.elastic._trainer import ElasticTrainer
@@ -33,11 +33,11 @@ if TYPE_CHECKING:
 _HOME = {
     "_bidbrain": ("SPOT_POLICIES", "SpotOutcome", "simulate_spot"),
     "_objective": ("Offer", "hold_cost", "paid_left", "plan_holdings"),
-    "_pipeline": ("StageLayout", "agreed_layouts", "planned_layouts"),
+    "_pipeline": ("planned_layouts",),
     "_throughput": ("Costs", "Throughput", "throughput_from_plan"),
     "_launch": ("launch_elastic", "store_address"),
     "_market": ("BILLINGS", "PRICES", "Billing", "Market", "MarketPrice", "read_markets"),
-    "_membership": ("Coordinator", "Generation", "JobFailed", "MembershipChanged", "connect"),
+    "_membership": ("Coordinator", "Generation", "JobFailed", "MembershipChanged"),
     "_tiers": ("Roles", "agile_stage", "roles", "shard_bounds"),
     "_job": ("ElasticJob", "ElasticOptions", "WorkerOutcome"),
     "_trainer": ("ElasticTrainer",),
@@ -61,12 +61,9 @@ __all__ = [
     "Offer",
     "Roles",
     "SpotOutcome",
-    "StageLayout",
     "Throughput",
     "WorkerOutcome",
     "agile_stage",
-    "agreed_layouts",
-    "connect",
     "hold_cost",
     "launch_elastic",
     "paid_left",

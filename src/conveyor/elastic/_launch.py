@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.elastic._membership import connect, listen_for_notice
-from conveyor.emulate import Cluster, Emulation, FaultDriver, address
+from conveyor.emulate import Cluster, Emulation, address
+from conveyor.emulate.parts import FaultDriver
 from conveyor.processes import (
     LauncherOutput,
     WorkerReport,

@@ -152,7 +152,7 @@ class Market:
     Attributes:
         name: the trace's name (its file name without the suffix).
         price: the market's :class:`MarketPrice`.
-        events: ``(seconds, "add"|"remove", slot)`` from :func:`conveyor.emulate._traces.replay`.
+        events: ``(seconds, "add"|"remove", slot)`` from :func:`conveyor.emulate.replay_trace`.
 
     Example:
         >>> m = Market("toy", MarketPrice("toy", 2.0, 0.5), ((0.0, "add", 0), (0.0, "add", 1), (60.0, "remove", 1)))

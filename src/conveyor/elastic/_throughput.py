@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conveyor.errors import InputError
-from conveyor.plan import Profile, Topology, stage_seconds
+from conveyor.errors import check_amounts
+from conveyor.plan import Profile, Topology
+from conveyor.plan.parts import stage_seconds
 
 __all__ = ["Costs", "Throughput", "throughput_from_plan"]
 
@@ -111,8 +112,4 @@ class Costs:
     prior_hours: float = 10.0
 
     def __post_init__(self) -> None:
-        for name, value in vars(self).items():
-            if not (value >= 0 and math.isfinite(value)):
-                raise InputError(f"cost {name} must be a finite number >= 0, got {value}")
-        if self.checkpoint_every_s <= 0 or self.decide_every_s <= 0 or self.prior_hours <= 0:
-            raise InputError("checkpoint_every_s, decide_every_s and prior_hours must be > 0")
+        check_amounts(vars(self), what="cost", positive=["checkpoint_every_s", "decide_every_s", "prior_hours"])

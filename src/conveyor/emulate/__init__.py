@@ -18,39 +18,35 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conveyor.emulate._cgroups import CgroupError, WorkerCgroup, remove_stale_jobs
-    from conveyor.emulate._check import check_cluster, cpu_loop, cpu_loop_seconds, link_pairs
+    from conveyor.emulate._check import check_cluster, cpu_loop, link_pairs
     from conveyor.emulate._cluster import Cluster, Emulation, WorkerSetup
     from conveyor.emulate._devices import EmulatedDevice, parse_devices
-    from conveyor.emulate._driver import BUSY_LOOP, FaultDriver
     from conveyor.emulate._faults import Fault, parse_faults
     from conveyor.emulate._launch import WorkerRevoked, launch_emulated
     from conveyor.emulate._network import (
         EmulatedLink,
         Network,
-        ServerTraffic,
         address,
         links_of,
         sent_bytes,
     )
-    from conveyor.emulate._privileges import EmulationError, require_netem
-    from conveyor.emulate._traces import read_counts, replay_trace
+    from conveyor.emulate._privileges import EmulationError
+    from conveyor.emulate._traces import count_events, read_counts, replay_trace
 
 # Imported on first use: the janitor process and fault planning need none of torch.
 _HOME = {
     "_cgroups": ("CgroupError", "WorkerCgroup", "remove_stale_jobs"),
-    "_check": ("check_cluster", "cpu_loop", "cpu_loop_seconds", "link_pairs"),
+    "_check": ("check_cluster", "cpu_loop", "link_pairs"),
     "_cluster": ("Cluster", "Emulation", "WorkerSetup"),
     "_devices": ("EmulatedDevice", "parse_devices"),
-    "_driver": ("BUSY_LOOP", "FaultDriver"),
     "_faults": ("Fault", "parse_faults"),
     "_launch": ("WorkerRevoked", "launch_emulated"),
-    "_network": ("EmulatedLink", "Network", "ServerTraffic", "address", "links_of", "sent_bytes"),
-    "_privileges": ("EmulationError", "require_netem"),
-    "_traces": ("read_counts", "replay_trace"),
+    "_network": ("EmulatedLink", "Network", "address", "links_of", "sent_bytes"),
+    "_privileges": ("EmulationError",),
+    "_traces": ("count_events", "read_counts", "replay_trace"),
 }
 _WHERE = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
-    "BUSY_LOOP",
     "CgroupError",
     "Cluster",
     "EmulatedDevice",
@@ -58,16 +54,14 @@ __all__ = [
     "Emulation",
     "EmulationError",
     "Fault",
-    "FaultDriver",
     "Network",
-    "ServerTraffic",
     "WorkerCgroup",
     "WorkerRevoked",
     "WorkerSetup",
     "address",
     "check_cluster",
+    "count_events",
     "cpu_loop",
-    "cpu_loop_seconds",
     "launch_emulated",
     "link_pairs",
     "links_of",
@@ -76,7 +70,6 @@ __all__ = [
     "read_counts",
     "remove_stale_jobs",
     "replay_trace",
-    "require_netem",
     "sent_bytes",
 ]
 

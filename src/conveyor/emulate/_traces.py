@@ -5,11 +5,12 @@ from __future__ import annotations
 import datetime
 import heapq
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from conveyor.errors import InputError
 
-__all__ = ["read_counts", "replay_trace"]
+__all__ = ["count_events", "read_counts", "replay_trace"]
 
 
 def replay_trace(file: Path) -> list[tuple[float, str, int]]:
@@ -19,11 +20,13 @@ def replay_trace(file: Path) -> list[tuple[float, str, int]]:
     added machine takes the lowest free slot and keeps it until removed; Google Cloud's
     ``DATE, TIME, LIVE_COUNT`` samples, where a drop removes the highest live slots and a rise fills the lowest
     free ones; and SkyPilot's ``{"metadata": {"gap_seconds": G}, "data": [COUNTS]}`` (``.json``), counts every
-    ``G`` seconds, read as the samples are. A Google Cloud count file repeats each sample on later lines, some
+    ``G`` seconds (:func:`count_events`). A Google Cloud count file repeats each sample on later lines, some
     stamped earlier than the line before, so a change takes the time of the first line with the new count, kept
     no earlier than the change before it.
     """
-    rows = _json_rows(file) if file.suffix == ".json" else _csv_rows(file)
+    if file.suffix == ".json":
+        return count_events(*read_counts(file))
+    rows = _csv_rows(file)
     if not rows:
         raise InputError(f"trace {file.name} is empty")
     out: list[tuple[float, str, int]] = []
@@ -70,15 +73,21 @@ def _csv_rows(file: Path) -> list[list[str]]:
     return [[c.strip() for c in line.split(",")] for line in file.read_text().splitlines() if line.strip()]
 
 
-def _json_rows(file: Path) -> list[list[str]]:
-    """SkyPilot's counts as ``count, SECONDS, N`` rows (only the changes)."""
-    gap, counts = read_counts(file)
-    rows, last = [], -1
-    for i, n in enumerate(counts):
-        if n != last:
-            rows.append(["count", str(i * gap), str(n)])
-            last = n
-    return rows
+def count_events(gap_s: float, counts: Sequence[int]) -> list[tuple[float, str, int]]:
+    """Machine counts sampled every ``gap_s`` seconds as ``(seconds, "add"|"remove", slot)`` events: the live
+    machines hold slots ``0 .. n-1``, so a rise fills the lowest free slots and a drop removes the highest.
+
+    Example:
+        >>> count_events(60.0, [2, 1, 3])
+        [(0.0, 'add', 0), (0.0, 'add', 1), (60.0, 'remove', 1), (120.0, 'add', 1), (120.0, 'add', 2)]
+    """
+    events: list[tuple[float, str, int]] = []
+    live = 0
+    for k, n in enumerate(counts):
+        t = k * gap_s
+        events += [(t, "add", s) for s in range(live, n)] + [(t, "remove", s) for s in range(live - 1, n - 1, -1)]
+        live = n
+    return events
 
 
 def read_counts(file: Path) -> tuple[float, list[int]]:

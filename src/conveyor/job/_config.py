@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from conveyor.config import LayoutConfig, OptimizerConfig, TrainConfig
 from conveyor.errors import InputError
-from conveyor.plan import read_plan_file
+from conveyor.plan.parts import read_plan_file
 from conveyor.runtime import (
     Blocks,
     OptimizerFactory,

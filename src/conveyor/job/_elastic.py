@@ -25,17 +25,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
 
 from conveyor.config import ElasticConfig, TrainConfig
-from conveyor.elastic import (
-    ElasticJob,
-    ElasticOptions,
-    ElasticTrainer,
-    StageLayout,
-    WorkerOutcome,
-    agreed_layouts,
-    connect,
-    launch_elastic,
-    planned_layouts,
-)
+from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, WorkerOutcome, launch_elastic, planned_layouts
+from conveyor.elastic.parts import StageLayout, agreed_layouts, connect
 from conveyor.emulate import Emulation
 from conveyor.errors import InputError
 from conveyor.job._config import loss_and_optimizer

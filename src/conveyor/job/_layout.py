@@ -19,16 +19,8 @@ from typing import Any
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
 from conveyor.job._costs import Costs
-from conveyor.plan import (
-    EpochFactors,
-    Plan,
-    PlannedStage,
-    layout_file,
-    optimize,
-    plan_file,
-    predict,
-    read_plan_file,
-)
+from conveyor.plan import Plan, PlannedStage, optimize, predict
+from conveyor.plan.parts import EpochFactors, layout_file, plan_file, read_plan_file
 from conveyor.runtime.parts import even_balance
 from conveyor.schedule import kind, parse_replicas
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from conveyor.config import TrainConfig
-from conveyor.emulate import ServerTraffic
+from conveyor.emulate.parts import ServerTraffic
 from conveyor.energy import Meter
 from conveyor.job._data import Inputs, rows
 from conveyor.job._energy import EpochKnobs

@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 from conveyor.markets._hazard import FEATURES, HazardModel, Losses, calibration, features, fit, labels
-from conveyor.markets._job import MARKET_POLICIES, Job, Overheads, PolicySettings, Run
+from conveyor.markets._job import Job, Overheads, PolicySettings, Run
 from conveyor.markets._portfolio import Holding, choose
 from conveyor.markets._prices import DISCOUNT_2016, INSTANCES, Instance, Pricing, gavel_speeds
 from conveyor.markets._study import Study, scaling_from_plan, simulate_markets
@@ -25,7 +25,6 @@ __all__ = [
     "DISCOUNT_2016",
     "FEATURES",
     "INSTANCES",
-    "MARKET_POLICIES",
     "HazardModel",
     "Holding",
     "Instance",

@@ -7,6 +7,7 @@ expected cost per work is lowest) and its finish set beside the deadline.
 from __future__ import annotations
 
 from conveyor.elastic import Costs, Market, MarketPrice, Throughput, simulate_spot
+from conveyor.emulate import count_events
 from conveyor.markets._job import Run
 from conveyor.markets._policies import Context
 from conveyor.markets._traces import MarketTrace
@@ -16,12 +17,7 @@ __all__ = ["replay_bidbrain"]
 
 def _market(ctx: Context, trace: MarketTrace, start: int) -> Market:
     """The trace from ``start`` on as add/remove events, the highest slots leaving first."""
-    events: list[tuple[float, str, int]] = []
-    live = 0
-    for k, n in enumerate(trace.counts[start:].tolist()):
-        t = k * trace.gap_s
-        events += [(t, "add", s) for s in range(live, n)] + [(t, "remove", s) for s in range(live - 1, n - 1, -1)]
-        live = n
+    events = count_events(trace.gap_s, trace.counts[start:].tolist())
     price = MarketPrice(
         trace.name, ctx.pricing.on_demand(trace.instance), ctx.pricing.spot(trace.instance), ctx.speeds[trace.instance]
     )

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from conveyor.config import MARKET_POLICIES
-from conveyor.errors import InputError
+from conveyor.errors import InputError, check_amounts
 
-__all__ = ["MARKET_POLICIES", "Job", "Overheads", "PolicySettings", "Run"]
+__all__ = ["Job", "Overheads", "PolicySettings", "Run"]
 
 
 @dataclass(frozen=True)
@@ -66,11 +65,7 @@ class Overheads:
     checkpoint_every_s: float = 600.0
 
     def __post_init__(self) -> None:
-        for name, value in vars(self).items():
-            if not (value >= 0 and math.isfinite(value)):
-                raise InputError(f"overhead {name} must be a finite number >= 0, got {value}")
-        if self.checkpoint_every_s <= 0:
-            raise InputError("checkpoint_every_s must be > 0")
+        check_amounts(vars(self), what="overhead", positive=["checkpoint_every_s"])
 
     @property
     def move_s(self) -> float:

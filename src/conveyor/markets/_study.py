@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from conveyor.config import MARKET_POLICIES
 from conveyor.elastic import throughput_from_plan
 from conveyor.errors import InputError
 from conveyor.markets._bidbrain import replay_bidbrain
 from conveyor.markets._forecast import Forecaster
-from conveyor.markets._job import MARKET_POLICIES, Job, Overheads, PolicySettings, Run
+from conveyor.markets._job import Job, Overheads, PolicySettings, Run
 from conveyor.markets._policies import Context
 from conveyor.markets._prices import Pricing
 from conveyor.markets._simulate import replay
