@@ -141,9 +141,19 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         (["train", "--model", "vgg19"], "unknown model 'vgg19': use one of gpt, gpt2, mlp, resnet, resnet18, vgg"),
         (["train", "--model", "models:not_a_model"], r"must return (model, example_batch)"),
         (["train", "--model", "gpt", "--dataset", "digits"], "gpt is a language model"),
+        (["train", "--model", "mlp", "--dataset", "digit-images"], "mlp takes feature vectors (N, F), and digit-im"),
+        (["train", "--model", "models:residual", "--model-args", "depth=2,,width"], "item 2 is empty (two commas"),
         (["train", "--plan", "PLAN", "--workers", "3"], "is for 2 workers but the job has 3"),
         (["train", "--resume", "NOT_A_CHECKPOINT"], "NOT_A_CHECKPOINT"),
         (["train", "--replicas", "two-1"], "--replicas 'two-1' is not a list of counts like 2-1"),
+        (["train", "--workers", "2", "--stages", "4"], "--stages 4 runs on 4 workers but --workers is 2: give --w"),
+        (["train", "--workers", "3", "--replicas", "2-2"], "--replicas 2-2 runs on 4 workers but --workers is 3"),
+        (["train", "--workers", "5", "--replicas", "2-1"], "--replicas 2-1 runs on 3 workers but --workers is 5"),
+        (
+            ["train", "--run-dir", "HELD", "--epochs", "1"],
+            "held holds a run (summary.json): give a new folder, or --o",
+        ),
+        (["train", "--checkpoint", "NOT_A_CHECKPOINT/x.pt"], "NOT_A_CHECKPOINT is a file, not a folder"),
         (["train", "--target-accuracy", "1.5"], "--target-accuracy must be in (0, 1], got 1.5"),
         (["train", "--target-accuracy", "0"], "--target-accuracy must be in (0, 1], got 0.0"),
         (["train", "--resume", "BINARY"], "is not a readable checkpoint (UnpicklingError"),
@@ -187,7 +197,10 @@ def test_bad_input_is_one_line_without_traceback(
     (tmp_path / "NOT_A_CHECKPOINT").write_text("hello")
     (tmp_path / "BINARY").write_bytes(bytes(range(256)) * 4)  # like /etc/hostname: torch.load's message is long
     checkpoint.save(tmp_path / "OTHER_MODEL", {"weight": torch.zeros(2)})
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "summary.json").write_text("{}")  # a run's, which a new run would replace
     paths = {name: str(tmp_path / name) for name in ("NOT_A_CHECKPOINT", "BINARY", "OTHER_MODEL")}
+    paths |= {"HELD": str(tmp_path / "held"), "NOT_A_CHECKPOINT/x.pt": str(tmp_path / "NOT_A_CHECKPOINT" / "x.pt")}
     paths["PLAN"] = str(tmp_path / "plan.json")
     if any("MASKED" in a for a in args):
         datasets = pytest.importorskip("datasets", reason="Hugging Face datasets is not installed")
@@ -199,6 +212,7 @@ def test_bad_input_is_one_line_without_traceback(
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err and err.count("\n") == 1
+    assert (tmp_path / "held" / "summary.json").read_text() == "{}" and not (tmp_path / "held" / "config.toml").exists()
 
 
 def test_help_shows_defaults_and_the_version_is_there(capsys: pytest.CaptureFixture[str]) -> None:
@@ -211,6 +225,14 @@ def test_help_shows_defaults_and_the_version_is_there(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("conveyor 0.")
+
+
+@pytest.mark.slow
+def test_python_dash_m_conveyor_is_the_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor", "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.startswith("conveyor 0."), done.stderr[-2000:]
 
 
 def test_go_on_command_drops_the_old_resume_and_epochs() -> None:

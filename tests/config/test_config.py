@@ -34,6 +34,7 @@ FIXED = {
     "epochs": 3,
     "target_accuracy": 0.9,
     "run_dir": "runs/x",
+    "overwrite": True,
     "checkpoint": "x.pt",
     "checkpoint_every": 2,
     "seed": 7,
@@ -124,3 +125,24 @@ def test_a_bad_config_file_is_one_line(text: str, message: str, tmp_path: Path) 
         TrainConfig.from_options(**read_config_file(str(path)))
     with pytest.raises(InputError, match=r"^--config .*none\.toml: cannot read it"):
         read_config_file(str(tmp_path / "none.toml"))
+
+
+@pytest.mark.parametrize(
+    ("dataset", "model"),
+    [
+        (None, "mlp"),
+        ("text", "gpt"),
+        ("text:notes.txt", "gpt"),
+        ("synthetic-text", "gpt"),
+        ("imagefolder:~/pics", "resnet"),
+        ("torchvision:CIFAR10:data", "resnet"),
+        ("synthetic:3x32x32:10:100", "resnet"),
+        ("synthetic:16:4:100", "mlp"),
+        ("hf:folder", "mlp"),
+    ],
+)
+def test_the_model_left_out_is_named_by_the_dataset(dataset: str | None, model: str) -> None:
+    cfg = TrainConfig.from_options(dataset=dataset)
+    assert cfg.model.name == model
+    assert TrainConfig.from_toml(cfg.to_toml()) == cfg  # config.toml names the model, not "auto"
+    assert TrainConfig.from_options(model="vgg", dataset=dataset).model.name == "vgg"  # one given is kept

@@ -52,12 +52,20 @@ def test_each_section_checks_its_own_fields_and_the_config_the_rules_between_the
 
     with pytest.raises(ValueError, match="--model-args goes with a module:callable model, not mlp"):
         ModelConfig(args="width=3")
-    with pytest.raises(ValueError, match="--model-args 'depth': give NAME=VALUE"):
+    with pytest.raises(ValueError, match="--model-args 'depth': item 'depth' is not NAME=VALUE: give NAME=VALUE"):
         ModelConfig(name="models:residual", args="depth")
     with pytest.raises(ValueError, match="--max-train-samples must be at least 1, got -3"):
         ModelConfig(max_train_samples=-3)  # it would drop the last 3 samples
     with pytest.raises(ValueError, match="--width must be at least 1, got 0"):
         ModelConfig(width=0)
+    with pytest.raises(ValueError, match="--workers must be at least 1, got 0"):
+        TrainConfig.from_options(workers=0)  # not the default worker count
+    with pytest.raises(ValueError, match="--stages 4 runs on 4 workers but --workers is 2: give --workers 4, or drop"):
+        TrainConfig.from_options(workers=2, stages=4)
+    with pytest.raises(ValueError, match="--replicas 2-2 runs on 4 workers but --workers is 3"):
+        TrainConfig.from_options(workers=3, replicas="2-2")
+    with pytest.raises(ValueError, match="--replicas 2-1-1 must give each of the 2 stages a worker count"):
+        TrainConfig.from_options(stages=2, replicas="2-1-1")
     with pytest.raises(ValueError, match="--lr must be above 0"):
         OptimizerConfig(lr=float("nan"))
     with pytest.raises(ValueError, match="--epochs must be at least 1"):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.errors import InputError
 from conveyor.job import ElasticSummary, RunPrediction, RunSummary, write_run_folder
 
 
@@ -63,16 +64,74 @@ def test_notes_say_when_one_worker_would_be_faster(tmp_path: Path) -> None:
     assert len(alone.notes()) == 1  # one worker is the run itself
 
 
-def test_a_run_folder_used_again_starts_its_logs_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_folder_that_holds_a_run_is_refused_unless_overwritten(tmp_path: Path) -> None:
     from conveyor.job import open_run_folder
-
-    monkeypatch.chdir(tmp_path)  # the default folder is under ./runs
 
     folder = tmp_path / "run"
     folder.mkdir()
+    assert open_run_folder(str(folder), "mlp", ()) == folder  # an empty folder is the user's to use
     (folder / "metrics.jsonl").write_text("{}\n")
-    (folder / "checkpoint.pt").write_text("kept")
-    assert open_run_folder(str(folder), "mlp", ("metrics.jsonl", "elastic.jsonl")) == folder
-    assert not (folder / "metrics.jsonl").exists() and (folder / "checkpoint.pt").read_text() == "kept"
-    named = open_run_folder(None, "pkg.models:tiny", ())
-    assert named.is_dir() and named.parent == Path("runs") and named.name.startswith("pkg.models-tiny-")
+    (folder / "checkpoint.pt").write_text("ten epochs")
+    with pytest.raises(InputError, match=r"--run-dir .*run holds a run \(metrics.jsonl, checkpoint.pt\): give a new"):
+        open_run_folder(str(folder), "mlp", ("metrics.jsonl",))
+    assert (folder / "metrics.jsonl").read_text() == "{}\n"  # nothing touched
+    assert open_run_folder(str(folder), "mlp", ("metrics.jsonl", "elastic.jsonl"), "[run]\n", overwrite=True) == folder
+    assert not (folder / "metrics.jsonl").exists() and (folder / "config.toml").read_text() == "[run]\n"
+
+
+def test_runs_started_together_get_folders_of_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.job import open_run_folder
+
+    monkeypatch.chdir(tmp_path)  # the default folder is under ./runs
+    monkeypatch.setattr("time.strftime", lambda _: "20261129-120000")  # all in one second
+    folders = [open_run_folder(None, "pkg.models:tiny", ()) for _ in range(3)]
+    names = [f.name for f in folders]
+    assert names == [
+        "pkg.models-tiny-20261129-120000",
+        "pkg.models-tiny-20261129-120000-2",
+        "pkg.models-tiny-20261129-120000-3",
+    ]
+    assert all(f.is_dir() and f.parent == Path("runs") for f in folders)
+
+
+def test_a_run_that_ends_before_an_epoch_leaves_no_folder_behind(tmp_path: Path) -> None:
+    from conveyor.job._summary import discard_untrained
+
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / "config.toml").write_text("[run]\n")
+    (started / "metrics.jsonl").touch()
+    discard_untrained(started)
+    assert not started.exists()
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    (trained / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    discard_untrained(trained)
+    assert (trained / "metrics.jsonl").exists()
+
+
+def test_a_checkpoint_path_is_checked_before_anything_runs(tmp_path: Path) -> None:
+    from conveyor.job._summary import check_checkpoint_path
+
+    check_checkpoint_path(str(tmp_path / "new" / "model.pt"))
+    assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())  # (the probe is gone)
+    with pytest.raises(InputError, match="is a folder: give a file's path"):
+        check_checkpoint_path(str(tmp_path))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match=r"--checkpoint .*file/model.pt: .*file is a file, not a folder"):
+        check_checkpoint_path(str(tmp_path / "file" / "model.pt"))
+
+
+def test_train_removes_the_folder_of_a_run_that_failed_while_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conveyor.config import TrainConfig
+    from conveyor.job import train
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a worker died while measuring")
+
+    monkeypatch.setattr("conveyor.job._train.launch_emulated", fail)
+    with pytest.raises(RuntimeError, match="a worker died"):
+        train(TrainConfig.from_options(run_dir=str(tmp_path / "run"), workers=1))
+    assert not (tmp_path / "run").exists()

@@ -1,9 +1,12 @@
 """Resolving model names and user factories."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from conveyor.job._zoo import resolve
+from conveyor.job._zoo import load_factory, resolve
 
 
 def test_builtin_and_user_factories() -> None:
@@ -143,6 +146,21 @@ def test_model_arguments_are_python_literals_or_words() -> None:
     }
     with pytest.raises(ValueError, match="give NAME=VALUE items"):
         model_arguments("10")
+    strict = {
+        "n_layer=2,,n_embd": r"item 2 is empty \(two commas in a row, or one at an end\)",
+        "n_layer=2,": "item 2 is empty",
+        "depths=[1,1": "a bracket is left open",
+        "depths=1,1]": "the ']' at character 11 closes no bracket",
+        "name='gpt": "a quote is left open",
+        "n=1,n=2": "n is given twice",
+        "n=": "item 'n=' is not NAME=VALUE",
+        "act=gelu,relu": "item 'relu' is not NAME=VALUE",
+        "f=g(1": "a bracket is left open",
+        "f=g(1)": r"f=g\(1\) is no Python value",
+    }
+    for text, message in strict.items():
+        with pytest.raises(ValueError, match=message):
+            model_arguments(text)
 
 
 def _text() -> object:
@@ -172,3 +190,43 @@ def test_factories_constructors_and_their_own_errors() -> None:
         resolve("models:broken", 2, None, "width=4")
     with pytest.raises(ValueError, match=r"cannot be called with --model-args \{'depth': 2\}: it takes \(width"):
         resolve("models:broken", 2, None, "depth=2")
+
+
+def test_a_model_module_is_found_in_the_current_folder_without_hiding_installed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``python -m`` finds it: the ``conveyor`` script's Python has its own folder first on the path, not the
+    current one; a file in the current folder named as an installed module does not replace it."""
+    (tmp_path / "newcomer_models.py").write_text("def net(batch_size):\n    return batch_size\n")
+    (tmp_path / "textwrap.py").write_text("def dedent(text):\n    return 'the wrong one'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    assert load_factory("newcomer_models:net")(3) == 3
+    assert load_factory("textwrap:dedent")("  a") == "a"
+    with pytest.raises(ValueError, match="cannot load the model factory 'no_such_models:net': No module named"):
+        load_factory("no_such_models:net")
+
+
+@pytest.mark.parametrize(
+    ("dataset", "model"),
+    [(None, "mlp"), ("digit-images", "resnet"), ("synthetic:3x8x8:4:64", "resnet"), ("synthetic:5:3:64", "mlp")],
+)
+def test_the_default_model_follows_the_dataset(dataset: str | None, model: str) -> None:
+    """``--model`` left out: a model that takes the dataset's inputs and scores its classes, named in the config
+    (so config.toml and the run folder say which)."""
+    from conveyor.config import TrainConfig
+    from conveyor.job._model import model_and_data
+
+    cfg = TrainConfig.from_options(dataset=dataset)
+    assert cfg.model.name == model and cfg.options()["model"] == model
+    built, data = model_and_data(cfg)
+    assert built(data.train_x[:3]).shape == (3, data.classes)
+
+
+def test_a_zoo_model_that_cannot_take_the_data_says_which_would() -> None:
+    from conveyor.job._data import load
+
+    with pytest.raises(ValueError, match=r"mlp takes feature vectors \(N, F\), and digit-images has inputs of shape"):
+        resolve("mlp", 4, load("digit-images"))
+    with pytest.raises(ValueError, match=r"has inputs of shape \(1437, 64\): use --model mlp for feature vectors"):
+        resolve("resnet", 4, load("digits"))

@@ -39,6 +39,26 @@ BACKENDS = ("auto", "nccl", "gloo")
 AUTOCAST = ("off", "bf16")  # bf16: torch.bfloat16 (conveyor.job looks the dtype up where it is used)
 OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD and Adam (looked up in conveyor.job)
 MATERIALIZE = ("whole", "stage")
+
+
+def model_for_dataset(dataset: str | None) -> str:
+    """The zoo model ``--model auto`` trains on ``dataset`` (read from its name: nothing is loaded): ``gpt`` for
+    text, ``resnet`` for images, ``mlp`` for feature vectors (the digits, a one-dimensional synthetic shape, and
+    ``hf:`` folders, whose inputs are known only once read).
+
+    Example:
+        >>> [model_for_dataset(d) for d in (None, "text:notes.txt", "imagefolder:~/pics", "synthetic:3x8x8:4:256")]
+        ['mlp', 'gpt', 'resnet', 'resnet']
+    """
+    spec = dataset or "digits"
+    if spec in ("text", "synthetic-text") or spec.startswith("text:"):
+        return "gpt"
+    images = spec in ("digit-images", "synthetic-images") or spec.startswith(("imagefolder:", "torchvision:"))
+    if images or (spec.startswith("synthetic:") and spec.split(":")[1].count("x") == 2):
+        return "resnet"
+    return "mlp"
+
+
 MARKET_POLICIES = ("on-demand", "spot-restart", "bidbrain", "uniform-progress", "portfolio", "portfolio-moves")
 WAN_MODES = ("off", "gaia", "diloco")
 # FlexRR is slack and reassignment (Harlap et al., SoCC 2016); backup is reassignment and backups, synchronous;
@@ -97,21 +117,65 @@ def check_chunks(chunks: object) -> Chunks:
 
 def model_arguments(text: str) -> dict[str, Any]:
     """``--model-args``: ``"num_classes=10,depths=[1,1],name=x"`` -> ``{"num_classes": 10, "depths": [1, 1],
-    "name": "x"}`` (Python literals; anything else is a string).
+    "name": "x"}``: items split at the commas outside brackets and quotes, each value a Python literal or else a
+    bare word (a string).
 
     Raises:
-        InputError: an item is not ``NAME=VALUE``.
+        InputError: an empty item, an item that is not ``NAME=VALUE``, a name given twice, an unbalanced bracket
+            or quote, or a value with brackets, quotes or commas that is no Python literal (one line naming it).
+
+    Example:
+        >>> model_arguments("n=2,,d=6")
+        Traceback (most recent call last):
+        ...
+        conveyor.errors.InputError: --model-args 'n=2,,d=6': item 2 is empty (two commas in a row, or one at an end)
     """
     out: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in re.split(r",\s*(?=[A-Za-z_]\w*\s*=)", text))):
-        name, equals, value = item.partition("=")
-        if not equals or not name.strip().isidentifier():
-            raise InputError(f"--model-args {text!r}: give NAME=VALUE items separated by commas, e.g. num_classes=10")
+    if not text.strip():
+        return out
+    for n, item in enumerate(_items(text), 1):
+        name, equals, value = (part.strip() for part in item.partition("="))
+        if not item:
+            raise InputError(f"--model-args {text!r}: item {n} is empty (two commas in a row, or one at an end)")
+        if not equals or not name.isidentifier() or not value:
+            raise InputError(
+                f"--model-args {text!r}: item {item!r} is not NAME=VALUE: give NAME=VALUE items, e.g. num_classes=10"
+            )
+        if name in out:
+            raise InputError(f"--model-args {text!r}: {name} is given twice")
         try:
-            out[name.strip()] = ast.literal_eval(value.strip())
+            out[name] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            out[name.strip()] = value.strip()
+            if re.search(r"[\[\](){}'\",=]", value):
+                raise InputError(
+                    f"--model-args {text!r}: {name}={value} is no Python value (a list [1, 2], a string 'x' or x)"
+                ) from None
+            out[name] = value
     return out
+
+
+def _items(text: str) -> list[str]:
+    """``text`` split at its commas outside brackets and quotes, each item stripped.
+
+    Raises:
+        InputError: a bracket closes none, or a bracket or quote is left open.
+    """
+    items, depth, quote, start = [], 0, "", 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "([{" or c in ")]}":
+            depth += 1 if c in "([{" else -1
+            if depth < 0:
+                raise InputError(f"--model-args {text!r}: the {c!r} at character {i + 1} closes no bracket")
+        elif c == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    if depth or quote:
+        raise InputError(f"--model-args {text!r}: a {'quote' if quote else 'bracket'} is left open")
+    return [*items, text[start:].strip()]
 
 
 def split_meter_spec(spec: str) -> tuple[str, str | None]:

@@ -21,11 +21,12 @@ from conveyor.config._choices import (
     check_resources_every,
     mode_settings,
     model_arguments,
+    model_for_dataset,
     parse_power_limit,
 )
 from conveyor.config._flags import option, positive, positive_or_auto
 from conveyor.errors import InputError
-from conveyor.schedule import KINDS
+from conveyor.schedule import KINDS, parse_replicas
 
 __all__ = [
     "ElasticConfig",
@@ -54,7 +55,10 @@ class ModelConfig:
 
     TITLE: ClassVar[str] = "the model and its data"
     name: str = option(
-        "mlp", "a zoo model (mlp, vgg, resnet, gpt, ...), or module:callable (any nn.Module)", name="model"
+        "auto",
+        "a zoo model (mlp, vgg, resnet, gpt, ...), or module:callable (any nn.Module); auto: by the dataset, gpt for "
+        "text, resnet for images, mlp for features",
+        name="model",
     )
     args: str = option("", "NAME=VALUE,... for a module:callable, e.g. num_classes=10 or n_layer=2", name="model_args")
     dataset: str | None = option(None, _DATASETS)
@@ -74,6 +78,8 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.name == "auto":  # the config names the model it runs: config.toml reruns it, the run folder says it
+            object.__setattr__(self, "name", model_for_dataset(self.dataset))
         if self.materialize not in MATERIALIZE:
             raise InputError(f"--materialize {self.materialize!r}: use one of {', '.join(MATERIALIZE)}")
         if self.args and ":" not in self.name:
@@ -107,6 +113,16 @@ class LayoutConfig:
             raise InputError("--batch-size and --microbatches must be at least 1")
         if self.plan and (self.stages or self.replicas):
             raise InputError("give either --plan or --stages/--replicas, not both")
+        for flag, value in {"workers": self.workers, "stages": self.stages}.items():
+            if value is not None and value < 1:  # the command line's parser refuses these too (positive)
+                raise InputError(f"--{flag} must be at least 1, got {value}")
+        fixed = sum(parse_replicas(self.replicas, self.stages)) if self.replicas else self.stages
+        if self.workers is not None and fixed is not None and fixed != self.workers:
+            layout = f"--replicas {self.replicas}" if self.replicas else f"--stages {self.stages}"
+            raise InputError(
+                f"{layout} runs on {fixed} workers but --workers is {self.workers}: give --workers {fixed}, or drop "
+                "--workers (a fixed layout starts the workers it needs)"
+            )
 
 
 def batch_size_option(text: str) -> int | tuple[str, int]:
@@ -166,7 +182,8 @@ class RunConfig:
     TITLE: ClassVar[str] = "the run: how long, where to, on what"
     epochs: int = option(10, "epochs to run (with --resume: epochs more)", parse=positive)
     target_accuracy: float | None = option(None, "stop once test accuracy reaches it, in (0, 1]")
-    run_dir: str | None = option(None, "the run folder (default runs/MODEL-TIME)")
+    run_dir: str | None = option(None, "the run folder (default runs/MODEL-TIME, a new one)")
+    overwrite: bool = option(False, "run in a --run-dir that holds a run, replacing it")
     checkpoint: str | None = option(None, "write the final model here (default RUN_DIR/checkpoint.pt)")
     checkpoint_every: int | None = option(
         None,

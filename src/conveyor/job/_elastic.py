@@ -35,7 +35,7 @@ from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._model import model_and_data
 from conveyor.job._report import read_jsonl
 from conveyor.job._resources import ResourceLog
-from conveyor.job._summary import ElasticSummary, open_run_folder, write_run_folder
+from conveyor.job._summary import ElasticSummary, discard_untrained, open_run_folder, write_run_folder
 from conveyor.plan import Profile
 from conveyor.runtime import profile, resolve_device
 
@@ -168,14 +168,22 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
 def train_elastic(cfg: TrainConfig) -> ElasticSummary:
     """Run ``cfg`` as an elastic job on local workers (or the emulated cluster); return the run's summary."""
     run_dir = open_run_folder(
-        cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "elastic.jsonl", "resources.jsonl"), cfg.to_toml()
+        cfg.run.run_dir,
+        cfg.model.name,
+        ("metrics.jsonl", "elastic.jsonl", "resources.jsonl"),
+        cfg.to_toml(),
+        overwrite=cfg.run.overwrite,
     )
     if cfg.run.lease:
         read_lease(cfg.run.lease)  # fail here, with one line, rather than in the worker that evaluates
     workers = cfg.layout.workers or 4
     emulation = Emulation.of(cfg.emulation)
     check_faults(emulation, _section(cfg)[1], workers)
-    launch_elastic(_worker, cfg, str(run_dir), workers, nprocs=workers, folder=run_dir, emulation=emulation)
+    try:
+        launch_elastic(_worker, cfg, str(run_dir), workers, nprocs=workers, folder=run_dir, emulation=emulation)
+    except BaseException:
+        discard_untrained(run_dir)
+        raise
     history = read_jsonl(run_dir / "metrics.jsonl")
     events = read_jsonl(run_dir / "elastic.jsonl")
     summary = ElasticSummary(

@@ -4,15 +4,29 @@ folder every kind of run makes and writes the same way."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from conveyor.errors import InputError
 from conveyor.job._report import plot_accuracy
+from conveyor.processes import under_torchrun
 
-__all__ = ["ElasticSummary", "RunPrediction", "RunSummary", "Summary", "open_run_folder", "write_run_folder"]
+__all__ = [
+    "ElasticSummary",
+    "RunPrediction",
+    "RunSummary",
+    "Summary",
+    "check_checkpoint_path",
+    "discard_untrained",
+    "open_run_folder",
+    "write_run_folder",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,17 +123,84 @@ class ElasticSummary(Summary):
     generations: list[dict[str, Any]]
 
 
-def open_run_folder(run_dir: str | None, model: str, logs: Sequence[str], config: str | None = None) -> Path:
-    """The run folder (``run_dir``, else ``runs/MODEL-TIME``), made if new; its ``logs`` are started afresh
-    (a run folder used again would otherwise append to the last run's); ``config``, the run's whole
-    configuration as TOML, goes to ``config.toml`` before anything runs (``conveyor train --config`` reruns it)."""
-    folder = Path(run_dir or f"runs/{model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
+def open_run_folder(
+    run_dir: str | None, model: str, logs: Sequence[str], config: str | None = None, *, overwrite: bool = False
+) -> Path:
+    """The run folder: ``run_dir``, else a new ``runs/MODEL-TIME`` (``-2``, ``-3``, ... after it for runs started
+    in the same second); its ``logs`` are started afresh; ``config``, the run's whole configuration as TOML, goes
+    to ``config.toml`` before anything runs (``conveyor train --config`` reruns it). Under torchrun the workers of
+    a machine share one folder, which its first worker checks and writes.
+
+    Raises:
+        InputError: ``run_dir`` holds a run (its summary, metrics, config or checkpoint) and not ``overwrite``.
+    """
+    if under_torchrun():  # every worker of the machine names the folder alike: no suffix
+        folder = Path(run_dir or _timestamped(model))
+        if os.environ.get("LOCAL_RANK", "0") != "0":
+            folder.mkdir(parents=True, exist_ok=True)
+            return folder
+    else:
+        folder = Path(run_dir) if run_dir else _new_folder(model)
+    held = [name for name in _RUN_FILES if (folder / name).exists()]
+    if held and not overwrite:
+        raise InputError(
+            f"--run-dir {folder} holds a run ({', '.join(held)}): give a new folder, or --overwrite to replace it"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     for log in logs:
         (folder / log).unlink(missing_ok=True)
     if config is not None:
         (folder / "config.toml").write_text(config)
     return folder
+
+
+_RUN_FILES = ("summary.json", "metrics.jsonl", "elastic.jsonl", "config.toml", "checkpoint.pt")
+
+
+def _timestamped(model: str) -> str:
+    return f"runs/{model.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _new_folder(model: str) -> Path:
+    """A folder no other run has: made here, so that of runs started together each gets its own."""
+    base, n = _timestamped(model), 1
+    Path(base).parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        folder = Path(base if n == 1 else f"{base}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            n += 1
+
+
+def check_checkpoint_path(path: str) -> None:
+    """Make ``--checkpoint``'s folder and write a file there, before anything runs: a path that cannot be
+    written fails now, not after the training it would lose.
+
+    Raises:
+        InputError: the path is a folder, or its folder cannot be made or written in (one line).
+    """
+    file = Path(path)
+    if file.is_dir():
+        raise InputError(f"--checkpoint {path} is a folder: give a file's path, e.g. {file / 'checkpoint.pt'}")
+    blocking = next((p for p in file.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise InputError(f"--checkpoint {path}: {blocking} is a file, not a folder")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=file.parent):
+            pass
+    except OSError as exc:
+        raise InputError(f"--checkpoint {path}: cannot write in {file.parent} ({exc.strerror or exc})") from None
+
+
+def discard_untrained(folder: Path) -> None:
+    """Remove a run folder in which no epoch ended (a run that failed or was stopped while starting), where it
+    holds only what the run wrote on starting: its config and empty logs."""
+    files = list(folder.iterdir()) if folder.is_dir() else []
+    if all(f.name == "config.toml" or (f.suffix == ".jsonl" and f.stat().st_size == 0) for f in files):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_run_folder(summary: Summary, history: Sequence[Mapping[str, Any]], *, model: str, title: str) -> None:

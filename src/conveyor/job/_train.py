@@ -53,7 +53,14 @@ from conveyor.job._loop import EpochLoop, LoopOutcome
 from conveyor.job._model import materializer, model_and_data
 from conveyor.job._report import energy_summary
 from conveyor.job._resources import ResourceLog
-from conveyor.job._summary import RunPrediction, RunSummary, open_run_folder, write_run_folder
+from conveyor.job._summary import (
+    RunPrediction,
+    RunSummary,
+    check_checkpoint_path,
+    discard_untrained,
+    open_run_folder,
+    write_run_folder,
+)
 from conveyor.job._warmstart import prepare_warm_start, register_model
 from conveyor.plan import Topology
 from conveyor.runtime import (
@@ -322,11 +329,15 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     if cfg.run.lease:
         read_lease(cfg.run.lease)  # fail here, with one line, rather than in worker 0
     device, backend, nprocs = job_devices(cfg)  # so do a device, a backend or a worker count this machine lacks
-    run_dir = open_run_folder(
-        cfg.run.run_dir, cfg.model.name, ("metrics.jsonl", "stragglers.jsonl", "resources.jsonl"), cfg.to_toml()
-    )
     if cfg.run.checkpoint:
-        Path(cfg.run.checkpoint).parent.mkdir(parents=True, exist_ok=True)
+        check_checkpoint_path(cfg.run.checkpoint)
+    run_dir = open_run_folder(
+        cfg.run.run_dir,
+        cfg.model.name,
+        ("metrics.jsonl", "stragglers.jsonl", "resources.jsonl"),
+        cfg.to_toml(),
+        overwrite=cfg.run.overwrite,
+    )
     emulation = Emulation.of(cfg.emulation)
     cfg, recurring, stop_above = start_recurrence(cfg, lambda: model_and_data(cfg)[1].samples, nprocs)
     plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
@@ -348,6 +359,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     except BaseException as exc:
         if recurring is not None:  # an error counts as a missed target; an interruption as nothing
             recurring.fail(interrupted=isinstance(exc, KeyboardInterrupt | SystemExit))
+        discard_untrained(run_dir)
         raise
     results: dict[int, WorkerResult] = per_rank
     out = next((r for r in results.values() if r.outcome.history), None)

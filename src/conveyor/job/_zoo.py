@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -187,16 +189,29 @@ def _inputs(d: Dataset) -> torch.Tensor:
     return d.tensor_inputs("the zoo's models")[0]
 
 
+def _features(d: Dataset) -> int:
+    x = _inputs(d)
+    if x.dim() != 2:
+        raise InputError(
+            f"mlp takes feature vectors (N, F), and {d.name} has inputs of shape {tuple(x.shape)}: use --model resnet "
+            "or vgg for images (or leave --model out: it follows the dataset)"
+        )
+    return x.shape[1]
+
+
 def _images(d: Dataset) -> tuple[int, int]:
     x = _inputs(d)
     if x.dim() != 4:
-        raise InputError(f"this model needs images (N, C, H, W); dataset {d.name} has shape {tuple(x.shape)}")
+        raise InputError(
+            f"this model needs images (N, C, H, W), and {d.name} has inputs of shape {tuple(x.shape)}: use --model "
+            "mlp for feature vectors (or leave --model out: it follows the dataset)"
+        )
     return x.shape[1], x.shape[-1]
 
 
 # name -> (builder from a dataset, width and depth, the dataset it trains on by default)
 MODELS: dict[str, tuple[Callable[[Dataset, int | None, int | None], nn.Sequential], str]] = {
-    "mlp": (lambda d, w, n: mlp(_inputs(d)[0].numel(), d.classes, w or 128, n or 2), "digits"),
+    "mlp": (lambda d, w, n: mlp(_features(d), d.classes, w or 128, n or 2), "digits"),
     "vgg": (lambda d, w, n: vgg(_images(d)[0], d.classes, w or 16, n or 2, _images(d)[1]), "digit-images"),
     "vgg16": (lambda d, w, n: vgg16(_images(d)[0], d.classes, w or 8, min(n or 5, 5), _images(d)[1]), "digit-images"),
     "resnet": (lambda d, w, n: resnet(_images(d)[0], d.classes, w or 16, n or 2), "digit-images"),
@@ -351,10 +366,24 @@ class Logits(nn.Module):
 
 
 def load_factory(spec: str) -> Callable[[int], Any]:
-    """Import ``package.module:factory``."""
+    """Import ``package.module:factory``, from the installed packages or else, as ``python -m`` would, from the
+    current folder (the ``conveyor`` script's own folder is what Python puts first on its path)."""
     module_name, _, attr = spec.partition(":")
     try:
-        factory: Callable[[int], Any] = getattr(importlib.import_module(module_name), attr)
+        factory: Callable[[int], Any] = getattr(_import_here_too(module_name), attr)
         return factory
     except (ImportError, AttributeError) as exc:
         raise InputError(f"cannot load the model factory {spec!r}: {exc}") from exc
+
+
+def _import_here_too(module_name: str) -> Any:
+    """The module, looked for on the path and then in the current folder (appended, so that a file there never
+    hides an installed package of the same name)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        if exc.name != module_name.split(".")[0] or here in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module_name)
