@@ -410,3 +410,19 @@ def test_a_bug_keeps_its_traceback_and_bad_input_is_one_line(
         err = capsys.readouterr().err
         assert err.endswith("conveyor: error: worker 1: KeyError: 'x'\n")
         assert ("Traceback" in err) is not bad_input  # a worker's bug shows where it happened
+
+
+@pytest.mark.slow
+def test_a_run_whose_loss_diverges_stops_and_keeps_the_good_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.pt"
+    good.write_bytes(b"an earlier run's model")
+    run = tmp_path / "run"
+    args = ["train", "--lr", "1e6", "--epochs", "3", "--workers", "1", "--run-dir", str(run), "--checkpoint", str(good)]
+    assert main(args) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("conveyor: error:")]
+    assert len(errors) == 1 and "the training loss stopped being finite at epoch 1, step" in errors[0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["diverged"]["epoch"] == summary["epochs"] == 1 and summary["diverged"]["step"] >= 1
+    assert good.read_bytes() == b"an earlier run's model"  # not replaced by non-finite weights

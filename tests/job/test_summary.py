@@ -135,3 +135,14 @@ def test_train_removes_the_folder_of_a_run_that_failed_while_starting(
     with pytest.raises(RuntimeError, match="a worker died"):
         train(TrainConfig.from_options(run_dir=str(tmp_path / "run"), workers=1))
     assert not (tmp_path / "run").exists()
+
+
+def test_the_first_step_whose_loss_is_not_finite_and_the_last_finite_before_it() -> None:
+    from conveyor.job._loop import _first_not_finite
+
+    nan, inf = float("nan"), float("inf")
+    assert _first_not_finite([2.0, 1.5, nan, 3.0], None) == (3, 1.5)
+    assert _first_not_finite([inf], 0.7) == (1, 0.7)  # the epochs' before
+    assert _first_not_finite([nan], None) == (1, None)
+    assert _first_not_finite([2.0, 1.0], None) == (0, 1.0)
+    assert _first_not_finite(None, 0.5) == (0, 0.5)  # off the output worker

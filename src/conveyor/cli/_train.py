@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
         _print_run(result)
     if args.json:
         write_json(args.json, result.to_dict())
+    if isinstance(result, RunSummary) and result.diverged is not None:
+        print(
+            f"conveyor: error: {result.diverged}: try a lower --lr (this run's: {cfg.optimizer.lr:g}). The run stopped "
+            f"there; its checkpoint was not written (the weights are not finite), its summary is in {result.run_dir}",
+            file=sys.stderr,
+        )
+        return 1
     if isinstance(result, RunSummary) and result.interrupted:
         _print_go_on(args.argv, result, cfg.run.epochs - result.epochs, recurring=cfg.energy.tune_batch_size)
         return 130  # as a shell reports a command stopped by Ctrl-C

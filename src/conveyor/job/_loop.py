@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from conveyor.config import TrainConfig
 from conveyor.emulate.parts import ServerTraffic
@@ -28,6 +29,7 @@ from conveyor.job._data import Inputs, rows
 from conveyor.job._energy import EpochKnobs
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
+from conveyor.job._summary import Divergence
 from conveyor.job._trace import torch_profiled
 from conveyor.plan import Topology
 from conveyor.runtime import CoreShare
@@ -111,6 +113,7 @@ class LoopOutcome:
     stopped_by_lease: bool = False
     stopped_by_cost: bool = False
     interrupted: bool = False
+    diverged: Divergence | None = None  # on every worker
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +141,7 @@ class EpochLoop:
         outcome, cfg = LoopOutcome(), self.cfg
         until = read_lease(cfg.run.lease) if cfg.run.lease and dist.get_rank() == 0 else None  # worker 0 alone reads it
         traffic, energy_total = ServerTraffic(self.trainer.is_output), None
+        last_loss: float | None = None  # the output worker's last finite step loss
         start, train_seconds = time.perf_counter(), 0.0
         with self._progress() as bar:
             task = bar.add_task("training", total=cfg.run.epochs * self.updates, status="")
@@ -164,8 +168,9 @@ class EpochLoop:
                 correct = self._test_accuracy()
                 joules, evaluated = self.meter.end(), time.perf_counter()
                 until, lease_out = self._lease(until, epoch, began)
-                agreed = _agree(correct, lease_out, joules, (evaluated - began), self.device)
-                accuracy, expired, epoch_energy, epoch_s, stop = agreed
+                bad_step, last_loss = _first_not_finite(losses, last_loss)
+                agreed = _agree(correct, lease_out, joules, (evaluated - began), self.device, (bad_step, last_loss))
+                accuracy, (epoch_energy, epoch_s) = agreed.accuracy, agreed.spent
                 if epoch_energy is not None:
                     energy_total = (energy_total or 0.0) + epoch_energy
                 if self.trainer.is_output:
@@ -183,16 +188,16 @@ class EpochLoop:
                         energy_j=epoch_energy,
                         energy_total_j=energy_total,
                     )
-                    outcome.history.append(record)
-                    with (self.folder / "metrics.jsonl").open("a") as f:
-                        f.write(json.dumps(asdict(record)) + "\n")
-                    status = f"epoch {epoch + 1} loss {record.loss:.3f} acc {accuracy:.3f} "
-                    bar.update(task, status=status + f"{record.samples_per_s:.0f} samples/s")
+                    self._write(outcome, record, bar, task)
+                outcome.diverged = agreed.divergence(epoch + 1)
+                if outcome.diverged is not None:  # every worker stops here, before a checkpoint
+                    break
                 over = self.knobs.epoch_end(epoch_energy, epoch_s)
                 if cfg.run.target_accuracy is not None and accuracy >= cfg.run.target_accuracy:
                     break
-                if expired or over or stop:
-                    outcome.stopped_by_lease, outcome.stopped_by_cost, outcome.interrupted = expired, over, stop
+                if agreed.expired or over or agreed.stop:
+                    outcome.stopped_by_lease, outcome.stopped_by_cost = agreed.expired, over
+                    outcome.interrupted = agreed.stop
                     break
                 if (
                     cfg.run.checkpoint_every
@@ -202,6 +207,14 @@ class EpochLoop:
                     self.trainer.save(self.checkpoint)  # a run killed later loses at most the epochs since
         self._write_straggler_records()  # once: a gather each epoch would wait there for a stalled replica
         return outcome
+
+    def _write(self, outcome: LoopOutcome, record: EpochRecord, bar: Progress, task: TaskID) -> None:
+        """The output worker's record of an epoch: in the outcome, ``metrics.jsonl`` and the progress bar."""
+        outcome.history.append(record)
+        with (self.folder / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(asdict(record)) + "\n")
+        status = f"epoch {record.epoch} loss {record.loss:.3f} acc {record.accuracy:.3f} "
+        bar.update(task, status=status + f"{record.samples_per_s:.0f} samples/s")
 
     def _progress(self) -> Progress:
         return Progress(
@@ -269,13 +282,48 @@ class EpochLoop:
         return None if correct is None or y is None else correct.double() / y.numel()
 
 
+def _first_not_finite(losses: list[float] | None, last: float | None) -> tuple[int, float | None]:
+    """The step (from 1) of ``losses``' first loss that is not finite (0: none is; ``losses`` is ``None`` off the
+    output worker), and the last finite loss before it (``last``, the epochs' before, where none is)."""
+    for step, loss in enumerate(losses or (), 1):
+        if not math.isfinite(loss):
+            return step, last
+        last = loss
+    return 0, last
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """What the workers agree on after an epoch (see :func:`_agree`)."""
+
+    accuracy: float
+    expired: bool  # worker 0's lease runs out
+    spent: tuple[float | None, float]  # the epoch's joules (None: no meter read) and its mean seconds
+    stop: bool  # a worker was asked to stop
+    bad_step: int  # the output worker's first step whose loss is not finite (0: none)
+    last_finite_loss: float | None  # the output worker's last finite step loss before it
+
+    def divergence(self, epoch: int) -> Divergence | None:
+        """Where epoch ``epoch``'s loss stopped being finite, if it did."""
+        if not self.bad_step:
+            return None
+        return Divergence(epoch=epoch, step=self.bad_step, last_finite_loss=self.last_finite_loss)
+
+
 def _agree(
-    correct: torch.Tensor | None, lease_out: bool, joules: float | None, seconds: float, device: torch.device
-) -> tuple[float, bool, float | None, float, bool]:
+    correct: torch.Tensor | None,
+    lease_out: bool,
+    joules: float | None,
+    seconds: float,
+    device: torch.device,
+    loss: tuple[int, float | None],
+) -> Agreed:
     """Summed over workers in one all-reduce: the output worker's test accuracy, worker 0's lease running out (each
     alone sets its own), every worker's joules and whether its meter read them, the epoch's seconds as a mean (so
-    every worker prices the epoch alike), and whether any worker was asked to stop (Ctrl-C, SIGTERM). Returns the
-    accuracy, the lease's end, the epoch's joules (``None`` where no meter read), its seconds and the stop."""
+    every worker prices the epoch alike), whether any worker was asked to stop (Ctrl-C, SIGTERM), and the output
+    worker's ``loss``: the step whose loss stopped being finite (0: none) and the last finite one (the others
+    give 0s)."""
+    bad_step, last_finite = loss
     flags = torch.tensor(
         [
             0.0,
@@ -284,6 +332,9 @@ def _agree(
             float(joules is not None),
             seconds / dist.get_world_size(),
             float(stop_requested()),
+            float(bad_step),
+            0.0 if not bad_step or last_finite is None else last_finite,
+            float(bad_step > 0 and last_finite is not None),
         ],
         dtype=torch.float64,
         device=device,  # NCCL reduces device tensors only
@@ -291,5 +342,12 @@ def _agree(
     if correct is not None:  # the output worker's
         flags[0] = correct
     dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-    accuracy, expired, epoch_j, meters_read, epoch_s, stop = flags.tolist()
-    return accuracy, expired > 0, epoch_j if meters_read else None, epoch_s, stop > 0
+    accuracy, expired, epoch_j, meters_read, epoch_s, stop, step, finite, has_finite = flags.tolist()
+    return Agreed(
+        accuracy=accuracy,
+        expired=expired > 0,
+        spent=(epoch_j if meters_read else None, epoch_s),
+        stop=stop > 0,
+        bad_step=int(step),
+        last_finite_loss=finite if has_finite else None,
+    )

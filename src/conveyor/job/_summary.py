@@ -18,6 +18,7 @@ from conveyor.job._report import plot_accuracy
 from conveyor.processes import under_torchrun
 
 __all__ = [
+    "Divergence",
     "ElasticSummary",
     "RunPrediction",
     "RunSummary",
@@ -36,6 +37,20 @@ class RunPrediction:
     samples_per_s: float  # predicted training samples per second
     error: float  # measured / predicted - 1
     measured_at_start: dict[str, Any]  # the start-up measurements the prediction rests on (plan file's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Divergence:
+    """Where the training loss stopped being finite: the epoch and its step (both from 1), and the last finite
+    loss of a step before it (``None``: there was none)."""
+
+    epoch: int
+    step: int
+    last_finite_loss: float | None
+
+    def __str__(self) -> str:
+        before = "" if self.last_finite_loss is None else f" (the step before: {self.last_finite_loss:.4g})"
+        return f"the training loss stopped being finite at epoch {self.epoch}, step {self.step}{before}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +106,7 @@ class RunSummary(Summary):
     warm_start: dict[str, Any] | None = None  # --warm-start: the parent, its match, coverage and seconds
     registered: str | None = None  # --register: the model store's id of the final model
     chunks: dict[str, Any] | None = None  # --stragglers: per_replica, and step_s per count where --chunks auto chose
+    diverged: Divergence | None = None  # the loss stopped being finite: the run stopped, its checkpoint unwritten
 
     def notes(self) -> list[str]:
         """What a user should know after the run: how the prediction fared, and whether one worker would have

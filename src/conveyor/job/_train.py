@@ -199,7 +199,8 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult:
     statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
     dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
     energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
-    pipe.save(checkpoint)
+    if outcome.diverged is None:  # a model whose weights went non-finite would replace a good checkpoint
+        pipe.save(checkpoint)
     return WorkerResult(
         outcome=outcome,
         layout=layout,
@@ -394,12 +395,13 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         ),
         warm_start=warm,
         chunks=out.chunks,
+        diverged=out.outcome.diverged,
         **asdict(out.knobs),
         **energy_summary(history, out.energy_meter, out.energy_note, cfg.run.target_accuracy),
     )
-    if summary.interrupted:  # a stopped run has no outcome to learn from, nor a finished model to keep
+    if summary.interrupted or summary.diverged:  # no outcome to learn from, nor a finished model to keep
         if recurring is not None:
-            recurring.fail(interrupted=True)
+            recurring.fail(interrupted=summary.interrupted)
     else:
         summary = finish_recurrence(recurring, summary, cfg)
         summary = register_model(cfg, summary, lambda: model_and_data(cfg)[0])
