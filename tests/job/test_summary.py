@@ -146,3 +146,15 @@ def test_the_first_step_whose_loss_is_not_finite_and_the_last_finite_before_it()
     assert _first_not_finite([nan], None) == (1, None)
     assert _first_not_finite([2.0, 1.0], None) == (0, 1.0)
     assert _first_not_finite(None, 0.5) == (0, 0.5)  # off the output worker
+
+
+def test_the_console_says_whether_the_target_accuracy_was_reached(tmp_path: Path) -> None:
+    from conveyor.cli._train import _target_line
+
+    run = dataclasses.replace(
+        _summary(tmp_path, measured=1.0, predicted=1.0, single=1.0, workers=1),
+        time_to_accuracy_s=4.0,
+        epochs_before=3,
+    )
+    assert _target_line(run, 0.75) == "target accuracy 0.75 reached at epoch 5, 4.0 s: the run stopped there"
+    assert _target_line(run, 0.9) == "target accuracy 0.9 not reached in 2 epochs (best 0.800)"

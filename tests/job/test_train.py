@@ -54,6 +54,13 @@ def test_planned_run_its_plan_file_and_resuming(tmp_path: Path) -> None:
     assert second.layout["replicas"] == first.layout["replicas"]
     assert checkpoint.load(tmp_path / "b" / "checkpoint.pt")["steps"] == 3 * STEPS_PER_EPOCH
     assert second.accuracy[-1] >= first.accuracy[-1] - 0.05
+    # The run is shown whole: the checkpoint keeps every epoch, the summary the ones before the resume.
+    assert second.history_before == [
+        json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    ]
+    kept = checkpoint.load(tmp_path / "b" / "checkpoint.pt")["history"]
+    assert [h["epoch"] for h in kept] == [1, 2, 3] and kept[:2] == second.history_before
+    assert kept[2]["accuracy"] == second.accuracy[0] and kept[2]["seconds"] > kept[1]["seconds"]
 
 
 def test_every_run_reports_its_prediction_and_whether_one_worker_is_faster(tmp_path: Path) -> None:

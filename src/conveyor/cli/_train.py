@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(result, ElasticSummary):
         _print_elastic(result)
     else:
-        _print_run(result)
+        _print_run(result, cfg.run.target_accuracy)
     if args.json:
         write_json(args.json, result.to_dict())
     if isinstance(result, RunSummary) and result.diverged is not None:
@@ -147,11 +147,14 @@ def _print_elastic(result: ElasticSummary) -> None:
     console.print(f"run folder: {result.run_dir}", highlight=False, soft_wrap=True)
 
 
-def _print_run(result: RunSummary) -> None:
+def _print_run(result: RunSummary, target: float | None) -> None:
     table = Table("epochs", "test accuracy", "final loss", "seconds", "samples/s", "energy")
     energy = "n/a" if result.energy_j is None else f"{result.energy_j / 1e3:.1f} kJ"
+    epochs = str(result.epochs)
+    if result.epochs_before:  # a resumed run: the whole run's epochs
+        epochs = f"{result.epochs_before + result.epochs} ({result.epochs_before} resumed)"
     table.add_row(
-        str(result.epochs),
+        epochs,
         f"{result.accuracy[-1]:.3f}",
         f"{result.loss[-1]:.3f}",
         f"{result.seconds:.1f}",
@@ -160,6 +163,8 @@ def _print_run(result: RunSummary) -> None:
     )
     console.print(table)
     console.print(f"run folder: {result.run_dir}", highlight=False, soft_wrap=True)  # whole, to copy
+    if target is not None:
+        console.print(_target_line(result, target), highlight=False)
     if result.energy_note:
         console.print(result.energy_note, markup=False, highlight=False)
     if result.recurrence is not None:
@@ -176,3 +181,13 @@ def _print_run(result: RunSummary) -> None:
         console.print(result.power_limit_note, markup=False, highlight=False)
     for note in result.notes():
         console.print(note)
+
+
+def _target_line(result: RunSummary, target: float) -> str:
+    """Whether the run reached ``--target-accuracy`` (and stopped there), and when."""
+    reached = next((n for n, a in enumerate(result.accuracy, 1) if a >= target), None)
+    if reached is None:
+        return f"target accuracy {target:g} not reached in {result.epochs} epochs (best {max(result.accuracy):.3f})"
+    seconds = result.time_to_accuracy_s
+    when = "" if seconds is None else f", {seconds:.1f} s"
+    return f"target accuracy {target:g} reached at epoch {result.epochs_before + reached}{when}: the run stopped there"

@@ -57,6 +57,7 @@ class RunState:
 
     stop_above: float = math.inf  # a recurrence's cost at which it stops early (--batch-size auto)
     warm_start_plan: str | None = None  # warm_start.json: the parent and layer pairs every worker applies
+    history_before: tuple[dict[str, Any], ...] = ()  # --resume: the epochs the checkpoint's runs trained
 
 
 def loss_and_optimizer(

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,13 +29,14 @@ from conveyor.job._data import Inputs, rows
 from conveyor.job._energy import EpochKnobs
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
+from conveyor.job._report import continued
 from conveyor.job._summary import Divergence
 from conveyor.job._trace import torch_profiled
 from conveyor.plan import Topology
 from conveyor.runtime import CoreShare
 from conveyor.runtime.parts import stop_requested
 
-__all__ = ["EpochLoop", "EpochRecord", "LoopOutcome", "Trainer"]
+__all__ = ["EpochLoop", "EpochRecord", "LoopOutcome", "Trainer", "whole_history"]
 
 
 class Trainer(Protocol):
@@ -70,8 +71,8 @@ class Trainer(Protocol):
         """The model's outputs for ``inputs`` (given on worker 0) on the output worker, ``None`` elsewhere."""
         ...
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the whole model's checkpoint (every worker calls it)."""
+    def save(self, path: str | os.PathLike[str], extra: Mapping[str, Any] | None = None) -> None:
+        """Write the whole model's checkpoint with worker 0's ``extra`` entries (every worker calls it)."""
         ...
 
     def load(self, path: str | os.PathLike[str]) -> None:
@@ -135,6 +136,7 @@ class EpochLoop:
     meter: Meter
     knobs: EpochKnobs
     cores: CoreShare | None
+    history_before: Sequence[Mapping[str, Any]] = ()  # --resume: the epochs the checkpoint's runs trained
 
     def run(self) -> LoopOutcome:
         """Train until the epochs, the target accuracy, the lease, the cost limit or a stop request end it."""
@@ -204,7 +206,8 @@ class EpochLoop:
                     and (epoch + 1) % cfg.run.checkpoint_every == 0
                     and epoch + 1 < cfg.run.epochs
                 ):
-                    self.trainer.save(self.checkpoint)  # a run killed later loses at most the epochs since
+                    saved = {"history": whole_history(self.history_before, outcome, self.trainer.is_output)}
+                    self.trainer.save(self.checkpoint, saved)  # a run killed later loses at most the epochs since
         self._write_straggler_records()  # once: a gather each epoch would wait there for a stalled replica
         return outcome
 
@@ -280,6 +283,14 @@ class EpochLoop:
                 hits = (logits.argmax(-1) == y[start : start + chunk]).sum()
                 correct = hits if correct is None else correct + hits
         return None if correct is None or y is None else correct.double() / y.numel()
+
+
+def whole_history(before: Sequence[Mapping[str, Any]], outcome: LoopOutcome, is_output: bool) -> list[dict[str, Any]]:
+    """The run's epochs so far, those before a resume included (a checkpoint keeps them), on every worker: the
+    output worker's records gathered (every worker calls it)."""
+    records: list[list[dict[str, Any]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(records, [asdict(r) for r in outcome.history] if is_output else None)
+    return continued(before, next(r for r in records if r is not None))
 
 
 def _first_not_finite(losses: list[float] | None, last: float | None) -> tuple[int, float | None]:

@@ -9,12 +9,32 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["energy_summary", "plot_accuracy", "read_jsonl"]
+__all__ = ["continued", "energy_summary", "plot_accuracy", "read_jsonl"]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """A run folder's JSON-lines log, one dict a line (empty if the run wrote none, e.g. no faults)."""
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def continued(before: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A resumed run's epochs whole: ``before`` (its checkpoint's), then ``records`` (this run's) counted on from
+    the last of them: epoch numbers, seconds, training seconds, samples and energy so far.
+
+    Example:
+        >>> continued([{"epoch": 2, "seconds": 9.0}], [{"epoch": 1, "seconds": 4.0}])
+        [{'epoch': 2, 'seconds': 9.0}, {'epoch': 3, 'seconds': 13.0}]
+    """
+    if not before:
+        return [dict(r) for r in records]
+    last, whole = before[-1], [dict(r) for r in before]
+    for record in records:
+        carried = dict(record)
+        for key in ("epoch", "seconds", "train_seconds", "samples", "energy_total_j"):
+            if carried.get(key) is not None and last.get(key) is not None:
+                carried[key] += last[key]
+        whole.append(carried)
+    return whole
 
 
 def energy_summary(

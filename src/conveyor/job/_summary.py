@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,7 @@ class RunSummary(Summary):
     registered: str | None = None  # --register: the model store's id of the final model
     chunks: dict[str, Any] | None = None  # --stragglers: per_replica, and step_s per count where --chunks auto chose
     diverged: Divergence | None = None  # the loss stopped being finite: the run stopped, its checkpoint unwritten
+    history_before: list[dict[str, Any]] = field(default_factory=list)  # --resume: the checkpoint's epochs
 
     def notes(self) -> list[str]:
         """What a user should know after the run: how the prediction fared, and whether one worker would have

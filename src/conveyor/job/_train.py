@@ -49,9 +49,9 @@ from conveyor.job._energy import (
 from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatches_of
 from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
-from conveyor.job._loop import EpochLoop, LoopOutcome
+from conveyor.job._loop import EpochLoop, LoopOutcome, whole_history
 from conveyor.job._model import materializer, model_and_data
-from conveyor.job._report import energy_summary
+from conveyor.job._report import continued, energy_summary
 from conveyor.job._resources import ResourceLog
 from conveyor.job._summary import (
     RunPrediction,
@@ -69,6 +69,7 @@ from conveyor.runtime import (
     OuterSync,
     Pipeline,
     default_device,
+    load_checkpoint,
     to_device,
 )
 from conveyor.stragglers import FlexiblePipeline, flexible_layout
@@ -184,6 +185,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult:
         meter=meter,
         knobs=knobs,
         cores=cores,
+        history_before=state.history_before,
     )
     # Every worker ready before the first epoch's clock starts: a worker still setting up (local rank 0 opens the
     # host's energy meter, an import of 1.7 s) would count in the others' first epoch, as waiting for it.
@@ -200,7 +202,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult:
     dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
     energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
     if outcome.diverged is None:  # a model whose weights went non-finite would replace a good checkpoint
-        pipe.save(checkpoint)
+        pipe.save(checkpoint, {"history": whole_history(state.history_before, outcome, pipe.is_output)})
     return WorkerResult(
         outcome=outcome,
         layout=layout,
@@ -342,7 +344,8 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     emulation = Emulation.of(cfg.emulation)
     cfg, recurring, stop_above = start_recurrence(cfg, lambda: model_and_data(cfg)[1].samples, nprocs)
     plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
-    state = RunState(stop_above=stop_above, warm_start_plan=plan)
+    before = tuple(load_checkpoint(cfg.run.resume).get("history", ())) if cfg.run.resume else ()
+    state = RunState(stop_above=stop_above, warm_start_plan=plan, history_before=before)
     try:
         with guarded_power_limits(cfg.energy):
             per_rank = launch_emulated(
@@ -396,6 +399,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         warm_start=warm,
         chunks=out.chunks,
         diverged=out.outcome.diverged,
+        history_before=list(before),
         **asdict(out.knobs),
         **energy_summary(history, out.energy_meter, out.energy_note, cfg.run.target_accuracy),
     )
@@ -405,5 +409,6 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     else:
         summary = finish_recurrence(recurring, summary, cfg)
         summary = register_model(cfg, summary, lambda: model_and_data(cfg)[0])
-    write_run_folder(summary, history, model=cfg.model.name, title=f"{cfg.model.name}: test accuracy")
+    whole = continued(before, history)  # a resumed run's plot shows the epochs before too
+    write_run_folder(summary, whole, model=cfg.model.name, title=f"{cfg.model.name}: test accuracy")
     return summary

@@ -144,12 +144,18 @@ def set_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module, nam
 
 
 def save_stages(
-    path: str | os.PathLike[str], module: nn.Module, optimizer: torch.optim.Optimizer | None, writes: bool, steps: int
+    path: str | os.PathLike[str],
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    writes: bool,
+    steps: int,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
     """Write one checkpoint of a model split over workers (every worker calls it; worker 0 writes).
 
     Each worker passes its stage's ``module`` and ``optimizer``; ``writes`` is true on exactly one worker of
-    each stage (its first replica), whose part goes into the file. Returns once the file is complete.
+    each stage (its first replica), whose part goes into the file; worker 0's ``extra`` entries (plain data:
+    numbers, strings, lists, dicts) go in beside them. Returns once the file is complete.
     """
     state = None
     if writes:
@@ -163,7 +169,7 @@ def save_stages(
             "state": {k: v for o in opts for k, v in o["state"].items()},
             "param_groups": opts[0]["param_groups"] if opts else [],
         }
-        save(path, model, optimizer=optim, steps=steps)
+        save(path, model, optimizer=optim, steps=steps, **(extra or {}))
     dist.barrier()  # the file is complete for everyone once this returns
 
 

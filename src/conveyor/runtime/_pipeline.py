@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -433,14 +433,15 @@ class Pipeline(StagePosition):
             lambda *parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else parts[0], *out.outputs
         )
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the whole model and optimizer to ``path`` (worker 0 writes; every worker must call it).
+    def save(self, path: str | os.PathLike[str], extra: Mapping[str, Any] | None = None) -> None:
+        """Write the whole model and optimizer to ``path`` (worker 0 writes; every worker must call it), with
+        worker 0's ``extra`` entries of plain data beside them (``conveyor train`` keeps the run's epochs there).
 
         Call it between runs (after :meth:`train` returns): a run ends drained, so every stage's weights
         have then seen the same batches, and replicas of a stage hold equal weights.
         """
         first_replica = self.worker == self._workers_of(self.stage)[0]
-        checkpoint.save_stages(path, self.module, self.optimizer, first_replica, self.steps)
+        checkpoint.save_stages(path, self.module, self.optimizer, first_replica, self.steps, extra)
         if self.outer is not None and self._site is not None and self._site.is_leader:
             checkpoint.save(self._site_path(path), self.outer.state_dict())  # each site's own, atomically
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -185,10 +185,11 @@ class FlexibleStage(StagePosition):
             return None
         return sorted((r for part in parts for r in part), key=lambda r: (r["step"], r["stage"], r["replica"]))
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the whole model and optimizer to ``path`` (worker 0 writes; every worker must call it)."""
+    def save(self, path: str | os.PathLike[str], extra: Mapping[str, Any] | None = None) -> None:
+        """Write the whole model and optimizer to ``path`` (worker 0 writes; every worker must call it), with
+        worker 0's ``extra`` entries beside them."""
         self._average_buffers()
-        save_stages(path, self.module, self.optimizer, self._replica == 0, self.steps)
+        save_stages(path, self.module, self.optimizer, self._replica == 0, self.steps, extra)
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint of this model (saved by this class, a :class:`~conveyor.runtime.Pipeline` or a
