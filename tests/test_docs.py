@@ -146,3 +146,45 @@ def test_the_readmes_example_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     losses = [v for v in ast.literal_eval(done.stdout.strip().splitlines()[-1]).values() if v is not None]
     assert len(losses) == 1 and len(losses[0]) == 8  # the last stage's worker, one loss per batch
+
+
+def _quick_start() -> list[list[str]]:
+    """The README's quick-start commands as argument lists (continuations joined, comments dropped, ``&&`` split)."""
+    import shlex
+
+    found = re.search(r"## Quick start\n\n```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert found, "the README lost its quick start"
+    lines = found[1].replace("\\\n", " ").splitlines()
+    return [shlex.split(part) for line in lines for part in line.split("  #")[0].split(" && ")]
+
+
+@pytest.mark.slow
+def test_the_quick_start_uses_only_what_the_repository_and_the_package_provide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each command parses; each train command's model and data exist and fit; a file a command reads was written
+    by one before it (a run folder's config.toml, a profile)."""
+    from conveyor.cli import _parser
+    from conveyor.cli._train import _train_config
+    from conveyor.job import default_dataset, model_and_data
+
+    monkeypatch.chdir(tmp_path)  # a reader's folder: what the commands write lands here
+    (tmp_path / "examples").symlink_to(ROOT / "examples")  # the clone's, beside them
+    written: set[Path] = set()
+    commands = _quick_start()
+    assert len(commands) >= 10 and all(argv[0] == "conveyor" for argv in commands)
+    for argv in commands:
+        args = _parser().parse_args(argv[1:])
+        if args.command == "train":
+            assert args.config is None or Path(args.config) in written, f"{argv}: no command before writes it"
+            cfg = _train_config(args)
+            model_and_data(cfg)
+            if cfg.run.run_dir:  # what this run would leave for a later command
+                (tmp_path / cfg.run.run_dir).mkdir(parents=True, exist_ok=True)
+                (tmp_path / cfg.run.run_dir / "config.toml").write_text(cfg.to_toml())
+                written.add(Path(cfg.run.run_dir) / "config.toml")
+        elif args.command == "profile":
+            default_dataset(args.model)  # a model the zoo has
+            written.add(args.json)
+        else:
+            assert args.command == "plan" and Path(args.profile) in written, f"{argv}: no command before writes it"

@@ -113,6 +113,25 @@ def test_models_export_cannot_trace_get_one_line() -> None:
     assert "\n" not in str(error.value)
 
 
+def test_a_model_that_raises_on_the_example_says_so_not_that_export_cannot_trace_it() -> None:
+    """An RGB batch into a one-channel model: the model's own error, the batch and the model's line."""
+
+    class Gray(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x).flatten(1)
+
+    with pytest.raises(InputError) as error:
+        split_model(Gray(), torch.randn(4, 3, 8, 8))
+    message = str(error.value)
+    assert message.startswith("Gray raised RuntimeError on the example batch ((4, 3, 8, 8) float32) (test_split.py:")
+    assert "return self.conv(x).flatten(1)" in message and "to have 1 channels, but got 3" in message
+    assert "cannot trace" not in message and "\n" not in message
+
+
 def test_fewer_blocks_when_asked() -> None:
     blocks = split_model(skip_across(), torch.randn(6, 8), target_blocks=1)
     assert len(blocks) == 8  # the top level is as coarse as it gets

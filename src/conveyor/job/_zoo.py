@@ -383,7 +383,8 @@ def _import_here_too(module_name: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         here = os.getcwd()
-        if exc.name != module_name.split(".")[0] or here in sys.path:
+        missing = exc.name or ""  # a part of the name (a namespace package elsewhere may hold its first part)
+        if not (module_name == missing or module_name.startswith(missing + ".")) or here in sys.path:
             raise
         sys.path.append(here)
         return importlib.import_module(module_name)

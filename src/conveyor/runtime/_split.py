@@ -32,8 +32,10 @@ Example:
 from __future__ import annotations
 
 import operator
+import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,10 +66,53 @@ def _export(model: nn.Module, example: tuple[Any, ...] | dict[str, Any], trainin
     try:
         return torch.export.export(model, args, kwargs, dynamic_shapes=shapes).module()
     except Exception as exc:
+        _raise_if_the_model_fails(model, args, kwargs)  # its own error on this batch, not the tracer's
         raise InputError(
             f"torch.export cannot trace {type(model).__name__}: {_first_problem(str(exc))}: {INSTEAD}, or make "
             "that operation traceable"
         ) from None
+
+
+def _raise_if_the_model_fails(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Run ``model`` on the example as it is, without tracing; if it raises, say so: its message, the batch's
+    shapes and dtypes, and the line of the model's code that raised (not the tracer's advice).
+
+    Raises:
+        InputError: the model raises on the example.
+    """
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    except Exception as exc:
+        ours = (_TORCH, __file__)  # the frames of torch and of this call: the model's line is the last other
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(ours)]
+        where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno}: {frames[-1].line})" if frames else ""
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        raise InputError(
+            f"{type(model).__name__} raised {type(exc).__name__} on the example batch ({_describe_batch(args, kwargs)})"
+            f"{where}: {message}"
+        ) from None
+
+
+_TORCH = str(Path(torch.__file__).parent)
+
+
+def _describe_batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The shapes and dtypes of a forward's tensors, e.g. ``(64, 3, 8, 8) float32``, keyword ones by name.
+
+    Example:
+        >>> _describe_batch((torch.zeros(2, 3),), {"mask": torch.ones(2, dtype=torch.bool)})
+        '(2, 3) float32, mask (2,) bool'
+    """
+
+    def one(t: Any) -> str:
+        return (
+            f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+            if isinstance(t, torch.Tensor)
+            else type(t).__name__
+        )
+
+    return ", ".join([one(a) for a in args] + [f"{k} {one(v)}" for k, v in kwargs.items()])
 
 
 def _at_least_two(example: Any) -> Any:
