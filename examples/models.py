@@ -28,4 +28,5 @@ class TinyCNN(nn.Module):
         self.head = nn.Linear(32 * 4 * 4, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.pool(self.features(x)).flatten(1))
+        logits: torch.Tensor = self.head(self.pool(self.features(x)).flatten(1))
+        return logits
