@@ -172,3 +172,23 @@ def small_gpt2() -> nn.Module:
         attn_pdrop=0.0,
     )
     return transformers.GPT2LMHeadModel(config)
+
+
+class TokenMixer(nn.Module):
+    """Scores for each position from the whole sequence's mean embedding (it sees later tokens), or, ``causal``,
+    from the tokens up to it (a running mean); ``outputs`` classes (default the vocabulary)."""
+
+    def __init__(self, vocab: int, causal: bool, outputs: int | None = None) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 8)
+        self.head = nn.Linear(8, outputs or vocab)
+        self.causal = causal
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        if self.causal:
+            h = h.cumsum(1) / torch.arange(1, tokens.shape[1] + 1, device=tokens.device).view(1, -1, 1)
+        else:
+            h = h.mean(1, keepdim=True).expand_as(h)
+        logits: torch.Tensor = self.head(h)
+        return logits

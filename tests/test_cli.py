@@ -426,3 +426,15 @@ def test_a_run_whose_loss_diverges_stops_and_keeps_the_good_checkpoint(
     summary = json.loads((run / "summary.json").read_text())
     assert summary["diverged"]["epoch"] == summary["epochs"] == 1 and summary["diverged"]["step"] >= 1
     assert good.read_bytes() == b"an earlier run's model"  # not replaced by non-finite weights
+
+
+@pytest.mark.slow
+def test_a_model_with_a_padded_vocabulary_trains_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["train", "--model", "models:TokenMixer", "--model-args", "vocab=101,causal=True,outputs=128"]
+    args += ["--dataset", "text", "--epochs", "1", "--workers", "1", "--max-train-samples", "256"]
+    assert main([*args, "--run-dir", str(tmp_path / "run")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "models:TokenMixer scores 128 classes and text has 101: the other 27 are never a target" in out
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 1

@@ -230,3 +230,20 @@ def test_a_zoo_model_that_cannot_take_the_data_says_which_would() -> None:
         resolve("mlp", 4, load("digit-images"))
     with pytest.raises(ValueError, match=r"has inputs of shape \(1437, 64\): use --model mlp for feature vectors"):
         resolve("resnet", 4, load("digits"))
+
+
+@pytest.mark.slow
+def test_a_model_must_not_see_the_tokens_it_predicts_and_may_score_a_padded_vocabulary() -> None:
+    """On the text windows (101 characters, next-token targets): a model that mixes the whole window is refused
+    in one line; a causal one trains, with more outputs than characters too (the extra ones never a target)."""
+    from conveyor.job._data import load
+    from conveyor.job.parts import scored_classes
+
+    text = load("text")
+    with pytest.raises(ValueError, match=r"--model models:TokenMixer sees later tokens .* give a causal model"):
+        resolve("models:TokenMixer", 4, text, "vocab=101,causal=False")
+    causal, _ = resolve("models:TokenMixer", 4, text, "vocab=101,causal=True")
+    padded, _ = resolve("models:TokenMixer", 4, text, "vocab=101,causal=True,outputs=128")
+    assert scored_classes(causal) == 101 and scored_classes(padded) == 128
+    with pytest.raises(ValueError, match="scores 100 classes but text has 101: give the model 101 outputs or more"):
+        resolve("models:TokenMixer", 4, text, "vocab=101,causal=True,outputs=100")

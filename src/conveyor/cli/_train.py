@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         train,
         train_elastic,
     )
-    from conveyor.job.parts import explicit_workers, fixed_layout, job_devices
+    from conveyor.job.parts import explicit_workers, fixed_layout, job_devices, scored_classes
     from conveyor.plan.parts import EpochFactors
 
     if join:
@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
     _, _, workers = job_devices(cfg)  # a device, backend or worker count this machine cannot run fails here
     model, data = model_and_data(cfg)  # so does an unknown model or dataset, before any worker starts
     check_against_data(cfg, model, data.samples)  # a batch, microbatches or checkpoint that cannot fit
+    if (scores := scored_classes(model)) is not None and scores > data.classes:
+        console.print(
+            f"{cfg.model.name} scores {scores} classes and {data.name} has {data.classes}: the other "
+            f"{scores - data.classes} are never a target (as in a vocabulary padded for speed)",
+            highlight=False,
+        )
     if cfg.elastic is not None:
         data.tensor_inputs("an elastic job")  # its steps take one input tensor
     # and a layout that cannot work

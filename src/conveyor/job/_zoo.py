@@ -37,6 +37,7 @@ from torch import nn
 from conveyor.config import model_arguments
 from conveyor.errors import InputError
 from conveyor.job._data import Dataset, load, rows
+from conveyor.job._fit import check_causal, check_classes, is_mapping
 from conveyor.runtime import GraphBlock, split_model
 
 __all__ = [
@@ -295,24 +296,6 @@ def user_model(spec: str, batch_size: int, data: Dataset | None = None, args: st
     return result
 
 
-def _check_classes(spec: str, last: GraphBlock, data: Dataset) -> None:
-    """Refuse a split model whose outputs (its ``last`` block's) do not score ``data``'s classes (traced shapes:
-    nothing runs)."""
-    values, spec_out = last.traced_outputs(), last.output_spec
-    if _is_mapping(spec_out) and "logits" in spec_out.context:
-        values = [values[list(spec_out.context).index("logits")]]
-    scores = [v.shape for v in values if isinstance(v, torch.Tensor) and v.dim() >= 2]
-    if scores and scores[0][-1] != data.classes:
-        raise InputError(
-            f"--model {spec} scores {scores[0][-1]} classes but {data.name} has {data.classes}: give the model "
-            f"{data.classes} outputs (--model-args num_classes={data.classes}, or vocab_size= for a language model)"
-        )
-
-
-def _is_mapping(spec: Any) -> bool:
-    return spec is not None and isinstance(spec.type, type) and issubclass(spec.type, Mapping)
-
-
 def _call(spec: str, make: Callable[..., Any], batch_size: int, kwargs: dict[str, Any]) -> Any:
     """A Hugging Face model class is given its configuration made from ``kwargs``; a callable with a parameter
     named ``batch_size`` is given it; any other is called with ``kwargs`` alone if it takes them so, else with
@@ -344,17 +327,18 @@ def _call(spec: str, make: Callable[..., Any], batch_size: int, kwargs: dict[str
 
 
 def _split(spec: str, model: nn.Module, example: Any, data: Dataset | None) -> nn.Sequential:
-    """``model`` split into blocks, its outputs checked against ``data``'s classes where given; a model that
-    returns a mapping gets a last block that takes its logits."""
+    """``model`` split into blocks, checked against ``data`` where given (its classes; on text, that it does not
+    see the tokens it predicts); a model that returns a mapping gets a last block that takes its logits."""
     blocks = split_model(model, example)
     last = blocks[-1]
     assert isinstance(last, GraphBlock)
-    if data is not None:
-        _check_classes(spec, last, data)
-    if _is_mapping(last.output_spec):
+    if is_mapping(last.output_spec):
         if "logits" not in last.output_spec.context:
             raise InputError(f"the model of {spec!r} returns a mapping without logits: return the logits")
         blocks.add_module("logits", Logits())
+    if data is not None:
+        check_classes(spec, blocks, data)
+        check_causal(spec, blocks, example, data)
     return blocks
 
 
