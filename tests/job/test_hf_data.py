@@ -80,12 +80,24 @@ def test_an_attention_mask_makes_each_input_a_dict_of_both(tmp_path: Path) -> No
         d.tensor_inputs("the zoo's models")
 
 
+def test_token_rows_with_token_labels_are_sequence_to_sequence(tmp_path: Path) -> None:
+    """The labels are the targets and an input the model takes by name (its decoder's, shifted right)."""
+    ids, labels = [[5, 6, 7], [8, 9, 3]] * 5, [[7, 6, -100, -100], [3, 9, 8, -100]] * 5
+    part = datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
+    datasets.DatasetDict({"train": part, "test": part}).save_to_disk(str(tmp_path / "pairs"))
+    d = load(f"hf:{tmp_path / 'pairs'}")
+    assert isinstance(d.train_x, dict) and sorted(d.train_x) == ["input_ids", "labels"]
+    assert (d.sequence, d.classes, d.train_y.shape) == (True, 10, (10, 4))
+    assert torch.equal(d.train_x["labels"], d.train_y) and d.train_y[0].tolist() == [7, 6, -100, -100]
+
+
 @pytest.mark.parametrize(
     ("columns", "message"),
     [
         ({"text": ["a b", "c d"] * 5}, "has columns text: give an image column"),
         ({"input_ids": [[1, 2], [3]] * 5, "label": [0, 1] * 5}, "differ in length; pad them"),
         ({"input_ids": [[1], [2, 3]] * 5}, "too few tokens for one window of 33"),
+        ({"input_ids": [[1, 2]] * 10, "labels": [[1], [2, 3]] * 5}, "the labels rows differ in length; pad them"),
     ],
 )
 def test_datasets_that_cannot_be_trained_on_say_why(

@@ -2,10 +2,12 @@
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.config import TrainConfig
@@ -160,6 +162,56 @@ def test_a_hugging_face_model_trains_from_its_class(tmp_path: Path) -> None:
     state = checkpoint.load(tmp_path / "checkpoint.pt")["model"]
     assert any(k.endswith("transformer.wte.weight") for k in state)
     assert not any(k.endswith("lm_head.weight") for k in state)  # held once, as the embedding
+
+
+def test_an_encoder_decoder_trains_on_sources_and_targets_with_its_cross_attention_across_the_cut(
+    tmp_path: Path,
+) -> None:
+    """T5 from its class, on an ``hf:`` folder of input_ids and labels (each source reversed, one target position
+    padded with -100), in two stages: the first holds the encoder, the second the decoder's cross-attention, which
+    takes the encoder's output across the cut; the decoder's inputs are the labels shifted right inside the model.
+    """
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[models]')")
+    datasets = pytest.importorskip("datasets", reason="Hugging Face datasets is not installed")
+    from conveyor.runtime import split_model
+
+    g = torch.Generator().manual_seed(0)
+    source = torch.randint(3, 20, (256, 8), generator=g)
+    labels = source.flip(1)
+    labels[:, -1] = -100
+    columns = {
+        "input_ids": source.tolist(),
+        "attention_mask": torch.ones_like(source).tolist(),
+        "labels": labels.tolist(),
+    }
+    datasets.Dataset.from_dict(columns).save_to_disk(str(tmp_path / "pairs"))
+    args = "vocab_size=24,d_model=32,d_kv=8,d_ff=64,num_layers=2,num_heads=4,decoder_start_token_id=0,pad_token_id=0"
+    cfg = TrainConfig.from_options(
+        model="transformers:T5ForConditionalGeneration",
+        model_args=args + ",dropout_rate=0.0",
+        dataset=f"hf:{tmp_path / 'pairs'}",
+        stages=2,
+        epochs=2,
+        batch_size=32,
+        optimizer="adam",
+        lr=3e-3,
+        run_dir=str(tmp_path / "run"),
+    )
+    summary = train(cfg)
+    assert summary.loss[1] < summary.loss[0] and summary.loss[1] < math.log(24)  # below a uniform guess
+    first = summary.layout["balance"][0]
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    kwargs = {k: int(v) for k, v in (item.split("=") for item in args.split(","))}
+    example = {k: torch.tensor(v[:4]) for k, v in columns.items()}
+    names = [
+        n
+        for n, _ in split_model(
+            T5ForConditionalGeneration(T5Config(**kwargs, use_cache=False)), example
+        ).named_children()
+    ]
+    assert all(n in names[:first] for n in names if n.startswith("encoder"))
+    assert "decoder_block_0_layer_1" in names[first:]  # T5's first cross-attention
 
 
 def test_a_hugging_face_dataset_of_images_trains_from_its_folder(tmp_path: Path) -> None:

@@ -62,6 +62,8 @@ def check_causal(spec: str, model: nn.Sequential, example: Any, data: Dataset) -
     tokens = example.get("input_ids") if isinstance(example, dict) else example
     if not data.sequence or not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] < 2:
         return
+    if isinstance(example, dict) and "labels" in example:  # sequence to sequence: the targets are not the input
+        return
     if any(p.is_meta for p in model.parameters()):
         return
     rows = {k: v[:2] for k, v in example.items()} if isinstance(example, dict) else example[:2]

@@ -8,6 +8,10 @@ is cut 80:20 from the seed. What it holds decides the task:
 - an ``input_ids`` column and a label column: sequence classification, the rows all of one length (padded by the
   tokenizer); with an ``attention_mask`` column, each batch is a dict of both, given to the model by name
   (``model(input_ids=..., attention_mask=...)``);
+- an ``input_ids`` column and a ``labels`` column of token ids per row: sequence to sequence (T5, BART); each batch is
+  a dict of ``input_ids`` (with ``attention_mask`` where there is one) and ``labels``, given to the model by name:
+  an encoder-decoder model makes its decoder's inputs from the labels, shifted right, as transformers does. The
+  targets are the labels, ``-100`` where a position is padding (not scored);
 - an ``input_ids`` column alone: language modelling, the next token the target. Rows of one length are windows
   already (as ``run_clm``'s ``group_texts`` leaves them); rows of several lengths are joined and cut into windows of
   ``context`` tokens.
@@ -140,6 +144,8 @@ def _tensors(name: str, train: Any, test: Any, context: int) -> Dataset:
             "input_ids column (tokenise text first with datasets.map and the model's tokenizer)"
         )
     rows = [_token_rows(part, name) for part in (train, test)]
+    if label is not None and isinstance(train[0][label], list):
+        return _seq2seq(name, (train, test), rows, label)
     if label is not None:
         if len({len(r) for r in rows[0] + rows[1]}) != 1:
             raise InputError(f"{name}: the input_ids rows differ in length; pad them to one (padding='max_length')")
@@ -152,3 +158,19 @@ def _tensors(name: str, train: Any, test: Any, context: int) -> Dataset:
     vocab = int(max(int(w.max()) for w in windows)) + 1
     train_w, test_w = windows
     return Dataset(name, train_w[:, :-1], train_w[:, 1:], test_w[:, :-1], test_w[:, 1:], vocab, sequence=True)
+
+
+def _seq2seq(name: str, parts: tuple[Any, Any], rows: list[list[list[int]]], label: str) -> Dataset:
+    """Source token ids and target token ids per row (see the module docstring)."""
+    targets = [[list(r) for r in part[label]] for part in parts]
+    for what, grid in (("input_ids", rows[0] + rows[1]), (label, targets[0] + targets[1])):
+        if len({len(r) for r in grid}) != 1:
+            raise InputError(f"{name}: the {what} rows differ in length; pad them to one (padding='max_length')")
+    ys = [torch.tensor(t, dtype=torch.long) for t in targets]
+    xs: list[Inputs] = []
+    for part, ids, y in zip(parts, rows, ys, strict=True):
+        inputs = _inputs(part, ids)
+        xs.append({**(inputs if isinstance(inputs, dict) else {"input_ids": inputs}), "labels": y})
+    vocab = int(max(int(torch.tensor(r).max()) for r in rows[0] + rows[1]))
+    classes = max(vocab, *(int(y.max()) for y in ys)) + 1
+    return Dataset(name, xs[0], ys[0], xs[1], ys[1], classes, sequence=True)

@@ -38,6 +38,8 @@ from conveyor.runtime.parts import stop_requested
 
 __all__ = ["EpochLoop", "EpochRecord", "LoopOutcome", "Trainer", "whole_history"]
 
+IGNORED = -100  # a target position not scored: cross-entropy's default ignore_index (padding in labels)
+
 
 class Trainer(Protocol):
     """What the epoch loop needs of a trainer: :class:`~conveyor.runtime.Pipeline` and
@@ -280,9 +282,9 @@ class EpochLoop:
             logits = self.trainer.evaluate(None if x is None else rows(x, slice(start, start + chunk)))
             if self.trainer.is_output:
                 assert y is not None
-                hits = (logits.argmax(-1) == y[start : start + chunk]).sum()
+                hits = (logits.argmax(-1) == y[start : start + chunk]).sum()  # never an IGNORED position
                 correct = hits if correct is None else correct + hits
-        return None if correct is None or y is None else correct.double() / y.numel()
+        return None if correct is None or y is None else correct.double() / (y != IGNORED).sum()
 
 
 def whole_history(before: Sequence[Mapping[str, Any]], outcome: LoopOutcome, is_output: bool) -> list[dict[str, Any]]:
