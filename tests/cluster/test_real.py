@@ -39,8 +39,10 @@ def test_two_jobs_on_two_emulated_devices(tmp_path: Path) -> None:
     assert {launch.device_type for launch in run.launches} <= {"fast", "slow"}
     assert all(launch.exit_code == 0 for launch in run.launches)
     assert (run.rates(0) > 0).all()
-    restarts = run.restart_s()  # a launch's start-up, restore and exit: seconds, not nothing
-    assert set(restarts) == {"fast", "slow"} and all(0 < s < 20 for s in restarts.values())
+    # A launch's start-up, restore and exit: some seconds, and a part of a launch's time (however fast the machine).
+    restarts = run.restart_s()
+    longest = max(launch.ended_at - launch.planned_at for launch in run.launches if launch.ended_at is not None)
+    assert set(restarts) == {"fast", "slow"} and all(0 < s <= longest for s in restarts.values())
     assert all(launch.launched_at >= launch.planned_at for launch in run.launches)
 
 

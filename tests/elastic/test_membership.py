@@ -2,6 +2,7 @@
 loss of the reliable tier into a clear error."""
 
 import json
+import statistics
 import threading
 import time
 from datetime import timedelta
@@ -114,9 +115,12 @@ def test_the_store_keeps_the_keys_of_the_last_generations_only() -> None:
     assert gen.gen == 100 and int(store.get("state_gen")) == held
     assert record(store, held) is not None and record(store, held - 1) is None
     assert all(record(store, g) is not None for g in range(held, gen.gen + 1))
-    # Flat to within a round's keys (the coordinator deletes a tick after it sees a worker go), where without the
-    # deletions each round adds 11 (two records, two boundaries, four group keys, hb, leave, left).
-    assert max(counts[kept:40]) - min(counts[kept:40]) <= 10, counts
+    # Flat: without the deletions each round adds 11 keys (two records, two boundaries, four group keys, hb, leave,
+    # left), 220 from the first ten rounds past the window to the last ten before round 40. The coordinator deletes
+    # a tick after it sees a worker go, so a round's count may include a few rounds not yet deleted on a busy
+    # machine (seen: 12 to 30): the medians of the two stretches are compared, within a round's keys.
+    early, late = statistics.median(counts[kept : kept + 10]), statistics.median(counts[30:40])
+    assert late - early <= 11, counts
 
 
 def test_the_keys_deleted_for_a_generations_groups_are_those_gloo_wrote() -> None:
