@@ -145,16 +145,19 @@ def open_run_folder(
 ) -> Path:
     """The run folder: ``run_dir``, else a new ``runs/MODEL-TIME`` (``-2``, ``-3``, ... after it for runs started
     in the same second); its ``logs`` are started afresh; ``config``, the run's whole configuration as TOML, goes
-    to ``config.toml`` before anything runs (``conveyor train --config`` reruns it). Under torchrun the workers of
-    a machine share one folder, which its first worker checks and writes.
+    to ``config.toml`` before anything runs (``conveyor train --config`` reruns it). Under torchrun every worker
+    names the same folder; worker 0 checks it and writes the config, each machine's first worker starts its logs.
 
     Raises:
         InputError: ``run_dir`` holds a run (its summary, metrics, config or checkpoint) and not ``overwrite``.
     """
-    if under_torchrun():  # every worker of the machine names the folder alike: no suffix
+    if under_torchrun():  # every worker names the folder alike (no suffix); worker 0 checks it and writes the config
         folder = Path(run_dir or _timestamped(model))
-        if os.environ.get("LOCAL_RANK", "0") != "0":
+        if os.environ["RANK"] != "0":  # on a shared file system worker 0's config.toml may be there already
             folder.mkdir(parents=True, exist_ok=True)
+            if os.environ.get("LOCAL_RANK", "0") == "0":  # another machine's disk: its logs start afresh too
+                for log in logs:
+                    (folder / log).unlink(missing_ok=True)
             return folder
     else:
         folder = Path(run_dir) if run_dir else _new_folder(model)
