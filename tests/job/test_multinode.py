@@ -47,20 +47,25 @@ def _two_machines() -> Iterator[tuple[Namespace, Namespace]]:
         second.close()
 
 
-def _torchrun(machine: Namespace, node: int, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """The guide's command for machine ``node`` (one worker each), started inside its namespace; gloo is told its
-    interface (in a namespace the host name resolves to no address of its own)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
-    command += ["--nproc-per-node", "1", "--master-addr", ADDRESSES[0], "--master-port", "29517"]
+def _start(machine: Namespace, node: int, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """``python ARGV`` inside machine ``node``'s namespace; gloo is told its interface (in a namespace the host
+    name resolves to no address of its own)."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": INTERFACES[node], "OMP_NUM_THREADS": "1"}
     with log.open("wb") as out:
         return subprocess.Popen(
-            [*command, "-m", "conveyor.cli", "train", *args],
+            [sys.executable, *argv],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             preexec_fn=lambda: enter_namespace(machine.path),
         )
+
+
+def _torchrun(machine: Namespace, node: int, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """The guide's command for machine ``node``, one worker each."""
+    command = ["-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1"]
+    command += ["--master-addr", ADDRESSES[0], "--master-port", "29517", "-m", "conveyor.cli", "train", *args]
+    return _start(machine, node, command, log)
 
 
 def test_torchrun_on_two_machines_trains_as_the_same_job_on_one(tmp_path: Path) -> None:
@@ -117,3 +122,42 @@ def test_a_ctrl_c_to_either_machines_torchrun_stops_both_at_an_epochs_end_with_t
     epochs = [json.loads(line)["epoch"] for line in metrics.read_text().splitlines()]
     assert epochs == list(range(1, summary["epochs"] + 1))  # every epoch it began, it ended
     assert (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_machine_joins_an_elastic_job_started_on_another(tmp_path: Path) -> None:
+    """The elastic guide's ``conveyor train --join HOST:PORT`` from the second machine, at the first one's address
+    and the port its worker 0 wrote to store.txt: the job takes the joiner in. The job runs until then (its lease
+    is moved to now once the joiner is in: it stops at that epoch's end, and the joiner with it)."""
+    from conveyor.elastic import store_address
+    from conveyor.job import write_lease
+
+    run, lease = tmp_path / "run", tmp_path / "lease.json"
+    write_lease(lease, time.time() + 3600)
+    args = ["-m", "conveyor.cli", "train", "--reliable", "1", "--workers", "2", "--epochs", "100000"]
+    with _two_machines() as (first, second):
+        job = _start(first, 0, [*args, "--lease", str(lease), "--run-dir", str(run)], tmp_path / "job.log")
+        joiner = None
+        try:
+            _, port = store_address(run, timeout_s=120)
+            join = ["-m", "conveyor.cli", "train", "--join", f"{ADDRESSES[0]}:{port}", "--run-dir", str(tmp_path / "j")]
+            joiner = _start(second, 1, join, tmp_path / "joiner.log")
+            deadline = time.monotonic() + 180
+            while not _joined(run / "elastic.jsonl") and time.monotonic() < deadline and job.poll() is None:
+                time.sleep(0.5)
+            write_lease(lease, time.time())
+            codes = [job.wait(timeout=120), joiner.wait(timeout=120)]
+        finally:
+            for process in (job, joiner):
+                if process is not None:
+                    process.kill()
+    logs = [(tmp_path / name).read_text()[-3000:] for name in ("job.log", "joiner.log")]
+    joined = _joined(run / "elastic.jsonl")
+    assert codes == [0, 0] and joined, logs
+    assert len(joined[0]["members"]) == 3  # the two of the first machine and the joiner
+
+
+def _joined(log: Path) -> list[dict[str, object]]:
+    """The generations of an elastic job's log that took a joiner in."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    events = [json.loads(line) for line in lines]
+    return [e for e in events if e.get("event") == "generation" and "joined" in str(e.get("reason"))]

@@ -130,9 +130,13 @@ def _worker(worker: int | None, host: str, port: int, cfg: TrainConfig, run_dir:
     )
     if worker == 0:
         trainer.store.set("config", json.dumps(cfg.options()))  # what a worker joining by hand needs
+        where = (
+            f"{host}:{port}" if host != "127.0.0.1" else f"127.0.0.1:{port} here, ADDRESS:{port} from another machine"
+        )
         Console().print(
-            f"elastic job: workers 0-{_section(cfg)[1] - 1} reliable; add one from any machine with "
-            f"conveyor train --join {host}:{port}"
+            f"elastic job: workers 0-{_section(cfg)[1] - 1} reliable; add one with conveyor train --join {where} "
+            "(across machines, GLOO_SOCKET_IFNAME set to the interface that reaches the other, on both)",
+            highlight=False,
         )
     job = ElasticJob(
         train_x,
