@@ -145,19 +145,33 @@ def _hugging_face() -> dict[str, tuple[nn.Module, torch.Tensor]]:
     resnet = transformers.ResNetForImageClassification(
         transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=10)
     )
-    return {"gpt2": (gpt2, torch.randint(0, 50, (4, 16))), "resnet": (resnet, torch.randn(4, 3, 32, 32))}
+    sizes = {"d_model": 16, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "max_position_embeddings": 32}
+    heads = {"encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_layers": 2, "decoder_layers": 2}
+    bart = transformers.BartForConditionalGeneration(
+        transformers.BartConfig(vocab_size=50, **sizes, **heads, dropout=0.0, attention_dropout=0.0, use_cache=False)
+    )
+    pairs = {"input_ids": torch.randint(3, 50, (4, 12)), "labels": torch.randint(3, 50, (4, 7))}
+    return {
+        "gpt2": (gpt2, torch.randint(0, 50, (4, 16))),
+        "resnet": (resnet, torch.randn(4, 3, 32, 32)),
+        "bart": (bart, pairs),  # its decoder's inputs made from the labels inside, the encoder's output crossing
+    }
 
 
 @pytest.mark.slow  # traces Hugging Face models (seconds)
-@pytest.mark.parametrize("name", ["gpt2", "resnet"])
+@pytest.mark.parametrize("name", ["gpt2", "resnet", "bart"])
 def test_hugging_face_models_split_as_they_come(name: str) -> None:
-    """GPT-2 (tied embeddings, its causal mask made inside) and a ResNet (BatchNorm, shortcuts), from their
-    library's constructors."""
+    """GPT-2 (tied embeddings, its causal mask made inside), a ResNet (BatchNorm, shortcuts) and BART (an encoder
+    and a decoder, the labels given by name), from their library's constructors."""
     model, x = _hugging_face()[name]
     reference = copy.deepcopy(model)
+
+    def unsplit(batch: Any) -> Any:
+        return reference(**batch) if isinstance(batch, dict) else reference(batch)
+
     blocks = split_model(model, x)
     assert len(blocks) >= 8
-    out, want = blocks(x).logits, reference(x).logits
+    out, want = blocks(x).logits, unsplit(x).logits
     torch.testing.assert_close(out, want)
     out.square().mean().backward()
     want.square().mean().backward()
@@ -166,7 +180,7 @@ def test_hugging_face_models_split_as_they_come(name: str) -> None:
         torch.testing.assert_close(grad, reference_grads[param], rtol=1e-5, atol=1e-6)
     blocks.eval()
     reference.eval()
-    torch.testing.assert_close(blocks(x).logits, reference(x).logits)
+    torch.testing.assert_close(blocks(x).logits, unsplit(x).logits)
 
 
 def test_blocks_take_other_batch_sizes_and_a_value_another_stage_sent() -> None:
