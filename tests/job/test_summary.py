@@ -95,19 +95,24 @@ def test_runs_started_together_get_folders_of_their_own(tmp_path: Path, monkeypa
 
 
 def test_a_run_that_ends_before_an_epoch_leaves_no_folder_behind(tmp_path: Path) -> None:
-    from conveyor.job._summary import discard_untrained
+    from conveyor.job._summary import discarded_unless_trained
 
     started = tmp_path / "started"
     started.mkdir()
     (started / "config.toml").write_text("[run]\n")
     (started / "metrics.jsonl").touch()
-    discard_untrained(started)
+    with pytest.raises(RuntimeError), discarded_unless_trained(started):
+        raise RuntimeError("a worker died while measuring")
     assert not started.exists()
     trained = tmp_path / "trained"
     trained.mkdir()
     (trained / "metrics.jsonl").write_text('{"epoch": 1}\n')
-    discard_untrained(trained)
+    with pytest.raises(KeyboardInterrupt), discarded_unless_trained(trained):
+        raise KeyboardInterrupt
     assert (trained / "metrics.jsonl").exists()
+    with discarded_unless_trained(started := tmp_path / "ok"):
+        started.mkdir()
+    assert started.exists()  # kept when nothing failed
 
 
 def test_a_checkpoint_path_is_checked_before_anything_runs(tmp_path: Path) -> None:

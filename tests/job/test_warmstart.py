@@ -50,7 +50,9 @@ def test_an_empty_store_trains_from_scratch_and_bad_options(tmp_path: Path, caps
         == 0
     )
     assert "no warm start: " in capsys.readouterr().out and _summary(run)["warm_start"]["parent"] is None
-    assert main([*BASE, "--warm-start", "auto", "--resume", str(tmp_path / "x.pt"), "--run-dir", str(run)]) == 2
+    bad = tmp_path / "bad"  # a new folder: the run's own is refused without --overwrite
+    assert main([*BASE, "--warm-start", "auto", "--resume", str(tmp_path / "x.pt"), "--run-dir", str(bad)]) == 2
     assert "conveyor: error:" in capsys.readouterr().err
-    assert main([*BASE, "--warm-start", str(tmp_path / "missing.pt"), "--run-dir", str(run)]) == 2
+    assert main([*BASE, "--warm-start", str(tmp_path / "missing.pt"), "--run-dir", str(bad)]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
+    assert not bad.exists()  # a run that failed while starting leaves no folder

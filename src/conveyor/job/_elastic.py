@@ -35,7 +35,7 @@ from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._model import model_and_data
 from conveyor.job._report import read_jsonl
 from conveyor.job._resources import ResourceLog
-from conveyor.job._summary import ElasticSummary, discard_untrained, open_run_folder, write_run_folder
+from conveyor.job._summary import ElasticSummary, discarded_unless_trained, open_run_folder, write_run_folder
 from conveyor.plan import Profile
 from conveyor.runtime import profile, resolve_device
 
@@ -183,11 +183,8 @@ def train_elastic(cfg: TrainConfig) -> ElasticSummary:
     workers = cfg.layout.workers or 4
     emulation = Emulation.of(cfg.emulation)
     check_faults(emulation, _section(cfg)[1], workers)
-    try:
+    with discarded_unless_trained(run_dir):
         launch_elastic(_worker, cfg, str(run_dir), workers, nprocs=workers, folder=run_dir, emulation=emulation)
-    except BaseException:
-        discard_untrained(run_dir)
-        raise
     history = read_jsonl(run_dir / "metrics.jsonl")
     events = read_jsonl(run_dir / "elastic.jsonl")
     summary = ElasticSummary(

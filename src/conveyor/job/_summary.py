@@ -3,12 +3,13 @@ folder every kind of run makes and writes the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ __all__ = [
     "RunSummary",
     "Summary",
     "check_checkpoint_path",
-    "discard_untrained",
+    "discarded_unless_trained",
     "open_run_folder",
     "write_run_folder",
 ]
@@ -215,12 +216,17 @@ def check_checkpoint_path(path: str) -> None:
         raise InputError(f"--checkpoint {path}: cannot write in {file.parent} ({exc.strerror or exc})") from None
 
 
-def discard_untrained(folder: Path) -> None:
-    """Remove a run folder in which no epoch ended (a run that failed or was stopped while starting), where it
-    holds only what the run wrote on starting: its config and empty logs."""
-    files = list(folder.iterdir()) if folder.is_dir() else []
-    if all(f.name == "config.toml" or (f.suffix == ".jsonl" and f.stat().st_size == 0) for f in files):
-        shutil.rmtree(folder, ignore_errors=True)
+@contextlib.contextmanager
+def discarded_unless_trained(folder: Path) -> Iterator[None]:
+    """Within it, a failure or a stop removes the run folder where no epoch ended in it: where it holds only what
+    the run wrote on starting, its config and empty logs."""
+    try:
+        yield
+    except BaseException:
+        files = list(folder.iterdir()) if folder.is_dir() else []
+        if all(f.name == "config.toml" or (f.suffix == ".jsonl" and f.stat().st_size == 0) for f in files):
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def write_run_folder(summary: Summary, history: Sequence[Mapping[str, Any]], *, model: str, title: str) -> None:

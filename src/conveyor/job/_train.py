@@ -57,7 +57,7 @@ from conveyor.job._summary import (
     RunPrediction,
     RunSummary,
     check_checkpoint_path,
-    discard_untrained,
+    discarded_unless_trained,
     open_run_folder,
     write_run_folder,
 )
@@ -341,30 +341,29 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         cfg.to_toml(),
         overwrite=cfg.run.overwrite,
     )
-    emulation = Emulation.of(cfg.emulation)
-    cfg, recurring, stop_above = start_recurrence(cfg, lambda: model_and_data(cfg)[1].samples, nprocs)
-    plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
-    before = tuple(load_checkpoint(cfg.run.resume).get("history", ())) if cfg.run.resume else ()
-    state = RunState(stop_above=stop_above, warm_start_plan=plan, history_before=before)
-    try:
-        with guarded_power_limits(cfg.energy):
-            per_rank = launch_emulated(
-                _worker,
-                cfg,
-                state,
-                str(run_dir),
-                nprocs=nprocs,
-                emulation=emulation,
-                log_dir=run_dir,
-                device=device,
-                backend=backend,
-                on_interrupt=_say_stopping,
-            )
-    except BaseException as exc:
-        if recurring is not None:  # an error counts as a missed target; an interruption as nothing
-            recurring.fail(interrupted=isinstance(exc, KeyboardInterrupt | SystemExit))
-        discard_untrained(run_dir)
-        raise
+    with discarded_unless_trained(run_dir):
+        cfg, recurring, stop_above = start_recurrence(cfg, lambda: model_and_data(cfg)[1].samples, nprocs)
+        plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
+        before = tuple(load_checkpoint(cfg.run.resume).get("history", ())) if cfg.run.resume else ()
+        state = RunState(stop_above=stop_above, warm_start_plan=plan, history_before=before)
+        try:
+            with guarded_power_limits(cfg.energy):
+                per_rank = launch_emulated(
+                    _worker,
+                    cfg,
+                    state,
+                    str(run_dir),
+                    nprocs=nprocs,
+                    emulation=Emulation.of(cfg.emulation),
+                    log_dir=run_dir,
+                    device=device,
+                    backend=backend,
+                    on_interrupt=_say_stopping,
+                )
+        except BaseException as exc:
+            if recurring is not None:  # an error counts as a missed target; an interruption as nothing
+                recurring.fail(interrupted=isinstance(exc, KeyboardInterrupt | SystemExit))
+            raise
     results: dict[int, WorkerResult] = per_rank
     out = next((r for r in results.values() if r.outcome.history), None)
     if out is None:  # under torchrun, only the output worker's process has the history
