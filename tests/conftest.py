@@ -43,10 +43,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
         # Under pytest-xdist a group runs in one process, one test at a time: the `serial` tests (whose rates and
         # latencies another test's load would move), and the emulated cluster's (which see each other's cgroups
-        # and namespaces, and the cleanup test checks none is left).
+        # and namespaces, and the cleanup test checks none is left); a root test in network namespaces of its own
+        # (`own_network`: anonymous, no cgroup) runs beside the others.
         if item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.xdist_group("serial"))
-        elif item.get_closest_marker("root"):
+        elif item.get_closest_marker("root") and not item.get_closest_marker("own_network"):
             item.add_marker(pytest.mark.xdist_group("emulated-cluster"))
 
 

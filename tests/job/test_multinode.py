@@ -18,7 +18,7 @@ import pytest
 
 from conveyor.emulate._netns import Namespace, enter_namespace
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.root, pytest.mark.own_network, pytest.mark.timeout(300)]
 
 ADDRESSES = ("10.77.0.1", "10.77.0.2")
 INTERFACES = ("cva", "cvb")
