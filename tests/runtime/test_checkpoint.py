@@ -134,3 +134,15 @@ def test_optimizer_state_moves_between_splits() -> None:
     assert opt_b.param_groups[0]["lr"] == 0.5
     for (n, p_a), p_b in zip(a.named_parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(opt_b.state[p_b]["exp_avg"], opt_a.state[p_a]["exp_avg"], msg=n)
+
+
+def test_a_mapped_read_gives_the_same_checkpoint_and_refuses_the_same_files(tmp_path: Path) -> None:
+    """``mapped=True`` (the launcher reads a checkpoint's shapes and its run's epochs so) holds what a plain read
+    does; a file that is no checkpoint is refused with the same message."""
+    path = checkpoint.save(tmp_path / "c.pt", {"w": torch.arange(6.0).view(2, 3)}, history=[{"epoch": 1}], steps=4)
+    plain, mapped = checkpoint.load(path), checkpoint.load(path, mapped=True)
+    assert mapped["history"] == plain["history"] == [{"epoch": 1}] and mapped["steps"] == 4
+    assert torch.equal(mapped["model"]["w"], plain["model"]["w"])
+    (tmp_path / "bytes").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(CheckpointError, match=r"is not a readable checkpoint \(UnpicklingError\)"):
+        checkpoint.load(tmp_path / "bytes", mapped=True)

@@ -110,4 +110,5 @@ def check_against_data(cfg: TrainConfig, model: Blocks, samples: int) -> None:
             f"--microbatches {microbatches} is more than the {batch} samples of a batch: use at most {batch}"
         )
     if cfg.run.resume:
-        check_checkpoint(load_checkpoint(cfg.run.resume)["model"], block_shapes(as_blocks(model)), cfg.run.resume)
+        state = load_checkpoint(cfg.run.resume, mapped=True)["model"]  # the shapes alone: none of the weights read
+        check_checkpoint(state, block_shapes(as_blocks(model)), cfg.run.resume)

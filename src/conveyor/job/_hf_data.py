@@ -171,6 +171,5 @@ def _seq2seq(name: str, parts: tuple[Any, Any], rows: list[list[list[int]]], lab
     for part, ids, y in zip(parts, rows, ys, strict=True):
         inputs = _inputs(part, ids)
         xs.append({**(inputs if isinstance(inputs, dict) else {"input_ids": inputs}), "labels": y})
-    vocab = int(max(int(torch.tensor(r).max()) for r in rows[0] + rows[1]))
-    classes = max(vocab, *(int(y.max()) for y in ys)) + 1
+    classes = max(max(max(r) for r in rows[0] + rows[1]), *(int(y.max()) for y in ys)) + 1
     return Dataset(name, xs[0], ys[0], xs[1], ys[1], classes, sequence=True)

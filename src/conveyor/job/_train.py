@@ -344,7 +344,8 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     with discarded_unless_trained(run_dir):
         cfg, recurring, stop_above = start_recurrence(cfg, lambda: model_and_data(cfg)[1].samples, nprocs)
         plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
-        before = tuple(load_checkpoint(cfg.run.resume).get("history", ())) if cfg.run.resume else ()
+        # The epochs the checkpoint trained (mapped: its weights are read by the workers, not here).
+        before = tuple(load_checkpoint(cfg.run.resume, mapped=True).get("history", ())) if cfg.run.resume else ()
         state = RunState(stop_above=stop_above, warm_start_plan=plan, history_before=before)
         try:
             with guarded_power_limits(cfg.energy):

@@ -74,8 +74,9 @@ def save(path: str | os.PathLike[str], model: Mapping[str, torch.Tensor], **extr
     return path
 
 
-def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save` (tensors on the CPU).
+def load(path: str | os.PathLike[str], *, mapped: bool = False) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save` (tensors on the CPU). ``mapped``: the tensors memory-mapped from
+    the file, their bytes read only where used (for a caller that needs their shapes or the extra entries alone).
 
     Raises:
         CheckpointError: the file is missing, unreadable, or not a Conveyor checkpoint.
@@ -84,8 +85,10 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: check the path")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except Exception as exc:  # torch.load's own message runs over many lines and suggests unsafe loading
+        if mapped:  # a file torch cannot map (not its zip format) is read, or refused, as it would be unmapped
+            return load(path)
         raise CheckpointError(
             f"{path} is not a readable checkpoint ({type(exc).__name__}): give a file written by Pipeline.save "
             "or conveyor train"
