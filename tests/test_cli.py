@@ -111,12 +111,12 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
         "torch.distributed.run",
         "--standalone",
         "--nproc_per_node",
-        "3",
+        "2",
         "-m",
         "conveyor.cli",
         "train",
         "--stages",
-        "2",
+        "3",
         "--epochs",
         "1",
         "--run-dir",
@@ -126,7 +126,7 @@ def test_torchrun_with_the_wrong_worker_count_fails_in_one_line(tmp_path: Path) 
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("conveyor: error:")]
     assert lines and all(
-        "the pipeline has 2 stages with replicas 1-1, which need 2 workers, but 3 were started" in line
+        "the pipeline has 3 stages with replicas 1-1-1, which need 3 workers, but 2 were started" in line
         for line in lines
     )
     assert "pipeline.py" not in done.stderr  # the workers print no traceback of their own

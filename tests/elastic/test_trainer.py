@@ -15,6 +15,7 @@ from torch import nn
 
 from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, WorkerOutcome, launch_elastic, planned_layouts
 from conveyor.elastic._launch import _ElasticJob, _worker
+from conveyor.elastic._membership import latest
 from conveyor.plan import Profile
 from conveyor.processes import LauncherOutput, worker_context
 from conveyor.runtime import WorkerError
@@ -22,6 +23,7 @@ from conveyor.runtime import WorkerError
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 BATCH, EPOCHS = 24, 2
+JOINER = 3  # the id a worker joining a job of 3 gets
 OPTIMIZER = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
 # A profile on which the planner's layouts for 4, 3, 2 workers are 3 stages with 2 replicas of the last, 3
 # stages, 2 stages (heavy weights, light activations: replicas cost more than stages).
@@ -63,10 +65,16 @@ def reference(steps: int) -> torch.Tensor:
 class Victim(ElasticTrainer):
     """Kills itself mid-state-transfer (as an owner handing its shard over) in a generation after the first."""
 
-    def _shard_at(self, c: int) -> torch.Tensor:
-        if self.watch.gen is not None and self.watch.gen.gen >= 1:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return super()._shard_at(c)
+    def fit(self, job: ElasticJob, on_step: Any = None) -> WorkerOutcome:
+        read = self.held.shard_at
+
+        def read_and_die(c: int) -> torch.Tensor:
+            if self.watch.gen is not None and self.watch.gen.gen >= 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return read(c)
+
+        self.held.shard_at = read_and_die  # type: ignore[method-assign]
+        return super().fit(job, on_step)
 
 
 class DiesMidStep(ElasticTrainer):
@@ -75,7 +83,7 @@ class DiesMidStep(ElasticTrainer):
 
     def _step(self, t: int) -> None:
         if t == 7:
-            self.flat.set_buffers = lambda flat: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[method-assign]
+            self.context.flat.set_buffers = lambda flat: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[method-assign]
         super()._step(t)
 
 
@@ -90,6 +98,7 @@ def work(
     victim: int | None,
     pipeline: bool,
     step_s: float,
+    join_by: int | None,
 ) -> WorkerOutcome:
     x, y = data()
     cls = ElasticTrainer
@@ -110,9 +119,13 @@ def work(
     )
 
     def on_step(t: int) -> None:
-        time.sleep(step_s)  # steps long enough for faults (and a joiner) to land mid-run
+        time.sleep(step_s)  # steps long enough for faults to land mid-run
         if worker in kills and t == kills[worker][0]:
             os.kill(os.getpid(), kills[worker][1])
+        if t == join_by and worker is not None:  # the job's workers, not the joiner (its id comes from the store)
+            deadline = time.monotonic() + 60  # however long the joiner takes to start, it joins mid-run
+            while JOINER not in latest(trainer.store).members and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     return trainer.fit(ElasticJob(x, y, x, y, BATCH, EPOCHS), on_step)
 
@@ -131,8 +144,9 @@ def run(
     join_after_s: float = 0.0,
     pipeline: bool = False,
 ) -> list[WorkerOutcome]:
-    step_s = 0.05 if pipeline or join_after_s else 0.02  # a joiner takes seconds to start on a busy machine
-    args = (str(tmp_path), opts, workers, kills, victim, pipeline, step_s)
+    step_s = 0.05 if pipeline else 0.02
+    join_by = EPOCHS * -(-240 // BATCH) // 2 + 2 if join_after_s else None  # in the second epoch
+    args = (str(tmp_path), opts, workers, kills, victim, pipeline, step_s, join_by)
     joiner = None
     if join_after_s:  # a worker started by hand (as conveyor train --join would), from outside the launcher
         job = _ElasticJob(

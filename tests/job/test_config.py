@@ -113,3 +113,13 @@ def test_a_wan_mode_on_data_centres_is_accepted() -> None:
     cfg = TrainConfig.from_options(**WAN, wan="gaia", wan_threshold=0.05)
     assert cfg.wan == WanConfig(mode="gaia", threshold=0.05)
     assert TrainConfig.from_options(**cfg.options()) == cfg
+
+
+def test_a_fixed_layout_for_another_worker_count_is_refused_before_anything_is_measured() -> None:
+    """Under torchrun the options cannot name the worker count: the world's size is checked against the layout."""
+    from conveyor.job.parts import fixed_layout
+
+    cfg = TrainConfig.from_options(stages=3)
+    assert fixed_layout(cfg, 5, 3) is not None and fixed_layout(cfg, 5, 0) is not None  # 0: not known yet
+    with pytest.raises(ValueError, match="3 stages with replicas 1-1-1, which need 3 workers, but 2 were started"):
+        fixed_layout(cfg, 5, 2)

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if cfg.elastic is not None:
         data.tensor_inputs("an elastic job")  # its steps take one input tensor
     # and a layout that cannot work
-    fixed_layout(cfg, len(model), cfg.layout.workers or explicit_workers(cfg.layout) or 0)
+    world = int(os.environ.get("WORLD_SIZE", "0")) if under_torchrun() else 0  # torchrun's workers, all machines'
+    fixed_layout(cfg, len(model), world or cfg.layout.workers or explicit_workers(cfg.layout) or 0)
     Emulation.of(cfg.emulation).check(workers)  # and so on
     if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
         console.print(

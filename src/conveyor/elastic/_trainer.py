@@ -31,14 +31,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from conveyor.elastic._comm import Waiting, Watch
-from conveyor.elastic._handover import HeldState, Left
+from conveyor.elastic._comm import Watch
+from conveyor.elastic._handover import Handover, Left
+from conveyor.elastic._held import Groups, HeldState, Placement, WorkerContext
 from conveyor.elastic._job import ElasticJob, ElasticOptions, WorkerOutcome
 from conveyor.elastic._liveness import Liveness, keep_alive
 from conveyor.elastic._membership import (
@@ -50,24 +50,25 @@ from conveyor.elastic._membership import (
     connect,
     listen_for_notice,
 )
-from conveyor.elastic._pipeline import Shard, StagedStep, StageLayout
-from conveyor.elastic._state import FlatModel, full_message_numel, state_layout
+from conveyor.elastic._pipeline import StagedStep, StageLayout
+from conveyor.elastic._state import FlatModel, state_layout
 from conveyor.elastic._steps import LossFn, Steps
-from conveyor.elastic._tiers import shard_bounds
 from conveyor.runtime import save_checkpoint
 
 __all__ = ["ElasticTrainer"]
 
 
-class ElasticTrainer(Steps):
-    """One worker of an elastic job (see the module docstring).
+class ElasticTrainer:
+    """One worker of an elastic job (see the module docstring): its steps (:class:`~conveyor.elastic._steps.Steps`)
+    and its backups and recovery (:class:`~conveyor.elastic._handover.Handover`), each given the state it
+    changes (:mod:`conveyor.elastic._held`).
 
     Args:
         model: the whole model, built identically on every worker (a joiner's weights come from its peers).
         loss_fn: ``loss_fn(output, target)``, the mean over the samples.
         make_optimizer: builds an elementwise optimizer from parameters.
         worker: this worker's id (``None``: a joiner, which gets the next free id).
-        host, port: the store (worker 0 hosts it; its port 0 picks a free one, see :attr:`port`).
+        host, port: the store, which worker 0's launcher hosts.
         options: the tolerances and AgileML's thresholds.
         workers: how many workers the job starts with (worker 0 only).
         log_dir: where ``elastic.jsonl`` and ``metrics.jsonl`` go (worker 0 and the evaluating worker write).
@@ -100,10 +101,10 @@ class ElasticTrainer(Steps):
         microbatches: int = 4,
         device: str = "cpu",
     ) -> None:
-        self.model, self.loss_fn, self.make_optimizer, self.options = model, loss_fn, make_optimizer, options
+        self.model, self.loss_fn, self.options = model, loss_fn, options
         # Before this worker takes an id, which heartbeats must then follow within lost_s: building an optimizer
         # the first time in a process imports for seconds.
-        self.keys, self.scalar_keys = state_layout(make_optimizer)
+        keys, scalar_keys = state_layout(make_optimizer)
         self.store = connect(host, port, is_leader=False)  # worker 0's launcher hosts it (the reliable tier)
         self.joiner = worker is None
         if worker is None:
@@ -114,24 +115,20 @@ class ElasticTrainer(Steps):
         if self.device is not None:
             torch.cuda.set_device(self.device)
             model.to(self.device)
-        self.flat = FlatModel(model)
+        flat = FlatModel(model)
         self.layout, self.microbatches = layout, microbatches
-        self.staged: StagedStep | None = None  # a pipeline's stages (built in fit, from the data's shape)
-        self.stage_group: Any = None  # the replicas of this worker's stage
-        self.log_dir = log_dir
         self.leader = worker == 0
-        self.host, self.port = host, port
-        self.heartbeat = Heartbeat(host, self.port, worker=worker, beat_s=options.beat_s)
+        self.heartbeat = Heartbeat(host, port, worker=worker, beat_s=options.beat_s)
         self.coordinator = None
         if not self.leader:
-            keep_alive(host, self.port, worker)  # its connection to worker 0 closes when this process dies
+            keep_alive(host, port, worker)  # its connection to worker 0 closes when this process dies
         else:
             from conveyor.elastic._membership import Coordinator
 
             self.store.set("t0", repr(time.time()))
             self.coordinator = Coordinator(
                 host,
-                self.port,
+                port,
                 initial=workers,
                 reliable=options.reliable,
                 lost_s=options.lost_s,
@@ -140,27 +137,31 @@ class ElasticTrainer(Steps):
                 sync_max=options.sync_max,
                 backup_only_min=options.backup_only_min,
                 log=None if log_dir is None else log_dir / "elastic.jsonl",
-                liveness=Liveness(host, self.port),
+                liveness=Liveness(host, port),
             )
         listen_for_notice()  # (the launcher listens from the start already)
         self.watch = Watch(
-            self.store, host=host, port=self.port, worker=worker, timeout_s=options.timeout_s, lost_s=options.lost_s
+            self.store, host=host, port=port, worker=worker, timeout_s=options.timeout_s, lost_s=options.lost_s
         )
-        numel = full_message_numel(self.flat.numel, len(self.keys), len(self.scalar_keys), self.flat.buffer_numel)
-        self.held = HeldState(
-            backup=torch.zeros(numel, dtype=self.flat.dtype), buffer_bounds=(0, self.flat.buffer_numel)
+        self.context = WorkerContext(
+            worker=worker,
+            store=self.store,
+            watch=self.watch,
+            flat=flat,
+            make_optimizer=make_optimizer,
+            keys=keys,
+            scalar_keys=scalar_keys,
+            options=options,
+            log_dir=log_dir,
         )
+        backup = torch.zeros(self.context.state_numel(), dtype=flat.dtype)
+        self.held = HeldState(backup=backup, buffer_bounds=(0, flat.buffer_numel))
         if self.leader:
-            self.held.backup[: self.flat.numel] = self.flat.weights()
-            self.held.backup[numel - self.flat.buffer_numel :] = self.flat.buffer_vector()
-        self.train_group: Any = None  # this generation's groups (gloo's typing stubs lack their methods)
-        self.all_group: Any = None
-        self.pending_send: Waiting | None = None  # an owner's backup on its way to worker 0
-        self.incoming: list[tuple[int, list[tuple[Shard, torch.Tensor, Waiting | None]]]] = []  # worker 0's
+            self.held.backup[: flat.numel] = flat.weights()
+            self.held.backup[self.held.backup.numel() - flat.buffer_numel :] = flat.buffer_vector()
+        self.groups = Groups()
         self.first_step_at: float | None = None
         self.losses: deque[float] = deque()  # the last epoch's steps' (bounded: a run may go on for days)
-        self.retired: list[Any] = []  # groups no longer used, until it is safe to destroy them (see _recover)
-        self.events: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------------- the run
     def fit(self, job: ElasticJob, on_step: Callable[[int], None] | None = None) -> WorkerOutcome:
@@ -173,8 +174,13 @@ class ElasticTrainer(Steps):
             }
             job = dataclasses.replace(job, **on)
         self.job, self.on_step = job, on_step
-        if self.layout is not None:
-            self.staged = StagedStep(self.model, self.microbatches, job.train_x)
+        staged = StagedStep(self.model, self.microbatches, job.train_x) if self.layout is not None else None
+        placement = Placement(self.context.flat, staged, self.layout)
+        held, groups = self.held, self.groups
+        self.handover = Handover(self.context, held=held, groups=groups, placement=placement, stop_step=self._stop_step)
+        self.steps = Steps(
+            self.context, held=held, groups=groups, placement=placement, model=self.model, loss_fn=self.loss_fn, job=job
+        )
         self.steps_per_epoch = -(-len(job.train_x) // job.batch_size)
         self.losses = deque(maxlen=self.steps_per_epoch)
         self._orders: dict[int, torch.Tensor] = {}
@@ -188,7 +194,8 @@ class ElasticTrainer(Steps):
         try:
             while True:
                 try:
-                    self._recover(self._newest_with_me())
+                    self.handover.recover(self._newest_with_me())
+                    self.first_step_at = None
                     self._run_generation()
                     break
                 except MembershipChanged:
@@ -196,7 +203,7 @@ class ElasticTrainer(Steps):
                         break
                     continue
         except Left:
-            return WorkerOutcome(self.worker, events=self.events, left_at=self.done)
+            return WorkerOutcome(self.worker, events=self.handover.events, left_at=self.done)
         except dist.DistNetworkError as exc:  # the store went away with worker 0
             raise JobFailed(
                 f"the job's store on reliable worker 0 is unreachable ({exc}): the reliable tier was "
@@ -214,8 +221,8 @@ class ElasticTrainer(Steps):
             self.worker,
             steps=self.done + 1,
             losses=list(self.losses),
-            events=self.events,
-            weights=self.flat.weights() if computing else None,
+            events=self.handover.events,
+            weights=self.context.flat.weights() if computing else None,
         )
 
     def _newest_with_me(self) -> Generation:
@@ -226,30 +233,15 @@ class ElasticTrainer(Steps):
             if self.watch.gen is not None:  # declared lost (paused past the heartbeat limit?): the job went on
                 print(f"worker {self.worker} was declared lost and left out of the job: it exits", flush=True)
                 # alive: a false loss, logged with what this process's heartbeat did (stalled, or stopped?)
-                self.log({"event": "declared lost", "worker": self.worker, "gen": gen.gen, **self.heartbeat.record()})
+                lost = {"event": "declared lost", "worker": self.worker, "gen": gen.gen}
+                self.context.log({**lost, **self.heartbeat.record()})
                 raise Left
             time.sleep(0.05)
 
-    def shards(self, gen: Generation) -> list[Shard]:
-        """Who holds which part of the state in ``gen``: each owner its shard (data parallelism), or each
-        stage's replicas its weights and buffers (a pipeline)."""
-        if self.staged is None:
-            owners, everything = gen.roles.owners, (0, self.flat.buffer_numel)
-            bounds = shard_bounds(self.flat.numel, len(owners))
-            return [((o,), b, everything) for o, b in zip(owners, bounds, strict=True)]
-        assert self.layout is not None
-        return self.staged.shards(self.layout(len(gen.roles.compute)), gen.roles.compute)
-
-    def layout_of(self, gen: Generation) -> dict[str, list[int]] | None:
-        """A pipeline's blocks and replicas per stage in ``gen`` (``None``: data parallelism)."""
-        if self.layout is None:
-            return None
-        layout = self.layout(len(gen.roles.compute))
-        return {"balance": list(layout.balance), "replicas": list(layout.replicas)}
-
-    def backs_up(self, gen: Generation) -> bool:
-        """Whether the reliable tier keeps backups (AgileML's stages 2 and 3; a pipeline's stages always)."""
-        return gen.roles.stage > 1 or self.staged is not None
+    @property
+    def done(self) -> int:
+        """The last step this worker completed."""
+        return self.watch.done
 
     def _stop_step(self) -> int:
         total = self.job.epochs * self.steps_per_epoch
@@ -269,13 +261,13 @@ class ElasticTrainer(Steps):
             if self.worker == gen.roles.compute[0]:
                 self._finish()
         elif self.leader and gen.roles.stage == 3:
-            self._keep_backups()
+            self.handover.keep_backups(self.on_step)
         self.watch.poll_until(lambda: self.store.check(["finished"]))
 
     def _finish(self) -> None:
-        if self.log_dir is not None:
+        if self.context.log_dir is not None:
             state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-            save_checkpoint(self.log_dir / "checkpoint.pt", state, steps=self.done + 1)
+            save_checkpoint(self.context.log_dir / "checkpoint.pt", state, steps=self.done + 1)
         self.store.set("finished", str(self.done))
 
     def _wait_for_members(self) -> None:
@@ -298,17 +290,17 @@ class ElasticTrainer(Steps):
         assert gen is not None
         epoch, i = divmod(t, self.steps_per_epoch)
         batch = self._order(epoch)[i * self.job.batch_size : (i + 1) * self.job.batch_size]
-        loss = self._staged_step(t, batch) if self.staged is not None else self._data_parallel_step(t, batch)
+        loss = self.steps.run(t, batch)
         self.watch.done = t
         self.losses.append(loss)
         if self.first_step_at is None and self.worker == gen.roles.compute[0]:
             self.first_step_at = time.time()
-            self.log({"event": "resumed", "gen": gen.gen, "step": t, "worker": self.worker})
+            self.context.log({"event": "resumed", "gen": gen.gen, "step": t, "worker": self.worker})
         if self.on_step is not None:
             self.on_step(t)
         if i == self.steps_per_epoch - 1 and epoch > self.held.evaluated:  # (not an epoch's end redone after a loss)
             self._end_epoch(epoch, t)
-        self._backups(t)
+        self.handover.backups(t)
 
     def _stops_after(self, epoch: int, accuracy: float) -> bool:
         """Whether the run ends with ``epoch``: the target accuracy reached, or the job's own stop (a lease)."""
@@ -320,8 +312,8 @@ class ElasticTrainer(Steps):
     def _end_epoch(self, epoch: int, t: int) -> None:
         gen = self.watch.gen
         assert gen is not None
-        if self.staged is not None:
-            self._gather_stages()
+        if self.layout is not None:
+            self.steps.gather_stages()
         accuracy = torch.zeros(1, dtype=torch.float64)
         evaluating = self.worker == gen.roles.compute[0] and self.job.test_x is not None
         if evaluating:
@@ -331,12 +323,12 @@ class ElasticTrainer(Steps):
             accuracy[0] = float((logits.argmax(-1) == self.job.test_y).float().mean())
         if evaluating and self._stops_after(epoch, float(accuracy)):
             self.store.set("stop_step", str(t + 1))  # before the broadcast: every worker then reads it
-        self.watch.wait(self.train_group.broadcast(accuracy, 0), stepping=True)
+        self.watch.wait(self.groups.train.broadcast(accuracy, 0), stepping=True)
         self.held.evaluated = epoch
         if evaluating:
             t0 = float(self.store.get("t0"))
             per_epoch = list(self.losses)
-            self.log(
+            self.context.log(
                 {
                     "epoch": epoch + 1,
                     "seconds": round(time.time() - t0, 3),

@@ -74,11 +74,12 @@ class Layout:
 
 def fixed_layout(cfg: TrainConfig, blocks: int, workers: int) -> Layout | None:
     """The layout a :class:`~conveyor.config.TrainConfig` fixes (a plan file, or stages and replicas), checked
-    against the model's ``blocks`` and the job's ``workers``; ``None`` when the planner decides. One worker with
-    the schedule left to Conveyor is one stage with the flush schedule: a plain training loop.
+    against the model's ``blocks`` and the job's ``workers`` (0: not known); ``None`` when the planner decides.
+    One worker with the schedule left to Conveyor is one stage with the flush schedule: a plain training loop.
 
     Raises:
-        ValueError: a plan file for another worker count or model, or a layout the model cannot take.
+        ValueError: a plan file for another worker count or model, a layout for another worker count, or a
+            layout the model cannot take.
     """
     if cfg.layout.plan:
         spec = read_plan_file(cfg.layout.plan)
@@ -101,6 +102,13 @@ def fixed_layout(cfg: TrainConfig, blocks: int, workers: int) -> Layout | None:
             if cfg.layout.replicas
             else [1] * (cfg.layout.stages or 1)
         )
+        if workers and sum(replicas) != workers:  # (0: not known yet; torchrun's count is checked here alone)
+            needed, text = sum(replicas), "-".join(map(str, replicas))
+            raise InputError(
+                f"the pipeline has {len(replicas)} stages with replicas {text}, which need {needed} workers, but "
+                f"{workers} were started: start {needed} (torchrun --nproc_per_node {needed}), or give --stages "
+                f"and --replicas for {workers} workers"
+            )
         schedule = "flush" if cfg.layout.schedule == "auto" else cfg.layout.schedule
         microbatches = microbatches_of(cfg, sum(replicas))
         return Layout(schedule, even_balance(blocks, len(replicas)), replicas, microbatches, how="fixed layout")
