@@ -15,7 +15,7 @@ from torch import nn
 
 from conveyor.elastic import ElasticJob, ElasticOptions, ElasticTrainer, WorkerOutcome, launch_elastic, planned_layouts
 from conveyor.elastic._launch import _ElasticJob, _worker
-from conveyor.elastic._membership import latest
+from conveyor.elastic._membership import connect, latest
 from conveyor.plan import Profile
 from conveyor.processes import LauncherOutput, worker_context
 from conveyor.runtime import WorkerError
@@ -122,17 +122,32 @@ def work(
         time.sleep(step_s)  # steps long enough for faults to land mid-run
         if worker in kills and t == kills[worker][0]:
             os.kill(os.getpid(), kills[worker][1])
-        if t == join_by and worker is not None:  # the job's workers, not the joiner (its id comes from the store)
-            deadline = time.monotonic() + 60  # however long the joiner takes to start, it joins mid-run
-            while JOINER not in latest(trainer.store).members and time.monotonic() < deadline:
-                time.sleep(0.05)
+        if join_by is not None and t >= join_by and worker is not None:  # (not the joiner: its id is None here)
+            wait_for_the_joiner(trainer)
 
     return trainer.fit(ElasticJob(x, y, x, y, BATCH, EPOCHS), on_step)
 
 
-def late(delay_s: float, *args: Any) -> WorkerOutcome:
-    time.sleep(delay_s)
-    return work(*args)
+def wait_for_the_joiner(trainer: ElasticTrainer) -> None:
+    """Hold the job (however long the joiner takes to start) until the joiner is a member, stepping on only to
+    make a change of membership that is pending (a wait here would hold its boundary, and the joiner waits for it)."""
+    assert trainer.watch.gen is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        newest = latest(trainer.store)
+        if JOINER in newest.members or newest.gen > trainer.watch.gen.gen:
+            return
+        time.sleep(0.05)
+
+
+def after_the_first_change(worker: int | None, host: str, port: int, *args: Any) -> WorkerOutcome:
+    """A joiner that starts once worker 0 has recovered into the job's first change of membership (the notice's):
+    the notice and the join are then two generations, whenever each process gets the CPU."""
+    store = connect(host, port, is_leader=False)
+    deadline = time.monotonic() + 60
+    while not (store.check(["state_gen"]) and int(store.get("state_gen")) >= 1) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return work(worker, host, port, *args)
 
 
 def run(
@@ -141,32 +156,32 @@ def run(
     opts: ElasticOptions,
     kills: dict[int, tuple[int, int]],
     victim: int | None = None,
-    join_after_s: float = 0.0,
+    joiner: bool = False,
     pipeline: bool = False,
 ) -> list[WorkerOutcome]:
     step_s = 0.05 if pipeline else 0.02
-    join_by = EPOCHS * -(-240 // BATCH) // 2 + 2 if join_after_s else None  # in the second epoch
+    join_by = EPOCHS * -(-240 // BATCH) // 2 + 2 if joiner else None  # in the second epoch
     args = (str(tmp_path), opts, workers, kills, victim, pipeline, step_s, join_by)
-    joiner = None
-    if join_after_s:  # a worker started by hand (as conveyor train --join would), from outside the launcher
+    late = None
+    if joiner:  # a worker started by hand (as conveyor train --join would), from outside the launcher
         job = _ElasticJob(
             host="127.0.0.1",
             folder=tmp_path,
-            fn=partial(late, join_after_s),
+            fn=after_the_first_change,
             args=args,
             setup=None,
             threads=1,
             environment=dict(os.environ),
             output=LauncherOutput(),
         )
-        joiner = worker_context().Process(target=_worker, args=(9, None, job))
-        joiner.start()
+        late = worker_context().Process(target=_worker, args=(9, None, job))
+        late.start()
     try:
         results = launch_elastic(work, *args, nprocs=workers, folder=tmp_path, timeout_s=100)
     finally:
-        if joiner is not None:
-            joiner.join(30)
-            assert joiner.exitcode == 0
+        if late is not None:
+            late.join(30)
+            assert late.exitcode == 0
     return list(results.values())
 
 
@@ -208,7 +223,7 @@ def test_stage_2_owner_lost_without_notice_resumes_from_the_backup(tmp_path: Pat
 
 def test_notice_hands_the_shard_over_and_a_joiner_takes_one(tmp_path: Path) -> None:
     opts = ElasticOptions(lost_s=1.0, sync_max=0.5, backup_every=3)
-    results = run(tmp_path, 3, opts, {2: (6, signal.SIGTERM)}, join_after_s=0.5)
+    results = run(tmp_path, 3, opts, {2: (6, signal.SIGTERM)}, joiner=True)
     check_weights(results)
     gens = generations(tmp_path)
     reasons = [g["reason"] for g in gens]
