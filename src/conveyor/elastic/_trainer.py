@@ -321,22 +321,29 @@ class ElasticTrainer:
             with torch.no_grad():
                 logits = self.model(self.job.test_x)
             accuracy[0] = float((logits.argmax(-1) == self.job.test_y).float().mean())
-        if evaluating and self._stops_after(epoch, float(accuracy)):
-            self.store.set("stop_step", str(t + 1))  # before the broadcast: every worker then reads it
+            if self._stops_after(epoch, float(accuracy)):
+                self.store.set("stop_step", str(t + 1))  # before the broadcast: every worker then reads it
+            # Logged and marked evaluated before the broadcast: a change may interrupt the broadcast here after a
+            # peer received it, and a recovery skips an epoch's end that any participant saw evaluated.
+            self._log_epoch(epoch, t, float(accuracy))
+            self.held.evaluated = epoch
         self.watch.wait(self.groups.train.broadcast(accuracy, 0), stepping=True)
         self.held.evaluated = epoch
-        if evaluating:
-            t0 = float(self.store.get("t0"))
-            per_epoch = list(self.losses)
-            self.context.log(
-                {
-                    "epoch": epoch + 1,
-                    "seconds": round(time.time() - t0, 3),
-                    "step": t,
-                    "loss": sum(per_epoch) / max(1, len(per_epoch)),
-                    "accuracy": float(accuracy),
-                    "gen": gen.gen,
-                    "workers": len(gen.roles.compute),
-                },
-                "metrics.jsonl",
-            )
+
+    def _log_epoch(self, epoch: int, t: int, accuracy: float) -> None:
+        """The epoch's line of ``metrics.jsonl``, written by the worker that evaluated it."""
+        gen = self.watch.gen
+        assert gen is not None
+        per_epoch = list(self.losses)
+        self.context.log(
+            {
+                "epoch": epoch + 1,
+                "seconds": round(time.time() - float(self.store.get("t0")), 3),
+                "step": t,
+                "loss": sum(per_epoch) / max(1, len(per_epoch)),
+                "accuracy": accuracy,
+                "gen": gen.gen,
+                "workers": len(gen.roles.compute),
+            },
+            "metrics.jsonl",
+        )
