@@ -128,6 +128,7 @@ def ray_backend() -> Iterator[RayBackend]:
 
 
 @pytest.mark.slow  # Ray starts its own processes
+@pytest.mark.xdist_group("ray")  # one Ray instance for the module (the fixture), on one xdist worker
 @pytest.mark.timeout(90)
 def test_ray_runs_a_command_where_its_devices_are(ray_backend: RayBackend, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
@@ -149,6 +150,7 @@ def test_ray_runs_a_command_where_its_devices_are(ray_backend: RayBackend, tmp_p
 
 
 @pytest.mark.slow  # Ray starts its own processes
+@pytest.mark.xdist_group("ray")  # one Ray instance for the module (the fixture), on one xdist worker
 @pytest.mark.timeout(90)
 def test_ray_jobs_wait_for_devices_of_their_type(ray_backend: RayBackend, tmp_path: Path) -> None:
     """Two jobs on the one fast device run one after the other; a job on the slow one runs beside the first
@@ -172,6 +174,7 @@ def test_ray_jobs_wait_for_devices_of_their_type(ray_backend: RayBackend, tmp_pa
 
 
 @pytest.mark.slow  # Ray starts its own processes
+@pytest.mark.xdist_group("ray")  # one Ray instance for the module (the fixture), on one xdist worker
 @pytest.mark.timeout(90)
 def test_ray_stop_kills_the_command_and_its_children(ray_backend: RayBackend, tmp_path: Path) -> None:
     job, marker = _sleeper(ray_backend, tmp_path, "slow")

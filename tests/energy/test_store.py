@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import multiprocessing.synchronize
 from pathlib import Path
 
 import pytest
 
 from conveyor.energy import BatchSizeSearch, JobSettings, Recurrence, RecurrenceStore, default_store_path
+from conveyor.processes import worker_context  # forked from a server that imported torch: no import each
 
 SETTINGS = JobSettings((16, 32, 64), default=32, target=0.9, eta=0.5, beta=2.0)
 
@@ -68,7 +70,7 @@ def _begin_and_hold(path: str, ready: mp.synchronize.Barrier, done: mp.synchroni
 def test_concurrent_beginnings_take_turns_and_only_one_explores(tmp_path: Path) -> None:
     path = str(tmp_path / "r.sqlite")
     RecurrenceStore(Path(path))
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     ready, done, out = ctx.Barrier(4), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_begin_and_hold, args=(path, ready, done, out)) for _ in range(4)]
     try:
@@ -94,7 +96,7 @@ def _begin_and_die(path: str) -> None:
 @pytest.mark.timeout(60)
 def test_a_recurrence_whose_process_died_is_abandoned(tmp_path: Path) -> None:
     path = tmp_path / "r.sqlite"
-    p = mp.get_context("spawn").Process(target=_begin_and_die, args=(str(path),))
+    p = worker_context().Process(target=_begin_and_die, args=(str(path),))
     p.start()
     p.join(50)
     store = RecurrenceStore(path)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 import torch
 
 from conveyor.cli import main
+from conveyor.processes import worker_context  # forked from a server that imported torch: no import each
 from conveyor.warmstart._store import ModelStore, default_model_store
 
 GRAPH = {
@@ -58,7 +58,7 @@ def _register(root: str, checkpoint: str, n: int) -> None:
 @pytest.mark.timeout(120)
 def test_concurrent_registrations_lose_nothing(tmp_path: Path) -> None:
     checkpoint = _checkpoint(tmp_path)
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     procs = [ctx.Process(target=_register, args=(str(tmp_path / "models"), str(checkpoint), 5)) for _ in range(3)]
     for p in procs:
         p.start()
