@@ -4,7 +4,11 @@ that starts a process fails, saying to mark it); and which tests pytest-xdist ke
 
 import multiprocessing.forkserver
 import multiprocessing.process
+import os
+import shutil
 import subprocess
+import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,15 @@ def pipedream_profiles() -> Path:
     if not PROFILES.is_dir():
         pytest.skip(f"PipeDream profiles not found at {PROFILES} (only CI and developer machines have ../shared)")
     return PROFILES
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One data directory for the session (``CONVEYOR_DATA``, which pytest-xdist's workers inherit), removed at its
+    end: the tests' stores and the start-up figures their jobs keep are never the user's, and the figures one
+    test's job measured are planned from by the next test's run of the same job, as by a user's second run."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        os.environ["CONVEYOR_DATA"] = tempfile.mkdtemp(prefix="conveyor-tests-")
+        config.add_cleanup(partial(shutil.rmtree, os.environ["CONVEYOR_DATA"], ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -97,6 +97,14 @@ def test_an_expiring_lease_stops_the_run_which_resumes_from_its_checkpoint(tmp_p
     assert checkpoint.load(ckpt)["steps"] == (first["epochs"] + 2) * STEPS_PER_EPOCH
     assert second["loss"][0] < first["loss"][0], (first["loss"], second["loss"])  # not from fresh weights
     assert second["accuracy"][0] > max(0.5, first["accuracy"][-1] - 0.1), (first["accuracy"], second["accuracy"])
+    # The same job again: it plans from the start-up figures the first run kept, to the same prediction.
+    plans = [json.loads((tmp_path / run / "plan.json").read_text()) for run in "ab"]
+    assert plans[1]["measured_at_start"]["source"].startswith("kept from a run on ")
+    assert plans[1]["measured_at_start"] == {
+        **plans[0]["measured_at_start"],
+        "source": plans[1]["measured_at_start"]["source"],
+    }
+    assert plans[1]["predicted"] == plans[0]["predicted"]
 
 
 @pytest.mark.slow

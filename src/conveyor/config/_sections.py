@@ -107,6 +107,11 @@ class LayoutConfig:
     microbatches: int | None = option(
         None, "microbatches per batch (default 4, or 1 for a job of one worker)", parse=positive
     )
+    remeasure: bool = option(
+        False,
+        "measure the model, the machine and its links again before planning, rather than plan from the figures "
+        "kept from the last run of the same job on this machine (in ~/.cache/conveyor, or $CONVEYOR_DATA/cache)",
+    )
 
     def __post_init__(self) -> None:
         if (self.microbatches or 1) < 1:

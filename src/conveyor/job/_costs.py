@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 import os
 import statistics
@@ -42,7 +43,7 @@ from conveyor.runtime import (
 )
 from conveyor.runtime.parts import P2P
 
-__all__ = ["Costs", "measure_costs"]
+__all__ = ["Costs", "choose_threads", "measure_costs"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Costs:
         workers: the job's workers.
         cores: the cores the workers share (``None`` on GPUs or emulated devices: one each).
         network: the emulated network's topology, when the job runs on one.
+        source: where the figures come from: measured by this run, or kept from an earlier one
+            (:mod:`conveyor.job._measured`).
     """
 
     profile: Profile
@@ -70,6 +73,36 @@ class Costs:
     workers: int
     cores: int | None
     network: Topology | None = None
+    source: str = "measured at start-up"
+
+    def to_json(self) -> str:
+        """The figures as JSON (:meth:`from_json` reads them back; ``source`` is the reader's to say)."""
+        figures = {k: v for k, v in asdict(self).items() if k not in ("profile", "source")}
+        return json.dumps({**figures, "profile": json.loads(self.profile.to_json())}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str) -> Costs:
+        """:meth:`to_json`'s figures.
+
+        Raises:
+            ValueError: ``text`` holds no such figures (a file of another version, or cut short).
+        """
+        d = json.loads(text)
+        try:
+            network = None if d["network"] is None else Topology(tuple(Level(**lv) for lv in d["network"]["levels"]))
+            return cls(
+                profile=Profile.from_json(json.dumps(d["profile"])),
+                link=None if d["link"] is None else MeasuredLink(**d["link"]),
+                allreduce=None if d["allreduce"] is None else (float(d["allreduce"][0]), float(d["allreduce"][1])),
+                overhead_s=float(d["overhead_s"]),
+                single_worker_samples_per_s=d["single_worker_samples_per_s"],
+                workers=int(d["workers"]),
+                cores=d["cores"],
+                network=network,
+                source=source,
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a job's start-up figures ({type(exc).__name__}: {exc})") from exc
 
     @property
     def topology(self) -> Topology:
@@ -102,6 +135,7 @@ class Costs:
             "single_worker_samples_per_s": self.single_worker_samples_per_s,
             "workers": self.workers,
             "cores": self.cores,
+            "source": self.source,
         }
 
 
@@ -148,11 +182,7 @@ def measure_costs(
     prof, overhead = None, 0.0
     whole = materialize is None  # the whole model is real and may be run
     if share is not None and not alone and whole:
-        share.choose(
-            _training_step(
-                model, batches[0], microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer, device=device
-            )
-        )
+        choose_threads(share, model, batches[0], microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer)
     dist.barrier()
     if rank == 0 or not alone:
         # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
@@ -216,6 +246,23 @@ def measure_costs(
     if alone and link is not None:  # sending and receiving are work on the device too
         link = replace(link, send_s=link.send_s * per_core, recv_s=link.recv_s * per_core)
     return Costs(_scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, shared, network)
+
+
+def choose_threads(
+    share: CoreShare,
+    model: nn.Module,
+    batch: tuple[Any, torch.Tensor],
+    *,
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], Any],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+) -> None:
+    """This worker's intra-op threads: the faster count for a microbatch's training step on a copy of ``model``
+    (:meth:`~conveyor.runtime.CoreShare.choose`), ``batch`` on the worker's device."""
+    device = batch[1].device
+    share.choose(
+        _training_step(model, batch, microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer, device=device)
+    )
 
 
 def _copy_and_microbatch(

@@ -56,6 +56,11 @@ class Layout:
         """The plan file's predicted training samples per second."""
         return float(self.plan_file["predicted"]["samples_per_s"])
 
+    @property
+    def figures_source(self) -> str:
+        """Where the figures planned with came from (measured at start-up, or kept from an earlier run)."""
+        return str(self.plan_file.get("measured_at_start", {}).get("source", ""))
+
     def describe(self) -> str:
         config = "-".join(map(str, self.replicas))
         predicted = self.plan_file.get("predicted", {})
@@ -69,6 +74,7 @@ class Layout:
                 f"({predicted['epoch_seconds']:.2f} s per epoch) x {predicted['epochs_factor']:.2f} the epochs of "
                 "data parallelism"
             )
+            + (f", from figures {source}" if (source := self.figures_source) and source.startswith("kept") else "")
         )
 
 

@@ -38,7 +38,6 @@ from conveyor.energy import MeterStatus, describe_meters, open_meter
 from conveyor.errors import InputError
 from conveyor.gaia import outer_sync
 from conveyor.job._config import RunState, autocast_dtype, job_devices, loss_and_optimizer
-from conveyor.job._costs import measure_costs
 from conveyor.job._energy import (
     EpochKnobs,
     KnobsSummary,
@@ -50,6 +49,7 @@ from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatch
 from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._loop import EpochLoop, LoopOutcome, whole_history
+from conveyor.job._measured import kept_or_measured
 from conveyor.job._model import materializer, model_and_data
 from conveyor.job._report import continued, energy_summary
 from conveyor.job._resources import ResourceLog
@@ -102,18 +102,19 @@ def _measure_and_plan(
     emulation = Emulation(network=cfg.emulation.network, devices=cfg.emulation.devices)
     network, devices = emulation.topology(dist.get_world_size()), emulation.device_list(dist.get_world_size())
     device_cores = devices[dist.get_rank()].cores if devices else None
-    costs = measure_costs(
+    costs = kept_or_measured(
+        cfg,
         model,
         (sample * 2)[: max(2, len(sample))],
         microbatches=microbatches,
         loss_fn=loss_fn,
         optimizer=make_optimizer,
+        device=default_device(),
+        share=cores,
         name=cfg.model.name,
         network=network,
         device_cores=device_cores,
-        device=default_device(),
         autocast=autocast_dtype(cfg),
-        share=cores,
         materialize=materializer(cfg, model),
     )
     box: list[Layout | None] = [None]

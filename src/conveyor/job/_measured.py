@@ -1,0 +1,158 @@
+"""The figures a job plans with, measured once and kept: the same command plans from the same figures, and so
+picks the same layout with the same prediction, run after run.
+
+Measured afresh at every start, the figures varied 2x between runs on a loaded machine (an all-reduce step 180
+to 1,092 us) and the planner, deterministic given them, chose another layout each time. A job's figures
+(:class:`~conveyor.job._costs.Costs`) are kept in ``cache_dir()/costs/KEY.json``, where KEY hashes what they
+depend on: the machine (its processor, cores and GPU), the software (Conveyor, PyTorch and Python versions),
+the model (its modules and parameters' shapes), a batch's shapes, the microbatches, the workers and how they
+share the machine, and the emulated network and devices. ``--remeasure`` measures again and keeps the new
+figures (after the machine's load changed for good, say). The workers' intra-op threads are chosen afresh every
+run either way: they follow the machine's load now.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import conveyor
+from conveyor.config import TrainConfig
+from conveyor.job._costs import Costs, choose_threads, measure_costs
+from conveyor.paths import cache_dir
+from conveyor.runtime import CoreShare, to_device
+
+__all__ = ["costs_key", "kept_or_measured", "load_costs", "save_costs"]
+
+
+def _processor() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _shapes(value: Any) -> Any:
+    """A batch's structure with each tensor replaced by its shape and dtype."""
+    if isinstance(value, torch.Tensor):
+        return [list(value.shape), str(value.dtype)]
+    if isinstance(value, dict):
+        return {str(k): _shapes(v) for k, v in sorted(value.items())}
+    if isinstance(value, list | tuple):
+        return [_shapes(v) for v in value]
+    return repr(value)
+
+
+def costs_key(model: nn.Module, batch: tuple[Any, torch.Tensor], *, device: torch.device, job: dict[str, Any]) -> str:
+    """The key a job's figures are kept under: a hash of the machine, the software, ``model``'s modules and
+    parameters, ``batch``'s shapes, the ``device``'s kind and the ``job``'s own facts (JSON-able: its workers,
+    microbatches, network, ...)."""
+    facts = {
+        "machine": {
+            "processor": _processor(),
+            "cpus": os.cpu_count(),
+            "cores": len(os.sched_getaffinity(0)),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        },
+        "software": [conveyor.__version__, torch.__version__, sys.version.split()[0]],
+        "model": [repr(model), [[n, list(p.shape), str(p.dtype)] for n, p in model.named_parameters()]],
+        "batch": _shapes(batch),
+        "device": device.type,
+        "job": job,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _path(key: str) -> Path:
+    return cache_dir() / "costs" / f"{key}.json"
+
+
+def load_costs(key: str) -> Costs | None:
+    """The figures kept under ``key``, or ``None`` where there are none (or none readable: they are measured
+    again and replace the file)."""
+    path = _path(key)
+    try:
+        text = path.read_text()
+        measured = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+        return Costs.from_json(text, source=f"kept from a run on {measured} ({path}; --remeasure to measure again)")
+    except (OSError, ValueError):
+        return None
+
+
+def save_costs(key: str, costs: Costs) -> None:
+    """Keep ``costs`` under ``key`` (written whole, then renamed: a run reading it at once sees the old file or
+    the new, never part of one)."""
+    path = _path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(costs.to_json())
+    partial.replace(path)
+
+
+def kept_or_measured(
+    cfg: TrainConfig,
+    model: nn.Sequential,
+    batches: list[tuple[Any, torch.Tensor]],
+    *,
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    optimizer: Callable[..., torch.optim.Optimizer],
+    device: torch.device,
+    share: CoreShare | None,
+    **measure: Any,
+) -> Costs | None:
+    """The figures of ``cfg``'s job (every worker calls it; the first worker's :class:`Costs`, ``None``
+    elsewhere): those kept for it (:func:`costs_key` of the model, the first batch and the job's facts), unless
+    ``--remeasure``, else :func:`~conveyor.job._costs.measure_costs` with ``measure``'s arguments, then kept.
+    With kept figures each worker still chooses its threads (``share``) with a training step, as a measurement
+    does."""
+    box: list[Any] = [None, ""]
+    if dist.get_rank() == 0:
+        job = {
+            "workers": dist.get_world_size(),
+            "local_workers": int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+            "microbatches": microbatches,
+            "emulation": [cfg.emulation.network, cfg.emulation.devices],
+            "autocast": cfg.run.autocast,
+            "materialize": cfg.model.materialize,
+            "optimizer": cfg.optimizer.name,  # its step is timed
+            "dataset": cfg.model.dataset,  # and the loss with it
+        }
+        box[1] = costs_key(model, batches[0], device=device, job=job)
+        box[0] = None if cfg.layout.remeasure else load_costs(box[1])
+    dist.broadcast_object_list(box, src=0)
+    kept, key = box
+    if kept is None:
+        costs = measure_costs(
+            model,
+            batches,
+            microbatches=microbatches,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            device=device,
+            share=share,
+            **measure,
+        )
+        if costs is not None:
+            save_costs(key, costs)
+        return costs
+    if share is not None and measure.get("materialize") is None and measure.get("device_cores") is None:
+        x, y = batches[0]
+        step = (to_device(x, device), y.to(device))
+        choose_threads(share, model, step, microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer)
+    return kept if dist.get_rank() == 0 else None

@@ -1,0 +1,111 @@
+"""The start-up figures kept between runs: keyed by what they depend on, read back whole, and planned from to the
+same plan every time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conveyor.config import TrainConfig
+from conveyor.job._costs import Costs
+from conveyor.job._layout import choose_layout
+from conveyor.job._measured import costs_key, kept_or_measured, load_costs, save_costs
+from conveyor.plan import Level, Profile, Topology
+from conveyor.plan._profiles import Layer
+from conveyor.runtime import MeasuredLink, launch
+
+CPU = torch.device("cpu")
+
+
+def _costs(workers: int = 4) -> Costs:
+    layers = tuple(
+        Layer(
+            str(i), "Linear", forward_s=1e-3 * (i + 1), backward_s=2e-3 * (i + 1), output_bytes=4096, param_bytes=8192
+        )
+        for i in range(6)
+    )
+    profile = Profile("toy", layers, tuple((i, i + 1) for i in range(5)), 16)
+    link = MeasuredLink(send_s=2e-5, recv_s=1e-5, latency=5e-5, bandwidth=1e9)
+    network = Topology((Level(2, 1e9), Level(2, 1e8, 1e-3)))
+    return Costs(profile, link, (1e-4, 2e9), 3e-5, 900.0, workers, 2, network)
+
+
+def _model(width: int = 8) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 3))
+
+
+BATCH = (torch.zeros(16, 4), torch.zeros(16, dtype=torch.long))
+
+
+def test_the_key_follows_the_model_the_batch_and_the_job_and_nothing_else() -> None:
+    key = costs_key(_model(), BATCH, device=CPU, job={"workers": 2})
+    assert key == costs_key(_model(), BATCH, device=CPU, job={"workers": 2})  # other weights, same model
+    assert key != costs_key(_model(width=9), BATCH, device=CPU, job={"workers": 2})
+    assert key != costs_key(_model(), (torch.zeros(32, 4), BATCH[1]), device=CPU, job={"workers": 2})
+    assert key != costs_key(_model(), BATCH, device=CPU, job={"workers": 3})
+
+
+def test_kept_figures_read_back_whole_and_a_bad_file_is_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path))
+    assert load_costs("k") is None
+    costs = _costs()
+    save_costs("k", costs)
+    kept = load_costs("k")
+    assert kept is not None and kept.source.startswith("kept from a run on ") and "--remeasure" in kept.source
+    assert replace(kept, source=costs.source) == costs
+    assert [p.name for p in (tmp_path / "cache" / "costs").iterdir()] == ["k.json"]  # nothing half-written left
+    (tmp_path / "cache" / "costs" / "k.json").write_text('{"profile": {}}')
+    assert load_costs("k") is None
+
+
+def test_two_plannings_from_the_same_kept_figures_give_the_same_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path))
+    save_costs("k", _costs())
+    cfg = TrainConfig.from_options(workers=4)
+    plans = []
+    for _ in range(2):
+        kept = load_costs("k")
+        assert kept is not None
+        plans.append(choose_layout(cfg, names=[str(i) for i in range(6)], costs=kept, batches=20, samples=1280))
+    assert plans[0] == plans[1] and plans[0].plan_file == plans[1].plan_file
+    assert plans[0].plan_file["measured_at_start"]["source"].startswith("kept from a run on ")
+
+
+def _figures(remeasure: bool) -> str | None:
+    torch.manual_seed(0)
+    batches = [(torch.randn(64, 4), torch.randint(0, 3, (64,))) for _ in range(2)]
+    costs = kept_or_measured(
+        TrainConfig.from_options(workers=2, remeasure=remeasure),
+        _model(),
+        batches,
+        microbatches=4,
+        loss_fn=F.cross_entropy,
+        optimizer=partial(torch.optim.SGD, lr=0.1),
+        device=CPU,
+        share=None,
+        name="toy",
+    )
+    return None if costs is None else costs.source
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_job_measures_once_then_plans_from_what_it_kept_until_told_to_remeasure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path))
+    sources = [launch(_figures, remeasure, nprocs=2, timeout_s=100) for remeasure in (False, False, True)]
+    assert [s[1] for s in sources] == [None, None, None]  # the first worker's alone
+    first, second, third = (s[0] for s in sources)
+    assert first == third == "measured at start-up" and second is not None and second.startswith("kept from")
+    assert len(list((tmp_path / "cache" / "costs").iterdir())) == 1
