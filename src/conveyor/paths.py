@@ -1,4 +1,4 @@
-"""Where Conveyor keeps what outlives a run: the user's data directory."""
+"""Where Conveyor keeps what outlives a run: the user's data directory, and a cache of what it may measure again."""
 
 from __future__ import annotations
 
@@ -6,6 +6,11 @@ import os
 from pathlib import Path
 
 __all__ = ["cache_dir", "data_dir"]
+
+
+def _xdg(variable: str, fallback: str) -> Path:
+    """``conveyor`` in the XDG base directory ``variable`` names, else in ``fallback``."""
+    return Path(os.environ.get(variable) or os.path.expanduser(fallback)) / "conveyor"
 
 
 def data_dir() -> Path:
@@ -18,9 +23,7 @@ def data_dir() -> Path:
         '/srv/conveyor'
     """
     root = os.environ.get("CONVEYOR_DATA")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")) / "conveyor"
+    return Path(root) if root else _xdg("XDG_DATA_HOME", "~/.local/share")
 
 
 def cache_dir() -> Path:
@@ -29,11 +32,9 @@ def cache_dir() -> Path:
 
     Example:
         >>> from unittest import mock
-        >>> with mock.patch.dict(os.environ, {"CONVEYOR_DATA": "/srv/conveyor"}):
+        >>> with mock.patch.dict(os.environ, {"XDG_CACHE_HOME": "/var/cache"}, clear=True):
         ...     str(cache_dir())
-        '/srv/conveyor/cache'
+        '/var/cache/conveyor'
     """
     root = os.environ.get("CONVEYOR_DATA")
-    if root:
-        return Path(root) / "cache"
-    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "conveyor"
+    return Path(root) / "cache" if root else _xdg("XDG_CACHE_HOME", "~/.cache")

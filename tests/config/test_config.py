@@ -25,6 +25,7 @@ FIXED = {
     "stages": 2,
     "replicas": "2-1",
     "microbatches": 2,
+    "remeasure": True,
     "optimizer": "adam",
     "lr": 0.01,
     "momentum": 0.5,
