@@ -7,4 +7,8 @@
 # environment and the README quotes its last line, which a test keeps the same.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Bytecode is written (__pycache__, git-ignored) even where the environment says not to: otherwise every process a
+# test starts compiles Conveyor's modules again (~1 s of CPU each) and every pytest process rewrites the tests'
+# asserts again (~9 s of CPU each collection).
+unset PYTHONDONTWRITEBYTECODE
 pip install torch==2.13.0 && pip install -e ".[test,docs]" && ruff check src tests && ruff format --check src tests && mypy && mkdocs build --strict --site-dir site && pytest -q -m "not slow and not root and not gpu and not serial" --durations=5 && pytest -q -m "(slow or root or gpu) and not serial" --durations=15 && pytest -q -n 0 -m serial --durations=5
