@@ -73,7 +73,11 @@ def test_a_missing_lease_is_a_one_line_error_at_start(tmp_path: Path, capsys: py
 
 
 @pytest.mark.slow
-def test_an_expiring_lease_stops_the_run_which_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+def test_an_expiring_lease_stops_the_run_which_resumes_from_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Start-up figures of its own: the other lease test runs the same job, and may keep its figures in between.
+    monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path / "data"))
     lease, ckpt = tmp_path / "lease.json", tmp_path / "ckpt" / "job.pt"
     write_lease(lease, time.time() + 600)
     run = _Run(tmp_path, "a", "--epochs", "100", "--lease", str(lease), "--checkpoint", str(ckpt))
@@ -97,8 +101,9 @@ def test_an_expiring_lease_stops_the_run_which_resumes_from_its_checkpoint(tmp_p
     assert checkpoint.load(ckpt)["steps"] == (first["epochs"] + 2) * STEPS_PER_EPOCH
     assert second["loss"][0] < first["loss"][0], (first["loss"], second["loss"])  # not from fresh weights
     assert second["accuracy"][0] > max(0.5, first["accuracy"][-1] - 0.1), (first["accuracy"], second["accuracy"])
-    # The same job again: it plans from the start-up figures the first run kept, to the same prediction.
+    # The same job again: it plans from the start-up figures the first run measured and kept, to the same prediction.
     plans = [json.loads((tmp_path / run / "plan.json").read_text()) for run in "ab"]
+    assert plans[0]["measured_at_start"]["source"] == "measured at start-up"
     assert plans[1]["measured_at_start"]["source"].startswith("kept from a run on ")
     assert plans[1]["measured_at_start"] == {
         **plans[0]["measured_at_start"],
