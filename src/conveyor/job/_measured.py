@@ -121,7 +121,8 @@ def kept_or_measured(
     ``--remeasure``, else :func:`~conveyor.job._costs.measure_costs` with ``measure``'s arguments, then kept.
     With kept figures each worker still chooses its threads (``share``) with a training step, as a measurement
     does."""
-    box: list[Any] = [None, ""]
+    kept: Costs | None = None
+    box: list[Any] = [False, ""]  # whether the first worker has kept figures, and their key
     if dist.get_rank() == 0:
         job = {
             "workers": dist.get_world_size(),
@@ -134,10 +135,11 @@ def kept_or_measured(
             "dataset": cfg.model.dataset,  # and the loss with it
         }
         box[1] = costs_key(model, batches[0], device=device, job=job)
-        box[0] = None if cfg.layout.remeasure else load_costs(box[1])
-    dist.broadcast_object_list(box, src=0)
-    kept, key = box
-    if kept is None:
+        kept = None if cfg.layout.remeasure else load_costs(box[1])
+        box[0] = kept is not None
+    dist.broadcast_object_list(box, src=0)  # the flag, not the figures: only the first worker plans
+    is_kept, key = box
+    if not is_kept:
         costs = measure_costs(
             model,
             batches,
@@ -155,4 +157,4 @@ def kept_or_measured(
         x, y = batches[0]
         step = (to_device(x, device), y.to(device))
         choose_threads(share, model, step, microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer)
-    return kept if dist.get_rank() == 0 else None
+    return kept
