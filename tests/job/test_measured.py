@@ -23,7 +23,10 @@ from conveyor.runtime import MeasuredLink, launch
 CPU = torch.device("cpu")
 
 
-def _costs(workers: int = 4) -> Costs:
+TWO_SERVERS = Topology((Level(2, 1e9), Level(2, 1e8, 1e-3)))
+
+
+def _costs(workers: int = 4, network: Topology | None = TWO_SERVERS) -> Costs:
     layers = tuple(
         Layer(
             str(i), "Linear", forward_s=1e-3 * (i + 1), backward_s=2e-3 * (i + 1), output_bytes=4096, param_bytes=8192
@@ -32,7 +35,6 @@ def _costs(workers: int = 4) -> Costs:
     )
     profile = Profile("toy", layers, tuple((i, i + 1) for i in range(5)), 16)
     link = MeasuredLink(send_s=2e-5, recv_s=1e-5, latency=5e-5, bandwidth=1e9)
-    network = Topology((Level(2, 1e9), Level(2, 1e8, 1e-3)))
     return Costs(profile, link, (1e-4, 2e9), 3e-5, 900.0, workers, 2, network)
 
 
@@ -79,6 +81,29 @@ def test_two_plannings_from_the_same_kept_figures_give_the_same_plan(
         plans.append(choose_layout(cfg, names=[str(i) for i in range(6)], costs=kept, batches=20, samples=1280))
     assert plans[0] == plans[1] and plans[0].plan_file == plans[1].plan_file
     assert plans[0].plan_file["measured_at_start"]["source"].startswith("kept from a run on ")
+
+
+def test_the_planner_may_choose_fewer_workers_than_started_and_says_which_it_simulated() -> None:
+    costs = _costs(network=None)  # one machine's workers: one level
+    cfg = TrainConfig.from_options()
+    names = [str(i) for i in range(6)]
+    planned = [
+        choose_layout(cfg, names=names, costs=costs, batches=20, samples=1280, fewer=fewer) for fewer in (False, True)
+    ]
+    on_all = planned[0].plan_file["candidates"]
+    assert {c["workers"] for c in on_all} == {4} and sum(planned[0].replicas) == 4
+    shortlist = planned[1].plan_file["candidates"]
+    assert {c["workers"] for c in shortlist} == {1, 2, 3, 4} and len(shortlist) == 8  # the fastest 8 of 13
+    first = shortlist[0]
+    assert (sum(planned[1].replicas), planned[1].schedule, planned[1].microbatches) == (
+        first["workers"],
+        first["schedule"],
+        first["microbatches"],
+    )
+    speed = [c["samples_per_s"] / c["epochs_factor"] for c in shortlist]
+    assert speed == sorted(speed, reverse=True)
+    progress = [p.plan_file["predicted"]["samples_per_s"] / p.plan_file["predicted"]["epochs_factor"] for p in planned]
+    assert progress[1] >= progress[0] / 1.001  # never slower to accuracy than the best on all the workers
 
 
 def _figures(remeasure: bool) -> str | None:

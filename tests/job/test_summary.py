@@ -10,7 +10,10 @@ from conveyor.errors import InputError
 from conveyor.job import ElasticSummary, RunPrediction, RunSummary, write_run_folder
 
 
-def _summary(run_dir: Path, *, measured: float, predicted: float, single: float, workers: int) -> RunSummary:
+def _summary(
+    run_dir: Path, *, measured: float, predicted: float, single: float, workers: int, ran: int | None = None
+) -> RunSummary:
+    """A run's summary: ``workers`` started, ``ran`` of them trained (default: all)."""
     start = {"single_worker_samples_per_s": single, "workers": workers}
     return RunSummary(
         run_dir=str(run_dir),
@@ -28,7 +31,7 @@ def _summary(run_dir: Path, *, measured: float, predicted: float, single: float,
         samples=300,
         started_at=0.0,
         peak_rss_bytes=[1, 2],
-        layout={"replicas": [1, 1]},
+        layout={"replicas": [1] * (ran or workers)},
         checkpoint=str(run_dir / "checkpoint.pt"),
         prediction=RunPrediction(samples_per_s=predicted, error=measured / predicted - 1, measured_at_start=start),
         energy_j=None,
@@ -62,6 +65,8 @@ def test_notes_say_when_one_worker_would_be_faster(tmp_path: Path) -> None:
     assert "this run on 2 workers is measured slower" in slow.notes()[1]
     alone = _summary(tmp_path, measured=40.0, predicted=30.0, single=50.0, workers=1)
     assert len(alone.notes()) == 1  # one worker is the run itself
+    planned_alone = _summary(tmp_path, measured=40.0, predicted=30.0, single=50.0, workers=2, ran=1)
+    assert len(planned_alone.notes()) == 1  # two started, and the planner ran one: the run is one worker alone
 
 
 def test_a_run_folder_that_holds_a_run_is_refused_unless_overwritten(tmp_path: Path) -> None:

@@ -80,6 +80,25 @@ def test_every_run_reports_its_prediction_and_whether_one_worker_is_faster(tmp_p
     assert (len(notes) == 2 and "one worker alone does" in notes[1]) == slower
 
 
+def test_a_job_of_the_default_size_trains_on_as_many_workers_as_its_plan_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers start (the default on a two-core machine); the planner simulates one worker alone and every
+    layout on both, and the digits' MLP runs alone: at start-up one worker's plain loop does several times the
+    samples a second of a two-worker pipeline's simulation (86,128 against 12,800 here), so the choice is the
+    model's, not the machine's speed. The second worker leaves after planning; the run is one worker's."""
+    import conveyor.job._config as config
+
+    monkeypatch.setattr(config, "default_workers", lambda device: 2)
+    summary = train(TrainConfig.from_options(epochs=2, run_dir=str(tmp_path)))
+    assert summary is not None and summary.prediction.measured_at_start["workers"] == 2
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert {c["workers"] for c in plan["candidates"]} == {1, 2} and plan["candidates"][0]["workers"] == 1
+    assert summary.layout["replicas"] == [1] and len(summary.peak_rss_bytes) == 1
+    assert summary.accuracy[-1] > 0.8 and len(summary.notes()) == 1  # nothing to say about one worker being faster
+    _check_run_folder(tmp_path, 2)
+
+
 def test_target_accuracy_stops_early(tmp_path: Path) -> None:
     summary = train(
         TrainConfig.from_options(stages=1, replicas="2", epochs=10, target_accuracy=0.5, run_dir=str(tmp_path))

@@ -1,6 +1,8 @@
 """Which device and backend a job gets, how many workers by default, and the one-line errors for what a machine
 cannot run (CUDA faked where the test needs it: these run on machines without a GPU)."""
 
+import os
+
 import pytest
 import torch
 
@@ -19,7 +21,11 @@ def test_auto_is_cuda_where_there_is_a_gpu_else_the_cpu(monkeypatch: pytest.Monk
     monkeypatch.delenv("CONVEYOR_DEVICE")  # (which the suite sets: auto means the CPU where it says so)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == resolve_device(None) == "cpu"
-    assert resolve_backend("auto", "cpu") == "gloo" and default_workers("cpu") == 4
+    assert resolve_backend("auto", "cpu") == "gloo"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1})
+    assert default_workers("cpu") == 2  # one per core this process may use
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(64)))
+    assert default_workers("cpu") == 4  # and no more than 4
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == "cuda" and resolve_device("CPU") == "cpu"
     monkeypatch.setenv("CONVEYOR_DEVICE", "cpu")

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conveyor.runtime._launch import WorkerError, launch, under_torchrun
+from conveyor.runtime._launch import WorkerError, keep_first, launch, under_torchrun
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -44,6 +44,22 @@ def _sleep_long() -> None:
 @pytest.mark.slow
 def test_results_come_back_per_rank() -> None:
     assert launch(_rank_sum, nprocs=3, timeout_s=60) == {0: (0, 3.0), 1: (1, 3.0), 2: (2, 3.0)}
+
+
+def _narrowed_then_summed() -> tuple[str, int, float] | None:
+    """A job of three narrowed to two: the third leaves; the two sum their ranks in the new group, twice (a
+    subgroup made after narrowing works too)."""
+    if not keep_first(2):
+        return None if not dist.is_initialized() else ("still joined", -1, -1.0)
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    dist.all_reduce(t, group=dist.new_group([0, 1]))
+    return os.environ["WORLD_SIZE"], dist.get_world_size(), t.item()
+
+
+@pytest.mark.slow
+def test_a_job_narrowed_to_its_first_workers_goes_on_without_the_others() -> None:
+    assert launch(_narrowed_then_summed, nprocs=3) == {0: ("2", 2, 6.0), 1: ("2", 2, 6.0), 2: None}
 
 
 @pytest.mark.slow

@@ -98,7 +98,10 @@ class LayoutConfig:
 
     TITLE: ClassVar[str] = "the layout: planned, or fixed"
     workers: int | None = option(
-        None, "worker processes (default: one per GPU on CUDA, else 4, or what a fixed layout needs)", parse=positive
+        None,
+        "worker processes (default: one per GPU on CUDA, else one per core up to 4, or what a fixed layout needs; "
+        "the planner may then train on fewer)",
+        parse=positive,
     )
     schedule: str = option("auto", "auto: the planner's", choices=("auto", *sorted(KINDS)))
     stages: int | None = option(None, "fix the stage count instead of planning", parse=positive)

@@ -125,6 +125,38 @@ class Costs:
             bandwidth = None
         return RuntimeCosts(self.overhead_s, link.send_s, link.recv_s, latency, bandwidth, self.cores)
 
+    def alone(self, *, batch: int, microbatches: int) -> Profile | None:
+        """The profile one worker alone runs with, on ``microbatches`` microbatches of a ``batch``-sample batch: the
+        layers' times in the proportions profiled, scaled so that a batch (each layer's forward and backward in
+        proportion to its samples, one optimizer step) takes what the plain loop measured at start-up took with the
+        cores others leave: one worker alone may use more than the core a worker of the job was profiled on
+        (``None`` where no plain loop ran).
+
+        Example (a layer of 1 s forward and backward for 8 samples, none for the step, and a loop of 4 samples/s):
+            >>> p = Profile.chain("toy", [0.5], [0.5], [0], [0], batch_size=8)
+            >>> c = Costs(p, None, None, 0.0, 4.0, workers=2, cores=2)
+            >>> a = c.alone(batch=16, microbatches=2)
+            >>> a.batch_size, a.layers[0].forward_s + a.layers[0].backward_s  # two of 2 s: the loop's 4 s a batch
+            (8, 2.0)
+        """
+        prof = self.profile
+        if self.single_worker_samples_per_s is None or not prof.batch_size:
+            return None
+        grow = batch / prof.batch_size  # a layer's time grows with its samples; the optimizer's step does not
+        modelled = sum((lay.forward_s + lay.backward_s) * grow + lay.step_s for lay in prof.layers)
+        factor = batch / self.single_worker_samples_per_s / modelled
+        per_microbatch = grow / microbatches * factor
+        layers = tuple(
+            replace(
+                lay,
+                forward_s=lay.forward_s * per_microbatch,
+                backward_s=lay.backward_s * per_microbatch,
+                step_s=lay.step_s * factor,
+            )
+            for lay in prof.layers
+        )
+        return replace(prof, layers=layers, batch_size=batch // microbatches)
+
     def summary(self) -> dict[str, Any]:
         """The figures for the run folder (the profile is in the plan's own terms)."""
         return {

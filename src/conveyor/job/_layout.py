@@ -19,7 +19,7 @@ from typing import Any
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
 from conveyor.job._costs import Costs
-from conveyor.plan import Plan, PlannedStage, optimize, predict
+from conveyor.plan import Plan, PlannedStage, predict, shortlist
 from conveyor.plan.parts import EpochFactors, layout_file, plan_file, read_plan_file
 from conveyor.runtime.parts import even_balance
 from conveyor.schedule import kind, parse_replicas
@@ -29,6 +29,7 @@ __all__ = ["Layout", "choose_layout", "fixed_layout", "microbatches_of"]
 # The planner's schedules in order of preference when predictions tie: synchronous first, then the least stale.
 _PREFERENCE = ("flush", "2bw", "pipedream", "gpipe")
 PIPELINE_MICROBATCHES = 4  # a pipeline's microbatches per batch where --microbatches is not given
+SHORTLIST = 8  # the simulated layouts a plan file records, the fastest first
 
 
 def microbatches_of(cfg: TrainConfig, workers: int) -> int:
@@ -124,11 +125,18 @@ def fixed_layout(cfg: TrainConfig, blocks: int, workers: int) -> Layout | None:
 
 
 def choose_layout(
-    cfg: TrainConfig, *, names: list[str], costs: Costs, batches: int, samples: int, layout: Layout | None = None
+    cfg: TrainConfig,
+    *,
+    names: list[str],
+    costs: Costs,
+    batches: int,
+    samples: int,
+    layout: Layout | None = None,
+    fewer: bool = False,
 ) -> Layout:
     """The layout for a :class:`~conveyor.config.TrainConfig` on ``costs.workers`` workers (``layout`` when
-    :func:`fixed_layout` gave one, else the planner's), its plan file with the prediction for an epoch (one
-    run of ``batches`` batches, ``samples`` samples) and the figures it rests on."""
+    :func:`fixed_layout` gave one, else the planner's: on fewer of them too where ``fewer``), its plan file with
+    the prediction for an epoch (one run of ``batches`` batches, ``samples`` samples) and the figures it rests on."""
     topology, prof, runtime = costs.topology, costs.profile, costs.runtime
     epochs = EpochFactors.load(cfg.optimizer.epoch_factors)
     if layout is not None:
@@ -144,42 +152,54 @@ def choose_layout(
             "epochs_factor_source": epochs.source,
         }
     else:
-        # A schedule the planner has no memory model for is planned as its record says (no memory limit here).
-        candidates = (
-            _PREFERENCE if cfg.layout.schedule == "auto" else [kind(cfg.layout.schedule).plan_as or cfg.layout.schedule]
-        )
-        best: tuple[Plan, dict[str, Any]] | None = None
-
-        def time_to_accuracy(file: dict[str, Any]) -> float:  # in units of data parallelism's epochs
-            return float(file["predicted"]["simulated_seconds"]) * float(file["predicted"]["epochs_factor"])
-
-        def file_of(plan: Plan) -> dict[str, Any]:
-            return plan_file(
-                plan,
-                prof,
-                topology=topology,
-                minibatches=batches * plan.microbatches,
-                runtime=runtime,
-                epochs=epochs,
-                stale_correction=cfg.optimizer.stale_correction,
-            )
-
-        for name in candidates:
-            plan = optimize(prof, topology, schedule=name, microbatches=microbatches_of(cfg, costs.workers))
-            file = file_of(plan)
-            if best is None or time_to_accuracy(file) * 1.001 < time_to_accuracy(best[1]):
-                best = (plan, file)
-        assert best is not None
-        plan, file = best
-        schedule = cfg.layout.schedule if cfg.layout.schedule != "auto" else plan.schedule
-        if schedule != plan.schedule:  # pipedream-vs is planned as pipedream, but runs and is predicted as itself
-            plan = replace(plan, schedule=schedule)
-            file = file_of(plan)
+        plan, file, how = _planned(cfg, costs, batches=batches, epochs=epochs, fewer=fewer)
         seconds = file["predicted"]["simulated_seconds"]
         balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
         replicas = [st.replicas for st in plan.stages]
-        layout = Layout(schedule, balance, replicas, plan.microbatches, False, f"planned for {costs.workers} workers")
+        layout = Layout(plan.schedule, balance, replicas, plan.microbatches, False, how)
     # An epoch as it runs: its samples over the simulated time of its batches.
     file.setdefault("predicted", {}).update(samples_per_s=samples / seconds, epoch_seconds=seconds)
     file["measured_at_start"] = costs.summary()
     return replace(layout, plan_file=file)
+
+
+def _planned(
+    cfg: TrainConfig, costs: Costs, *, batches: int, epochs: EpochFactors, fewer: bool
+) -> tuple[Plan, dict[str, Any], str]:
+    """The planner's layout (:func:`~conveyor.plan.shortlist`: every schedule on every worker count allowed,
+    simulated), its plan file with the best :data:`SHORTLIST` layouts simulated, and how it was chosen."""
+    # A schedule the planner has no memory model for is planned as its record says (no memory limit here).
+    schedule = cfg.layout.schedule
+    schedules = _PREFERENCE if schedule == "auto" else [kind(schedule).plan_as or schedule]
+    counts = range(1, costs.workers + 1) if fewer else [costs.workers]
+    batch = int(cfg.optimizer.batch_size)
+    simulated = shortlist(
+        costs.profile,
+        costs.topology,
+        schedules=schedules,
+        microbatches=lambda workers: microbatches_of(cfg, workers),
+        batches=batches,
+        runtime=costs.runtime,
+        worker_counts=counts,
+        alone=costs.alone(batch=batch, microbatches=microbatches_of(cfg, 1)),
+        epochs=epochs,
+        stale_correction=cfg.optimizer.stale_correction,
+    )
+    best = simulated[0]
+    plan = best.plan
+    if schedule != "auto" and schedule != plan.schedule:  # pipedream-vs is planned as pipedream; runs as itself
+        plan = replace(plan, schedule=schedule)
+    file = plan_file(
+        plan,
+        best.profile,
+        topology=best.topology,
+        minibatches=batches * plan.microbatches,
+        runtime=costs.runtime,
+        epochs=epochs,
+        stale_correction=cfg.optimizer.stale_correction,
+    )
+    file["candidates"] = [s.to_json() for s in simulated[:SHORTLIST]]
+    how = f"planned for {costs.workers} workers"
+    if best.workers < costs.workers:
+        how = f"planned for 1..{costs.workers} workers: {best.workers} of the {costs.workers} started train"
+    return plan, file, f"{how} (the fastest of {len(simulated)} layouts simulated)"

@@ -115,7 +115,7 @@ class RunSummary(Summary):
         been faster."""
         measured, predicted = self.samples_per_s, self.prediction.samples_per_s
         single = self.prediction.measured_at_start["single_worker_samples_per_s"]
-        workers = self.prediction.measured_at_start["workers"]
+        workers = sum(self.layout["replicas"])  # that ran (the planner may have used fewer than started)
         notes = [
             f"predicted {predicted:.0f} training samples/s, measured {measured:.0f} ({self.prediction.error:+.0%})"
         ]

@@ -37,7 +37,7 @@ from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
 from conveyor.errors import InputError
 from conveyor.gaia import outer_sync
-from conveyor.job._config import RunState, autocast_dtype, job_devices, loss_and_optimizer
+from conveyor.job._config import RunState, autocast_dtype, explicit_workers, job_devices, loss_and_optimizer
 from conveyor.job._energy import (
     EpochKnobs,
     KnobsSummary,
@@ -69,8 +69,10 @@ from conveyor.runtime import (
     OuterSync,
     Pipeline,
     default_device,
+    keep_first,
     load_checkpoint,
     to_device,
+    under_torchrun,
 )
 from conveyor.stragglers import FlexiblePipeline, flexible_layout
 
@@ -120,7 +122,15 @@ def _measure_and_plan(
     box: list[Layout | None] = [None]
     if costs is not None:
         names = [name for name, _ in model.named_children()]
-        chosen = choose_layout(cfg, names=names, costs=costs, batches=steps, samples=data.samples, layout=fixed)
+        chosen = choose_layout(
+            cfg,
+            names=names,
+            costs=costs,
+            batches=steps,
+            samples=data.samples,
+            layout=fixed,
+            fewer=may_use_fewer(cfg),
+        )
         (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
         Console().print(chosen.describe())
         box[0] = chosen
@@ -129,7 +139,20 @@ def _measure_and_plan(
     return box[0]
 
 
-def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult:
+def may_use_fewer(cfg: TrainConfig) -> bool:
+    """Whether the planner may run the job on fewer workers than it starts: where the count is Conveyor's to
+    choose (no ``--workers``, no fixed layout or schedule) and the workers are interchangeable (one machine, no
+    emulated cluster, no straggler handling, which need their count)."""
+    emulated = cfg.emulation.network or cfg.emulation.devices or cfg.emulation.faults
+    return (
+        cfg.layout.workers is None
+        and cfg.layout.schedule == "auto"
+        and explicit_workers(cfg.layout) is None
+        and not (emulated or under_torchrun() or cfg.stragglers is not None)
+    )
+
+
+def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | None:
     device = default_device()  # the one its launcher gave this worker
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
     local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
@@ -141,6 +164,10 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult:
     layout = _measure_and_plan(
         cfg, model, data=data, loss_fn=loss_fn, make_optimizer=make_optimizer, folder=folder, steps=steps, cores=cores
     )
+    if not keep_first(sum(layout.replicas)):  # planned for fewer workers than started: this one is not needed
+        return None
+    if cores is not None and dist.get_world_size() < local_workers:  # the cores shared among fewer workers
+        cores = CoreShare(dist.get_world_size())
     torch.manual_seed(cfg.run.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     pipe = _trainer(cfg, model, layout=layout, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
     if cfg.run.resume:
@@ -366,7 +393,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
             if recurring is not None:  # an error counts as a missed target; an interruption as nothing
                 recurring.fail(interrupted=isinstance(exc, KeyboardInterrupt | SystemExit))
             raise
-    results: dict[int, WorkerResult] = per_rank
+    results: dict[int, WorkerResult] = {r: result for r, result in per_rank.items() if result is not None}
     out = next((r for r in results.values() if r.outcome.history), None)
     if out is None:  # under torchrun, only the output worker's process has the history
         return None

@@ -7,6 +7,7 @@ from conveyor.plan._planfile import PlanFileError, PlanSpec
 from conveyor.plan._planner2bw import Candidate, plan_2bw
 from conveyor.plan._predict import Prediction, RuntimeCosts, predict
 from conveyor.plan._profiles import Layer, Profile, ProfileError, read_graph_txt
+from conveyor.plan._shortlist import SimulatedLayout, shortlist
 from conveyor.plan._topology import Level, Topology, TopologyError
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Profile",
     "ProfileError",
     "RuntimeCosts",
+    "SimulatedLayout",
     "Topology",
     "TopologyError",
     "allreduce_s",
@@ -31,6 +33,7 @@ __all__ = [
     "plan_2bw",
     "predict",
     "read_graph_txt",
+    "shortlist",
     "stage_bytes",
     "step_microbatches",
     "weight_versions",

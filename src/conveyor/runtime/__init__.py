@@ -13,7 +13,7 @@ from conveyor.runtime._devices import (
     resolve_device,
 )
 from conveyor.runtime._graph_block import GraphBlock
-from conveyor.runtime._launch import WorkerError, launch, under_torchrun
+from conveyor.runtime._launch import WorkerError, keep_first, launch, under_torchrun
 from conveyor.runtime._materialize import Materialize, initialise_from, is_on_meta, load_from
 from conveyor.runtime._microbatch import batch_size, to_device
 from conveyor.runtime._microbatch import split as split_batch
@@ -57,6 +57,7 @@ __all__ = [
     "differentiable_leaves",
     "initialise_from",
     "is_on_meta",
+    "keep_first",
     "launch",
     "load_checkpoint",
     "load_from",

@@ -42,7 +42,7 @@ __all__ = [
     "resolve_device",
 ]
 
-CPU_WORKERS = 4  # local workers of a CPU job that names no count
+CPU_WORKERS = 4  # the most local workers a CPU job that names no count starts
 _ENV = "CONVEYOR_DEVICE"  # the device type the launcher chose, for its workers
 
 
@@ -84,8 +84,10 @@ def resolve_backend(backend: str | None, device: str) -> str:
 
 
 def default_workers(device: str) -> int:
-    """Local workers of a job that names no count: one per visible GPU on CUDA, :data:`CPU_WORKERS` on the CPU."""
-    return torch.cuda.device_count() if device == "cuda" else CPU_WORKERS
+    """Local workers of a job that names no count: one per visible GPU on CUDA; on the CPU one per core this
+    process may use, up to :data:`CPU_WORKERS` (more workers than cores only share them: the planner may still
+    run fewer)."""
+    return torch.cuda.device_count() if device == "cuda" else min(CPU_WORKERS, len(os.sched_getaffinity(0)))
 
 
 def check_workers(local_workers: int, device: str, backend: str) -> None:

@@ -38,9 +38,12 @@ from conveyor.processes import (
     worker_context,
 )
 from conveyor.runtime._devices import check_workers, local_rank, resolve_backend, resolve_device, use_device
-from conveyor.runtime._transport import host_group
+from conveyor.runtime._transport import forget_host_groups, host_group
 
-__all__ = ["WorkerError", "launch", "stop_requested", "under_torchrun"]
+__all__ = ["WorkerError", "keep_first", "launch", "stop_requested", "under_torchrun"]
+
+# How this process joined the job: keep_first joins again the same way.
+_joined_with: dict[str, float] = {"timeout_s": 300.0}
 
 # How long a failed job waits for the other workers to report their own errors before terminating them.
 _REPORT_GRACE_S = 2.0
@@ -138,7 +141,8 @@ def launch(
         try:
             return {rank: fn(*args)}
         finally:
-            dist.destroy_process_group()
+            if dist.is_initialized():  # a worker that :func:`keep_first` let go has left it already
+                dist.destroy_process_group()
     if nprocs < 1:
         raise InputError(f"nprocs must be at least 1, got {nprocs}")
     check_workers(nprocs, kind, backend)
@@ -165,6 +169,7 @@ def _init_process_group(
     """Join the job. On CUDA the worker's GPU becomes its current device, NCCL's communicators are bound to it
     (``device_id``: created at once, no guessing which GPU a rank uses), and the gloo group that carries messages
     between stages through host memory is made (:func:`~conveyor.runtime._transport.host_group`)."""
+    _joined_with["timeout_s"] = timeout_s
     gpu = None
     if device == "cuda":
         gpu = torch.device("cuda", local_rank() % torch.cuda.device_count())
@@ -180,6 +185,42 @@ def _init_process_group(
         )
         if backend == "nccl":
             host_group()
+
+
+def keep_first(workers: int) -> bool:
+    """Narrow the job to its first ``workers`` workers (every worker calls it at the same point): they form the
+    default process group again, of ``workers`` ranks with the same numbers, on the same store and backend, and
+    go on (``True``); the others leave it (``False``) and must not communicate again: their function returns.
+    A job planned for fewer workers than it started (one worker, say, where the model is too small for a pipeline
+    to pay) runs on as many; the others' processes end as soon as they return.
+
+    Every group made before is gone afterwards (subgroups too): call it before building anything that holds one.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if workers >= world:
+        return True
+    store = dist.distributed_c10d._get_default_store()
+    backend = dist.get_backend()
+    device = torch.cuda.current_device() if backend == "nccl" else None
+    dist.barrier()  # every worker done with the old group before any destroys its end of it
+    dist.destroy_process_group()
+    forget_host_groups()
+    if rank >= workers:
+        return False
+    if os.environ.get("LOCAL_WORLD_SIZE") == str(world):  # (every worker of the job on this machine)
+        os.environ["LOCAL_WORLD_SIZE"] = str(workers)
+    os.environ["WORLD_SIZE"] = str(workers)
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"first-{workers}/", store),
+        rank=rank,
+        world_size=workers,
+        timeout=timedelta(seconds=_joined_with["timeout_s"]),
+        device_id=None if device is None else torch.device("cuda", device),
+    )
+    if backend == "nccl":
+        host_group()
+    return True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,7 +262,8 @@ def _worker(rank: int, job: _LocalJob) -> None:
             timeout_s=job.collective_timeout_s,
         )
         value = job.fn(*job.args)
-        dist.barrier()  # nobody leaves while a peer may still be receiving from it
+        if dist.is_initialized():  # (a worker that keep_first let go has no peers left)
+            dist.barrier()  # nobody leaves while a peer may still be receiving from it
         report = WorkerReport(ok=True, value=value)
     except BaseException as exc:  # report everything, KeyboardInterrupt included, to the launcher
         report = failure_report(exc)

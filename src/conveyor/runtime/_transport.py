@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-__all__ = ["P2P", "PendingRecv", "differentiable_leaves", "host_group"]
+__all__ = ["P2P", "PendingRecv", "differentiable_leaves", "forget_host_groups", "host_group"]
 
 _HEADER = 16  # bytes before the first tensor: two int64s, the description length and the sample count
 _ALIGN = 16
@@ -115,6 +115,11 @@ def host_group(group: dist.ProcessGroup | None = None) -> dist.ProcessGroup:
         ranks = None if pg is dist.group.WORLD else dist.get_process_group_ranks(pg)
         _HOST_GROUPS[id(pg)] = dist.new_group(ranks, backend="gloo")
     return _HOST_GROUPS[id(pg)]
+
+
+def forget_host_groups() -> None:
+    """Drop the groups :func:`host_group` made: their process group is gone (a new one may reuse its ``id``)."""
+    _HOST_GROUPS.clear()
 
 
 def _expected_size(channel: _Channel | None) -> int:

@@ -1,0 +1,155 @@
+"""The layout to run: the planner's best plan for each schedule and worker count, each simulated, the fastest kept.
+
+PipeDream's search (:func:`~conveyor.plan.optimize`) ranks layouts by a steady state: its slowest stage. It
+misses what only the schedule's action lists show (fill and drain, replicas' gradients returning in turn, the
+cores workers share), and on a small model it cannot see that no pipeline pays. So the planner's answer is a
+shortlist: for every schedule asked and every worker count allowed (fewer than the job started too, and one
+worker alone), the search's plan, each simulated over an epoch's batches with :func:`~conveyor.plan.predict` on
+the measured costs; the shortest time to accuracy (a sample's simulated time times the epochs the schedule needs
+over data parallelism's) wins, and ties within :data:`TIE` go to the fewer workers, then to the earlier schedule.
+
+Example (two layers with no weights on two workers, and the same model alone on one worker four times faster):
+    >>> from conveyor.plan._profiles import Profile
+    >>> from conveyor.plan._topology import Topology
+    >>> p = Profile.chain("toy", [1.0, 1.0], [2.0, 2.0], [0, 0], [0, 0], batch_size=8)
+    >>> alone = Profile.chain("toy", [0.25, 0.25], [0.5, 0.5], [0, 0], [0, 0], batch_size=8)
+    >>> best = shortlist(p, Topology.parse("2:1e9"), schedules=["flush", "pipedream"], microbatches=lambda w: 2,
+    ...                  batches=8, worker_counts=[1, 2], alone=alone)
+    >>> [(s.workers, s.schedule, round(s.samples_per_s, 2)) for s in best]
+    [(1, 'flush', 5.33), (2, 'flush', 2.67), (2, 'pipedream', 2.67)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from conveyor.plan._epochs import EpochFactors
+from conveyor.plan._optimizer import Plan, PlanError, optimize
+from conveyor.plan._predict import RuntimeCosts, predict
+from conveyor.plan._profiles import Profile
+from conveyor.plan._topology import Topology
+
+__all__ = ["TIE", "SimulatedLayout", "shortlist"]
+
+TIE = 0.001  # simulated times to accuracy this close (relative) are a tie
+
+
+@dataclass(frozen=True)
+class SimulatedLayout:
+    """One layout of the shortlist and its simulation.
+
+    Attributes:
+        plan: the search's plan (for one worker alone: one stage, as a plain loop runs).
+        profile: the profile it was simulated with.
+        topology: the workers it runs on.
+        seconds: the simulated time of the epoch's batches, fill and drain included.
+        samples_per_s: the simulated training samples per second.
+        epochs_factor: the epochs its schedule needs over data parallelism's.
+    """
+
+    plan: Plan
+    profile: Profile
+    topology: Topology
+    seconds: float
+    samples_per_s: float
+    epochs_factor: float
+
+    @property
+    def workers(self) -> int:
+        return self.plan.workers
+
+    @property
+    def schedule(self) -> str:
+        return self.plan.schedule
+
+    @property
+    def time_to_accuracy(self) -> float:
+        """Seconds a sample takes, simulated, times the epochs the schedule needs over data parallelism's: the time
+        to accuracy per sample of an epoch (layouts whose batches hold as many samples compare as their epochs)."""
+        return self.epochs_factor / self.samples_per_s
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan file's record of it."""
+        return {
+            "workers": self.workers,
+            "schedule": self.schedule,
+            "config": self.plan.config,
+            "balance": [st.last_layer - st.first_layer + 1 for st in self.plan.stages],
+            "microbatches": self.plan.microbatches,
+            "simulated_seconds": self.seconds,
+            "samples_per_s": self.samples_per_s,
+            "epochs_factor": self.epochs_factor,
+        }
+
+
+def shortlist(
+    profile: Profile,
+    topology: Topology,
+    *,
+    schedules: Sequence[str],
+    microbatches: Callable[[int], int],
+    batches: int,
+    runtime: RuntimeCosts | None = None,
+    worker_counts: Sequence[int] | None = None,
+    alone: Profile | None = None,
+    epochs: EpochFactors | None = None,
+    stale_correction: bool = True,
+) -> list[SimulatedLayout]:
+    """Every schedule's plan on every worker count, simulated; the fastest to accuracy first (see the module
+    docstring).
+
+    Args:
+        profile: the model at the microbatch size, as the workers run it.
+        topology: the job's workers, one level (``worker_counts`` below its count take its first workers) or more
+            (then only all of them).
+        schedules: the schedules to plan, in order of preference when the simulated times tie.
+        microbatches: a job of ``w`` workers' microbatches per batch.
+        batches: the batches of an epoch, each simulated.
+        runtime: the runtime's own costs.
+        worker_counts: the counts to plan for (default: every worker of ``topology``).
+        alone: the model at one worker's microbatch size, as one worker alone runs it with every core
+            (``None``: ``profile``); used for the one-worker layout.
+        epochs: the epochs each schedule needs over data parallelism's (default: the shipped table).
+        stale_correction: the asynchronous schedules' figures with the stale-gradient correction, or without.
+    """
+    epochs = epochs or EpochFactors.load()
+    counts = sorted(set(worker_counts or [topology.workers]))
+    if counts[0] < 1 or counts[-1] > topology.workers or (len(topology.levels) > 1 and counts != [topology.workers]):
+        raise PlanError(f"cannot plan for {counts} workers on {topology} (one level: 1..{topology.workers})")
+    found: list[SimulatedLayout] = []
+    for workers in counts:
+        on = Topology((replace(topology.levels[0], count=workers),)) if len(topology.levels) == 1 else topology
+        if workers == 1:
+            found.append(_one_worker(alone or profile, on, microbatches(1), batches, runtime, epochs))
+            continue
+        for schedule in schedules:
+            plan = optimize(profile, on, schedule=schedule, microbatches=microbatches(workers))
+            sim = predict(plan, profile, on, batches * plan.microbatches, runtime)
+            factor = epochs.factor(profile.model, schedule, stale_correction)
+            found.append(SimulatedLayout(plan, profile, on, sim.seconds, sim.samples_per_s, factor))
+    order = {name: i for i, name in enumerate(schedules)}
+
+    def rank(s: SimulatedLayout) -> tuple[float, int, int]:
+        return (s.time_to_accuracy, s.workers, order.get(s.schedule, -1))
+
+    found.sort(key=rank)
+    fastest = found[0].time_to_accuracy
+    tied = sum(s.time_to_accuracy <= fastest * (1 + TIE) for s in found)  # a prefix: fewer workers first in it
+    return sorted(found[:tied], key=lambda s: rank(s)[1:]) + found[tied:]
+
+
+def _one_worker(
+    profile: Profile,
+    topology: Topology,
+    microbatches: int,
+    batches: int,
+    runtime: RuntimeCosts | None,
+    epochs: EpochFactors,
+) -> SimulatedLayout:
+    """One worker running the whole model as one stage of the flush schedule: a plain training loop."""
+    plan = optimize(profile, topology, schedule="flush", microbatches=microbatches)
+    sim = predict(plan, profile, topology, batches * microbatches, runtime)
+    factor = epochs.factor(profile.model, "flush")
+    return SimulatedLayout(plan, profile, topology, sim.seconds, sim.samples_per_s, factor)
