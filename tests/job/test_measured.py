@@ -35,7 +35,7 @@ def _costs(workers: int = 4, network: Topology | None = TWO_SERVERS) -> Costs:
     )
     profile = Profile("toy", layers, tuple((i, i + 1) for i in range(5)), 16)
     link = MeasuredLink(send_s=2e-5, recv_s=1e-5, latency=5e-5, bandwidth=1e9)
-    return Costs(profile, link, (1e-4, 2e9), 3e-5, 900.0, workers, 2, network)
+    return Costs(profile, link, (1e-4, 2e9), 3e-5, 900.0, workers, 2, network, spread=0.04)
 
 
 def _model(width: int = 8) -> nn.Sequential:

@@ -77,6 +77,15 @@ def test_a_tie_goes_to_fewer_workers() -> None:
     assert [s.workers for s in found] == [1, 2]
 
 
+def test_a_gain_within_the_figures_spread_does_not_change_the_layout() -> None:
+    profile, topology = _profile(1e-3, 0, 0), Topology.parse("2:1e12")  # two workers nearly twice as fast
+    options = {"schedules": ["flush"], "microbatches": lambda workers: 4, "batches": 8, "worker_counts": [1, 2]}
+    assert shortlist(profile, topology, **options)[0].workers == 2  # type: ignore[arg-type]
+    noisy = shortlist(profile, topology, **options, tie=1.5)  # type: ignore[arg-type]
+    assert [s.workers for s in noisy] == [1, 2]  # figures that vary 150%: a gain of 2x is not told from noise
+    assert noisy[1].time_to_accuracy < noisy[0].time_to_accuracy
+
+
 def test_fewer_workers_are_planned_on_one_level_only() -> None:
     two_servers = Topology.parse("2:1e9,2:1e8")
     with pytest.raises(PlanError, match="one level"):

@@ -61,6 +61,9 @@ class Costs:
         workers: the job's workers.
         cores: the cores the workers share (``None`` on GPUs or emulated devices: one each).
         network: the emulated network's topology, when the job runs on one.
+        spread: how much the plain loop's batches varied: the interquartile range of their times over the median
+            (0: not measured). Figures whose ratio is within it are not told apart: the planner takes the simpler
+            layout then (:func:`~conveyor.plan.shortlist`'s ``tie``).
         source: where the figures come from: measured by this run, or kept from an earlier one
             (:mod:`conveyor.job._measured`).
     """
@@ -73,6 +76,7 @@ class Costs:
     workers: int
     cores: int | None
     network: Topology | None = None
+    spread: float = 0.0
     source: str = "measured at start-up"
 
     def to_json(self) -> str:
@@ -99,6 +103,7 @@ class Costs:
                 workers=int(d["workers"]),
                 cores=d["cores"],
                 network=network,
+                spread=float(d["spread"]),
                 source=source,
             )
         except (KeyError, TypeError) as exc:
@@ -167,6 +172,7 @@ class Costs:
             "single_worker_samples_per_s": self.single_worker_samples_per_s,
             "workers": self.workers,
             "cores": self.cores,
+            "spread": self.spread,
             "source": self.source,
         }
 
@@ -263,12 +269,12 @@ def measure_costs(
         allreduce = measure_allreduce(busy=work if not alone else None)
     dist.barrier()
     free = None if share is None else share.free
-    single = (
+    single, spread = (
         _plain_loop(
             model, batches, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast, free_cores=free
         )
         if rank == 0 and whole
-        else None
+        else (None, 0.0)
     )
     dist.barrier()
     if rank != 0:
@@ -277,7 +283,9 @@ def measure_costs(
     shared = cores if device.type == "cpu" and not alone else None
     if alone and link is not None:  # sending and receiving are work on the device too
         link = replace(link, send_s=link.send_s * per_core, recv_s=link.recv_s * per_core)
-    return Costs(_scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, shared, network)
+    return Costs(
+        _scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, shared, network, spread=spread
+    )
 
 
 def choose_threads(
@@ -356,9 +364,12 @@ def _plain_loop(
     device: torch.device,
     autocast: torch.dtype | None,
     free_cores: float | None,
-) -> float:
+    least: int = 20,
+    budget_s: float = 1.0,
+) -> tuple[float, float]:
     """Samples per second of forward, backward and step on whole batches, with the free cores (the other workers
-    wait); the first batch is a warm-up."""
+    wait), and the batches' spread (their times' interquartile range over the median). The first batch is a
+    warm-up; the batches are run again until ``least`` are timed or ``budget_s`` has passed (each at least once)."""
     module = copy.deepcopy(model).to(device)
     opt = optimizer(list(module.parameters()))
     threads = torch.get_num_threads()
@@ -366,8 +377,10 @@ def _plain_loop(
     torch.set_num_threads(cores if free_cores is None else max(1, min(cores, math.floor(free_cores + 0.2))))
     mixed = torch.autocast(device.type, autocast) if autocast is not None else contextlib.nullcontext()
     try:
-        times = []
-        for x, y in batches:
+        times: list[float] = []
+        given, began = len(batches), time.perf_counter()
+        while len(times) < given or (len(times) <= least and time.perf_counter() - began < budget_s):
+            x, y = batches[len(times) % given]
             x, y = to_device(x, device), y.to(device)
             start = time.perf_counter()
             opt.zero_grad(set_to_none=True)
@@ -380,4 +393,7 @@ def _plain_loop(
             times.append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
-    return batch_size(batches[0][0]) / statistics.median(times[1:])
+    timed = times[1:]
+    median = statistics.median(timed)
+    quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [median] * 3
+    return batch_size(batches[0][0]) / median, (quartiles[2] - quartiles[0]) / median

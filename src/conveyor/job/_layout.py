@@ -184,6 +184,7 @@ def _planned(
         alone=costs.alone(batch=batch, microbatches=microbatches_of(cfg, 1)),
         epochs=epochs,
         stale_correction=cfg.optimizer.stale_correction,
+        tie=costs.spread,
     )
     best = simulated[0]
     plan = best.plan
@@ -202,4 +203,11 @@ def _planned(
     how = f"planned for {costs.workers} workers"
     if best.workers < costs.workers:
         how = f"planned for 1..{costs.workers} workers: {best.workers} of the {costs.workers} started train"
-    return plan, file, f"{how} (the fastest of {len(simulated)} layouts simulated)"
+    fastest = min(simulated, key=lambda s: s.time_to_accuracy)
+    chosen = f"the fastest of {len(simulated)} layouts simulated"
+    if fastest is not best:
+        chosen = (
+            f"the simplest within the start-up figures' {costs.spread:.0%} spread of the fastest of {len(simulated)} "
+            f"layouts simulated ({fastest.plan.config} on {fastest.schedule})"
+        )
+    return plan, file, f"{how} ({chosen})"

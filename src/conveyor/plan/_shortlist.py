@@ -6,7 +6,9 @@ cores workers share), and on a small model it cannot see that no pipeline pays. 
 shortlist: for every schedule asked and every worker count allowed (fewer than the job started too, and one
 worker alone), the search's plan, each simulated over an epoch's batches with :func:`~conveyor.plan.predict` on
 the measured costs; the shortest time to accuracy (a sample's simulated time times the epochs the schedule needs
-over data parallelism's) wins, and ties within :data:`TIE` go to the fewer workers, then to the earlier schedule.
+over data parallelism's) wins. Layouts within ``tie`` of it (relative; at least :data:`TIE`) are not told apart: the
+measured figures vary that much (a job passes their spread), so of those the one with the fewest workers wins,
+then the earlier schedule: a plan changes only for a predicted gain larger than the figures' spread.
 
 Example (two layers with no weights on two workers, and the same model alone on one worker four times faster):
     >>> from conveyor.plan._profiles import Profile
@@ -96,6 +98,7 @@ def shortlist(
     alone: Profile | None = None,
     epochs: EpochFactors | None = None,
     stale_correction: bool = True,
+    tie: float = TIE,
 ) -> list[SimulatedLayout]:
     """Every schedule's plan on every worker count, simulated; the fastest to accuracy first (see the module
     docstring).
@@ -113,6 +116,7 @@ def shortlist(
             (``None``: ``profile``); used for the one-worker layout.
         epochs: the epochs each schedule needs over data parallelism's (default: the shipped table).
         stale_correction: the asynchronous schedules' figures with the stale-gradient correction, or without.
+        tie: times to accuracy within this part of the fastest's are a tie (at least :data:`TIE`).
     """
     epochs = epochs or EpochFactors.load()
     counts = sorted(set(worker_counts or [topology.workers]))
@@ -136,7 +140,7 @@ def shortlist(
 
     found.sort(key=rank)
     fastest = found[0].time_to_accuracy
-    tied = sum(s.time_to_accuracy <= fastest * (1 + TIE) for s in found)  # a prefix: fewer workers first in it
+    tied = sum(s.time_to_accuracy <= fastest * (1 + max(tie, TIE)) for s in found)  # a prefix; fewer workers first
     return sorted(found[:tied], key=lambda s: rank(s)[1:]) + found[tied:]
 
 
