@@ -12,12 +12,15 @@ def test_report_sets_each_prediction_against_its_measurement() -> None:
     report = run(PredictionsConfig(models=("mlp",), workers=2, epochs=1, repeats=1, schedules=("auto", "dp")))
     planned, data_parallel = report["results"]
     for result in (planned, data_parallel):
-        assert result["model"] == "mlp" and sum(result["replicas"]) == 2
+        assert result["model"] == "mlp" and sum(result["replicas"]) == 2 == result["workers_started"]
         assert result["predicted_samples_per_s"] > 0 and result["measured_samples_per_s"] > 0
         error = result["measured_samples_per_s"] / result["predicted_samples_per_s"] - 1
         assert result["error"] == pytest.approx(error)
     assert data_parallel["asked"] == "dp" and data_parallel["replicas"] == [2]
     assert report["median_error"] == {"mlp auto": planned["error"], "mlp dp": data_parallel["error"]}
+    assert report["same_layout"] == {"mlp auto": True, "mlp dp": True}  # one run each: trivially the same
+    assert report["goal"]["met"] == (max(abs(planned["error"]), abs(data_parallel["error"])) <= 0.15)
+    assert {c["workers"] for c in planned["candidates"]} == {2}  # a given count: all of it is planned
 
 
 def test_bad_config_is_rejected() -> None:

@@ -28,8 +28,11 @@ def test_each_entry_is_its_plans_simulation_and_the_fastest_to_accuracy_comes_fi
     found = shortlist(
         profile, topology, schedules=SCHEDULES, microbatches=_microbatches, batches=12, worker_counts=[1, 2, 3, 4]
     )
-    assert len(found) == 1 + 3 * len(SCHEDULES)  # one worker alone is one layout: a plain loop
+    assert sum(s.workers == 1 for s in found) == 1  # one worker alone is one layout: a plain loop
     assert sorted({s.workers for s in found}) == [1, 2, 3, 4]
+    layouts = [(s.schedule, s.plan.config, tuple(st.last_layer for st in s.plan.stages)) for s in found]
+    assert len(layouts) == len(set(layouts))  # each once, whichever searches found it
+    assert {s.schedule for s in found if s.workers == 4} == set(SCHEDULES)
     assert found[0].time_to_accuracy == min(s.time_to_accuracy for s in found)
     for s in found:
         assert s.topology.workers == s.workers == s.plan.workers
@@ -73,8 +76,8 @@ def test_a_tie_goes_to_fewer_workers() -> None:
         worker_counts=[1, 2],
         runtime=RuntimeCosts(cores=1),
     )
-    assert found[0].time_to_accuracy == pytest.approx(found[1].time_to_accuracy, rel=1e-3)
-    assert [s.workers for s in found] == [1, 2]
+    two = next(s for s in found if s.workers == 2 and s.plan.config == "2")  # data parallelism
+    assert found[0].workers == 1 and found[0].time_to_accuracy == pytest.approx(two.time_to_accuracy, rel=1e-3)
 
 
 def test_a_gain_within_the_figures_spread_does_not_change_the_layout() -> None:
@@ -82,8 +85,8 @@ def test_a_gain_within_the_figures_spread_does_not_change_the_layout() -> None:
     options = {"schedules": ["flush"], "microbatches": lambda workers: 4, "batches": 8, "worker_counts": [1, 2]}
     assert shortlist(profile, topology, **options)[0].workers == 2  # type: ignore[arg-type]
     noisy = shortlist(profile, topology, **options, tie=1.5)  # type: ignore[arg-type]
-    assert [s.workers for s in noisy] == [1, 2]  # figures that vary 150%: a gain of 2x is not told from noise
-    assert noisy[1].time_to_accuracy < noisy[0].time_to_accuracy
+    assert noisy[0].workers == 1  # figures that vary 150%: a gain of 2x is not told from noise
+    assert min(s.time_to_accuracy for s in noisy) < noisy[0].time_to_accuracy
 
 
 def test_fewer_workers_are_planned_on_one_level_only() -> None:
@@ -98,4 +101,4 @@ def test_fewer_workers_are_planned_on_one_level_only() -> None:
             worker_counts=[1, 4],
         )
     found = shortlist(_profile(1e-3, 0, 0), two_servers, schedules=["flush"], microbatches=_microbatches, batches=4)
-    assert [s.workers for s in found] == [4]
+    assert {s.workers for s in found} == {4}

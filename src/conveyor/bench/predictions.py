@@ -1,9 +1,11 @@
 """``conveyor bench predictions``: does ``conveyor train`` predict the training throughput it then measures?
 
-Each zoo model trains with ``conveyor train``'s default options (4 workers, the planner's layout and
-schedule, batch 64 in 4 microbatches) for a few epochs, ``repeats`` times; each run predicts its training
-samples per second at start-up (from what it measured there) and measures it. The report gives, per run,
-the layout chosen, the prediction, the measurement and the error, and per model the median error.
+Each zoo model trains with ``conveyor train``'s default options (a worker per core up to 4, the planner's
+layout, schedule and worker count, batch 64) for a few epochs, ``repeats`` times; each run predicts its training
+samples per second at start-up (from what it measured there, or the figures an earlier run of the same job kept)
+and measures it. The report gives, per run, the layout chosen, the prediction, the measurement and the error;
+per model the median error and whether every repeat planned the same layout; and the goal: every error within
+:data:`GOAL`.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Any
 from conveyor.bench._run import run_job
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
+from conveyor.runtime import default_workers, resolve_device
 from conveyor.schedule import KINDS
 
-__all__ = ["PredictionsConfig", "run"]
+__all__ = ["GOAL", "PredictionsConfig", "run"]
 
 MODELS = ("mlp", "vgg", "resnet", "gpt")
+GOAL = 0.15  # every run's prediction within 15% of its measurement
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class PredictionsConfig:
     """What ``conveyor bench predictions`` runs."""
 
     models: tuple[str, ...] = MODELS
-    workers: int = 4
+    workers: int | None = None  # None: conveyor train's default count, the planner free to run fewer
     epochs: int = 3
     repeats: int = 2
     # "auto" (the planner's choice), a schedule the planner lays out (flush, pipedream, ...), or "dp" (data
@@ -41,7 +45,7 @@ class PredictionsConfig:
     faults: str | None = None
 
     def __post_init__(self) -> None:
-        if min(self.workers, self.epochs, self.repeats) < 1:
+        if min(self.workers or 1, self.epochs, self.repeats) < 1:
             raise InputError("workers, epochs and repeats must be at least 1")
         unknown = set(self.schedules) - {"auto", "dp", *KINDS}
         if unknown:
@@ -51,11 +55,12 @@ class PredictionsConfig:
 def run(cfg: PredictionsConfig) -> dict[str, Any]:
     """Train every model ``repeats`` times; return the JSON-ready report."""
     results = []
+    data_parallel = str(cfg.workers or default_workers(resolve_device("auto")))  # "dp": one stage on every worker
     with tempfile.TemporaryDirectory(prefix="conveyor-predictions-") as tmp:
         for model, schedule, repeat in itertools.product(cfg.models, cfg.schedules, range(cfg.repeats)):
             run_dir = Path(tmp) / f"{model}-{schedule}-{repeat}"
             layout_options: dict[str, Any] = (
-                {"stages": 1, "replicas": str(cfg.workers), "schedule": "flush"}
+                {"stages": 1, "replicas": data_parallel, "schedule": "flush"}
                 if schedule == "dp"
                 else {"schedule": schedule}
             )
@@ -77,6 +82,7 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
                     "model": model,
                     "asked": schedule,
                     "schedule": layout["schedule"],
+                    "workers_started": summary.prediction.measured_at_start["workers"],
                     "replicas": layout["replicas"],
                     "balance": layout["balance"],
                     "predicted_samples_per_s": summary.prediction.samples_per_s,
@@ -84,6 +90,7 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
                     "error": summary.prediction.error,
                     "single_worker_samples_per_s": summary.prediction.measured_at_start["single_worker_samples_per_s"],
                     "measured_at_start": summary.prediction.measured_at_start,
+                    "candidates": summary.layout["plan_file"].get("candidates", []),
                 }
             )
     medians = {
@@ -92,4 +99,20 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
         )
         for model, schedule in itertools.product(cfg.models, cfg.schedules)
     }
-    return {"config": asdict(cfg), "results": results, "median_error": medians}
+    layouts = {
+        f"{model} {schedule}": sorted(
+            {
+                (r["schedule"], tuple(r["replicas"]), tuple(r["balance"]))
+                for r in results
+                if (r["model"], r["asked"]) == (model, schedule)
+            }
+        )
+        for model, schedule in itertools.product(cfg.models, cfg.schedules)
+    }
+    return {
+        "config": asdict(cfg),
+        "results": results,
+        "median_error": medians,
+        "same_layout": {case: len(found) == 1 for case, found in layouts.items()},
+        "goal": {"error_within": GOAL, "met": all(abs(r["error"]) <= GOAL for r in results)},
+    }

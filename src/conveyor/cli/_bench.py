@@ -39,6 +39,8 @@ def add_parser(sub: Any) -> None:
     pvr = which.add_parser("plan-vs-run", help="run planned pipelines and compare their throughput with the plan")
     pvr.add_argument("--minibatches", type=positive, default=60, help="minibatches per timed run")
     pvr.add_argument("--repeats", type=positive, default=3, help="timed runs per plan; the median is reported")
+    pvr.add_argument("--up-to", type=positive, default=6, help="the shortlist's workers: 1 to this many")
+    pvr.add_argument("--candidates", type=positive, default=4, help="the shortlist's fastest layouts run")
     pvr.add_argument("--json", type=Path, default=None, help="write the report here")
     add_emulation(pvr, faults=False)
     tta = which.add_parser("tta", help="time to accuracy of data parallelism and each pipeline schedule")
@@ -66,7 +68,9 @@ def add_parser(sub: Any) -> None:
     conv.add_argument("--plot", type=Path, default=None, help="write median epochs per strategy here (PNG)")
     pred = which.add_parser("predictions", help="conveyor train's predicted against measured throughput, zoo models")
     pred.add_argument("--models", type=names, default=("mlp", "vgg", "resnet", "gpt"), help="e.g. mlp,vgg")
-    pred.add_argument("--workers", type=positive, default=4)
+    pred.add_argument(
+        "--workers", type=positive, default=None, help="a fixed count (default: conveyor train's, fewer if faster)"
+    )
     pred.add_argument("--epochs", type=positive, default=3)
     pred.add_argument("--repeats", type=positive, default=2, help="runs per model")
     pred.add_argument(
@@ -256,7 +260,7 @@ def _plan_vs_run(args: argparse.Namespace) -> None:
 
     report = run(config(PlanVsRunConfig, args))
     table = Table("plan", "config", "measured samples/s", "simulated", "error", "planner (steady state)", "error")
-    for r in report["results"]:
+    for r in report["results"] + report["candidates"]:
         table.add_row(
             r["case"],
             r["config"],
@@ -267,6 +271,11 @@ def _plan_vs_run(args: argparse.Namespace) -> None:
             f"{r['error_vs_planner']:+.1%}",
         )
     console.print(table)
+    chosen = report["chosen"]
+    console.print(
+        f"the planner's choice {chosen['config']} (candidate 1); the fastest measured {chosen['fastest_measured']}, "
+        f"{chosen['shortfall']:.1%} ahead of it, the runs' spread {chosen['spread']:.1%}"
+    )
     if args.json:
         write_json(args.json, report)
 
@@ -283,6 +292,7 @@ def _predictions(args: argparse.Namespace) -> None:
         "measured",
         "error",
         "one worker",
+        "started",
         title="conveyor train: predicted against measured training throughput",
     )
     for r in report["results"]:
@@ -294,8 +304,10 @@ def _predictions(args: argparse.Namespace) -> None:
             f"{r['measured_samples_per_s']:.0f}",
             f"{r['error']:+.0%}",
             f"{r['single_worker_samples_per_s']:.0f}",
+            str(r["workers_started"]),
         )
     console.print(table)
+    console.print(f"same layout in every repeat: {report['same_layout']}; goal: {report['goal']}")
     if args.json:
         write_json(args.json, report)
 
