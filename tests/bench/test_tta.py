@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from emulation import needs_root
 
-from conveyor.bench.tta import TTAConfig, run
+from conveyor.bench.tta import TTAConfig, _over_seeds, run
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -29,6 +29,30 @@ def test_time_to_accuracy_report(tmp_path: Path) -> None:
         assert r["bytes_between_servers_per_sample"] is None and r["comm_fraction"] is None  # no network here
     assert results["dp"]["predicted_speedup"] == 1.0 and results["ddp"]["predicted_speedup"] is None
     assert report["goals"]["speedup_vs_dp"] == results["pipedream"]["measured_speedup"]
+    (seed,) = report["seeds"]  # one seed: the results above
+    assert seed["seed"] == 0 and seed["epochs_to_target"] == {k: r["epochs_to_target"] for k, r in results.items()}
+    assert report["over_seeds"]["strategies"]["dp"]["median_epochs_to_target"] == results["dp"]["epochs_to_target"]
+
+
+def _seed(pd_epochs: int | None, dp_epochs: int, speedup: float | None) -> dict:
+    pd = {"seconds_to_target": None if pd_epochs is None else 1.0, "epochs_to_target": pd_epochs}
+    dp = {"seconds_to_target": 5.0, "epochs_to_target": dp_epochs}
+    return {"results": {"dp": {**dp, "measured_speedup": 1.0}, "pipedream": {**pd, "measured_speedup": speedup}}}
+
+
+def test_over_seeds_every_seed_must_meet_the_goals() -> None:
+    """PipeDream within 1.25x of data parallelism's epochs and 5x sooner, in every seed (medians over those that
+    reached the target)."""
+    good = [_seed(3, 3, 6.0), _seed(4, 4, 5.5), _seed(5, 4, 5.1)]  # 1.25x the epochs at most: met
+    over = _over_seeds(good, ("dp", "pipedream"))
+    assert over["met"] and over["pipedream_epochs_over_dp"] == [1.0, 1.0, 1.25]
+    medians = {"reached": 3, "median_seconds_to_target": 1.0, "median_epochs_to_target": 4}
+    assert over["strategies"]["pipedream"] == medians
+    assert not _over_seeds([*good, _seed(9, 3, 2.0)], ("dp", "pipedream"))["met"]  # seed 2 of the issue: 3x the epochs
+    missed = _over_seeds([*good, _seed(None, 3, None)], ("dp", "pipedream"))  # one seed never got there
+    assert not missed["met"] and missed["strategies"]["pipedream"]["reached"] == 3
+    with pytest.raises(ValueError, match="seeds must be at least 1"):
+        TTAConfig(seeds=0)
 
 
 @needs_root

@@ -104,6 +104,10 @@ def test_the_planner_may_choose_fewer_workers_than_started_and_says_which_it_sim
     assert speed == sorted(speed, reverse=True)
     progress = [p.plan_file["predicted"]["samples_per_s"] / p.plan_file["predicted"]["epochs_factor"] for p in planned]
     assert progress[1] >= progress[0] / 1.001  # never slower to accuracy than the best on all the workers
+    assert "varied" not in planned[1].describe()
+    noisy = choose_layout(cfg, names=names, costs=replace(costs, spread=0.9), batches=20, samples=1280, fewer=True)
+    assert "The start-up figures varied 90% around their median" in noisy.describe()
+    assert sum(noisy.replicas) <= sum(planned[1].replicas)  # within the noise, the fewest workers
 
 
 def _figures(remeasure: bool) -> str | None:

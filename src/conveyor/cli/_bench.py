@@ -55,6 +55,7 @@ def add_parser(sub: Any) -> None:
     tta.add_argument("--strategies", type=names, default=None, help="e.g. dp,ddp,pipedream (default: all)")
     tta.add_argument("--local-epochs", type=int, default=2, help="epochs on local processes for comm_fraction")
     tta.add_argument("--seed", type=int, default=0, help="the initial weights and the data order")
+    tta.add_argument("--seeds", type=positive, default=1, help="train from --seed, --seed + 1, ...: this many")
     tta.add_argument("--json", type=Path, default=None, help="write the report here")
     add_emulation(tta, faults=False)
     tta.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
@@ -249,6 +250,12 @@ def _tta(args: argparse.Namespace) -> None:
     console.print(table)
     if goals := report["goals"]:
         console.print("PipeDream: " + ", ".join(f"{k} {v:.3g}" for k, v in goals.items() if isinstance(v, float)))
+    if cfg.seeds > 1:
+        for s in report["seeds"]:
+            reached = f"seconds to target {s['seconds_to_target']}, epochs {s['epochs_to_target']}"
+            console.print(f"seed {s['seed']}: {reached}")
+        over = report["over_seeds"]
+        console.print(f"over {cfg.seeds} seeds: {over['strategies']}; goals {over['targets']} met: {over.get('met')}")
     if args.plot:
         console.print(f"wrote {args.plot}")
     if args.json:

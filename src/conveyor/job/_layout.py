@@ -30,6 +30,9 @@ __all__ = ["Layout", "choose_layout", "fixed_layout", "microbatches_of"]
 _PREFERENCE = ("flush", "2bw", "pipedream", "gpipe")
 PIPELINE_MICROBATCHES = 4  # a pipeline's microbatches per batch where --microbatches is not given
 SHORTLIST = 8  # the simulated layouts a plan file records, the fastest first
+# A spread of the start-up figures above which the plan says they are noisy: quiet, this machine's MLP, VGG and
+# ResNet gave 0.05-0.25; beside a busy process, the MLP 2.97 and ResNet 1.42.
+NOISY_SPREAD = 0.5
 
 
 def microbatches_of(cfg: TrainConfig, workers: int) -> int:
@@ -76,6 +79,18 @@ class Layout:
                 "data parallelism"
             )
             + (f", from figures {source}" if (source := self.figures_source) and source.startswith("kept") else "")
+            + self._noise()
+        )
+
+    def _noise(self) -> str:
+        """Where the start-up figures varied more than :data:`NOISY_SPREAD`, a warning that says so."""
+        spread = float(self.plan_file.get("measured_at_start", {}).get("spread", 0.0))
+        if spread <= NOISY_SPREAD:
+            return ""
+        return (
+            f". The start-up figures varied {spread:.0%} around their median (other work on this machine?): the "
+            "prediction is no better than that, and layouts that close were not told apart; --remeasure when it is "
+            "quieter"
         )
 
 
