@@ -54,6 +54,7 @@ def _narrowed_then_summed() -> tuple[str, int, float] | None:
     t = torch.tensor([float(dist.get_rank() + 1)])
     dist.all_reduce(t)
     dist.all_reduce(t, group=dist.new_group([0, 1]))
+    assert torch.get_num_threads() == max(1, len(os.sched_getaffinity(0)) // 2)  # the cores shared by two now
     return os.environ["WORLD_SIZE"], dist.get_world_size(), t.item()
 
 

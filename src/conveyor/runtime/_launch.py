@@ -192,7 +192,8 @@ def keep_first(workers: int) -> bool:
     default process group again, of ``workers`` ranks with the same numbers, on the same store and backend, and
     go on (``True``); the others leave it (``False``) and must not communicate again: their function returns.
     A job planned for fewer workers than it started (one worker, say, where the model is too small for a pipeline
-    to pay) runs on as many; the others' processes end as soon as they return.
+    to pay) runs on as many; the others' processes end as soon as they return. Where the job's workers all ran on
+    this machine, the ones kept take the intra-op threads the launcher gives so many (its cores shared among them).
 
     Every group made before is gone afterwards (subgroups too): call it before building anything that holds one.
     """
@@ -207,8 +208,9 @@ def keep_first(workers: int) -> bool:
     forget_host_groups()
     if rank >= workers:
         return False
-    if os.environ.get("LOCAL_WORLD_SIZE") == str(world):  # (every worker of the job on this machine)
+    if os.environ.get("LOCAL_WORLD_SIZE") == str(world):  # every worker of the job on this machine: fewer share it
         os.environ["LOCAL_WORLD_SIZE"] = str(workers)
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))  # as the launcher would
     os.environ["WORLD_SIZE"] = str(workers)
     dist.init_process_group(
         backend,
