@@ -61,6 +61,8 @@ class Costs:
         workers: the job's workers.
         cores: the cores the workers share (``None`` on GPUs or emulated devices: one each).
         network: the emulated network's topology, when the job runs on one.
+        alone_batch_s: a whole batch (one microbatch) through the executor on the first worker alone, with the
+            threads of the plain loop: what a one-worker layout runs (``None`` where the plain loop did not run).
         spread: how much the plain loop's batches varied: the interquartile range of their times over the median
             (0: not measured). Figures whose ratio is within it are not told apart: the planner takes the simpler
             layout then (:func:`~conveyor.plan.shortlist`'s ``tie``).
@@ -76,6 +78,7 @@ class Costs:
     workers: int
     cores: int | None
     network: Topology | None = None
+    alone_batch_s: float | None = None
     spread: float = 0.0
     source: str = "measured at start-up"
 
@@ -103,6 +106,7 @@ class Costs:
                 workers=int(d["workers"]),
                 cores=d["cores"],
                 network=network,
+                alone_batch_s=d["alone_batch_s"],
                 spread=float(d["spread"]),
                 source=source,
             )
@@ -133,9 +137,10 @@ class Costs:
     def alone(self, *, batch: int, microbatches: int) -> Profile | None:
         """The profile one worker alone runs with, on ``microbatches`` microbatches of a ``batch``-sample batch: the
         layers' times in the proportions profiled, scaled so that a batch (each layer's forward and backward in
-        proportion to its samples, one optimizer step) takes what the plain loop measured at start-up took with the
-        cores others leave: one worker alone may use more than the core a worker of the job was profiled on
-        (``None`` where no plain loop ran).
+        proportion to its samples, one optimizer step) takes what a batch took through the executor on one worker
+        alone at start-up (:attr:`alone_batch_s`; else the plain loop's), less the simulator's per-action charge:
+        one worker alone may use more than the core a worker of the job was profiled on (``None`` where neither
+        ran).
 
         Example (a layer of 1 s forward and backward for 8 samples, none for the step, and a loop of 4 samples/s):
             >>> p = Profile.chain("toy", [0.5], [0.5], [0], [0], batch_size=8)
@@ -149,7 +154,10 @@ class Costs:
             return None
         grow = batch / prof.batch_size  # a layer's time grows with its samples; the optimizer's step does not
         modelled = sum((lay.forward_s + lay.backward_s) * grow + lay.step_s for lay in prof.layers)
-        factor = batch / self.single_worker_samples_per_s / modelled
+        measured = batch / self.single_worker_samples_per_s
+        if self.alone_batch_s is not None:  # the simulator charges each of the batch's actions the executor's cost
+            measured = max(measured, self.alone_batch_s - (2 * microbatches + 2) * self.overhead_s)
+        factor = measured / modelled
         per_microbatch = grow / microbatches * factor
         layers = tuple(
             replace(
@@ -269,12 +277,12 @@ def measure_costs(
         allreduce = measure_allreduce(busy=work if not alone else None)
     dist.barrier()
     free = None if share is None else share.free
-    single, spread = (
+    single, spread, alone_s = (
         _plain_loop(
             model, batches, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast, free_cores=free
         )
         if rank == 0 and whole
-        else (None, 0.0)
+        else (None, 0.0, None)
     )
     dist.barrier()
     if rank != 0:
@@ -284,7 +292,16 @@ def measure_costs(
     if alone and link is not None:  # sending and receiving are work on the device too
         link = replace(link, send_s=link.send_s * per_core, recv_s=link.recv_s * per_core)
     return Costs(
-        _scaled(prof, per_core), link, allreduce, overhead * per_core, single, world, shared, network, spread=spread
+        _scaled(prof, per_core),
+        link,
+        allreduce,
+        overhead * per_core,
+        single,
+        world,
+        shared,
+        network,
+        alone_batch_s=alone_s,
+        spread=spread,
     )
 
 
@@ -366,10 +383,12 @@ def _plain_loop(
     free_cores: float | None,
     least: int = 20,
     budget_s: float = 1.0,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """Samples per second of forward, backward and step on whole batches, with the free cores (the other workers
-    wait), and the batches' spread (their times' interquartile range over the median). The first batch is a
-    warm-up; the batches are run again until ``least`` are timed or ``budget_s`` has passed (each at least once)."""
+    wait), the batches' spread (their times' interquartile range over the median), and the median batch's
+    seconds through the executor as one worker runs it, one microbatch a batch, at the same threads. The first
+    batch is a warm-up; the batches are run again until ``least`` are timed or ``budget_s`` has passed (each at
+    least once)."""
     module = copy.deepcopy(model).to(device)
     opt = optimizer(list(module.parameters()))
     threads = torch.get_num_threads()
@@ -391,9 +410,19 @@ def _plain_loop(
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
+        _, executor_s = measure_overhead(
+            model,
+            batches,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            microbatches=1,
+            compute_s=0.0,
+            device=device,
+            autocast=autocast,
+        )
     finally:
         torch.set_num_threads(threads)
     timed = times[1:]
     median = statistics.median(timed)
     quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [median] * 3
-    return batch_size(batches[0][0]) / median, (quartiles[2] - quartiles[0]) / median
+    return batch_size(batches[0][0]) / median, (quartiles[2] - quartiles[0]) / median, executor_s
