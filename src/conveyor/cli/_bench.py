@@ -15,7 +15,7 @@ from conveyor.cli._bench_models import add_models, run_models
 from conveyor.cli._bench_overhead import add_overhead, run_overhead
 from conveyor.cli._bench_soak import add_soak, run_soak
 from conveyor.cli._bench_stragglers import add_stragglers, run_stragglers
-from conveyor.cli._bench_wan import add_wan, run_wan
+from conveyor.cli._bench_wan import add_gaia_filter, add_wan, run_gaia_filter, run_wan
 from conveyor.cli._bench_warmstart import add_warmstart, run_warmstart
 from conveyor.cli._common import add_emulation, config, console, floats, names, positive, sizes, write_json
 from conveyor.cli._markets import add_bench as add_markets
@@ -102,6 +102,7 @@ def add_parser(sub: Any) -> None:
     add_overhead(which)
     add_models(which)
     add_wan(which)
+    add_gaia_filter(which)
     add_soak(which)
     add_markets(which)
 
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> None:
         "overhead": run_overhead,
         "models": run_models,
         "wan": run_wan,
+        "gaia-filter": run_gaia_filter,
         "soak": run_soak,
         "markets": run_markets,
     }[args.bench](args)

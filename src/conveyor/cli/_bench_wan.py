@@ -10,7 +10,7 @@ from rich.table import Table
 
 from conveyor.cli._common import config, console, floats, names, positive, write_json
 
-__all__ = ["add_wan", "run_wan"]
+__all__ = ["add_gaia_filter", "add_wan", "run_gaia_filter", "run_wan"]
 
 
 def add_wan(which: Any) -> None:
@@ -53,6 +53,29 @@ def run_wan(args: argparse.Namespace) -> None:
     console.print(table)
     if args.plot:
         console.print(f"wrote {args.plot}")
+    if args.json:
+        write_json(args.json, result)
+
+
+def add_gaia_filter(which: Any) -> None:
+    """The ``gaia-filter`` benchmark's parser under ``conveyor bench``."""
+    bench = which.add_parser("gaia-filter", help="Gaia's significance filter per update: fused against packed copies")
+    bench.add_argument("--weights", type=positive, default=2_300_000, help="entries (default: vgg16's 2.3M)")
+    bench.add_argument("--updates", type=positive, default=20, help="timed updates (the median counts)")
+    bench.add_argument("--device", default="cpu", help="cpu or cuda")
+    bench.add_argument("--json", type=Path, default=None, help="write the report here")
+
+
+def run_gaia_filter(args: argparse.Namespace) -> None:
+    """Run the filter benchmark and print its figures."""
+    from conveyor.bench.gaia_filter import FilterBenchConfig, run
+
+    result = run(config(FilterBenchConfig, args))
+    console.print(
+        f"{result['config']['weights']:,} weights: {1e3 * result['fused_s_per_update']:.2f} ms an update fused and "
+        f"in place, {1e3 * result['packed_s_per_update']:.2f} ms on packed copies ({result['speedup']:.2f}x); "
+        f"the same entries selected: {result['same_selection']}"
+    )
     if args.json:
         write_json(args.json, result)
 

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.nn.utils import parameters_to_vector
 
 from conveyor.gaia._exchange import Courier, Payload, share_in_site
+from conveyor.gaia._filter import SignificanceFilter
 from conveyor.runtime.parts import SiteLinks, pack_grads, set_mean_grads
 
 __all__ = ["Gaia"]
@@ -62,8 +62,7 @@ class Gaia:
             raise ValueError(f"threshold must be in [0, 1) and staleness at least 1, got {threshold} and {staleness}")
         self.sites, self.threshold, self.staleness = sites, threshold, staleness
         self.links: SiteLinks | None = None
-        self.pending: torch.Tensor | None = None  # a_d, the leader's
-        self.sent_at: torch.Tensor | None = None  # the update each entry of a_d was last sent at (-1: never)
+        self.filter: SignificanceFilter | None = None  # a_d and the test on it, the leader's
         self.courier: Courier | None = None
         self._counts = _Counts()
 
@@ -71,19 +70,16 @@ class Gaia:
         self.links = links
         if links.is_leader:
             n = sum(p.numel() for p in params)
-            self.pending = torch.zeros(n, dtype=torch.float32, device=links.device)
-            self.sent_at = torch.full((n,), -1, dtype=torch.int32, device=links.device)
+            self.filter = SignificanceFilter(n, threshold=self.threshold, device=links.device)
             self.courier = Courier(links, n)
 
     def after_reduce(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> bool:
         assert self.links is not None
         n = sum(p.numel() for p in params)
-        grads: torch.Tensor | None = None
         payloads: list[Payload] = []
         if self.courier is not None:
             lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else 1.0
-            grads = pack_grads(params, torch.float32, self.links.device)
-            self.courier.post(*self._significant(grads, parameters_to_vector(params).detach(), lr))
+            self.courier.post(*self._significant(params, lr))
             for delivery in self.courier.take(behind=self.staleness - 1):
                 self._counts.delivered(self.courier.posted - 1 - delivery.update, delivery.sent)
                 payloads += delivery.payloads
@@ -91,26 +87,20 @@ class Gaia:
         self._counts.updates += 1
         if not received:
             return False  # the site steps with its own share, already on .grad
-        grads = pack_grads(params, torch.float32, self.links.device) if grads is None else grads
+        grads = pack_grads(params, torch.float32, self.links.device)
         for where, what in received:
             grads.index_add_(0, where, what)
         set_mean_grads(params, grads, 1)
         return True
 
-    def _significant(self, grads: torch.Tensor, weights: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the site's share to what is pending; take out and return the significant entries (an entry that
-        is zero is not: ``0 > tau |w|`` fails). Each pass over every entry costs, so an entry's age is counted
-        from the update it was last sent at (updates where its gradient was exactly 0, a dead ReLU's, count too)."""
-        assert self.pending is not None and self.sent_at is not None
-        self.pending += grads
-        chosen = self.pending.abs().mul_(lr) > weights.abs().mul_(self.threshold)
-        indices = chosen.nonzero().reshape(-1)
-        values = self.pending[indices]
-        self.pending[indices] = 0
-        assert self.courier is not None
+    def _significant(self, params: Sequence[torch.Tensor], lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the site's share to what is pending; take out and return the significant entries
+        (:class:`~conveyor.gaia._filter.SignificanceFilter`). An entry's age is counted from the update it was
+        last sent at (updates where its gradient was exactly 0, a dead ReLU's, count too)."""
+        assert self.filter is not None and self.courier is not None
         now = self.courier.posted  # this update's number: the exchanges posted before it
-        self._counts.posted(now - self.sent_at[indices], int(grads.numel()))
-        self.sent_at[indices] = now
+        indices, values, ages = self.filter.select(params, lr, now)
+        self._counts.posted(ages, int(self.filter.pending.numel()))
         return indices, values
 
     def after_step(self, params: Sequence[torch.Tensor]) -> None:
@@ -118,11 +108,11 @@ class Gaia:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The leader's unsent updates ``a_d`` (nothing on the other replicas)."""
-        return {} if self.pending is None else {"pending": self.pending.cpu()}
+        return {} if self.filter is None else {"pending": self.filter.pending.cpu()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if self.pending is not None and "pending" in state:
-            self.pending.copy_(state["pending"])
+        if self.filter is not None and "pending" in state:
+            self.filter.pending.copy_(state["pending"])
 
     def records(self) -> dict[str, Any]:
         assert self.links is not None
