@@ -67,19 +67,27 @@ def _reference(cuts: list[list[int]]) -> dict[str, torch.Tensor]:
     return _state(model, opt)
 
 
-def _freeze_in_forward(model: nn.Sequential, step: int) -> None:
-    """This process stops itself (SIGSTOP: every thread, gloo's too) in its first forward of ``step``."""
-    calls = {"steps": 0, "stopped": False}
+def _freeze_in_forward(model: nn.Sequential, step: int) -> dict[str, Any]:
+    """This process stops itself (SIGSTOP: every thread, gloo's too) in its first forward of ``step`` or later; or,
+    where peers' backups took every chunk of ``step`` before it began one, at the end of ``step`` (the trainer's
+    on_step calls :func:`_count_step`). Returns what records how it stopped: ``"forward"`` or ``"between steps"``."""
+    calls: dict[str, Any] = {"steps": 0, "stopped": None, "at": step}
 
     def hook(*_: Any) -> None:
-        # ">=": on a slow machine peers' backups may take every chunk of this replica's step, so it may first
-        # run a forward a step later
-        if calls["steps"] >= step and not calls["stopped"]:
-            calls["stopped"] = True
+        if calls["steps"] >= step and calls["stopped"] is None:
+            calls["stopped"] = "forward"
             os.kill(os.getpid(), signal.SIGSTOP)
 
     model[0].register_forward_pre_hook(hook)
-    model.steps = calls  # type: ignore[assignment]  # the trainer's on_step advances it
+    return calls
+
+
+def _count_step(calls: dict[str, Any], finished: int) -> None:
+    """After this replica's step ``finished - 1``: past the freezing step without a forward, stop now."""
+    calls["steps"] = finished
+    if finished > calls["at"] and calls["stopped"] is None:
+        calls["stopped"] = "between steps"
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _train(layout: str, live: bool, path: str, fallback_s: float) -> dict[str, Any]:
@@ -87,8 +95,7 @@ def _train(layout: str, live: bool, path: str, fallback_s: float) -> dict[str, A
     model = _model()
     pids: list[int] = [0] * dist.get_world_size()
     dist.all_gather_object(pids, os.getpid())
-    if dist.get_rank() == 1:
-        _freeze_in_forward(model, FREEZE_AT)
+    freezing = _freeze_in_forward(model, FREEZE_AT) if dist.get_rank() == 1 else None
     balance, replicas = LAYOUTS[layout]
     pipe = FlexiblePipeline(
         model,
@@ -120,8 +127,8 @@ def _train(layout: str, live: bool, path: str, fallback_s: float) -> dict[str, A
         watcher.start()
 
     def on_step(step: int) -> None:
-        if dist.get_rank() == 1:
-            model.steps["steps"] = step  # type: ignore[index]
+        if freezing is not None:
+            _count_step(freezing, step)
         done["step"] = step
         if dist.get_rank() == 0 and step == THAW_AFTER + 1:
             wake_now.set()
@@ -133,7 +140,8 @@ def _train(layout: str, live: bool, path: str, fallback_s: float) -> dict[str, A
         watcher.join()
     records = pipe.gather_records()
     pipe.save(path)
-    return {"state": _state(pipe.module, pipe.optimizer), "records": records, "woken": woken}
+    stopped = None if freezing is None else freezing["stopped"]
+    return {"state": _state(pipe.module, pipe.optimizer), "records": records, "woken": woken, "stopped": stopped}
 
 
 def _state_of(pid: int) -> str:
@@ -164,9 +172,12 @@ def test_a_replica_frozen_for_whole_steps_holds_up_nobody_and_rejoins_with_the_r
     frozen = [r for r in records if r["stage"] == 0 and r["replica"] == 1]
     stopped = frozen[FREEZE_AT : THAW_AFTER + 1]
     assert sum(r["samples"] for r in stopped) == 0  # it ran nothing the steps used
-    # the run it froze in was replaced by a peer's: in step FREEZE_AT, or a later one where peers' backups had
-    # taken every chunk of that step before this replica began one (the hook's ">=")
-    assert [r["dropped"] > 0 for r in stopped].count(True) == 1, stopped
+    # Stopped in a forward, the run it froze in was replaced by a peer's (in step FREEZE_AT, or a later one where
+    # peers' backups had taken every chunk of that step before it began one); stopped between steps, where they
+    # had taken every chunk of step FREEZE_AT, no run of its was under way to drop.
+    how = per_rank[1]["stopped"]
+    assert how in ("forward", "between steps")
+    assert [r["dropped"] > 0 for r in stopped].count(True) == (1 if how == "forward" else 0), (how, stopped)
     for step in range(len(SIZES) + 3):  # every sample counted once on each stage
         for stage in range(len(LAYOUTS[layout][1])):
             ran = sum(r["samples"] for r in records if r["step"] == step and r["stage"] == stage)
