@@ -60,3 +60,14 @@ def test_a_period_that_is_not_positive_is_refused(seconds: float) -> None:
         check_resources_every(seconds)
     check_resources_every(None)
     check_resources_every(10.0)
+
+
+def test_a_sample_after_the_stores_host_left_has_no_key_count() -> None:
+    """An elastic job's last samples may come after the worker holding the store left: the sample says so."""
+
+    class GoneStore(dist.Store):
+        def num_keys(self) -> int:
+            raise dist.DistNetworkError("Connection reset by peer")
+
+    sample = sample_resources(0, GoneStore(), started=0.0)
+    assert sample.store_keys is None and sample.rss_bytes > 0

@@ -49,8 +49,19 @@ def sample_resources(worker: int, store: dist.Store | None, *, started: float) -
         rss_bytes=int(status["VmRSS"].split()[0]) * 1024,  # the kernel reports kB
         fds=len(os.listdir(_PROC / "fd")),
         threads=int(status["Threads"]),
-        store_keys=None if store is None else store.num_keys(),
+        store_keys=_store_keys(store),
     )
+
+
+def _store_keys(store: dist.Store | None) -> int | None:
+    """The store's keys; ``None`` without a store, or where its host has gone: an elastic job's last samples may
+    come after the worker that held it left (a sample must not fail the worker it describes)."""
+    if store is None:
+        return None
+    try:
+        return store.num_keys()
+    except dist.DistError:
+        return None
 
 
 class ResourceLog:
