@@ -187,6 +187,12 @@ def _init_process_group(
             host_group()
 
 
+def _share_cores(workers: int) -> None:
+    """This worker's intra-op threads where ``workers`` local workers share this machine's cores: its share of them
+    (at least one), so that together they do not oversubscribe it."""
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 def keep_first(workers: int) -> bool:
     """Narrow the job to its first ``workers`` workers (every worker calls it at the same point): they form the
     default process group again, of ``workers`` ranks with the same numbers, on the same store and backend, and
@@ -210,7 +216,7 @@ def keep_first(workers: int) -> bool:
         return False
     if os.environ.get("LOCAL_WORLD_SIZE") == str(world):  # every worker of the job on this machine: fewer share it
         os.environ["LOCAL_WORLD_SIZE"] = str(workers)
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))  # as the launcher would
+        _share_cores(workers)
     os.environ["WORLD_SIZE"] = str(workers)
     dist.init_process_group(
         backend,
@@ -248,8 +254,7 @@ def _worker(rank: int, job: _LocalJob) -> None:
     if job.graceful:
         os.environ[STOP_FILE] = str(job.tmp / "stop")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(job.world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(job.world))
-    # Local workers share this machine's cores: one thread each keeps them from oversubscribing it.
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // job.world))
+    _share_cores(job.world)
     try:
         if job.setup is not None:
             job.setup(rank)
