@@ -20,6 +20,7 @@ from torch.nn.utils import parameters_to_vector
 
 from conveyor.errors import InputError
 from conveyor.gaia import SignificanceFilter
+from conveyor.runtime.parts import synchronize
 
 __all__ = ["FilterBenchConfig", "packed_select", "run"]
 
@@ -55,11 +56,6 @@ def packed_select(
     return indices, values, ages
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _params(weights: int, device: torch.device) -> list[torch.Tensor]:
     """Parameters of ``weights`` entries in all: 90% in three fully connected layers, the rest in thirteen."""
     sizes = [weights * 3 // 100] * 3 + [weights // 130] * 13
@@ -82,10 +78,10 @@ def run(cfg: FilterBenchConfig) -> dict[str, Any]:
             p.grad = (0.01 * torch.randn(p.shape, generator=generator)).to(device)
         start = time.perf_counter()
         chosen = fused.select(params, cfg.lr, update)
-        _synchronize(device)
+        synchronize(device)
         middle = time.perf_counter()
         reference = packed_select(pending, sent_at, params, cfg.lr, cfg.threshold, update)
-        _synchronize(device)
+        synchronize(device)
         if update >= cfg.warmup:
             times["fused"].append(middle - start)
             times["packed"].append(time.perf_counter() - middle)

@@ -41,7 +41,7 @@ from conveyor.runtime import (
     split_batch,
     to_device,
 )
-from conveyor.runtime.parts import P2P
+from conveyor.runtime.parts import P2P, Alone, synchronize
 
 __all__ = ["Costs", "choose_threads", "measure_costs"]
 
@@ -61,8 +61,8 @@ class Costs:
         workers: the job's workers.
         cores: the cores the workers share (``None`` on GPUs or emulated devices: one each).
         network: the emulated network's topology, when the job runs on one.
-        alone_batch_s: a whole batch (one microbatch) through the executor on the first worker alone, with the
-            threads of the plain loop: what a one-worker layout runs (``None`` where the plain loop did not run).
+        alone_batch_s: a whole batch (one microbatch) as the first worker alone trains it, with the threads of the
+            plain loop: what a one-worker layout runs (``None`` where the plain loop did not run).
         spread: how much the plain loop's batches varied: the interquartile range of their times over the median
             (0: not measured). Figures whose ratio is within it are not told apart: the planner takes the simpler
             layout then (:func:`~conveyor.plan.shortlist`'s ``tie``).
@@ -137,7 +137,7 @@ class Costs:
     def alone(self, *, batch: int, microbatches: int) -> Profile | None:
         """The profile one worker alone runs with, on ``microbatches`` microbatches of a ``batch``-sample batch: the
         layers' times in the proportions profiled, scaled so that a batch (each layer's forward and backward in
-        proportion to its samples, one optimizer step) takes what a batch took through the executor on one worker
+        proportion to its samples, one optimizer step) takes what a batch took on one worker
         alone at start-up (:attr:`alone_batch_s`; else the plain loop's), less the simulator's per-action charge:
         one worker alone may use more than the core a worker of the job was profiled on (``None`` where neither
         ran).
@@ -386,17 +386,19 @@ def _plain_loop(
 ) -> tuple[float, float, float]:
     """Samples per second of forward, backward and step on whole batches, with the free cores (the other workers
     wait), the batches' spread (their times' interquartile range over the median), and the median batch's
-    seconds through the executor as one worker runs it, one microbatch a batch, at the same threads. The first
-    batch is a warm-up; the batches are run again until ``least`` are timed or ``budget_s`` has passed (each at
-    least once)."""
+    seconds as one worker alone trains it (:class:`~conveyor.runtime.parts.Alone`) at the same threads. Each batch
+    runs both ways in turn, so both see the same load; the first is a warm-up; the batches are run again until
+    ``least`` are timed or ``budget_s`` has passed (each at least once)."""
     module = copy.deepcopy(model).to(device)
     opt = optimizer(list(module.parameters()))
+    alone = Alone.of_copy(model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast)
     threads = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores if free_cores is None else max(1, min(cores, math.floor(free_cores + 0.2))))
     mixed = torch.autocast(device.type, autocast) if autocast is not None else contextlib.nullcontext()
     try:
         times: list[float] = []
+        alone_times: list[float] = []
         given, began = len(batches), time.perf_counter()
         while len(times) < given or (len(times) <= least and time.perf_counter() - began < budget_s):
             x, y = batches[len(times) % given]
@@ -407,22 +409,19 @@ def _plain_loop(
                 loss = loss_fn(module(x), y)
             loss.backward()
             opt.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             times.append(time.perf_counter() - start)
-        _, executor_s = measure_overhead(
-            model,
-            batches,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            microbatches=1,
-            compute_s=0.0,
-            device=device,
-            autocast=autocast,
-        )
+            start = time.perf_counter()
+            alone.run([(x, y)])
+            synchronize(device)
+            alone_times.append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
     timed = times[1:]
     median = statistics.median(timed)
     quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [median] * 3
-    return batch_size(batches[0][0]) / median, (quartiles[2] - quartiles[0]) / median, executor_s
+    return (
+        batch_size(batches[0][0]) / median,
+        (quartiles[2] - quartiles[0]) / median,
+        statistics.median(alone_times[1:]),
+    )

@@ -38,6 +38,7 @@ from conveyor.runtime.parts import stop_requested
 
 __all__ = ["EpochLoop", "EpochRecord", "LoopOutcome", "Trainer", "whole_history"]
 
+BAR_PERIOD_S = 0.05  # the progress bar moves at most this often (it redraws ten times a second)
 IGNORED = -100  # a target position not scored: cross-entropy's default ignore_index (padding in labels)
 
 
@@ -150,8 +151,14 @@ class EpochLoop:
         with self._progress() as bar:
             task = bar.add_task("training", total=cfg.run.epochs * self.updates, status="")
 
+            unshown, shown_at = 0, time.monotonic()  # updates not yet on the bar, and when it last moved
+
             def updated(_: int) -> None:  # after each update: the bar, the power limit's profiling windows, threads
-                bar.advance(task)
+                nonlocal unshown, shown_at
+                unshown += 1
+                if time.monotonic() - shown_at >= BAR_PERIOD_S:  # at every step: 1.5% of the MLP's
+                    bar.advance(task, unshown)
+                    unshown, shown_at = 0, time.monotonic()
                 self.knobs.step()
                 if self.cores is not None:
                     self.cores.update()
@@ -165,6 +172,8 @@ class EpochLoop:
                     wan.start()
                 losses = self._train_epoch(epoch, updated)
                 train_seconds += time.perf_counter() - began
+                bar.advance(task, unshown)
+                unshown = 0
                 traffic.stop()
                 if wan is not None:
                     wan.stop()

@@ -35,6 +35,11 @@ from conveyor.runtime import CoreShare, to_device
 
 __all__ = ["costs_key", "kept_or_measured", "load_costs", "save_costs"]
 
+# What the kept figures mean, in the key beside the versions: raised when a figure's measurement changes between
+# releases, so that figures kept by an earlier build are measured again (2: a batch alone through the plain loop
+# that one worker now trains in, not through the executor).
+FIGURES = 2
+
 
 def _processor() -> str:
     """The processor's model name (``/proc/cpuinfo``), else what the platform says."""
@@ -69,7 +74,7 @@ def costs_key(model: nn.Module, batch: tuple[Any, torch.Tensor], *, device: torc
             "cores": len(os.sched_getaffinity(0)),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         },
-        "software": [conveyor.__version__, torch.__version__, sys.version.split()[0]],
+        "software": [conveyor.__version__, FIGURES, torch.__version__, sys.version.split()[0]],
         "model": [repr(model), [[n, list(p.shape), str(p.dtype)] for n, p in model.named_parameters()]],
         "batch": _shapes(batch),
         "device": device.type,

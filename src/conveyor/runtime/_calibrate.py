@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conveyor.runtime._devices import default_device
+from conveyor.runtime._devices import default_device, synchronize
 from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._feed import BatchSource
+from conveyor.runtime._solo import lone_updater
 from conveyor.runtime._transport import P2P
-from conveyor.runtime._update import Updater
 from conveyor.runtime._versions import WeightVersions
 from conveyor.schedule import KINDS, Batches, worker_actions
 
@@ -182,7 +182,6 @@ def measure_overhead(
         The seconds per action, and the seconds of the batch they were taken from.
     """
     module = copy.deepcopy(model).to(device)
-    params = list(module.parameters())
     executor = Executor(
         module,
         stage=0,
@@ -192,16 +191,7 @@ def measure_overhead(
         loss_fn=loss_fn,
         device=device,
         weights=WeightVersions(module),
-        updater=Updater(
-            module,
-            optimizer(params) if params else None,
-            group=None,
-            max_grad_norm=None,
-            clip_whole_model=False,
-            replicas=1,
-            device=device,
-            averaged=True,
-        ),
+        updater=lone_updater(module, optimizer, device),
         autocast=autocast,
     )
     data = list(batches)
@@ -210,8 +200,7 @@ def measure_overhead(
         source = BatchSource([batch], microbatches, True, True, worker=0)
         start = time.perf_counter()
         executor.run(worker_actions(KINDS["flush"], 0, [1], microbatches, Batches(1)), source, training=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     per_batch = min(times[1:]) if fastest else statistics.median(times[1:])
     return max(0.0, (per_batch - compute_s) / (2 * microbatches + 2)), per_batch

@@ -40,6 +40,7 @@ __all__ = [
     "default_workers",
     "resolve_backend",
     "resolve_device",
+    "synchronize",
 ]
 
 CPU_WORKERS = 4  # the most local workers a CPU job that names no count starts
@@ -113,6 +114,12 @@ def default_device() -> torch.device:
     if resolve_device("auto") == "cuda":
         return torch.device("cuda", local_rank() % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device`` where it runs asynchronously (CUDA), so that a time taken after it is the device's."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def default_backend() -> str:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from conveyor.errors import InputError
 from conveyor.runtime._microbatch import batch_size, split
 
-__all__ = ["BatchSource", "RunLength", "read_ahead"]
+__all__ = ["BatchSource", "RunLength", "cut_batch", "read_ahead"]
 
 
 def read_ahead(workers: int, microbatches: int) -> int:
@@ -60,7 +60,9 @@ class BatchSource:
             if item is None:
                 self.ended = True
                 break
-            self._parts[self.read] = self._cut(item)
+            self._parts[self.read] = cut_batch(
+                item, self._m, inputs=self._inputs, targets=self._targets, worker=self._worker, index=self.read
+            )
             self.read += 1
         return batch < self.read
 
@@ -87,18 +89,27 @@ class BatchSource:
         :meth:`microbatch`)."""
         return sum(self._parts[k // self._m][2])
 
-    def _cut(self, item: tuple[Any, Any]) -> tuple[list[Any] | None, list[Any] | None, list[int]]:
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            raise InputError(f"a batch must be an (inputs, targets) pair, got {type(item).__name__}")
-        parts = []
-        for wanted, value, what in ((self._inputs, item[0], "inputs"), (self._targets, item[1], "targets")):
-            if wanted and value is None:
-                raise InputError(f"worker {self._worker} needs the batches' {what}: pass them on this worker")
-            parts.append(split(value, self._m) if wanted else None)
-        sizes = [batch_size(p) for p in (parts[0] or parts[1] or [])]
-        if not sum(sizes):
-            raise InputError(f"batch {self.read} has no samples: leave empty batches out")
-        return parts[0], parts[1], sizes
+
+def cut_batch(
+    item: Any, microbatches: int, *, inputs: bool, targets: bool, worker: int, index: int
+) -> tuple[list[Any] | None, list[Any] | None, list[int]]:
+    """Batch ``index``'s microbatches: the parts of its inputs (or ``None`` where not ``inputs``), of its targets
+    (likewise) and their sample counts.
+
+    Raises:
+        InputError: the batch is not an ``(inputs, targets)`` pair, lacks a part wanted, or has no samples.
+    """
+    if not isinstance(item, tuple | list) or len(item) != 2:
+        raise InputError(f"a batch must be an (inputs, targets) pair, got {type(item).__name__}")
+    parts = []
+    for wanted, value, what in ((inputs, item[0], "inputs"), (targets, item[1], "targets")):
+        if wanted and value is None:
+            raise InputError(f"worker {worker} needs the batches' {what}: pass them on this worker")
+        parts.append(None if not wanted else [value] if microbatches == 1 else split(value, microbatches))
+    sizes = [batch_size(p) for p in (parts[0] or parts[1] or [])]
+    if not sum(sizes):
+        raise InputError(f"batch {index} has no samples: leave empty batches out")
+    return parts[0], parts[1], sizes
 
 
 class RunLength:

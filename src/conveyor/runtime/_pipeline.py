@@ -28,11 +28,12 @@ from torch.utils import _pytree as pytree
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.errors import InputError
 from conveyor.runtime._devices import default_device
-from conveyor.runtime._executor import Executor, LossFn
+from conveyor.runtime._executor import Executor, LossFn, RunOutput
 from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
 from conveyor.runtime._materialize import Materialize, placed
 from conveyor.runtime._microbatch import batch_size, split
 from conveyor.runtime._outer import OuterSync, SiteLinks, site_links
+from conveyor.runtime._solo import Alone
 from conveyor.runtime._split import split_model
 from conveyor.runtime._stage import (
     Blocks,
@@ -231,6 +232,22 @@ class Pipeline(StagePosition):
             autocast=autocast,
             recompute=recompute,
         )
+        # One worker that keeps no weight versions (every schedule but 2BW's) has nothing to schedule: it trains as
+        # a plain loop would.
+        self._alone = (
+            Alone(
+                self.module,
+                microbatches=microbatches,
+                loss_fn=loss_fn,
+                updater=updater,
+                device=self.device,
+                per_microbatch=self.kind.update == "round",
+                autocast=autocast,
+                recompute=recompute,
+            )
+            if world == 1 and outer is None and not self._stashing
+            else None
+        )
         self.steps = 0  # batches trained on
         self.updates = 0  # this worker's optimizer steps
 
@@ -285,7 +302,7 @@ class Pipeline(StagePosition):
     @property
     def peak_stashed(self) -> int:
         """The most microbatches this worker has held for a pending backward so far."""
-        return self.executor.peak_stashed
+        return self._alone.peak_stashed if self._alone is not None else self.executor.peak_stashed
 
     @property
     def peak_versions(self) -> int:
@@ -320,7 +337,8 @@ class Pipeline(StagePosition):
         run goes, never held whole. Only the first stage reads inputs and only the last reads targets, each
         from its own copy of the same batches in the same order (seed any shuffling alike); other workers
         may pass ``None``. The run ends drained: every stage's weights have seen every batch, so
-        :meth:`save` and :meth:`evaluate` after it are consistent.
+        :meth:`save` and :meth:`evaluate` after it are consistent. A pipeline of one worker follows no schedule
+        (but under ``2bw``): it makes the same updates in a plain loop (:mod:`conveyor.runtime._solo`).
 
         Args:
             batches: the batches (see above).
@@ -330,10 +348,29 @@ class Pipeline(StagePosition):
             Each batch's loss (the mean over its samples) on the first replica of the last stage, ``None``
             elsewhere.
         """
+        if (self.is_first or self.is_last) and batches is None:
+            raise InputError(f"stage {self.stage} reads the batches: pass them on worker {self.worker}")
+
+        def stepped() -> None:
+            self.updates += 1
+            if on_step is not None:
+                on_step(self.updates)
+
+        self.module.train()
+        if self._alone is not None:
+            assert batches is not None
+            out, count = self._alone.run(batches, stepped)
+        else:
+            out, count = self._run_schedule(batches, stepped)
+        self.steps += count
+        return self._batch_losses(out.loss_values(), count)
+
+    def _run_schedule(
+        self, batches: Iterable[tuple[Any, Any]] | None, stepped: Callable[[], None]
+    ) -> tuple[RunOutput, int]:
+        """One run of the schedule's action lists through the executor: its output and the batches it had."""
         source = None
-        if self.is_first or self.is_last:
-            if batches is None:
-                raise InputError(f"stage {self.stage} reads the batches: pass them on worker {self.worker}")
+        if batches is not None and (self.is_first or self.is_last):
             source = BatchSource(batches, self.microbatches, self.is_first, self.is_last, self.worker)
         self._runs += 1
         window = read_ahead(len(self.worker_stage), self.microbatches)
@@ -347,27 +384,18 @@ class Pipeline(StagePosition):
             source=source if self.worker == 0 else None,
         )
         actions = worker_actions(self.kind, self.worker, self.replicas, self.microbatches, length)
-
-        def stepped() -> None:
-            self.updates += 1
-            if on_step is not None:
-                on_step(self.updates)
-
-        self.module.train()
-        will_use = self._pinned_versions(length)
         out = self.executor.run(
             actions,
             source,
             training=True,
             stashing=self._stashing,
-            will_use=will_use,
+            will_use=self._pinned_versions(length),
             on_step=stepped,
             predict=self._predict,
         )
         if self.worker == 0 and source is not None and source.fill(length.total):
             raise InputError(f"the batches on worker 0 yielded more than their len() of {length.total}")
-        self.steps += length.total
-        return self._batch_losses(out.loss_values(), length.total)
+        return out, length.total
 
     def _pinned_versions(self, length: RunLength) -> Callable[[int], bool] | None:
         """For schedules whose forwards name their weight version: whether a forward of this worker not yet

@@ -27,7 +27,7 @@ from torch.utils import _pytree as pytree
 
 from conveyor.errors import InputError
 from conveyor.plan import Layer, Profile
-from conveyor.runtime._devices import default_device
+from conveyor.runtime._devices import default_device, synchronize
 from conveyor.runtime._materialize import Materialize, is_on_meta, placed
 from conveyor.runtime._microbatch import batch_size
 from conveyor.runtime._stage import Blocks, as_blocks
@@ -42,11 +42,6 @@ def _nbytes(tree: Any) -> int:
 
 def _rows(t: torch.Tensor, count: int) -> torch.Tensor:
     return t[:count]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _detached_input(tree: Any) -> Any:
@@ -78,17 +73,17 @@ def _measure(
 
     inp = _detached_input(x)
     mixed = torch.autocast(device.type, autocast) if autocast is not None else contextlib.nullcontext()
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mixed:
         out = block(inp)
-    _sync(device)
+    synchronize(device)
     forward = time.perf_counter() - start
     roots = [t for t in differentiable_leaves(out) if t.requires_grad]
     start = time.perf_counter()
     if roots:
         torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
-    _sync(device)
+    synchronize(device)
     return forward, time.perf_counter() - start, out, saved
 
 
