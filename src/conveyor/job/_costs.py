@@ -381,14 +381,11 @@ def _plain_loop(
     device: torch.device,
     autocast: torch.dtype | None,
     free_cores: float | None,
-    least: int = 20,
-    budget_s: float = 1.0,
 ) -> tuple[float, float, float]:
     """Samples per second of forward, backward and step on whole batches, with the free cores (the other workers
     wait), the batches' spread (their times' interquartile range over the median), and the median batch's
-    seconds as one worker alone trains it (:class:`~conveyor.runtime.parts.Alone`) at the same threads. Each batch
-    runs both ways in turn, so both see the same load; the first is a warm-up; the batches are run again until
-    ``least`` are timed or ``budget_s`` has passed (each at least once)."""
+    seconds as one worker alone trains it (:class:`~conveyor.runtime.parts.Alone`) at the same threads, each timed
+    as :func:`_batch_times` does."""
     module = copy.deepcopy(model).to(device)
     opt = optimizer(list(module.parameters()))
     alone = Alone.of_copy(model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast)
@@ -396,32 +393,40 @@ def _plain_loop(
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores if free_cores is None else max(1, min(cores, math.floor(free_cores + 0.2))))
     mixed = torch.autocast(device.type, autocast) if autocast is not None else contextlib.nullcontext()
+
+    def plain_step(x: Any, y: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        with mixed:
+            loss = loss_fn(module(x), y)
+        loss.backward()
+        opt.step()
+
     try:
-        times: list[float] = []
-        alone_times: list[float] = []
-        given, began = len(batches), time.perf_counter()
-        while len(times) < given or (len(times) <= least and time.perf_counter() - began < budget_s):
-            x, y = batches[len(times) % given]
-            x, y = to_device(x, device), y.to(device)
-            start = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            with mixed:
-                loss = loss_fn(module(x), y)
-            loss.backward()
-            opt.step()
-            synchronize(device)
-            times.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            alone.run([(x, y)])
-            synchronize(device)
-            alone_times.append(time.perf_counter() - start)
+        timed = _batch_times(plain_step, batches, device)
+        alone_s = statistics.median(_batch_times(lambda x, y: alone.run([(x, y)]), batches, device))
     finally:
         torch.set_num_threads(threads)
-    timed = times[1:]
     median = statistics.median(timed)
     quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [median] * 3
-    return (
-        batch_size(batches[0][0]) / median,
-        (quartiles[2] - quartiles[0]) / median,
-        statistics.median(alone_times[1:]),
-    )
+    return batch_size(batches[0][0]) / median, (quartiles[2] - quartiles[0]) / median, alone_s
+
+
+def _batch_times(
+    step: Callable[[Any, torch.Tensor], object],
+    batches: list[tuple[Any, torch.Tensor]],
+    device: torch.device,
+    least: int = 20,
+    budget_s: float = 1.0,
+) -> list[float]:
+    """The seconds of ``step`` on each batch, the batches run again until ``least`` are timed or ``budget_s`` has
+    passed (each at least once), the first one left out as a warm-up (on CUDA each ends when the device is done)."""
+    times: list[float] = []
+    given, began = len(batches), time.perf_counter()
+    while len(times) < given or (len(times) <= least and time.perf_counter() - began < budget_s):
+        x, y = batches[len(times) % given]
+        x, y = to_device(x, device), y.to(device)
+        start = time.perf_counter()
+        step(x, y)
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times[1:]
