@@ -45,7 +45,7 @@ from conveyor.runtime._stage import (
     stage_ranges,
 )
 from conveyor.runtime._transport import P2P
-from conveyor.runtime._update import BUCKET_BYTES, Updater
+from conveyor.runtime._update import BUCKET_BYTES, OptimizerFactory, Updater
 from conveyor.runtime._versions import WeightVersions
 from conveyor.schedule import (
     Schedule,
@@ -60,8 +60,6 @@ from conveyor.schedule import (
 )
 
 __all__ = ["OptimizerFactory", "Pipeline", "WorldSizeError"]
-
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 class WorldSizeError(RuntimeError):

@@ -36,11 +36,9 @@ from torch.utils.checkpoint import checkpoint
 from conveyor.runtime._executor import LossFn, RunOutput
 from conveyor.runtime._feed import cut_batch
 from conveyor.runtime._microbatch import to_device
-from conveyor.runtime._update import Updater
+from conveyor.runtime._update import OptimizerFactory, Updater
 
 __all__ = ["Alone", "lone_updater"]
-
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 def lone_updater(module: nn.Module, optimizer: OptimizerFactory, device: torch.device) -> Updater:

@@ -42,7 +42,7 @@ any replica leaves the weights as they are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -50,7 +50,9 @@ from torch import nn
 
 from conveyor.runtime._outer import OuterSync
 
-__all__ = ["Updater", "pack_grads", "reduce_dtype", "set_mean_grads"]
+__all__ = ["OptimizerFactory", "Updater", "pack_grads", "reduce_dtype", "set_mean_grads"]
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]  # builds a stage's optimizer
 
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
