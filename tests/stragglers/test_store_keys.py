@@ -36,6 +36,9 @@ def _long_run(balance: list[int] | None, replicas: list[int] | None, slack: int)
     )
     dist.barrier()
     before = store.num_keys()
+    # Nobody starts before worker 0 has counted: a peer out of the barrier first would add its first step's
+    # claims to the count (a fresh-clone CI run counted 5 keys before and 4 after).
+    dist.barrier()
     during: list[int] = []
 
     def on_step(step: int) -> None:
@@ -46,6 +49,7 @@ def _long_run(balance: list[int] | None, replicas: list[int] | None, slack: int)
     pipe.train(data, on_step)
     dist.barrier()
     after = store.num_keys()
+    dist.barrier()  # (likewise before the evaluation's keys)
     pipe.evaluate(data[0][0] if data is not None else None)
     dist.barrier()
     return {"before": before, "during": during, "after": after, "evaluated": store.num_keys()}
