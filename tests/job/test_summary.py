@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.errors import InputError
-from conveyor.job import ElasticSummary, RunPrediction, RunSummary, write_run_folder
+from conveyor.job import ElasticSummary, RunPrediction, RunSummary, steady_rate, write_run_folder
 
 
 def _summary(
@@ -26,7 +26,8 @@ def _summary(
         stopped_by_lease=False,
         interrupted=False,
         train_seconds=3.0,
-        samples_per_s=measured,
+        samples_per_s=measured * 0.9,  # the first epoch warmed up
+        steady_samples_per_s=measured,
         bytes_between_servers=None,
         samples=300,
         started_at=0.0,
@@ -60,7 +61,7 @@ def test_summary_json_has_every_field_and_the_run_folder_gets_it_and_a_plot(tmp_
 
 def test_notes_say_when_one_worker_would_be_faster(tmp_path: Path) -> None:
     fast = _summary(tmp_path, measured=100.0, predicted=80.0, single=50.0, workers=2)
-    assert fast.notes() == ["predicted 80 training samples/s, measured 100 (+25%)"]
+    assert fast.notes() == ["predicted 80 training samples/s, measured 100 after the first epoch (+25%)"]
     slow = _summary(tmp_path, measured=40.0, predicted=80.0, single=50.0, workers=2)
     assert "this run on 2 workers is measured slower" in slow.notes()[1]
     alone = _summary(tmp_path, measured=40.0, predicted=30.0, single=50.0, workers=1)
@@ -168,3 +169,9 @@ def test_the_console_says_whether_the_target_accuracy_was_reached(tmp_path: Path
     )
     assert _target_line(run, 0.75) == "target accuracy 0.75 reached at epoch 5, 4.0 s: the run stopped there"
     assert _target_line(run, 0.9) == "target accuracy 0.9 not reached in 2 epochs (best 0.800)"
+
+
+def test_the_steady_rate_leaves_out_the_first_epoch_unless_it_is_the_only_one() -> None:
+    assert steady_rate([3.0, 1.0, 1.0], 100) == 100.0  # a cold first epoch three times as long: not counted
+    assert steady_rate([3.0, 2.0, 0.5], 100) == 80.0  # two epochs' samples over their 2.5 s
+    assert steady_rate([4.0], 100) == 25.0

@@ -66,17 +66,22 @@ def test_planned_run_its_plan_file_and_resuming(tmp_path: Path) -> None:
 
 
 def test_every_run_reports_its_prediction_and_whether_one_worker_is_faster(tmp_path: Path) -> None:
-    summary = train(TrainConfig.from_options(stages=2, epochs=1, run_dir=str(tmp_path)))
+    summary = train(TrainConfig.from_options(stages=2, epochs=2, run_dir=str(tmp_path)))
     prediction = summary.prediction
     assert prediction.samples_per_s > 0
-    assert prediction.error == pytest.approx(summary.samples_per_s / prediction.samples_per_s - 1)
+    # measured after the first epoch, which warms up: the second's samples over its training seconds
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    second = metrics[0]["samples"] / (metrics[1]["train_seconds"] - metrics[0]["train_seconds"])
+    assert summary.steady_samples_per_s == pytest.approx(second)
+    assert summary.samples_per_s == pytest.approx(metrics[1]["samples_per_s"])
+    assert prediction.error == pytest.approx(second / prediction.samples_per_s - 1)
     start = prediction.measured_at_start
     assert start["workers"] == 2 and start["link"]["bandwidth"] > 0 and start["single_worker_samples_per_s"] > 0
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["predicted"]["samples_per_s"] == prediction.samples_per_s
     notes = summary.notes()
     assert notes[0].startswith(f"predicted {prediction.samples_per_s:.0f} training samples/s, measured")
-    slower = min(summary.samples_per_s, prediction.samples_per_s) < start["single_worker_samples_per_s"]
+    slower = min(summary.steady_samples_per_s, prediction.samples_per_s) < start["single_worker_samples_per_s"]
     assert (len(notes) == 2 and "one worker alone does" in notes[1]) == slower
 
 

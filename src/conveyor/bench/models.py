@@ -29,10 +29,10 @@ import torch
 from torch import nn
 
 from conveyor.bench._checks import require_known
-from conveyor.bench._run import run_job, run_rate, steady_rate
+from conveyor.bench._run import run_job
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import load_dataset, loss_and_optimizer, user_model
+from conveyor.job import load_dataset, loss_and_optimizer, steady_rate, user_model
 from conveyor.runtime import default_device, launch, split_model
 
 __all__ = ["CASES", "MEMORY", "Case", "ModelsBenchConfig", "TwinMLP", "run"]
@@ -141,7 +141,7 @@ def _conveyor(cfg: TrainConfig) -> dict[str, Any]:
     summary = run_job(cfg)
     layout = summary.layout
     return {
-        "samples_per_s": run_rate(Path(summary.run_dir)),
+        "samples_per_s": summary.steady_samples_per_s,
         "accuracy": summary.accuracy,
         "layout": {k: layout[k] for k in ("schedule", "balance", "replicas", "microbatches")},
         "peak_rss_bytes": summary.peak_rss_bytes,

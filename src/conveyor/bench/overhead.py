@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from conveyor.bench._checks import require_known
-from conveyor.bench._run import run_job, run_rate, steady_rate
+from conveyor.bench._run import run_job
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import loss_and_optimizer, model_and_data
+from conveyor.job import loss_and_optimizer, model_and_data, steady_rate
 from conveyor.job.parts import torch_profiled
 from conveyor.runtime import default_device, launch
 
@@ -139,7 +139,7 @@ def _conveyor(case: Case, device: str, folder: Path, profile: str | None) -> tup
     """Conveyor's steady samples/s and its start-up prediction."""
     options = {"workers": 1, "device": device, "energy_meter": "off", "torch_profile": profile}
     summary = run_job(case.train_config(run_dir=str(folder), **options))
-    return run_rate(folder), summary.prediction.samples_per_s
+    return summary.steady_samples_per_s, summary.prediction.samples_per_s
 
 
 def _spin() -> None:

@@ -86,8 +86,10 @@ def run(cfg: PredictionsConfig) -> dict[str, Any]:
                     "replicas": layout["replicas"],
                     "balance": layout["balance"],
                     "predicted_samples_per_s": summary.prediction.samples_per_s,
-                    "measured_samples_per_s": summary.samples_per_s,
+                    "measured_samples_per_s": summary.steady_samples_per_s,  # after the first epoch
+                    "all_epochs_samples_per_s": summary.samples_per_s,
                     "error": summary.prediction.error,
+                    "threads": layout["plan_file"]["threads"],
                     "single_worker_samples_per_s": summary.prediction.measured_at_start["single_worker_samples_per_s"],
                     "measured_at_start": summary.prediction.measured_at_start,
                     "candidates": summary.layout["plan_file"].get("candidates", []),

@@ -15,6 +15,7 @@ from conveyor.job._summary import (
     RunSummary,
     Summary,
     open_run_folder,
+    steady_rate,
     write_run_folder,
 )
 from conveyor.job._train import train
@@ -45,6 +46,7 @@ __all__ = [
     "resnet",
     "resolve",
     "rows",
+    "steady_rate",
     "train",
     "train_elastic",
     "user_model",

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
 from conveyor.job._costs import Costs
@@ -175,6 +177,7 @@ def choose_layout(
     # An epoch as it runs: its samples over the simulated time of its batches.
     file.setdefault("predicted", {}).update(samples_per_s=samples / seconds, epoch_seconds=seconds)
     file["measured_at_start"] = costs.summary()
+    file["threads"] = torch.get_num_threads()  # the first worker's intra-op threads, chosen afresh every run
     return replace(layout, plan_file=file)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "check_checkpoint_path",
     "discarded_unless_trained",
     "open_run_folder",
+    "steady_rate",
     "write_run_folder",
 ]
 
@@ -35,9 +36,17 @@ __all__ = [
 class RunPrediction:
     """The training throughput a run predicted from what it measured at start-up, and how far off it was."""
 
-    samples_per_s: float  # predicted training samples per second
-    error: float  # measured / predicted - 1
+    samples_per_s: float  # predicted training samples per second, once warm
+    error: float  # the measured steady rate (RunSummary.steady_samples_per_s) / predicted - 1
     measured_at_start: dict[str, Any]  # the start-up measurements the prediction rests on (plan file's)
+
+
+def steady_rate(epoch_seconds: Sequence[float], samples: int) -> float:
+    """Samples per second over the epochs after the first (each of ``samples`` samples, trained in its
+    ``epoch_seconds``), or the one epoch's where there is no other. The first warms up (the allocator, the kernels'
+    first calls, the optimizer's state): a prediction is of the steady rate, as nothing it rests on counts warm-up."""
+    warm = epoch_seconds[1:] or epoch_seconds
+    return samples * len(warm) / sum(warm)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +94,7 @@ class RunSummary(Summary):
     interrupted: bool  # a Ctrl-C or SIGTERM did (the workers finished their epoch and saved)
     train_seconds: float
     samples_per_s: float  # training samples per second of training
+    steady_samples_per_s: float  # the same over the epochs after the first (steady_rate): what was predicted
     bytes_between_servers: int | None  # while training, on an emulated network
     samples: int
     started_at: float  # time.time() when training began (fault logs' "wall" is on this clock)
@@ -113,11 +123,12 @@ class RunSummary(Summary):
     def notes(self) -> list[str]:
         """What a user should know after the run: how the prediction fared, and whether one worker would have
         been faster."""
-        measured, predicted = self.samples_per_s, self.prediction.samples_per_s
+        measured, predicted = self.steady_samples_per_s, self.prediction.samples_per_s
         single = self.prediction.measured_at_start["single_worker_samples_per_s"]
         workers = sum(self.layout["replicas"])  # that ran (the planner may have used fewer than started)
         notes = [
-            f"predicted {predicted:.0f} training samples/s, measured {measured:.0f} ({self.prediction.error:+.0%})"
+            f"predicted {predicted:.0f} training samples/s, measured {measured:.0f}"
+            f"{' after the first epoch' if self.epochs > 1 else ''} ({self.prediction.error:+.0%})"
         ]
         if single is not None and workers > 1 and min(measured, predicted) < single:
             slower = (

@@ -17,6 +17,7 @@ summary); the scheduler extends the lease by rewriting the file, and restarts a 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -59,6 +60,7 @@ from conveyor.job._summary import (
     check_checkpoint_path,
     discarded_unless_trained,
     open_run_folder,
+    steady_rate,
     write_run_folder,
 )
 from conveyor.job._warmstart import prepare_warm_start, register_model
@@ -400,6 +402,8 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     history = [asdict(h) for h in out.outcome.history]
     predicted = out.layout.predicted_samples_per_s
     last = history[-1]
+    trained = [0.0] + [h["train_seconds"] for h in history]  # cumulative, per epoch
+    steady = steady_rate([b - a for a, b in itertools.pairwise(trained)], history[0]["samples"])
     summary = RunSummary(
         run_dir=str(run_dir),
         epochs=len(history),
@@ -413,6 +417,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         interrupted=out.outcome.interrupted,
         train_seconds=last["train_seconds"],
         samples_per_s=last["samples_per_s"],
+        steady_samples_per_s=steady,
         bytes_between_servers=last["bytes_between_servers"],
         samples=last["samples"],
         started_at=out.started_at,
@@ -421,7 +426,7 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         checkpoint=cfg.run.checkpoint or str(run_dir / "checkpoint.pt"),
         prediction=RunPrediction(
             samples_per_s=predicted,
-            error=last["samples_per_s"] / predicted - 1,  # measured against predicted
+            error=steady / predicted - 1,  # measured against predicted
             measured_at_start=out.layout.plan_file["measured_at_start"],
         ),
         warm_start=warm,
