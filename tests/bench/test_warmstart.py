@@ -56,6 +56,26 @@ def test_report_speedups_medians_and_goals() -> None:
     }
 
 
+def test_over_seeds_each_child_is_judged_on_its_medians() -> None:
+    """Seed 1's warm start ends 3 points low and seed 2's never reaches the target: the child's accuracy change is
+    the median of (+1, -3, 0) points, its speedup that of (3x, 2x, 0)."""
+    seeds = [
+        [_row("a", False, 6.0, 0.95), _row("a", True, 2.0, 0.96)],
+        [_row("a", False, 6.0, 0.95), _row("a", True, 3.0, 0.92)],
+        [_row("a", False, 6.0, 0.95), _row("a", True, None, 0.95)],
+    ]
+    rows = [row | {"seed": seed} for seed, pair in enumerate(seeds, start=4) for row in pair]
+    out = report(WarmStartBenchConfig(families=("mlp",), seed=4, seeds=3), rows, 0.02)
+    (child,) = out["children"]
+    assert [s["speedup"] for s in child["per_seed"]] == pytest.approx([3.0, 2.0, None])
+    assert child["speedup"] == pytest.approx(2.0)
+    assert child["accuracy_change"] == pytest.approx(0.0) and child["last3_accuracy_change"] == pytest.approx(0.0)
+    assert out["families"]["mlp"]["worst_accuracy_change"] == pytest.approx(0.0)
+    assert out["goals"]["accuracy_within_one_point"] and out["goals"]["median_speedup_per_family"]
+    with pytest.raises(ValueError, match="--seeds must be at least 1, got 0"):
+        WarmStartBenchConfig(seeds=0)
+
+
 def test_bad_families_and_a_used_folder_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "warmstart", "--families", "mlp,lenet"]) == 2
     assert "unknown families ['lenet']: choose from mlp, vgg, resnet, gpt" in capsys.readouterr().err
@@ -99,3 +119,26 @@ def test_a_small_family_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert png.stat().st_size > 1000
     stored = json.loads((tmp_path / "k" / "tiny-w16-d1-stored" / "summary.json").read_text())
     assert stored["registered"] == warm["parent"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_each_seed_trains_into_a_store_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny = Family("mlp", parents=((16, 1),), children=((32, 1),), target=0.8, epochs=2, parent_epochs=2, lr=0.05)
+    monkeypatch.setitem(FAMILIES, "tiny", tiny)
+    out = tmp_path / "w.json"
+    assert (
+        main(["bench", "warmstart", "--families", "tiny", "--seeds", "2", "--keep", str(tmp_path), "--json", str(out)])
+        == 0
+    )
+    result = json.loads(out.read_text())
+    assert [(r["seed"], r["warm_start"]) for r in result["results"]] == [(0, False), (0, True), (1, False), (1, True)]
+    for seed, (_, warm) in enumerate(zip(result["results"][::2], result["results"][1::2], strict=True)):
+        # each seed's warm start took its parent from its own store, the parent its seed trained
+        stored = json.loads((tmp_path / f"seed-{seed}" / "tiny-w16-d1-stored" / "summary.json").read_text())
+        assert warm["parent"] == stored["registered"]
+    (child,) = result["children"]
+    assert [s["accuracy_change"] for s in child["per_seed"]] == [
+        warm["final_accuracy"] - scratch["final_accuracy"]
+        for scratch, warm in zip(result["results"][::2], result["results"][1::2], strict=True)
+    ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,16 +68,20 @@ FAMILIES = {
 
 @dataclass(frozen=True)
 class WarmStartBenchConfig:
-    """What ``conveyor bench warmstart`` runs: ``families`` (names of :data:`FAMILIES`), one worker per run."""
+    """What ``conveyor bench warmstart`` runs: ``families`` (names of :data:`FAMILIES`), one worker per run, from
+    ``seeds`` seeds (``seed``, ``seed + 1``, ...), each into a store of its own."""
 
     families: tuple[str, ...] = tuple(FAMILIES)
     seed: int = 0
+    seeds: int = 1
     specs: dict[str, Family] = field(default_factory=lambda: dict(FAMILIES))
 
     def __post_init__(self) -> None:
         require_known("families", self.families, self.specs)
         if not self.families or len(set(self.families)) < len(self.families):
             raise InputError(f"give each family once, at least one: got {list(self.families)}")
+        if self.seeds < 1:
+            raise InputError(f"--seeds must be at least 1, got {self.seeds}")
 
 
 def _config(
@@ -125,77 +130,57 @@ def _row(name: str, *, family: Family, width: int, depth: int, warm: bool, summa
 
 
 def run(cfg: WarmStartBenchConfig, keep: Path | None = None) -> list[dict[str, Any]]:
-    """Train every family's parents into a fresh store, then each child from scratch and warm-started."""
+    """For each seed, train every family's parents into a fresh store, then each child from scratch and
+    warm-started (a seed's runs in ``seed-N`` under ``keep`` where there are several)."""
     if keep is not None and (keep / "store").exists():
         raise InputError(f"{keep / 'store'} exists: give --keep a new folder (the benchmark starts with no models)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp, Progress() as bar:
         root = keep or Path(tmp)
-        store = root / "store"
-        runs = sum(len(cfg.specs[f].parents) + 2 * len(cfg.specs[f].children) for f in cfg.families)
-        task = bar.add_task("warm-start runs", total=runs)
-        for name in cfg.families:
-            family = cfg.specs[name]
-            for width, depth in family.parents:
-                run_dir = root / f"{name}-w{width}-d{depth}-stored"
-                run_job(
-                    _config(
-                        family,
-                        width=width,
-                        depth=depth,
-                        epochs=family.parent_epochs,
-                        store=store,
-                        run_dir=run_dir,
-                        seed=cfg.seed,
-                        register=True,
-                    )
+        per_seed = sum(len(cfg.specs[f].parents) + 2 * len(cfg.specs[f].children) for f in cfg.families)
+        task = bar.add_task("warm-start runs", total=per_seed * cfg.seeds)
+        for seed in _seeds(cfg):
+            folder = root if cfg.seeds == 1 else root / f"seed-{seed}"
+            rows += _one_seed(cfg, seed, folder, lambda: bar.advance(task))
+    return rows
+
+
+def _one_seed(cfg: WarmStartBenchConfig, seed: int, root: Path, advance: Callable[[], None]) -> list[dict[str, Any]]:
+    """One seed's parents into ``root/store``, then its children's rows (each with its ``seed``)."""
+    rows = []
+    store = root / "store"
+    common: dict[str, Any] = {"store": store, "seed": seed}
+    for name in cfg.families:
+        family = cfg.specs[name]
+        for width, depth in family.parents:
+            run_dir = root / f"{name}-w{width}-d{depth}-stored"
+            size: dict[str, Any] = {"width": width, "depth": depth, "epochs": family.parent_epochs}
+            run_job(_config(family, **size, run_dir=run_dir, register=True, **common))
+            advance()
+        for width, depth in family.children:
+            for warm in (False, True):
+                run_dir = root / f"{name}-w{width}-d{depth}-{'warm' if warm else 'scratch'}"
+                extra: dict[str, Any] = {"warm_start": "auto"} if warm else {}
+                size = {"width": width, "depth": depth, "epochs": family.epochs}
+                summary = run_job(_config(family, **size, run_dir=run_dir, **common, **extra))
+                rows.append(
+                    _row(name, family=family, width=width, depth=depth, warm=warm, summary=summary) | {"seed": seed}
                 )
-                bar.advance(task)
-            for width, depth in family.children:
-                for warm in (False, True):
-                    run_dir = root / f"{name}-w{width}-d{depth}-{'warm' if warm else 'scratch'}"
-                    extra = {"warm_start": "auto"} if warm else {}
-                    summary = run_job(
-                        _config(
-                            family,
-                            width=width,
-                            depth=depth,
-                            epochs=family.epochs,
-                            store=store,
-                            run_dir=run_dir,
-                            seed=cfg.seed,
-                            **extra,
-                        )
-                    )
-                    rows.append(_row(name, family=family, width=width, depth=depth, warm=warm, summary=summary))
-                    if rows[-1]["parent"]:
-                        parent = ModelStore(store).get(rows[-1]["parent"])
-                        rows[-1]["parent_model"] = f"{parent.name} w{parent.info['width']} d{parent.info['depth']}"
-                    bar.advance(task)
+                if rows[-1]["parent"]:
+                    parent = ModelStore(store).get(rows[-1]["parent"])
+                    rows[-1]["parent_model"] = f"{parent.name} w{parent.info['width']} d{parent.info['depth']}"
+                advance()
     return rows
 
 
 def report(cfg: WarmStartBenchConfig, rows: list[dict[str, Any]], match_1000_s: float) -> dict[str, Any]:
-    """The JSON report: rows, each child's speedup and accuracy change, per-family medians and the goals."""
-    by = {(r["family"], r["model"], r["warm_start"]): r for r in rows}
+    """The JSON report: rows, each child's speedup and accuracy change (over several seeds: their medians, each
+    seed's in ``per_seed``), per-family medians and the goals."""
+    by = {(r["family"], r["model"], r.get("seed", cfg.seed), r["warm_start"]): r for r in rows}
     children = []
     for family, model in dict.fromkeys((r["family"], r["model"]) for r in rows):
-        scratch, warm = by[(family, model, False)], by[(family, model, True)]
-        s, w = scratch["seconds_to_target"], warm["seconds_to_target"]
-        children.append(
-            {
-                "family": warm["family"],
-                "model": model,
-                "parent": warm["parent"],
-                "coverage": warm["coverage"],
-                # a scratch run that never reached the target: its whole run bounds the speedup from below
-                "speedup": None if w is None else (s if s is not None else scratch["epoch_seconds"][-1]) / w,
-                "speedup_is_lower_bound": w is not None and s is None,
-                "accuracy_change": warm["final_accuracy"] - scratch["final_accuracy"],
-                # the same over the last three epochs: on a 360-sample test set one epoch's accuracy swings by points
-                "last3_accuracy_change": warm["last3_accuracy"] - scratch["last3_accuracy"],
-            }
-        )
+        runs = [_child(by[(family, model, seed, False)], by[(family, model, seed, True)]) for seed in _seeds(cfg)]
+        children.append(runs[0] if len(runs) == 1 else _over_seeds(runs))
     families = {}
     for name in dict.fromkeys(c["family"] for c in children):
         mine = [c for c in children if c["family"] == name]
@@ -220,6 +205,44 @@ def report(cfg: WarmStartBenchConfig, rows: list[dict[str, Any]], match_1000_s: 
         "match_1000_s": match_1000_s,
         "goals": goals,
         "paper": {"speedup_range": [1.3, 4.3]},
+    }
+
+
+def _seeds(cfg: WarmStartBenchConfig) -> range:
+    return range(cfg.seed, cfg.seed + cfg.seeds)
+
+
+def _child(scratch: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+    """One seed's child: its warm start's speedup to the target and change of accuracy against scratch."""
+    s, w = scratch["seconds_to_target"], warm["seconds_to_target"]
+    return {
+        "family": warm["family"],
+        "model": warm["model"],
+        "parent": warm["parent"],
+        "coverage": warm["coverage"],
+        # a scratch run that never reached the target: its whole run bounds the speedup from below
+        "speedup": None if w is None else (s if s is not None else scratch["epoch_seconds"][-1]) / w,
+        "speedup_is_lower_bound": w is not None and s is None,
+        "accuracy_change": warm["final_accuracy"] - scratch["final_accuracy"],
+        # the same over the last three epochs: on a 360-sample test set one epoch's accuracy swings by points
+        "last3_accuracy_change": warm["last3_accuracy"] - scratch["last3_accuracy"],
+    }
+
+
+def _over_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A child over several seeds: the medians of its speedup (a warm start that never reached the target counts
+    0) and accuracy changes; one seed's final accuracy on a small test set swings by points between epochs."""
+    first = runs[0]
+    return {
+        "family": first["family"],
+        "model": first["model"],
+        "parent": first["parent"],
+        "coverage": statistics.median(r["coverage"] for r in runs),
+        "speedup": statistics.median(r["speedup"] or 0.0 for r in runs),
+        "speedup_is_lower_bound": any(r["speedup_is_lower_bound"] for r in runs),
+        "accuracy_change": statistics.median(r["accuracy_change"] for r in runs),
+        "last3_accuracy_change": statistics.median(r["last3_accuracy_change"] for r in runs),
+        "per_seed": runs,
     }
 
 
