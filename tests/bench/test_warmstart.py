@@ -15,6 +15,7 @@ def _row(model: str, warm: bool, seconds: float | None, final: float, family: st
     return {
         "family": family,
         "model": model,
+        "seed": 0,
         "warm_start": warm,
         "parent": "p" if warm else None,
         "seconds_to_target": seconds,

@@ -149,20 +149,39 @@ def _one_seed(cfg: WarmStartBenchConfig, seed: int, root: Path, advance: Callabl
     """One seed's parents into ``root/store``, then its children's rows (each with its ``seed``)."""
     rows = []
     store = root / "store"
-    common: dict[str, Any] = {"store": store, "seed": seed}
     for name in cfg.families:
         family = cfg.specs[name]
         for width, depth in family.parents:
             run_dir = root / f"{name}-w{width}-d{depth}-stored"
-            size: dict[str, Any] = {"width": width, "depth": depth, "epochs": family.parent_epochs}
-            run_job(_config(family, **size, run_dir=run_dir, register=True, **common))
+            run_job(
+                _config(
+                    family,
+                    width=width,
+                    depth=depth,
+                    epochs=family.parent_epochs,
+                    store=store,
+                    run_dir=run_dir,
+                    seed=seed,
+                    register=True,
+                )
+            )
             advance()
         for width, depth in family.children:
             for warm in (False, True):
                 run_dir = root / f"{name}-w{width}-d{depth}-{'warm' if warm else 'scratch'}"
-                extra: dict[str, Any] = {"warm_start": "auto"} if warm else {}
-                size = {"width": width, "depth": depth, "epochs": family.epochs}
-                summary = run_job(_config(family, **size, run_dir=run_dir, **common, **extra))
+                extra = {"warm_start": "auto"} if warm else {}
+                summary = run_job(
+                    _config(
+                        family,
+                        width=width,
+                        depth=depth,
+                        epochs=family.epochs,
+                        store=store,
+                        run_dir=run_dir,
+                        seed=seed,
+                        **extra,
+                    )
+                )
                 rows.append(
                     _row(name, family=family, width=width, depth=depth, warm=warm, summary=summary) | {"seed": seed}
                 )
@@ -176,7 +195,7 @@ def _one_seed(cfg: WarmStartBenchConfig, seed: int, root: Path, advance: Callabl
 def report(cfg: WarmStartBenchConfig, rows: list[dict[str, Any]], match_1000_s: float) -> dict[str, Any]:
     """The JSON report: rows, each child's speedup and accuracy change (over several seeds: their medians, each
     seed's in ``per_seed``), per-family medians and the goals."""
-    by = {(r["family"], r["model"], r.get("seed", cfg.seed), r["warm_start"]): r for r in rows}
+    by = {(r["family"], r["model"], r["seed"], r["warm_start"]): r for r in rows}
     children = []
     for family, model in dict.fromkeys((r["family"], r["model"]) for r in rows):
         runs = [_child(by[(family, model, seed, False)], by[(family, model, seed, True)]) for seed in _seeds(cfg)]

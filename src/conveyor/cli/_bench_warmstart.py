@@ -53,7 +53,7 @@ def run_warmstart(args: argparse.Namespace) -> None:
         table.add_row(
             child["model"],
             warm["parent_model"] or "-",
-            f"{child['coverage']:.0%}",
+            f"{first['coverage']:.0%}",
             f"{num(scratch['seconds_to_target'], '.1f')} / {num(warm['seconds_to_target'], '.1f')}",
             f"{num(scratch['epochs_to_target'], 'd')} / {num(warm['epochs_to_target'], 'd')}",
             bound + num(first["speedup"], ".2f"),
