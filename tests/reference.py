@@ -17,7 +17,8 @@ With ``correct=True`` (the stale-gradient correction) an asynchronous stage ``s`
 (updates between the version a gradient is computed on and the update applying it: ``w_s - 1`` for
 pipedream, 1 for 2bw, the most of ``k // r_s - version(s, k)`` for pipedream-vs) runs version ``v`` on the
 prediction ``W(v) + d_s (W(v) - W(v-1))`` (``W(0)`` for ``v = 0``), and pipedream's optimizers get the
-learning rate times ``r_s / m``.
+learning rate times ``r_s / m``; with ``damped=True`` as well every asynchronous stage's rate is divided by
+``1 + d_s``.
 """
 
 import math
@@ -56,6 +57,7 @@ def train(
     max_grad_norm: float | None = None,
     autocast: torch.dtype | None = None,
     correct: bool = False,
+    damped: bool = False,
 ) -> None:
     """Train ``stages`` in place on ``batches`` with ``schedule``'s semantics.
 
@@ -73,6 +75,8 @@ def train(
     for s, opt in enumerate(opts):
         for group in opt.param_groups if opt is not None and correct and schedule.startswith("pipedream") else []:
             group["lr"] *= replicas[s] / m
+        for group in opt.param_groups if opt is not None and correct and damped else []:
+            group["lr"] /= 1 + stale[s]
 
     def weights_of(s: int, v: int) -> dict[str, torch.Tensor]:
         w = history[s][v]

@@ -31,6 +31,7 @@ FIXED = {
     "momentum": 0.5,
     "batch_size": 32,
     "stale_correction": False,
+    "stale_rate": "damped",
     "epoch_factors": "factors.json",
     "epochs": 3,
     "target_accuracy": 0.9,

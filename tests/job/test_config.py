@@ -68,6 +68,8 @@ def test_each_section_checks_its_own_fields_and_the_config_the_rules_between_the
         TrainConfig.from_options(stages=2, replicas="2-1-1")
     with pytest.raises(ValueError, match="--lr must be above 0"):
         OptimizerConfig(lr=float("nan"))
+    with pytest.raises(ValueError, match="unknown --stale-rate 'slow': use one of auto, sample, damped"):
+        OptimizerConfig(stale_rate="slow")
     with pytest.raises(ValueError, match="--epochs must be at least 1"):
         RunConfig(epochs=0)
     with pytest.raises(ValueError, match="--eta weighs energy against time"):

@@ -3,6 +3,7 @@ same plan every time."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -14,7 +15,7 @@ from torch import nn
 
 from conveyor.config import TrainConfig
 from conveyor.job._costs import Costs
-from conveyor.job._layout import choose_layout
+from conveyor.job._layout import Layout, choose_layout
 from conveyor.job._measured import costs_key, kept_or_measured, load_costs, save_costs
 from conveyor.plan import Level, Profile, Topology
 from conveyor.plan._profiles import Layer
@@ -138,3 +139,35 @@ def test_a_job_measures_once_then_plans_from_what_it_kept_until_told_to_remeasur
     first, second, third = (s[0] for s in sources)
     assert first == third == "measured at start-up" and second is not None and second.startswith("kept from")
     assert len(list((tmp_path / "cache" / "costs").iterdir())) == 1
+
+
+def test_the_stale_rate_follows_the_measured_table_unless_asked(tmp_path: Path) -> None:
+    """``--stale-rate auto`` takes the rule the convergence table measured faster for the model and schedule, and
+    the plan prices and records it; a rule asked for is used as is; a synchronous schedule has none."""
+    report = {
+        "epoch_factors": {"toy": {"dp": 1.0, "pipedream": 1.5, "pipedream/damped": 0.75}},
+        "stale_rates": {"toy": {"pipedream": "damped"}},
+    }
+    (tmp_path / "f.json").write_text(json.dumps(report))
+    names = [str(i) for i in range(6)]
+
+    def planned(**options: object) -> Layout:
+        cfg = TrainConfig.from_options(workers=4, epoch_factors=str(tmp_path / "f.json"), **options)
+        return choose_layout(cfg, names=names, costs=_costs(), batches=20, samples=1280)
+
+    auto, sample = planned(schedule="pipedream"), planned(schedule="pipedream", stale_rate="sample")
+    assert (auto.stale_rate, auto.plan_file["stale_rate"], auto.plan_file["predicted"]["epochs_factor"]) == (
+        "damped",
+        "damped",
+        0.75,
+    )
+    assert "damped learning rate" in auto.describe()
+    assert (sample.stale_rate, sample.plan_file["stale_rate"], sample.plan_file["predicted"]["epochs_factor"]) == (
+        "sample",
+        "sample",
+        1.5,
+    )
+    flush = planned(schedule="flush")
+    assert (flush.stale_rate, flush.plan_file["stale_rate"]) == ("sample", None)
+    plain = planned(schedule="pipedream", stale_correction=False)
+    assert (plain.stale_rate, plain.plan_file["stale_rate"]) == ("sample", None)

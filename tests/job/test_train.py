@@ -40,6 +40,21 @@ def test_every_schedule_learns_and_writes_its_run_folder(schedule: str, epochs: 
     _check_run_folder(tmp_path, epochs)
 
 
+def test_the_damped_stale_rate_reaches_the_workers(tmp_path: Path) -> None:
+    """``--stale-rate damped`` is in the layout every worker builds its stage from, and changes the training."""
+    runs = {
+        rate: train(
+            TrainConfig.from_options(
+                stages=2, schedule="pipedream", stale_rate=rate, epochs=1, seed=3, run_dir=str(tmp_path / rate)
+            )
+        )
+        for rate in ("sample", "damped")
+    }
+    assert {rate: s.layout["stale_rate"] for rate, s in runs.items()} == {"sample": "sample", "damped": "damped"}
+    assert json.loads((tmp_path / "damped" / "plan.json").read_text())["stale_rate"] == "damped"
+    assert runs["sample"].loss[-1] != runs["damped"].loss[-1]
+
+
 def test_planned_run_its_plan_file_and_resuming(tmp_path: Path) -> None:
     first = train(TrainConfig.from_options(workers=2, epochs=2, run_dir=str(tmp_path / "a")))
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())

@@ -18,6 +18,8 @@ def test_the_shipped_table_covers_every_schedule_on_every_zoo_model() -> None:
             assert factors.factor(model, name) > 0, (model, name)
             if not KINDS[name].synchronous:
                 assert f"{name}/plain" in factors.table[model], (model, name)
+                assert f"{name}/damped" in factors.table[model], (model, name)
+                assert factors.rate(model, name) in ("sample", "damped")
 
 
 def test_lookups_and_fallbacks(tmp_path: Path) -> None:
@@ -25,16 +27,27 @@ def test_lookups_and_fallbacks(tmp_path: Path) -> None:
         "source": "a test",
         "epoch_factors": {
             "a": {"dp": 1.0, "2bw": 1.5, "2bw/plain": 3.0},
-            "b": {"dp": 1.0, "2bw": 1.1, "2bw/plain": 2.0},
+            "b": {"dp": 1.0, "2bw": 1.1, "2bw/plain": 2.0, "2bw/damped": 0.9},
         },
+        "stale_rates": {"b": {"2bw": "damped"}},
     }
     (tmp_path / "r.json").write_text(json.dumps(report))
     factors = EpochFactors.load(tmp_path / "r.json")
     assert factors.source == "a test"
-    assert factors.factor("b", "2bw") == 1.1 and factors.factor("b", "2bw", corrected=False) == 2.0
+    assert factors.factor("a", "2bw") == 1.5 and factors.factor("b", "2bw", corrected=False) == 2.0
     assert factors.factor("c", "2bw") == 1.5  # an unmeasured model: the largest measured
     assert factors.factor("c", "2bw", corrected=False) == 3.0
     assert factors.factor("a", "flush") == 1.0  # nothing measured for it: a synchronous update is dp's
+    # The correction's rate: the table's where it names one, else the rate per sample; one asked for is kept.
+    assert (factors.rate("b", "2bw"), factors.rate("a", "2bw"), factors.rate("b", "2bw", "sample")) == (
+        "damped",
+        "sample",
+        "sample",
+    )
+    assert factors.factor("b", "2bw") == 0.9 and factors.factor("b", "2bw", rate="sample") == 1.1
+    assert factors.factor("a", "2bw", rate="damped") == 1.5  # a's damped rate unmeasured: its figure per sample
+    assert factors.factor("c", "2bw", rate="damped") == 0.9  # an unmeasured model: the largest measured
+    assert factors.factor("b", "2bw", corrected=False, rate="damped") == 2.0  # no correction, no rate
 
 
 def test_a_file_that_is_not_a_report_says_so(tmp_path: Path) -> None:

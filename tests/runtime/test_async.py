@@ -46,6 +46,7 @@ def _run(
     sizes: tuple[int, ...] | None = None,
     correct: bool = False,
     model: str = "mlp",
+    damped: bool = False,
 ) -> dict[Case, dict[str, Any]]:
     out = {}
     for case in cases:
@@ -61,6 +62,7 @@ def _run(
             max_grad_norm=clip,
             autocast=autocast,
             correct_staleness=correct,
+            damp_stale_rate=damped,
             debug=True,
         )
         losses = pipe.train(_data(sizes))
@@ -80,12 +82,13 @@ def _reference(
     sizes: tuple[int, ...] | None = None,
     correct: bool = False,
     model_name: str = "mlp",
+    damped: bool = False,
 ) -> dict[str, torch.Tensor]:
     schedule, opt, clip, autocast = case
     model = MODELS[model_name]()
     stages = [build_stage(model, r) for r in stage_ranges(BALANCE[len(replicas)], len(as_blocks(model)))]
     reference.train(
-        stages, _data(sizes), m, schedule, replicas, OPTIMIZERS[opt], F.cross_entropy, clip, autocast, correct
+        stages, _data(sizes), m, schedule, replicas, OPTIMIZERS[opt], F.cross_entropy, clip, autocast, correct, damped
     )
     return {k: v for st in stages for k, v in st.named_parameters()}
 
@@ -98,10 +101,11 @@ def _check(
     sizes: tuple[int, ...] | None = None,
     correct: bool = False,
     model: str = "mlp",
+    damped: bool = False,
 ) -> dict[Case, dict[str, Any]]:
-    per_rank = launch(_run, replicas, cases, m, sizes, correct, model, nprocs=sum(replicas), timeout_s=200)
+    per_rank = launch(_run, replicas, cases, m, sizes, correct, model, damped, nprocs=sum(replicas), timeout_s=200)
     for case in cases:
-        ref = _reference(replicas, case, m, sizes, correct, model)
+        ref = _reference(replicas, case, m, sizes, correct, model, damped)
         seen = set()
         for rank, result in per_rank.items():
             got = result[case]["params"]
@@ -167,6 +171,16 @@ def test_stale_gradient_correction_matches_its_equations(replicas: tuple[int, ..
     _check(replicas, [(s, opt, None, None) for s in ASYNC for opt in OPTIMIZERS], m=m, sizes=sizes, correct=True)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [(1, 1, 1), (2, 1)])
+def test_the_damped_rate_matches_its_equations(replicas: tuple[int, ...]) -> None:
+    """``--stale-rate damped``: each asynchronous stage's rate also over one plus its staleness."""
+    sizes = None if replicas == (1, 1, 1) else UNEVEN
+    m = MICROBATCHES if sizes is None else 4
+    cases = [(s, "sgd", None, None) for s in ASYNC]
+    _check(replicas, cases, m=m, sizes=sizes, correct=True, damped=True)
+
+
 def test_the_reference_semantics_differ() -> None:
     """The equations give different weights per schedule, and with and without the correction, so matching
     one of them is a real check."""
@@ -177,6 +191,8 @@ def test_the_reference_semantics_differ() -> None:
         assert max(float((other[k] - base[k]).detach().abs().max()) for k in base) > 1e-3, schedule
         corrected = _reference((1, 1, 1), (schedule, "sgd", None, None), correct=True)
         assert max(float((other[k] - corrected[k]).detach().abs().max()) for k in base) > 1e-3, schedule
+        damped = _reference((1, 1, 1), (schedule, "sgd", None, None), correct=True, damped=True)
+        assert max(float((damped[k] - corrected[k]).detach().abs().max()) for k in base) > 1e-3, schedule
 
 
 class _InPlaceVersions(WeightVersions):

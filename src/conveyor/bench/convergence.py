@@ -3,13 +3,16 @@ correction, over seeds.
 
 Every run trains on ``workers`` local processes with the default options of ``conveyor train`` (SGD, lr
 0.05, momentum 0.9, batch 64, 4 microbatches): data parallelism ("dp", one stage on every worker) and
-each schedule on a straight pipeline of one stage per worker; the asynchronous schedules once with the
-stale-gradient correction (their default) and once without ("pipedream/plain"). A run stops at its
+each schedule on a straight pipeline of one stage per worker; the asynchronous schedules with the
+stale-gradient correction at each of its learning rates ("pipedream": the rate per sample; "pipedream/damped":
+that over one plus the stage's staleness) and without it ("pipedream/plain"). A run stops at its
 target or after its model's epoch cap; a run that never gets there counts as the cap plus one, so a
 median over seeds stays defined (and is reported as not reached when it exceeds the cap).
 
 The report's ``epoch_factors`` (per model, per schedule: median epochs over data parallelism's) is what
-the planner reads to rank schedules by time to accuracy (:mod:`conveyor.plan._epochs`).
+the planner reads to rank schedules by time to accuracy (:mod:`conveyor.plan._epochs`), and its
+``stale_rates`` the rate a run of ``--stale-rate auto`` takes: per model and schedule, ``damped`` where that
+rate's runs took fewer median epochs, or as many and fewer in the worst seed (:func:`faster_rate`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ from conveyor.schedule import KINDS
 __all__ = ["STRATEGIES", "TARGETS", "ConvergenceConfig", "run"]
 
 ASYNC = tuple(name for name, k in KINDS.items() if not k.synchronous)
-STRATEGIES = ("dp", "gpipe", "flush", *ASYNC, *(f"{name}/plain" for name in ASYNC))
+STRATEGIES = (
+    "dp",
+    "gpipe",
+    "flush",
+    *ASYNC,
+    *(f"{name}/damped" for name in ASYNC),
+    *(f"{name}/plain" for name in ASYNC),
+)
 # model -> (target test accuracy, epoch cap): targets data parallelism reaches in about a third of the cap
 TARGETS = {"mlp": (0.93, 15), "vgg": (0.9, 20), "resnet": (0.95, 15), "gpt": (0.3, 12), "vgg16": (0.9, 12)}
 GOAL = 1.25  # corrected asynchronous schedules: at most this many times data parallelism's epochs
@@ -56,7 +66,7 @@ class ConvergenceConfig:
 
 
 def _config(model: str, strategy: str, seed: int, workers: int, run_dir: Path) -> TrainConfig:
-    schedule, _, plain = strategy.partition("/")
+    schedule, _, variant = strategy.partition("/")
     target, cap = TARGETS[model]
     layout: dict[str, Any] = (
         {"stages": 1, "replicas": str(workers), "schedule": "flush"}
@@ -68,7 +78,8 @@ def _config(model: str, strategy: str, seed: int, workers: int, run_dir: Path) -
         epochs=cap,
         target_accuracy=target,
         seed=seed,
-        stale_correction=not plain,
+        stale_correction=variant != "plain",
+        stale_rate="damped" if variant == "damped" else "sample",
         run_dir=str(run_dir / f"{model}-{strategy.replace('/', '-')}-{seed}"),
         **layout,
     )
@@ -82,6 +93,22 @@ def epochs_to(accuracy: list[float], target: float) -> int | None:
         (2, None)
     """
     return next((i + 1 for i, a in enumerate(accuracy) if a >= target), None)
+
+
+def faster_rate(sample: list[int | None], damped: list[int | None], cap: int) -> str:
+    """The correction's rate whose seeds reached the target sooner: fewer median epochs, then fewer in the
+    worst seed (a seed that missed counts as ``cap + 1``); ``sample`` on a tie.
+
+    Example:
+        >>> faster_rate([3, 4, 3], [2, 3, 3], cap=12), faster_rate([3, 3, 4], [5, 6, 5], cap=15)
+        ('damped', 'sample')
+    """
+
+    def cost(epochs: list[int | None]) -> tuple[float, int]:
+        missed = [cap + 1 if e is None else e for e in epochs]
+        return summarise(epochs, cap), max(missed)
+
+    return "damped" if cost(damped) < cost(sample) else "sample"
 
 
 def summarise(epochs: list[int | None], cap: int) -> float:
@@ -118,6 +145,7 @@ def run(
                 r["factor"] = r["median_epochs"] / dp
                 r["goal_met"] = r["factor"] <= GOAL if strategy in ASYNC else None
     factors = {m: {s: r["factor"] for s, r in per.items()} for m, per in results.items()}
+    rates = {m: _damped_where_faster(per, TARGETS[m][1]) for m, per in results.items()}
     models = ",".join(cfg.models)
     source = f"conveyor bench convergence --models {models} --seeds {cfg.seeds}, {time.strftime('%Y-%m-%d')}"
     report = {
@@ -127,10 +155,21 @@ def run(
         "goal": GOAL,
         "results": results,
         "epoch_factors": factors,
+        "stale_rates": {m: per for m, per in rates.items() if per},
     }
     if plot:
         _plot(report, plot)
     return report
+
+
+def _damped_where_faster(per: dict[str, Any], cap: int) -> dict[str, str]:
+    """The schedules of one model whose damped rate :func:`faster_rate` chose (both rates measured)."""
+
+    def epochs(strategy: str) -> list[int | None]:
+        return [r["epochs_to_target"] for r in per[strategy]["runs"]]
+
+    both = [s for s in ASYNC if s in per and f"{s}/damped" in per]
+    return {s: "damped" for s in both if faster_rate(epochs(s), epochs(f"{s}/damped"), cap) == "damped"}
 
 
 def _plot(report: dict[str, Any], path: str) -> None:

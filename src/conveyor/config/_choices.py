@@ -22,6 +22,7 @@ __all__ = [
     "METER_RANK",
     "MODES",
     "OPTIMIZERS",
+    "STALE_RATES",
     "WAN_MODES",
     "Chunks",
     "ModeSettings",
@@ -38,6 +39,7 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "nccl", "gloo")
 AUTOCAST = ("off", "bf16")  # bf16: torch.bfloat16 (conveyor.job looks the dtype up where it is used)
 OPTIMIZERS = ("sgd", "adam")  # torch.optim.SGD and Adam (looked up in conveyor.job)
+STALE_RATES = ("auto", "sample", "damped")  # the stale-gradient correction's rate (conveyor.plan.parts.EpochFactors)
 MATERIALIZE = ("whole", "stage")
 
 

@@ -14,6 +14,7 @@ from conveyor.config._choices import (
     MATERIALIZE,
     MODES,
     OPTIMIZERS,
+    STALE_RATES,
     WAN_MODES,
     Chunks,
     check_chunks,
@@ -160,6 +161,13 @@ class OptimizerConfig:
         "run pipedream, pipedream-vs and 2bw by their plain update rules, without weight prediction and without "
         "scaling PipeDream's per-minibatch learning rate",
     )
+    stale_rate: str = option(
+        "auto",
+        "the stale-gradient correction's learning rate: sample (lr x the share of a batch an update covers: data "
+        "parallelism's rate per sample), damped (that over 1 + the stage's staleness), or auto: the one conveyor "
+        "bench convergence measured faster for the model and schedule (sample where it has no figure)",
+        choices=STALE_RATES,
+    )
     epoch_factors: str | None = option(
         None,
         "a conveyor bench convergence --json report: the epochs each schedule needs, to rank them by time to "
@@ -173,6 +181,8 @@ class OptimizerConfig:
             raise InputError(f"--lr must be above 0 and --momentum in [0, 1); got {self.lr} and {self.momentum}")
         if self.name not in OPTIMIZERS:
             raise InputError(f"unknown optimizer {self.name!r}: use one of {', '.join(OPTIMIZERS)}")
+        if self.stale_rate not in STALE_RATES:
+            raise InputError(f"unknown --stale-rate {self.stale_rate!r}: use one of {', '.join(STALE_RATES)}")
 
 
 _LEASE = (

@@ -55,6 +55,7 @@ class Layout:
     microbatches: int
     recompute: bool = False
     how: str = ""
+    stale_rate: str = "sample"  # the stale-gradient correction's learning rate (EpochFactors.rate)
     plan_file: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -80,6 +81,7 @@ class Layout:
                 f"({predicted['epoch_seconds']:.2f} s per epoch) x {predicted['epochs_factor']:.2f} the epochs of "
                 "data parallelism"
             )
+            + (", stale stages at the damped learning rate (--stale-rate)" if self.stale_rate == "damped" else "")
             + (f", from figures {source}" if (source := self.figures_source) and source.startswith("kept") else "")
             + self._noise()
         )
@@ -165,7 +167,9 @@ def choose_layout(
         file = layout_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
         seconds = predict(plan, prof, topology, batches * plan.microbatches, runtime).seconds
         file["predicted"] = {
-            "epochs_factor": epochs.factor(prof.model, layout.schedule, cfg.optimizer.stale_correction),
+            "epochs_factor": epochs.factor(
+                prof.model, layout.schedule, cfg.optimizer.stale_correction, cfg.optimizer.stale_rate
+            ),
             "epochs_factor_source": epochs.source,
         }
     else:
@@ -176,9 +180,12 @@ def choose_layout(
         layout = Layout(plan.schedule, balance, replicas, plan.microbatches, False, how)
     # An epoch as it runs: its samples over the simulated time of its batches.
     file.setdefault("predicted", {}).update(samples_per_s=samples / seconds, epoch_seconds=seconds)
+    stale = cfg.optimizer.stale_correction and not kind(layout.schedule).synchronous
+    rate = epochs.rate(prof.model, layout.schedule, cfg.optimizer.stale_rate) if stale else "sample"
+    file["stale_rate"] = rate if stale else None
     file["measured_at_start"] = costs.summary()
     file["threads"] = torch.get_num_threads()  # the first worker's intra-op threads, chosen afresh every run
-    return replace(layout, plan_file=file)
+    return replace(layout, plan_file=file, stale_rate=rate)
 
 
 def _planned(
@@ -202,6 +209,7 @@ def _planned(
         alone=costs.alone(batch=batch, microbatches=microbatches_of(cfg, 1)),
         epochs=epochs,
         stale_correction=cfg.optimizer.stale_correction,
+        stale_rate=cfg.optimizer.stale_rate,
         tie=costs.spread,
     )
     best = simulated[0]
@@ -216,13 +224,14 @@ def _planned(
         runtime=costs.runtime,
         epochs=epochs,
         stale_correction=cfg.optimizer.stale_correction,
+        stale_rate=cfg.optimizer.stale_rate,
     )
     file["candidates"] = [s.to_json() for s in simulated[:SHORTLIST]]
     how = f"planned for {costs.workers} workers"
     if best.workers < costs.workers:
         how = f"planned for 1..{costs.workers} workers: {best.workers} of the {costs.workers} started train"
     fastest = min(simulated, key=lambda s: s.time_to_accuracy)
-    chosen = f"the fastest of {len(simulated)} layouts simulated"
+    chosen = f"the fastest of {len(simulated)} layouts simulated" if len(simulated) > 1 else "the one layout simulated"
     if fastest is not best:
         chosen = (
             f"the simplest within the start-up figures' {costs.spread:.0%} spread of the fastest of {len(simulated)} "

@@ -321,6 +321,7 @@ def _trainer(
         autocast=autocast_dtype(cfg),
         recompute=layout.recompute,
         correct_staleness=cfg.optimizer.stale_correction,
+        damp_stale_rate=layout.stale_rate == "damped",
         materialize=materializer(cfg, model),
         outer=_outer_sync(cfg),
     )

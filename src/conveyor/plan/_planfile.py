@@ -59,6 +59,7 @@ def plan_file(
     runtime: RuntimeCosts | None = None,
     epochs: EpochFactors | None = None,
     stale_correction: bool = True,
+    stale_rate: str = "auto",
 ) -> dict[str, Any]:
     """The plan as the JSON the runtime runs: stages, ranks, memory, schedule and predictions.
 
@@ -66,8 +67,8 @@ def plan_file(
     on one stage with every worker, and on one worker); ``steady_state`` holds the planner's own figures.
     ``predicted.epochs_factor`` is the epochs the schedule needs over data parallelism's for the profile's
     model (from ``epochs``, default the shipped table: :mod:`conveyor.plan._epochs`), with or without the
-    stale-gradient correction. Sample counts use the profile's batch size (1 when the profile does not record
-    one).
+    stale-gradient correction (at ``stale_rate``). Sample counts use the profile's batch size (1 when the
+    profile does not record one).
     """
     sim = predict(plan, profile, topology, minibatches, runtime)
     epochs = epochs or EpochFactors.load()
@@ -104,7 +105,7 @@ def plan_file(
             "speedup_vs_single": speedup(plan.single_worker_seconds, 1),
             "simulated_minibatches": sim.minibatches,
             "simulated_seconds": sim.seconds,
-            "epochs_factor": epochs.factor(profile.model, plan.schedule, stale_correction),
+            "epochs_factor": epochs.factor(profile.model, plan.schedule, stale_correction, stale_rate),
             "epochs_factor_source": epochs.source,
             "efficiency": sim.efficiency,
             "runtime_costs": asdict(runtime or RuntimeCosts()),

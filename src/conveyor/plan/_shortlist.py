@@ -104,6 +104,7 @@ def shortlist(
     alone: Profile | None = None,
     epochs: EpochFactors | None = None,
     stale_correction: bool = True,
+    stale_rate: str = "auto",
     tie: float = TIE,
 ) -> list[SimulatedLayout]:
     """Every schedule's plan on every worker count, simulated; the fastest to accuracy first (see the module
@@ -122,6 +123,7 @@ def shortlist(
             (``None``: ``profile``); used for the one-worker layout.
         epochs: the epochs each schedule needs over data parallelism's (default: the shipped table).
         stale_correction: the asynchronous schedules' figures with the stale-gradient correction, or without.
+        stale_rate: the correction's learning rate (:meth:`EpochFactors.rate`).
         tie: times to accuracy within this part of the fastest's are a tie (at least :data:`TIE`).
     """
     epochs = epochs or EpochFactors.load()
@@ -136,7 +138,7 @@ def shortlist(
             continue
         for plan in _plans(profile, on, schedules, microbatches(workers)):
             sim = predict(plan, profile, on, batches * plan.microbatches, runtime)
-            factor = epochs.factor(profile.model, plan.schedule, stale_correction)
+            factor = epochs.factor(profile.model, plan.schedule, stale_correction, stale_rate)
             found.append(SimulatedLayout(plan, profile, on, sim.seconds, sim.samples_per_s, factor))
     order = {name: i for i, name in enumerate(schedules)}
 

@@ -117,6 +117,8 @@ class Pipeline(StagePosition):
             optimizer's learning rate is scaled by the fraction of a batch an update covers
             (:meth:`~conveyor.schedule.Kind.lr_scale`), so that ``lr`` is the rate of one batch for every
             schedule. ``False`` runs the schedules' plain update rules.
+        damp_stale_rate: with ``correct_staleness``, also divide each stage's learning rate by one plus its
+            staleness (the damped rate of :meth:`~conveyor.schedule.Kind.lr_scale`).
         bucket_bytes: replicas all-reduce their gradients in buckets of about this size, each started as soon
             as the last backward of an update has made its gradients (as ``DistributedDataParallel``'s
             ``bucket_cap_mb``).
@@ -151,6 +153,7 @@ class Pipeline(StagePosition):
         autocast: torch.dtype | None = None,
         recompute: bool = False,
         correct_staleness: bool = True,
+        damp_stale_rate: bool = False,
         bucket_bytes: int = BUCKET_BYTES,
         debug: bool = False,
         materialize: Materialize | None = None,
@@ -193,7 +196,7 @@ class Pipeline(StagePosition):
         self._predict = self.kind.staleness(self.stage, self.replicas) if correct_staleness else 0
         if correct_staleness and self.optimizer is not None:
             for group in self.optimizer.param_groups:
-                group["lr"] *= self.kind.lr_scale(self.stage, self.replicas, microbatches)
+                group["lr"] *= self.kind.lr_scale(self.stage, self.replicas, microbatches, damp_stale_rate)
         self._stage_workers = stage_workers(self.replicas)
         # Every worker creates every group, in the same order, as torch.distributed requires.
         groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]

@@ -120,11 +120,23 @@ class Kind:
             return max(k // rs - (self.version(stage, k, replicas, 1) or 0) for k in range(start, start + r0 * rs))
         return int(warmup(replicas[stage], sum(replicas[stage:]))) - 1
 
-    def lr_scale(self, stage: int, replicas: Sequence[int], microbatches: int) -> float:
-        """The fraction of a batch one update of ``stage`` covers: ``r_s / m`` for an update per round of
-        minibatches (PipeDream), 1 for an update per batch. The stale-gradient correction multiplies the
-        learning rate by it, so that every schedule applies the same rate per sample."""
-        return replicas[stage] / microbatches if self.update == "round" else 1.0
+    def lr_scale(self, stage: int, replicas: Sequence[int], microbatches: int, damped: bool = False) -> float:
+        """What the stale-gradient correction multiplies ``stage``'s learning rate by.
+
+        ``r_s / m`` for an update per round of minibatches (PipeDream), 1 for an update per batch: the fraction of
+        a batch one update covers, so that every schedule applies the same rate per sample. ``damped`` divides
+        that by ``1 + d_s`` for the stage's staleness ``d_s`` (:meth:`staleness`), the staleness-aware rate of
+        Zhang et al. (IJCAI 2016): ``lr_s = lr r_s / (m (1 + d_s))``.
+
+        Example:
+            >>> pd, four = KINDS["pipedream"], [1, 1, 1, 1]
+            >>> [pd.lr_scale(s, four, 4) for s in (0, 3)], [pd.lr_scale(s, four, 4, damped=True) for s in (0, 3)]
+            ([0.25, 0.25], [0.0625, 0.25])
+            >>> KINDS["2bw"].lr_scale(0, [1, 1], 4, damped=True)
+            0.5
+        """
+        scale = replicas[stage] / microbatches if self.update == "round" else 1.0
+        return scale / (1 + self.staleness(stage, replicas)) if damped else scale
 
     def stashes(self, replicas: Sequence[int], stage: int) -> bool:
         """Whether a worker of ``stage`` keeps more than one weight version, so its forwards must run on
