@@ -24,6 +24,7 @@ def test_report_of_real_runs(tmp_path: Path) -> None:
         assert r["median_epochs"] == summarise([x["epochs_to_target"] for x in r["runs"]], cap)
         assert r["factor"] == r["median_epochs"] / per["dp"]["median_epochs"]
     assert per["2bw"]["goal_met"] == (per["2bw"]["factor"] <= report["goal"]) and per["dp"]["goal_met"] is None
+    assert per["2bw/damped"]["goal_met"] == (per["2bw/damped"]["factor"] <= report["goal"])
     assert report["epoch_factors"] == {"mlp": {s: per[s]["factor"] for s in ("dp", "2bw", "2bw/damped")}}
     seeds = {s: [r["epochs_to_target"] for r in per[s]["runs"]] for s in per}
     damped = faster_rate(seeds["2bw"], seeds["2bw/damped"], cap) == "damped"

@@ -15,7 +15,7 @@ from torch import nn
 
 from conveyor.config import TrainConfig
 from conveyor.job._costs import Costs
-from conveyor.job._layout import Layout, choose_layout
+from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._measured import costs_key, kept_or_measured, load_costs, save_costs
 from conveyor.plan import Level, Profile, Topology
 from conveyor.plan._profiles import Layer
@@ -153,7 +153,8 @@ def test_the_stale_rate_follows_the_measured_table_unless_asked(tmp_path: Path) 
 
     def planned(**options: object) -> Layout:
         cfg = TrainConfig.from_options(workers=4, epoch_factors=str(tmp_path / "f.json"), **options)
-        return choose_layout(cfg, names=names, costs=_costs(), batches=20, samples=1280)
+        fixed = fixed_layout(cfg, 6, 4)  # None: the planner's
+        return choose_layout(cfg, names=names, costs=_costs(), batches=20, samples=1280, layout=fixed)
 
     auto, sample = planned(schedule="pipedream"), planned(schedule="pipedream", stale_rate="sample")
     assert (auto.stale_rate, auto.plan_file["stale_rate"], auto.plan_file["predicted"]["epochs_factor"]) == (
@@ -168,6 +169,33 @@ def test_the_stale_rate_follows_the_measured_table_unless_asked(tmp_path: Path) 
         1.5,
     )
     flush = planned(schedule="flush")
-    assert (flush.stale_rate, flush.plan_file["stale_rate"]) == ("sample", None)
+    assert (flush.stale_rate, flush.plan_file["stale_rate"]) == (None, None)
     plain = planned(schedule="pipedream", stale_correction=False)
-    assert (plain.stale_rate, plain.plan_file["stale_rate"]) == ("sample", None)
+    assert (plain.stale_rate, plain.plan_file["stale_rate"]) == (None, None)
+    # --stragglers runs a layout whose first stage alone is replicated as flexible data parallelism: nothing stale
+    flexible = planned(schedule="pipedream", replicas="2-1-1", stragglers="slack")
+    assert (flexible.stale_rate, flexible.plan_file["stale_rate"]) == (None, None)
+
+
+def test_a_plan_file_runs_at_the_stale_rate_it_was_planned_with(tmp_path: Path) -> None:
+    """``--plan FILE`` with ``--stale-rate auto`` keeps the file's rate, whatever the table says now; a rate asked
+    for replaces it, and a file without one (an older one) gets the table's."""
+    names = [str(i) for i in range(6)]
+    cfg = TrainConfig.from_options(workers=4, schedule="pipedream", stages=4)
+    layout = choose_layout(cfg, names=names, costs=_costs(), batches=20, samples=1280, layout=fixed_layout(cfg, 6, 4))
+    assert layout.stale_rate == "sample"  # the shipped table has nothing for "toy"
+    for written, asked, runs in [
+        ("damped", "auto", "damped"),
+        ("damped", "sample", "sample"),
+        (None, "auto", "sample"),
+    ]:
+        plan = {**layout.plan_file, "stale_rate": written}
+        (tmp_path / "plan.json").write_text(json.dumps(plan))
+        again = TrainConfig.from_options(workers=4, plan=str(tmp_path / "plan.json"), stale_rate=asked)
+        fixed = fixed_layout(again, 6, 4)
+        assert fixed is not None and fixed.stale_rate == written
+        chosen = choose_layout(again, names=names, costs=_costs(), batches=20, samples=1280, layout=fixed)
+        assert (chosen.stale_rate, chosen.plan_file["stale_rate"]) == (runs, runs), (written, asked)
+    (tmp_path / "plan.json").write_text(json.dumps({**layout.plan_file, "stale_rate": "fast"}))
+    with pytest.raises(ValueError, match="stale_rate is 'fast'; give sample, damped or null"):
+        fixed_layout(TrainConfig.from_options(workers=4, plan=str(tmp_path / "plan.json")), 6, 4)

@@ -41,11 +41,12 @@ def test_every_schedule_learns_and_writes_its_run_folder(schedule: str, epochs: 
 
 
 def test_the_damped_stale_rate_reaches_the_workers(tmp_path: Path) -> None:
-    """``--stale-rate damped`` is in the layout every worker builds its stage from, and changes the training."""
+    """``--stale-rate damped`` is in the layout every worker builds its stage from, and changes the training (3
+    stages: the first two are stale, on workers 0 and 1)."""
     runs = {
         rate: train(
             TrainConfig.from_options(
-                stages=2, schedule="pipedream", stale_rate=rate, epochs=1, seed=3, run_dir=str(tmp_path / rate)
+                stages=3, schedule="pipedream", stale_rate=rate, epochs=1, seed=3, run_dir=str(tmp_path / rate)
             )
         )
         for rate in ("sample", "damped")

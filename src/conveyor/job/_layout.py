@@ -25,6 +25,7 @@ from conveyor.plan import Plan, PlannedStage, predict, shortlist
 from conveyor.plan.parts import EpochFactors, layout_file, plan_file, read_plan_file
 from conveyor.runtime.parts import even_balance
 from conveyor.schedule import kind, parse_replicas
+from conveyor.stragglers import flexible_layout
 
 __all__ = ["Layout", "choose_layout", "fixed_layout", "microbatches_of"]
 
@@ -45,7 +46,7 @@ def microbatches_of(cfg: TrainConfig, workers: int) -> int:
     return 1 if workers == 1 else PIPELINE_MICROBATCHES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """Stages (``balance``: blocks per stage), replicas per stage, the schedule and its microbatches."""
 
@@ -55,7 +56,7 @@ class Layout:
     microbatches: int
     recompute: bool = False
     how: str = ""
-    stale_rate: str = "sample"  # the stale-gradient correction's learning rate (EpochFactors.rate)
+    stale_rate: str | None = None  # the stale-gradient correction's rate (EpochFactors.rate; None: none corrected)
     plan_file: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -120,7 +121,13 @@ def fixed_layout(cfg: TrainConfig, blocks: int, workers: int) -> Layout | None:
             )
         schedule = spec.schedule if cfg.layout.schedule == "auto" else cfg.layout.schedule
         return Layout(
-            schedule, spec.balance, spec.replicas, spec.microbatches, spec.recompute, f"plan {cfg.layout.plan}"
+            schedule=schedule,
+            balance=spec.balance,
+            replicas=spec.replicas,
+            microbatches=spec.microbatches,
+            recompute=spec.recompute,
+            how=f"plan {cfg.layout.plan}",
+            stale_rate=spec.stale_rate,
         )
     if cfg.layout.stages or cfg.layout.replicas:
         replicas = (
@@ -137,9 +144,14 @@ def fixed_layout(cfg: TrainConfig, blocks: int, workers: int) -> Layout | None:
             )
         schedule = "flush" if cfg.layout.schedule == "auto" else cfg.layout.schedule
         microbatches = microbatches_of(cfg, sum(replicas))
-        return Layout(schedule, even_balance(blocks, len(replicas)), replicas, microbatches, how="fixed layout")
+        balance = even_balance(blocks, len(replicas))
+        return Layout(
+            schedule=schedule, balance=balance, replicas=replicas, microbatches=microbatches, how="fixed layout"
+        )
     if workers == 1 and cfg.layout.schedule == "auto":
-        return Layout("flush", [blocks], [1], microbatches_of(cfg, 1), how="one worker")
+        return Layout(
+            schedule="flush", balance=[blocks], replicas=[1], microbatches=microbatches_of(cfg, 1), how="one worker"
+        )
     return None
 
 
@@ -159,6 +171,7 @@ def choose_layout(
     topology, prof, runtime = costs.topology, costs.profile, costs.runtime
     epochs = EpochFactors.load(cfg.optimizer.epoch_factors)
     if layout is not None:
+        rate = _stale_rate(cfg, epochs, prof.model, layout)
         ranges, first = [], 0
         for blocks, r in zip(layout.balance, layout.replicas, strict=True):
             ranges.append(PlannedStage(first, first + blocks - 1, r, 0.0))
@@ -168,7 +181,7 @@ def choose_layout(
         seconds = predict(plan, prof, topology, batches * plan.microbatches, runtime).seconds
         file["predicted"] = {
             "epochs_factor": epochs.factor(
-                prof.model, layout.schedule, cfg.optimizer.stale_correction, cfg.optimizer.stale_rate
+                prof.model, layout.schedule, corrected=cfg.optimizer.stale_correction, rate=rate or "sample"
             ),
             "epochs_factor_source": epochs.source,
         }
@@ -177,15 +190,27 @@ def choose_layout(
         seconds = file["predicted"]["simulated_seconds"]
         balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
         replicas = [st.replicas for st in plan.stages]
-        layout = Layout(plan.schedule, balance, replicas, plan.microbatches, False, how)
+        layout = Layout(
+            schedule=plan.schedule, balance=balance, replicas=replicas, microbatches=plan.microbatches, how=how
+        )
+        rate = _stale_rate(cfg, epochs, prof.model, layout)
     # An epoch as it runs: its samples over the simulated time of its batches.
     file.setdefault("predicted", {}).update(samples_per_s=samples / seconds, epoch_seconds=seconds)
-    stale = cfg.optimizer.stale_correction and not kind(layout.schedule).synchronous
-    rate = epochs.rate(prof.model, layout.schedule, cfg.optimizer.stale_rate) if stale else "sample"
-    file["stale_rate"] = rate if stale else None
+    file["stale_rate"] = rate
     file["measured_at_start"] = costs.summary()
     file["threads"] = torch.get_num_threads()  # the first worker's intra-op threads, chosen afresh every run
     return replace(layout, plan_file=file, stale_rate=rate)
+
+
+def _stale_rate(cfg: TrainConfig, epochs: EpochFactors, model: str, layout: Layout) -> str | None:
+    """The stale-gradient correction's rate the workers run ``layout`` at (``None``: no stale stage is corrected, as
+    for a synchronous schedule, ``--no-stale-correction``, or ``--stragglers``' flexible data parallelism)."""
+    flexible = cfg.stragglers is not None and flexible_layout(layout.replicas)
+    if not cfg.optimizer.stale_correction or kind(layout.schedule).synchronous or flexible:
+        return None
+    if cfg.optimizer.stale_rate == "auto" and layout.stale_rate is not None:
+        return layout.stale_rate  # a plan file's, as it was planned
+    return epochs.rate(model, layout.schedule, cfg.optimizer.stale_rate)
 
 
 def _planned(

@@ -59,18 +59,18 @@ class EpochFactors:
     def factor(self, model: str, schedule: str, corrected: bool = True, rate: str = "auto") -> float:
         """The epochs ``schedule`` needs on ``model`` over data parallelism's, with the correction at ``rate``
         (:meth:`rate`) or without it. A model the table lacks (your own) gets the largest factor measured for
-        the schedule on any model: a cautious guess until you measure it. A synchronous schedule without a
-        figure gets 1 (its update is data parallelism's)."""
+        the schedule, at that rate, on any model: a cautious guess until you measure it. Only a table with no
+        figure for that rate anywhere gives the corrected per-sample one; a synchronous schedule without a figure
+        gets 1 (its update is data parallelism's)."""
         keys = [schedule]  # a synchronous one has no "/plain" nor "/damped"
         if not corrected:
             keys.insert(0, f"{schedule}/plain")
         elif self.rate(model, schedule, rate) == "damped":
             keys.insert(0, f"{schedule}/damped")
         per_model = self.table.get(model, {})
-        for key in keys:
+        for key in keys:  # this model's figure for the variant, else the largest any model has, before the next
             if key in per_model:
                 return per_model[key]
-        for key in keys:
             if measured := [per[key] for per in self.table.values() if key in per]:
                 return max(measured)
         return 1.0
@@ -87,6 +87,8 @@ class EpochFactors:
             report = json.loads(file.read_text())
             table = {m: {s: float(f) for s, f in per.items()} for m, per in report["epoch_factors"].items()}
             rates = {m: {s: str(r) for s, r in per.items()} for m, per in report.get("stale_rates", {}).items()}
+            if unknown := {r for per in rates.values() for r in per.values()} - {"sample", "damped"}:
+                raise ValueError(f"stale_rates has {sorted(unknown)[0]!r} where sample or damped belongs")
         except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
             raise InputError(
                 f"cannot read epoch factors from {file}: {exc}; give a report of conveyor bench convergence --json"

@@ -83,6 +83,7 @@ def plan_file(
         return sim.samples_per_s / predict(other, profile, topology, sim.minibatches, runtime).samples_per_s
 
     batch = profile.batch_size or 1
+    stale = stale_correction and not kind(plan.schedule).synchronous
     balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
     names = [lay.name for lay in plan.in_order(profile).layers]
     layout = layout_file(plan.schedule, plan.microbatches, balance, [st.replicas for st in plan.stages], names)
@@ -99,13 +100,14 @@ def plan_file(
         "memory_limit_bytes": plan.memory_limit,
         "cost_model": plan.cost_model,
         "note": plan.note,
+        "stale_rate": epochs.rate(profile.model, plan.schedule, stale_rate) if stale else None,
         "predicted": {
             "samples_per_s": sim.samples_per_s,
             "speedup_vs_dp": speedup(plan.data_parallel_seconds, plan.workers),
             "speedup_vs_single": speedup(plan.single_worker_seconds, 1),
             "simulated_minibatches": sim.minibatches,
             "simulated_seconds": sim.seconds,
-            "epochs_factor": epochs.factor(profile.model, plan.schedule, stale_correction, stale_rate),
+            "epochs_factor": epochs.factor(profile.model, plan.schedule, corrected=stale_correction, rate=stale_rate),
             "epochs_factor_source": epochs.source,
             "efficiency": sim.efficiency,
             "runtime_costs": asdict(runtime or RuntimeCosts()),
@@ -134,6 +136,7 @@ class PlanSpec:
     replicas: list[int]
     layers: int
     recompute: bool = False
+    stale_rate: str | None = None  # the stale-gradient correction's rate it was planned with (None: none)
 
     @property
     def workers(self) -> int:
@@ -157,6 +160,7 @@ def read_plan_file(path: str | os.PathLike[str]) -> PlanSpec:
             [int(st["replicas"]) for st in stages],
             int(stages[-1]["last_layer"]) + 1,
             bool(data.get("recompute", False)),
+            data.get("stale_rate"),
         )
     except OSError as exc:
         raise PlanFileError(
@@ -173,4 +177,6 @@ def read_plan_file(path: str | os.PathLike[str]) -> PlanSpec:
         kind(spec.schedule)
     except ValueError as exc:
         raise PlanFileError(f"{path}: {exc}") from None
+    if spec.stale_rate not in (None, "sample", "damped"):
+        raise PlanFileError(f"{path}: stale_rate is {spec.stale_rate!r}; give sample, damped or null")
     return spec

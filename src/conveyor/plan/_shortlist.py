@@ -138,7 +138,7 @@ def shortlist(
             continue
         for plan in _plans(profile, on, schedules, microbatches(workers)):
             sim = predict(plan, profile, on, batches * plan.microbatches, runtime)
-            factor = epochs.factor(profile.model, plan.schedule, stale_correction, stale_rate)
+            factor = epochs.factor(profile.model, plan.schedule, corrected=stale_correction, rate=stale_rate)
             found.append(SimulatedLayout(plan, profile, on, sim.seconds, sim.samples_per_s, factor))
     order = {name: i for i, name in enumerate(schedules)}
 

@@ -196,7 +196,7 @@ class Pipeline(StagePosition):
         self._predict = self.kind.staleness(self.stage, self.replicas) if correct_staleness else 0
         if correct_staleness and self.optimizer is not None:
             for group in self.optimizer.param_groups:
-                group["lr"] *= self.kind.lr_scale(self.stage, self.replicas, microbatches, damp_stale_rate)
+                group["lr"] *= self.kind.lr_scale(self.stage, self.replicas, microbatches, damped=damp_stale_rate)
         self._stage_workers = stage_workers(self.replicas)
         # Every worker creates every group, in the same order, as torch.distributed requires.
         groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]

@@ -126,7 +126,7 @@ class Kind:
         ``r_s / m`` for an update per round of minibatches (PipeDream), 1 for an update per batch: the fraction of
         a batch one update covers, so that every schedule applies the same rate per sample. ``damped`` divides
         that by ``1 + d_s`` for the stage's staleness ``d_s`` (:meth:`staleness`), the staleness-aware rate of
-        Zhang et al. (IJCAI 2016): ``lr_s = lr r_s / (m (1 + d_s))``.
+        Zhang et al. (IJCAI 2016): ``lr_s = lr r_s / (m (1 + d_s))`` for PipeDream, ``lr / (1 + d_s)`` for 2BW.
 
         Example:
             >>> pd, four = KINDS["pipedream"], [1, 1, 1, 1]
