@@ -205,12 +205,11 @@ def choose_layout(
 def _stale_rate(cfg: TrainConfig, epochs: EpochFactors, model: str, layout: Layout) -> str | None:
     """The stale-gradient correction's rate the workers run ``layout`` at (``None``: no stale stage is corrected, as
     for a synchronous schedule, ``--no-stale-correction``, or ``--stragglers``' flexible data parallelism)."""
-    flexible = cfg.stragglers is not None and flexible_layout(layout.replicas)
-    if not cfg.optimizer.stale_correction or kind(layout.schedule).synchronous or flexible:
+    asked = cfg.optimizer.stale_rate
+    rate = epochs.run_rate(model, layout.schedule, corrected=cfg.optimizer.stale_correction, asked=asked)
+    if rate is None or (cfg.stragglers is not None and flexible_layout(layout.replicas)):
         return None
-    if cfg.optimizer.stale_rate == "auto" and layout.stale_rate is not None:
-        return layout.stale_rate  # a plan file's, as it was planned
-    return epochs.rate(model, layout.schedule, cfg.optimizer.stale_rate)
+    return layout.stale_rate if asked == "auto" and layout.stale_rate is not None else rate  # a plan file's first
 
 
 def _planned(

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conveyor.errors import InputError
+from conveyor.schedule import kind
 
 __all__ = ["EpochFactors"]
 
@@ -55,6 +56,11 @@ class EpochFactors:
         """The correction's rate rule for ``schedule`` on ``model``: ``asked``, or for ``auto`` the one the
         table measured faster (``sample`` where it has none)."""
         return self.rates.get(model, {}).get(schedule, "sample") if asked == "auto" else asked
+
+    def run_rate(self, model: str, schedule: str, *, corrected: bool, asked: str = "auto") -> str | None:
+        """The rate a run of ``schedule`` takes (:meth:`rate`); ``None`` where no stage is corrected: without the
+        correction, or on a synchronous schedule."""
+        return self.rate(model, schedule, asked) if corrected and not kind(schedule).synchronous else None
 
     def factor(self, model: str, schedule: str, corrected: bool = True, rate: str = "auto") -> float:
         """The epochs ``schedule`` needs on ``model`` over data parallelism's, with the correction at ``rate``

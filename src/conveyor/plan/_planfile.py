@@ -83,7 +83,6 @@ def plan_file(
         return sim.samples_per_s / predict(other, profile, topology, sim.minibatches, runtime).samples_per_s
 
     batch = profile.batch_size or 1
-    stale = stale_correction and not kind(plan.schedule).synchronous
     balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
     names = [lay.name for lay in plan.in_order(profile).layers]
     layout = layout_file(plan.schedule, plan.microbatches, balance, [st.replicas for st in plan.stages], names)
@@ -100,7 +99,7 @@ def plan_file(
         "memory_limit_bytes": plan.memory_limit,
         "cost_model": plan.cost_model,
         "note": plan.note,
-        "stale_rate": epochs.rate(profile.model, plan.schedule, stale_rate) if stale else None,
+        "stale_rate": epochs.run_rate(profile.model, plan.schedule, corrected=stale_correction, asked=stale_rate),
         "predicted": {
             "samples_per_s": sim.samples_per_s,
             "speedup_vs_dp": speedup(plan.data_parallel_seconds, plan.workers),
