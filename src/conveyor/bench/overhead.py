@@ -6,11 +6,11 @@ its own: a plain loop written as a user would (the data on the device, a batch a
 executor, the feed, the meters and the progress bar). Samples per second of training time count the epochs
 after the first (both warm up in the first: allocator, kernels, autotuning); evaluation is left out of both.
 
-On the CPU the plain loop runs at one thread and at every core (in one process, each from the same initial
-weights), and the faster counts (the strongest plain loop a user could pick); each CPU model is measured
-quiet and beside one busy process (``contended``), the plain loop under the same contention. Runs alternate,
-``repeats`` of each; the medians count. Each Conveyor run's start-up prediction of its training throughput is
-set against what it measured.
+On the CPU the plain loop runs at one thread and at every core (each in a process of its own, from the same
+initial weights, the order alternating between repeats), and the faster counts (the strongest plain loop a user
+could pick); each CPU model is measured quiet and beside one busy process (``contended``), the plain loop under
+the same contention. Runs alternate, ``repeats`` of each; the medians count. Each Conveyor run's start-up
+prediction of its training throughput is set against what it measured.
 """
 
 from __future__ import annotations
@@ -96,43 +96,41 @@ class OverheadBenchConfig:
             raise InputError("repeats must be at least 1 and epochs at least 2 (the first is a warm-up)")
 
 
-def _plain_worker(case: Case, threads: list[int | None], profile: str | None) -> tuple[dict[str, list[float]], int]:
-    """The plain loop, in a worker of its own, once at each thread count (``None``: as it is): each run's epochs'
-    training seconds by thread count, and the samples of an epoch."""
+def _plain_worker(case: Case, threads: int | None, profile: str | None) -> tuple[list[float], int]:
+    """The plain loop, in a worker of its own, at ``threads`` intra-op threads (``None``: as it is): its epochs'
+    training seconds, and the samples of an epoch."""
     device = default_device()
     cfg = case.train_config()
     model, data = model_and_data(cfg)
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     x, y = data.tensor_inputs("bench overhead")[0].to(device), data.train_y.to(device)
     dtype = {"off": None, "bf16": torch.bfloat16}[case.autocast]
-    runs: dict[str, list[float]] = {}
-    for count in threads:
-        if count is not None:
-            torch.set_num_threads(count)
-        trained = copy.deepcopy(model).to(device)
-        optimizer = make_optimizer(list(trained.parameters()))
-        seconds = []
-        for epoch in range(case.epochs):
-            order = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.run.seed + epoch)).to(device)
-            start = time.perf_counter()
-            with torch_profiled(profile if epoch == 1 and count == threads[-1] else None, "plain", device):
-                for index in order.split(case.batch_size):
-                    optimizer.zero_grad(set_to_none=True)
-                    with torch.autocast(device.type, dtype) if dtype else contextlib.nullcontext():
-                        loss = loss_fn(trained(x[index]), y[index])
-                    loss.backward()
-                    optimizer.step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-            seconds.append(time.perf_counter() - start)
-        runs[str(count)] = seconds
-    return runs, len(x)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    trained = copy.deepcopy(model).to(device)
+    optimizer = make_optimizer(list(trained.parameters()))
+    seconds = []
+    for epoch in range(case.epochs):
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(cfg.run.seed + epoch)).to(device)
+        start = time.perf_counter()
+        with torch_profiled(profile if epoch == 1 else None, "plain", device):
+            for index in order.split(case.batch_size):
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(device.type, dtype) if dtype else contextlib.nullcontext():
+                    loss = loss_fn(trained(x[index]), y[index])
+                loss.backward()
+                optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return seconds, len(x)
 
 
-def _plain(case: Case, device: str, threads: list[int | None], profile: str | None) -> dict[str, float]:
-    """The plain loop's steady samples/s at each thread count."""
-    runs, samples = launch(_plain_worker, case, threads, profile, nprocs=1, device=device, timeout_s=3600)[0]
-    return {count: steady_rate(seconds, samples) for count, seconds in runs.items()}
+def _plain(case: Case, device: str, threads: int | None, profile: str | None) -> float:
+    """The plain loop's steady samples/s at ``threads``, in a process of its own (as Conveyor's run is: a second
+    run in the same process was up to 15% faster than the first on the MLP, so each thread count gets a fresh one)."""
+    seconds, samples = launch(_plain_worker, case, threads, profile, nprocs=1, device=device, timeout_s=3600)[0]
+    return steady_rate(seconds, samples)
 
 
 def _conveyor(case: Case, device: str, folder: Path, profile: str | None) -> tuple[float, float]:
@@ -172,8 +170,8 @@ def _measure(case: Case, device: str, contended: bool, cfg: OverheadBenchConfig,
     with _busy(contended):
         for repeat in range(cfg.repeats):
             profile = None if cfg.profile is None or repeat else str(Path(cfg.profile) / name)
-            for count, speed in _plain(case, device, threads, profile).items():
-                plain[count].append(speed)
+            for count in threads if repeat % 2 == 0 else threads[::-1]:  # neither count always runs first
+                plain[str(count)].append(_plain(case, device, count, profile if count == threads[-1] else None))
             speed, prediction = _conveyor(case, device, tmp / f"{name}-{repeat}", profile)
             ours.append(speed)
             predicted.append(prediction)
