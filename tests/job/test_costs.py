@@ -36,6 +36,12 @@ def test_every_worker_measures_and_the_first_keeps_the_figures() -> None:
     runtime = costs.runtime
     assert (runtime.send_s, runtime.recv_s, runtime.cores) == (costs.link.send_s, costs.link.recv_s, costs.cores)
     assert costs.summary()["workers"] == 2
+    # An update as the executor makes it, over the profile's step, measured without and with weight versions
+    # (which is the dearer is a time: tests/runtime/test_calibrate.py checks what each measures).
+    plain, stashed = costs.update_factors
+    assert plain > 0 and stashed > 0 and (plain, stashed) != (1.0, 1.0)
+    assert (runtime.update_factor, runtime.stashed_update_factor) == (plain, stashed)
+    assert costs.summary()["update_factors"] == [plain, stashed]
 
 
 def test_one_worker_measures_no_link() -> None:

@@ -59,13 +59,18 @@ def test_kept_figures_read_back_whole_and_a_bad_file_is_measured_again(
 ) -> None:
     monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path))
     assert load_costs("k") is None
-    costs = _costs()
+    costs = replace(_costs(), update_factors=(1.5, 3.25))
     save_costs("k", costs)
     kept = load_costs("k")
     assert kept is not None and kept.source.startswith("kept from a run on ") and "--remeasure" in kept.source
     assert replace(kept, source=costs.source) == costs
     assert [p.name for p in (tmp_path / "cache" / "costs").iterdir()] == ["k.json"]  # nothing half-written left
     (tmp_path / "cache" / "costs" / "k.json").write_text('{"profile": {}}')
+    assert load_costs("k") is None
+    # Figures kept before the update was measured lack its factors: they are measured again.
+    text = json.loads(costs.to_json())
+    del text["update_factors"]
+    (tmp_path / "cache" / "costs" / "k.json").write_text(json.dumps(text))
     assert load_costs("k") is None
 
 

@@ -1,5 +1,7 @@
 """Predictions: a plan's schedule simulated with the runtime's costs, the cores shared as they are."""
 
+from dataclasses import replace
+
 import pytest
 
 from conveyor.plan import Plan, PlannedStage, Profile, RuntimeCosts, Topology, allreduce_s, predict
@@ -53,3 +55,20 @@ def test_runtime_costs_per_action_and_shared_cores() -> None:
     assert predict(plan, PROFILE, topology, 4, RuntimeCosts(cores=2)).seconds == pytest.approx(2 * alone - allreduce)
     # Each replica runs a forward, a backward, a reduce and a step: four actions of 0.25 s more.
     assert predict(plan, PROFILE, topology, 4, RuntimeCosts(action_s=0.25)).seconds == pytest.approx(alone + 1.0)
+
+
+def _with_steps(steps: list[float]) -> Profile:
+    return replace(PROFILE, layers=tuple(replace(lay, step_s=s) for lay, s in zip(PROFILE.layers, steps, strict=True)))
+
+
+@pytest.mark.parametrize("schedule", ["pipedream", "flush"])
+def test_an_update_costs_its_measured_factor_and_more_where_a_stage_keeps_versions(schedule: str) -> None:
+    topology = Topology.parse("2:1e9/10ms")
+    plan = _plan([1, 1], schedule)
+    runtime = RuntimeCosts(update_factor=2.0, stashed_update_factor=3.0)
+    measured = predict(plan, _with_steps([0.5, 0.5]), topology, minibatches=8, runtime=runtime).seconds
+    # PipeDream's first stage keeps a weight version per microbatch in flight, its last stage none; flush none.
+    first = 3.0 if schedule == "pipedream" else 2.0
+    same = predict(plan, _with_steps([0.5 * first, 0.5 * 2.0]), topology, minibatches=8).seconds
+    assert measured == pytest.approx(same)
+    assert measured > predict(plan, _with_steps([0.5, 0.5]), topology, minibatches=8).seconds

@@ -9,7 +9,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from models import batches, mlp
 
-from conveyor.runtime import launch, measure_allreduce, measure_link, measure_overhead
+from conveyor.runtime import (
+    WeightVersions,
+    launch,
+    measure_allreduce,
+    measure_link,
+    measure_overhead,
+    measure_updates,
+)
 from conveyor.runtime.parts import P2P
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -56,3 +63,33 @@ def test_the_executors_own_time_is_what_a_batch_takes_beyond_its_compute() -> No
     assert 0 < per_action < 0.05 and per_action == pytest.approx(batch_s / 6)  # 2 forwards, 2 backwards, 2 more
     # A batch's compute that already accounts for all of its time leaves the executor nothing.
     assert launch(_overhead, 10.0, nprocs=1, timeout_s=60)[0][0] == 0.0
+
+
+def _updates() -> tuple[float, float, list[tuple[bool, int]]]:
+    published: list[tuple[bool, int]] = []  # each new version: whether it is kept as a copy, and extrapolated
+    publish = WeightVersions.publish
+
+    def counted(self: WeightVersions) -> None:
+        published.append((self.stashing, self.predict))
+        publish(self)
+
+    WeightVersions.publish = counted  # type: ignore[method-assign]  # in this worker process only
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+    plain, stashed = measure_updates(
+        model,
+        batches(n=4, size=8),
+        loss_fn=F.cross_entropy,
+        optimizer=partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+        microbatches=2,
+        device=torch.device("cpu"),
+    )
+    return plain, stashed, published
+
+
+def test_an_update_is_timed_without_and_with_weight_versions() -> None:
+    plain, stashed, published = launch(_updates, nprocs=1, timeout_s=60)[0]
+    assert 0 < plain < 1.0 and 0 < stashed < 1.0  # medians of 6 updates each (the first batch's 2 a warm-up)
+    # An update per microbatch, 4 batches of 2: first 8 without versions, then 8 with them, each extrapolated over
+    # one step (what they cost is a time, and this machine's other work may make either one the slower).
+    assert published == [(False, 0)] * 8 + [(True, 1)] * 8

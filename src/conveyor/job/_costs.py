@@ -37,6 +37,7 @@ from conveyor.runtime import (
     measure_allreduce,
     measure_link,
     measure_overhead,
+    measure_updates,
     profile,
     split_batch,
     to_device,
@@ -66,6 +67,9 @@ class Costs:
         spread: how much the plain loop's batches varied: the interquartile range of their times over the median
             (0: not measured). Figures whose ratio is within it are not told apart: the planner takes the simpler
             layout then (:func:`~conveyor.plan.shortlist`'s ``tie``).
+        update_factors: an update as the executor makes it in a run, over the profile's optimizer step (the sum
+            of the layers' ``step_s``): without weight versions, and on a stage that keeps them and extrapolates
+            them (:func:`~conveyor.runtime.measure_updates`); ``(1, 1)``: not measured.
         source: where the figures come from: measured by this run, or kept from an earlier one
             (:mod:`conveyor.job._measured`).
     """
@@ -80,6 +84,7 @@ class Costs:
     network: Topology | None = None
     alone_batch_s: float | None = None
     spread: float = 0.0
+    update_factors: tuple[float, float] = (1.0, 1.0)
     source: str = "measured at start-up"
 
     def to_json(self) -> str:
@@ -108,6 +113,7 @@ class Costs:
                 network=network,
                 alone_batch_s=d["alone_batch_s"],
                 spread=float(d["spread"]),
+                update_factors=(float(d["update_factors"][0]), float(d["update_factors"][1])),
                 source=source,
             )
         except (KeyError, TypeError) as exc:
@@ -132,7 +138,17 @@ class Costs:
         latency, bandwidth = self.allreduce or (None, None)
         if self.network is not None:
             bandwidth = None
-        return RuntimeCosts(self.overhead_s, link.send_s, link.recv_s, latency, bandwidth, self.cores)
+        plain, stashed = self.update_factors
+        return RuntimeCosts(
+            action_s=self.overhead_s,
+            send_s=link.send_s,
+            recv_s=link.recv_s,
+            allreduce_latency=latency,
+            allreduce_bandwidth=bandwidth,
+            cores=self.cores,
+            update_factor=plain,
+            stashed_update_factor=stashed,
+        )
 
     def alone(self, *, batch: int, microbatches: int) -> Profile | None:
         """The profile one worker alone runs with, on ``microbatches`` microbatches of a ``batch``-sample batch: the
@@ -153,7 +169,8 @@ class Costs:
         if self.single_worker_samples_per_s is None or not prof.batch_size:
             return None
         grow = batch / prof.batch_size  # a layer's time grows with its samples; the optimizer's step does not
-        modelled = sum((lay.forward_s + lay.backward_s) * grow + lay.step_s for lay in prof.layers)
+        update = self.update_factors[0]  # the simulator charges an update this times the layers' steps
+        modelled = sum((lay.forward_s + lay.backward_s) * grow + lay.step_s * update for lay in prof.layers)
         measured = batch / self.single_worker_samples_per_s
         if self.alone_batch_s is not None:  # the simulator charges each of the batch's actions the executor's cost
             measured = max(measured, self.alone_batch_s - (2 * microbatches + 2) * self.overhead_s)
@@ -181,6 +198,7 @@ class Costs:
             "workers": self.workers,
             "cores": self.cores,
             "spread": self.spread,
+            "update_factors": list(self.update_factors),
             "source": self.source,
         }
 
@@ -224,47 +242,24 @@ def measure_costs(
     # cores again.
     shares = min(1.0, cores / world) if device.type == "cpu" else 1.0
     per_core = 1.0 / device_cores if device_cores is not None else shares
-    example = split_batch(batches[0][0], microbatches)[0]
-    prof, overhead = None, 0.0
+    prof, overhead, factors = None, 0.0, (1.0, 1.0)
     whole = materialize is None  # the whole model is real and may be run
     if share is not None and not alone and whole:
         choose_threads(share, model, batches[0], microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer)
     dist.barrier()
     if rank == 0 or not alone:
-        # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
-        prof = profile(
-            copy.deepcopy(model),
-            example,
+        prof, overhead, factors = _profile_and_runtime(
+            model,
+            batches,
             name=name,
-            device=device,
-            repeats=5,
-            warmup=2,
+            microbatches=microbatches,
+            loss_fn=loss_fn,
             optimizer=optimizer,
+            device=device,
             autocast=autocast,
             materialize=materialize,
+            fastest=alone,
         )
-        compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
-        compute += sum(lay.step_s for lay in prof.layers)
-        overhead, batch_s = (
-            (0.0, 0.0)
-            if not whole
-            else measure_overhead(
-                model,
-                batches,
-                loss_fn=loss_fn,
-                optimizer=optimizer,
-                microbatches=microbatches,
-                compute_s=compute,
-                device=device,
-                fastest=alone,
-                autocast=autocast,
-            )
-        )
-        if 0 < batch_s < compute:
-            # Timed block by block, the profile counts each block's own fixed costs (its input made a leaf, a backward
-            # of its own; on a GPU, a synchronisation and every kernel launch's latency, which a whole batch hides
-            # behind the GPU's work): where a whole batch through the executor is faster, scale it to that batch.
-            prof = _scaled(prof, batch_s / compute)
     dist.barrier()
     link, allreduce = None, None
     if world > 1:
@@ -302,7 +297,77 @@ def measure_costs(
         network,
         alone_batch_s=alone_s,
         spread=spread,
+        update_factors=factors,
     )
+
+
+def _profile_and_runtime(
+    model: nn.Sequential,
+    batches: list[tuple[Any, torch.Tensor]],
+    *,
+    name: str,
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    device: torch.device,
+    autocast: torch.dtype | None,
+    materialize: Materialize | None,
+    fastest: bool,
+) -> tuple[Profile, float, tuple[float, float]]:
+    """The model's profile at the microbatch size, the executor's own time per action and an update's factors
+    (:attr:`Costs.update_factors`), each as this worker measures them (not yet put per core). With
+    ``materialize`` only the profile: the whole model is not real. ``fastest``: the overhead from the fastest batch
+    (:func:`~conveyor.runtime.measure_overhead`)."""
+    whole = materialize is None
+    factors = (1.0, 1.0)  # an update over the profile's step: none measured
+    example = split_batch(batches[0][0], microbatches)[0]
+    # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
+    prof = profile(
+        copy.deepcopy(model),
+        example,
+        name=name,
+        device=device,
+        repeats=5,
+        warmup=2,
+        optimizer=optimizer,
+        autocast=autocast,
+        materialize=materialize,
+    )
+    compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
+    compute += sum(lay.step_s for lay in prof.layers)
+    overhead, batch_s = (
+        (0.0, 0.0)
+        if not whole
+        else measure_overhead(
+            model,
+            batches,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            microbatches=microbatches,
+            compute_s=compute,
+            device=device,
+            fastest=fastest,
+            autocast=autocast,
+        )
+    )
+    if 0 < batch_s < compute:
+        # Timed block by block, the profile counts each block's own fixed costs (its input made a leaf, a backward
+        # of its own; on a GPU, a synchronisation and every kernel launch's latency, which a whole batch hides
+        # behind the GPU's work): where a whole batch through the executor is faster, scale it to that batch.
+        prof = _scaled(prof, batch_s / compute)
+    if whole:
+        updates = measure_updates(
+            model,
+            batches,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            microbatches=microbatches,
+            device=device,
+            autocast=autocast,
+        )
+        step_s = sum(lay.step_s for lay in prof.layers)
+        factors = (updates[0] / step_s, updates[1] / step_s) if step_s > 0 else factors
+    return prof, overhead, factors
 
 
 def choose_threads(

@@ -4,7 +4,9 @@ Each forward and backward takes its layers' profiled time, each message its link
 bytes over the bandwidth (and its sender's and receiver's own time), each ``REDUCE`` one ring all-reduce of
 the stage's weights among all its replicas, as gloo and NCCL run it, at the slowest link the ring crosses
 (the runtime does not overlap it with compute), each ``STEP`` the
-layers' profiled optimizer step. On a machine with fewer cores than workers (:attr:`RuntimeCosts.cores`)
+layers' profiled optimizer step times what an update as the runtime makes it measured over that step
+(:attr:`RuntimeCosts.update_factor`; on a stage that keeps weight versions, which copies them at each step,
+:attr:`RuntimeCosts.stashed_update_factor`). On a machine with fewer cores than workers (:attr:`RuntimeCosts.cores`)
 the workers that want a core at the same moment share them (the simulator's processor sharing): four
 workers computing at once on two cores take twice as long, while one computing as the others wait on
 the network does not.
@@ -12,8 +14,8 @@ the network does not.
 What the prediction leaves out (each small where it was measured: docs/benchmarks/predictions.md,
 plan-vs-run.md): every microbatch is charged the profiled microbatch's time, also a short or empty one at the
 end of an epoch; the whole-model norm that synchronous schedules clip to is one more all-reduce per step;
-stashing schedules copy a stage's weights at each step and run forwards through ``functional_call``, which the
-per-action cost, measured on a flush schedule, does not see.
+stashing schedules run forwards through ``functional_call``, which the per-action cost, measured on a flush
+schedule, does not see.
 
 Example (two layers without weights: data parallelism on both workers, 6 s per minibatch each):
     >>> from conveyor.plan._optimizer import optimize
@@ -68,6 +70,10 @@ class RuntimeCosts:
         allreduce_latency: seconds per step of a ring all-reduce (``None``: the topology's latency).
         allreduce_bandwidth: bytes per second of a ring all-reduce's steps (``None``: the topology's bandwidth).
         cores: the cores the workers share (``None``: every worker has its own).
+        update_factor: an update (``REDUCE`` and ``STEP``) as the runtime makes it, over the profile's optimizer
+            step on the same layers: the caches a backward left cold, the division by the samples.
+        stashed_update_factor: the same on a stage that keeps weight versions (each step's cloned, and
+            extrapolated with the stale-gradient correction).
     """
 
     action_s: float = 0.0
@@ -76,6 +82,8 @@ class RuntimeCosts:
     allreduce_latency: float | None = None
     allreduce_bandwidth: float | None = None
     cores: int | None = None
+    update_factor: float = 1.0
+    stashed_update_factor: float = 1.0
 
 
 def predict(
@@ -111,7 +119,15 @@ def predict(
         bandwidth = ring if runtime.allreduce_bandwidth is None else runtime.allreduce_bandwidth
         weights = profile.param_bytes(st.first_layer, st.last_layer + 1)
         reduce.append(act + allreduce_s(weights, st.replicas, latency, bandwidth))
-    step = [act + sum(lay.step_s for lay in profile.layers[st.first_layer : st.last_layer + 1]) for st in plan.stages]
+    schedule_kind = kind(plan.schedule)
+    update = [
+        runtime.stashed_update_factor if schedule_kind.stashes(reps, s) else runtime.update_factor
+        for s in range(len(reps))
+    ]
+    step = [
+        act + factor * sum(lay.step_s for lay in profile.layers[st.first_layer : st.last_layer + 1])
+        for st, factor in zip(plan.stages, update, strict=True)
+    ]
     result = simulate(
         make_schedule(plan.schedule, len(reps), unit, batches, reps),
         [f + act for f in forward],

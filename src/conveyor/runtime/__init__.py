@@ -1,6 +1,12 @@
 """The runtime: pipelines over torch.distributed, their executor, transport, weight versions, checkpoints, launcher."""
 
-from conveyor.runtime._calibrate import MeasuredLink, measure_allreduce, measure_link, measure_overhead
+from conveyor.runtime._calibrate import (
+    MeasuredLink,
+    measure_allreduce,
+    measure_link,
+    measure_overhead,
+    measure_updates,
+)
 from conveyor.runtime._checkpoint import CheckpointError
 from conveyor.runtime._checkpoint import load as load_checkpoint
 from conveyor.runtime._checkpoint import save as save_checkpoint
@@ -64,6 +70,7 @@ __all__ = [
     "measure_allreduce",
     "measure_link",
     "measure_overhead",
+    "measure_updates",
     "profile",
     "resolve_backend",
     "resolve_device",

@@ -1,6 +1,6 @@
 """What the runtime itself costs on this machine: a message between two workers, an all-reduce among all of
-them, and the executor's own time per action. ``conveyor train`` measures these at start-up, with the
-cores as busy as in the run, and plans and predicts with them.
+them, the executor's own time per action and an update as it makes it. ``conveyor train`` measures these at
+start-up, with the cores as busy as in the run, and plans and predicts with them.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from conveyor.runtime._feed import BatchSource
 from conveyor.runtime._solo import lone_updater
 from conveyor.runtime._transport import P2P
 from conveyor.runtime._versions import WeightVersions
-from conveyor.schedule import KINDS, Batches, worker_actions
+from conveyor.schedule import KINDS, Action, Batches, Op, worker_actions
 
-__all__ = ["MeasuredLink", "measure_allreduce", "measure_link", "measure_overhead"]
+__all__ = ["MeasuredLink", "measure_allreduce", "measure_link", "measure_overhead", "measure_updates"]
 
 
 @dataclass(frozen=True)
@@ -181,19 +181,7 @@ def measure_overhead(
     Returns:
         The seconds per action, and the seconds of the batch they were taken from.
     """
-    module = copy.deepcopy(model).to(device)
-    executor = Executor(
-        module,
-        stage=0,
-        stages=1,
-        rank_of_worker=[0],
-        p2p=P2P(device),
-        loss_fn=loss_fn,
-        device=device,
-        weights=WeightVersions(module),
-        updater=lone_updater(module, optimizer, device),
-        autocast=autocast,
-    )
+    executor = _lone_executor(model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast)
     data = list(batches)
     times = []
     for batch in data:
@@ -204,3 +192,72 @@ def measure_overhead(
         times.append(time.perf_counter() - start)
     per_batch = min(times[1:]) if fastest else statistics.median(times[1:])
     return max(0.0, (per_batch - compute_s) / (2 * microbatches + 2)), per_batch
+
+
+def measure_updates(
+    model: nn.Module,
+    batches: Iterable[tuple[Any, Any]],
+    *,
+    loss_fn: LossFn,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    microbatches: int,
+    device: torch.device,
+    autocast: torch.dtype | None = None,
+) -> tuple[float, float]:
+    """An update as the executor makes it in a run (its ``REDUCE`` and ``STEP``, right after a backward), on a copy
+    of the whole model as one stage of PipeDream's schedule (an update per microbatch, the gradient sum divided by
+    its samples): the median seconds of an update without weight versions, and of one with them, each step's
+    version cloned and extrapolated over one step (a stale stage's, with the stale-gradient correction:
+    :class:`~conveyor.runtime._versions.WeightVersions`). Beside a profile's optimizer step, timed on its own over
+    weights already in the caches, these count what the run adds: the caches the backward left cold, the division,
+    the gradients freed, and the versions' copies. The first batch's updates are a warm-up. On CUDA these are the
+    host's times (an update issues its kernels without waiting for them), as the profile's step is."""
+    data, medians = list(batches), []
+    for stashing in (False, True):
+        executor = _lone_executor(
+            model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast, averaged=False
+        )
+        updates: list[float] = []
+        for index, batch in enumerate(data):
+            executor.trace = []
+            source = BatchSource([batch], microbatches, True, True, worker=0)
+            actions = worker_actions(KINDS["pipedream"], 0, [1], microbatches, Batches(1))
+            executor.run(actions, source, training=True, stashing=stashing, predict=int(stashing))
+            synchronize(device)
+            if index:
+                updates += _update_seconds(executor.trace)
+        medians.append(statistics.median(updates))
+    return medians[0], medians[1]
+
+
+def _update_seconds(trace: list[tuple[Action, float, float]]) -> list[float]:
+    """Each update's seconds in an executor's trace: a ``REDUCE``'s and the ``STEP``'s after it."""
+    reduces = [end - start for action, start, end in trace if action.op == Op.REDUCE_GRAD]
+    steps = [end - start for action, start, end in trace if action.op == Op.STEP]
+    return [r + s for r, s in zip(reduces, steps, strict=True)]
+
+
+def _lone_executor(
+    model: nn.Module,
+    *,
+    loss_fn: LossFn,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    device: torch.device,
+    autocast: torch.dtype | None,
+    averaged: bool = True,
+) -> Executor:
+    """An executor of a copy of ``model`` on ``device`` as the one stage of one worker, with an optimizer of its own
+    (:func:`~conveyor.runtime._solo.lone_updater`)."""
+    module = copy.deepcopy(model).to(device)
+    return Executor(
+        module,
+        stage=0,
+        stages=1,
+        rank_of_worker=[0],
+        p2p=P2P(device),
+        loss_fn=loss_fn,
+        device=device,
+        weights=WeightVersions(module),
+        updater=lone_updater(module, optimizer, device, averaged=averaged),
+        autocast=autocast,
+    )

@@ -41,9 +41,12 @@ from conveyor.runtime._update import OptimizerFactory, Updater
 __all__ = ["Alone", "lone_updater"]
 
 
-def lone_updater(module: nn.Module, optimizer: OptimizerFactory, device: torch.device) -> Updater:
-    """The updater of a whole model on one worker, with an optimizer of its own: the batch's mean gradient, no
-    clipping."""
+def lone_updater(
+    module: nn.Module, optimizer: OptimizerFactory, device: torch.device, *, averaged: bool = True
+) -> Updater:
+    """The updater of a whole model on one worker, with an optimizer of its own, without clipping: ``averaged``,
+    the backwards already sum to the mean gradient (an update per batch); else the update divides their sum by its
+    samples (an update per microbatch, PipeDream's)."""
     params = list(module.parameters())
     return Updater(
         module,
@@ -53,7 +56,7 @@ def lone_updater(module: nn.Module, optimizer: OptimizerFactory, device: torch.d
         clip_whole_model=False,
         replicas=1,
         device=device,
-        averaged=True,
+        averaged=averaged,
     )
 
 
