@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from conveyor.config import TrainConfig
 from conveyor.job import model_and_data
-from conveyor.job._costs import Costs, measure_costs
+from conveyor.job._costs import Costs
+from conveyor.job._measure import measure_costs
 from conveyor.runtime import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -29,7 +29,8 @@ from torch import nn
 
 import conveyor
 from conveyor.config import TrainConfig
-from conveyor.job._costs import Costs, choose_threads, measure_costs
+from conveyor.job._costs import Costs
+from conveyor.job._measure import choose_threads, measure_costs
 from conveyor.paths import cache_dir
 from conveyor.runtime import CoreShare, to_device
 
@@ -123,7 +124,7 @@ def kept_or_measured(
 ) -> Costs | None:
     """The figures of ``cfg``'s job (every worker calls it; the first worker's :class:`Costs`, ``None``
     elsewhere): those kept for it (:func:`costs_key` of the model, the first batch and the job's facts), unless
-    ``--remeasure``, else :func:`~conveyor.job._costs.measure_costs` with ``measure``'s arguments, then kept.
+    ``--remeasure``, else :func:`~conveyor.job._measure.measure_costs` with ``measure``'s arguments, then kept.
     With kept figures each worker still chooses its threads (``share``) with a training step, as a measurement
     does."""
     kept: Costs | None = None

@@ -107,7 +107,7 @@ class Alone:
         autocast: torch.dtype | None = None,
     ) -> Alone:
         """One worker alone on a copy of ``model`` (on ``device``, with an optimizer of its own), a microbatch a batch:
-        what the start-up measurements time (``conveyor.job._costs``)."""
+        what the start-up measurements time (``conveyor.job._measure``)."""
         module = copy.deepcopy(model).to(device)
         updater = lone_updater(module, optimizer, device)
         return cls(module, microbatches=1, loss_fn=loss_fn, updater=updater, device=device, autocast=autocast)

@@ -1,0 +1,331 @@
+"""How a training job measures its :class:`~conveyor.job._costs.Costs` before it plans (every worker at once: see
+that module), and the intra-op threads each worker trains with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from conveyor.job._costs import Costs
+from conveyor.plan import Profile, Topology
+from conveyor.runtime import (
+    CoreShare,
+    Materialize,
+    batch_size,
+    measure_allreduce,
+    measure_link,
+    measure_overhead,
+    measure_updates,
+    profile,
+    split_batch,
+    to_device,
+)
+from conveyor.runtime.parts import P2P, Alone, synchronize
+
+__all__ = ["choose_threads", "measure_costs"]
+
+
+def measure_costs(
+    model: nn.Sequential,
+    batches: list[tuple[Any, torch.Tensor]],
+    *,
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    name: str,
+    network: Topology | None = None,
+    device_cores: float | None = None,
+    device: torch.device,
+    autocast: torch.dtype | None = None,
+    share: CoreShare | None = None,
+    materialize: Materialize | None = None,
+) -> Costs | None:
+    """Measure (every worker calls it); the first worker's :class:`Costs`, ``None`` elsewhere. ``batches`` are
+    whole training batches, at least two (the first is a warm-up). ``network`` is the emulated network the job
+    runs on; ``device_cores``: each worker has a device of its own, an emulated one of this many cores (a CPU
+    quota). Such a device is a whole core for 25 ms at a time, stopped in between, so a short operation
+    measured alone runs at full speed (it almost never spans a stop) and takes ``1/c`` as long on average on
+    a device of ``c`` cores; measured beside the other workers, the machine's own cores would be shared too,
+    which a quota that fits the machine never lets happen on average. The profile, the per-action cost and
+    the link are then measured by the first worker(s) alone, and put per device; the all-reduce is timed
+    without compute before it (the replicas' skew, which a stop makes long, is the simulator's to model).
+    ``device`` is the worker's, ``autocast`` the dtype the pipeline's forwards run in (or ``None``), and
+    ``share`` the worker's share of the CPU (:class:`~conveyor.runtime.CoreShare`): it first picks the worker's
+    threads with a forward and backward at the microbatch size, and the plain loop runs on as many threads as
+    other processes leave cores (default: every core). ``materialize``: the model was built on the meta device
+    (``--materialize stage``), and only the profile is measured, one block real at a time; the whole model's
+    measures (the executor's overhead, the threads, the plain loop) are not taken: none of it fits."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cores = len(os.sched_getaffinity(0))
+    batches = [(to_device(x, device), y.to(device)) for x, y in batches]  # on the device before anything is timed
+    alone = device_cores is not None
+    # Without emulated devices every worker profiles at once: the times are those of a core as busy as in the
+    # run (sharing it costs more than the share: caches, switches), then put per core; the simulator shares the
+    # cores again.
+    shares = min(1.0, cores / world) if device.type == "cpu" else 1.0
+    per_core = 1.0 / device_cores if device_cores is not None else shares
+    prof, overhead, factors = None, 0.0, (1.0, 1.0)
+    whole = materialize is None  # the whole model is real and may be run
+    if share is not None and not alone and whole:
+        choose_threads(share, model, batches[0], microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer)
+    dist.barrier()
+    if rank == 0 or not alone:
+        prof, overhead, factors = _profile_and_runtime(
+            model,
+            batches,
+            name=name,
+            microbatches=microbatches,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            device=device,
+            autocast=autocast,
+            materialize=materialize,
+            fastest=alone,
+        )
+    dist.barrier()
+    link, allreduce = None, None
+    if world > 1:
+        work = _forward_backward(model, batches[0], microbatches, loss_fn, device) if whole else None
+        peer = rank ^ 1  # pairs 0-1, 2-3, ...: every worker sends (and computes) while the first pair measures
+        p2p = P2P(device)  # on every worker: on CUDA its first one makes a group
+        if peer < world and (rank < 2 or not alone):
+            link = measure_link(p2p, peer, leader=rank % 2 == 0, busy=work if not alone else None)
+        dist.barrier()
+        allreduce = measure_allreduce(busy=work if not alone else None)
+    dist.barrier()
+    free = None if share is None else share.free
+    single, spread, alone_s = (
+        _plain_loop(
+            model, batches, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast, free_cores=free
+        )
+        if rank == 0 and whole
+        else (None, 0.0, None)
+    )
+    dist.barrier()
+    if rank != 0:
+        return None
+    assert prof is not None
+    shared = cores if device.type == "cpu" and not alone else None
+    if alone and link is not None:  # sending and receiving are work on the device too
+        link = replace(link, send_s=link.send_s * per_core, recv_s=link.recv_s * per_core)
+    return Costs(
+        _scaled(prof, per_core),
+        link,
+        allreduce,
+        overhead * per_core,
+        single,
+        world,
+        shared,
+        network,
+        alone_batch_s=alone_s,
+        spread=spread,
+        update_factors=factors,
+    )
+
+
+def _profile_and_runtime(
+    model: nn.Sequential,
+    batches: list[tuple[Any, torch.Tensor]],
+    *,
+    name: str,
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    device: torch.device,
+    autocast: torch.dtype | None,
+    materialize: Materialize | None,
+    fastest: bool,
+) -> tuple[Profile, float, tuple[float, float]]:
+    """The model's profile at the microbatch size, the executor's own time per action and an update's factors
+    (:attr:`Costs.update_factors`), each as this worker measures them (not yet put per core). With
+    ``materialize`` only the profile: the whole model is not real. ``fastest``: the overhead from the fastest batch
+    (:func:`~conveyor.runtime.measure_overhead`)."""
+    whole = materialize is None
+    factors = (1.0, 1.0)  # an update over the profile's step: none measured
+    example = split_batch(batches[0][0], microbatches)[0]
+    # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
+    prof = profile(
+        copy.deepcopy(model),
+        example,
+        name=name,
+        device=device,
+        repeats=5,
+        warmup=2,
+        optimizer=optimizer,
+        autocast=autocast,
+        materialize=materialize,
+    )
+    compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
+    compute += sum(lay.step_s for lay in prof.layers)
+    overhead, batch_s = (
+        (0.0, 0.0)
+        if not whole
+        else measure_overhead(
+            model,
+            batches,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            microbatches=microbatches,
+            compute_s=compute,
+            device=device,
+            fastest=fastest,
+            autocast=autocast,
+        )
+    )
+    if 0 < batch_s < compute:
+        # Timed block by block, the profile counts each block's own fixed costs (its input made a leaf, a backward
+        # of its own; on a GPU, a synchronisation and every kernel launch's latency, which a whole batch hides
+        # behind the GPU's work): where a whole batch through the executor is faster, scale it to that batch.
+        prof = _scaled(prof, batch_s / compute)
+    if whole:
+        updates = measure_updates(
+            model,
+            batches,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            microbatches=microbatches,
+            device=device,
+            autocast=autocast,
+        )
+        step_s = sum(lay.step_s for lay in prof.layers)
+        factors = (updates[0] / step_s, updates[1] / step_s) if step_s > 0 else factors
+    return prof, overhead, factors
+
+
+def choose_threads(
+    share: CoreShare,
+    model: nn.Module,
+    batch: tuple[Any, torch.Tensor],
+    *,
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], Any],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+) -> None:
+    """This worker's intra-op threads: the faster count for a microbatch's training step on a copy of ``model``
+    (:meth:`~conveyor.runtime.CoreShare.choose`), ``batch`` on the worker's device."""
+    device = batch[1].device
+    share.choose(
+        _training_step(model, batch, microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer, device=device)
+    )
+
+
+def _copy_and_microbatch(
+    model: nn.Module, batch: tuple[Any, torch.Tensor], microbatches: int, device: torch.device
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A copy of the model on ``device``, and a microbatch of ``batch`` there."""
+    x, y = (split_batch(part, microbatches)[0] for part in batch)
+    return copy.deepcopy(model).to(device), to_device(x, device), y.to(device)
+
+
+def _forward_backward(
+    model: nn.Module,
+    batch: tuple[Any, torch.Tensor],
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], Any],
+    device: torch.device,
+) -> Callable[[], object]:
+    """A microbatch's forward and backward on a copy of the model: the work between two all-reduces."""
+    module, x, y = _copy_and_microbatch(model, batch, microbatches, device)
+    return lambda: loss_fn(module(x), y).backward()
+
+
+def _training_step(
+    model: nn.Module,
+    batch: tuple[Any, torch.Tensor],
+    *,
+    microbatches: int,
+    loss_fn: Callable[[Any, Any], Any],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    device: torch.device,
+) -> Callable[[], object]:
+    """A microbatch's forward, backward and optimizer step on a copy of the model."""
+    module, x, y = _copy_and_microbatch(model, batch, microbatches, device)
+    opt = optimizer(list(module.parameters()))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(module(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def _scaled(prof: Profile, factor: float) -> Profile:
+    """``prof`` with every time multiplied by ``factor``."""
+    layers = tuple(
+        replace(lay, forward_s=lay.forward_s * factor, backward_s=lay.backward_s * factor, step_s=lay.step_s * factor)
+        for lay in prof.layers
+    )
+    return replace(prof, layers=layers)
+
+
+def _plain_loop(
+    model: nn.Module,
+    batches: list[tuple[Any, torch.Tensor]],
+    *,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    device: torch.device,
+    autocast: torch.dtype | None,
+    free_cores: float | None,
+) -> tuple[float, float, float]:
+    """Samples per second of forward, backward and step on whole batches, with the free cores (the other workers
+    wait), the batches' spread (their times' interquartile range over the median), and the median batch's
+    seconds as one worker alone trains it (:class:`~conveyor.runtime.parts.Alone`) at the same threads, each timed
+    as :func:`_batch_times` does."""
+    module = copy.deepcopy(model).to(device)
+    opt = optimizer(list(module.parameters()))
+    alone = Alone.of_copy(model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast)
+    threads = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cores if free_cores is None else max(1, min(cores, math.floor(free_cores + 0.2))))
+    mixed = torch.autocast(device.type, autocast) if autocast is not None else contextlib.nullcontext()
+
+    def plain_step(x: Any, y: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        with mixed:
+            loss = loss_fn(module(x), y)
+        loss.backward()
+        opt.step()
+
+    try:
+        timed = _batch_times(plain_step, batches, device)
+        alone_s = statistics.median(_batch_times(lambda x, y: alone.run([(x, y)]), batches, device))
+    finally:
+        torch.set_num_threads(threads)
+    median = statistics.median(timed)
+    quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [median] * 3
+    return batch_size(batches[0][0]) / median, (quartiles[2] - quartiles[0]) / median, alone_s
+
+
+def _batch_times(
+    step: Callable[[Any, torch.Tensor], object],
+    batches: list[tuple[Any, torch.Tensor]],
+    device: torch.device,
+    least: int = 20,
+    budget_s: float = 1.0,
+) -> list[float]:
+    """The seconds of ``step`` on each batch, the batches run again until ``least`` are timed or ``budget_s`` has
+    passed (each at least once), the first one left out as a warm-up (on CUDA each ends when the device is done)."""
+    times: list[float] = []
+    given, began = len(batches), time.perf_counter()
+    while len(times) < given or (len(times) <= least and time.perf_counter() - began < budget_s):
+        x, y = batches[len(times) % given]
+        x, y = to_device(x, device), y.to(device)
+        start = time.perf_counter()
+        step(x, y)
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times[1:]
