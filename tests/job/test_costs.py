@@ -42,7 +42,10 @@ def test_every_worker_measures_and_the_first_keeps_the_figures() -> None:
     plain, stashed = costs.update_factors
     assert plain > 0 and stashed > 0 and (plain, stashed) != (1.0, 1.0)
     assert (runtime.update_factor, runtime.stashed_update_factor) == (plain, stashed)
+    forward = costs.stashed_forward_factor
+    assert forward > 0 and forward != 1.0 and runtime.stashed_forward_factor == forward
     assert costs.summary()["update_factors"] == [plain, stashed]
+    assert costs.summary()["stashed_forward_factor"] == forward
 
 
 def test_one_worker_measures_no_link() -> None:

@@ -59,7 +59,7 @@ def test_kept_figures_read_back_whole_and_a_bad_file_is_measured_again(
 ) -> None:
     monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path))
     assert load_costs("k") is None
-    costs = replace(_costs(), update_factors=(1.5, 3.25))
+    costs = replace(_costs(), update_factors=(1.5, 3.25), stashed_forward_factor=1.125)
     save_costs("k", costs)
     kept = load_costs("k")
     assert kept is not None and kept.source.startswith("kept from a run on ") and "--remeasure" in kept.source
@@ -68,10 +68,11 @@ def test_kept_figures_read_back_whole_and_a_bad_file_is_measured_again(
     (tmp_path / "cache" / "costs" / "k.json").write_text('{"profile": {}}')
     assert load_costs("k") is None
     # Figures kept before the update was measured lack its factors: they are measured again.
-    text = json.loads(costs.to_json())
-    del text["update_factors"]
-    (tmp_path / "cache" / "costs" / "k.json").write_text(json.dumps(text))
-    assert load_costs("k") is None
+    for figure in ("update_factors", "stashed_forward_factor"):
+        text = json.loads(costs.to_json())
+        del text[figure]
+        (tmp_path / "cache" / "costs" / "k.json").write_text(json.dumps(text))
+        assert load_costs("k") is None
 
 
 def test_two_plannings_from_the_same_kept_figures_give_the_same_plan(

@@ -57,18 +57,27 @@ def test_runtime_costs_per_action_and_shared_cores() -> None:
     assert predict(plan, PROFILE, topology, 4, RuntimeCosts(action_s=0.25)).seconds == pytest.approx(alone + 1.0)
 
 
-def _with_steps(steps: list[float]) -> Profile:
-    return replace(PROFILE, layers=tuple(replace(lay, step_s=s) for lay, s in zip(PROFILE.layers, steps, strict=True)))
+def _with_steps(steps: list[float], forward: float = 1.0) -> Profile:
+    layers = zip(PROFILE.layers, steps, strict=True)
+    return replace(
+        PROFILE, layers=tuple(replace(lay, step_s=s, forward_s=lay.forward_s * forward) for lay, s in layers)
+    )
+
+
+def _first_forward_times(profile: Profile, factor: float) -> Profile:
+    first, *rest = profile.layers
+    return replace(profile, layers=(replace(first, forward_s=first.forward_s * factor), *rest))
 
 
 @pytest.mark.parametrize("schedule", ["pipedream", "flush"])
-def test_an_update_costs_its_measured_factor_and_more_where_a_stage_keeps_versions(schedule: str) -> None:
+def test_a_stage_that_keeps_versions_pays_for_them_in_its_updates_and_forwards(schedule: str) -> None:
     topology = Topology.parse("2:1e9/10ms")
     plan = _plan([1, 1], schedule)
-    runtime = RuntimeCosts(update_factor=2.0, stashed_update_factor=3.0)
+    runtime = RuntimeCosts(update_factor=2.0, stashed_update_factor=3.0, stashed_forward_factor=1.5)
     measured = predict(plan, _with_steps([0.5, 0.5]), topology, minibatches=8, runtime=runtime).seconds
     # PipeDream's first stage keeps a weight version per microbatch in flight, its last stage none; flush none.
-    first = 3.0 if schedule == "pipedream" else 2.0
-    same = predict(plan, _with_steps([0.5 * first, 0.5 * 2.0]), topology, minibatches=8).seconds
-    assert measured == pytest.approx(same)
+    pipedream = schedule == "pipedream"
+    same = _with_steps([0.5 * (3.0 if pipedream else 2.0), 0.5 * 2.0])
+    same = _first_forward_times(same, 1.5) if pipedream else same
+    assert measured == pytest.approx(predict(plan, same, topology, minibatches=8).seconds)
     assert measured > predict(plan, _with_steps([0.5, 0.5]), topology, minibatches=8).seconds

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from models import batches, mlp
 
 from conveyor.runtime import (
+    UpdateTimes,
     WeightVersions,
     launch,
     measure_allreduce,
@@ -65,7 +66,7 @@ def test_the_executors_own_time_is_what_a_batch_takes_beyond_its_compute() -> No
     assert launch(_overhead, 10.0, nprocs=1, timeout_s=60)[0][0] == 0.0
 
 
-def _updates() -> tuple[float, float, list[tuple[bool, int]]]:
+def _updates() -> tuple[UpdateTimes, list[tuple[bool, int]]]:
     published: list[tuple[bool, int]] = []  # each new version: whether it is kept as a copy, and extrapolated
     publish = WeightVersions.publish
 
@@ -76,7 +77,7 @@ def _updates() -> tuple[float, float, list[tuple[bool, int]]]:
     WeightVersions.publish = counted  # type: ignore[method-assign]  # in this worker process only
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
-    plain, stashed = measure_updates(
+    times = measure_updates(
         model,
         batches(n=4, size=8),
         loss_fn=F.cross_entropy,
@@ -84,12 +85,13 @@ def _updates() -> tuple[float, float, list[tuple[bool, int]]]:
         microbatches=2,
         device=torch.device("cpu"),
     )
-    return plain, stashed, published
+    return times, published
 
 
-def test_an_update_is_timed_without_and_with_weight_versions() -> None:
-    plain, stashed, published = launch(_updates, nprocs=1, timeout_s=60)[0]
-    assert 0 < plain < 1.0 and 0 < stashed < 1.0  # medians of 6 updates each (the first batch's 2 a warm-up)
-    # An update per microbatch, 4 batches of 2: first 8 without versions, then 8 with them, each extrapolated over
+def test_updates_and_forwards_are_timed_without_and_with_weight_versions() -> None:
+    times, published = launch(_updates, nprocs=1, timeout_s=60)[0]
+    # Medians of 6 updates and 6 forwards each (the first batch's 2 a warm-up).
+    assert all(0 < t < 1.0 for t in (times.update_s, times.stashed_update_s, times.forward_s, times.stashed_forward_s))
+    # An update per microbatch, 4 batches of 2, each batch without versions and then with them, each extrapolated over
     # one step (what they cost is a time, and this machine's other work may make either one the slower).
-    assert published == [(False, 0)] * 8 + [(True, 1)] * 8
+    assert published == [(False, 0), (False, 0), (True, 1), (True, 1)] * 4

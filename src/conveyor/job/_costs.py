@@ -46,6 +46,8 @@ class Costs:
         update_factors: an update as the executor makes it in a run, over the profile's optimizer step (the sum
             of the layers' ``step_s``): without weight versions, and on a stage that keeps them and extrapolates
             them (:func:`~conveyor.runtime.measure_updates`); ``(1, 1)``: not measured.
+        stashed_forward_factor: a forward through a weight version over one through the module itself (the same
+            measurement; 1: not measured).
         source: where the figures come from: measured by this run, or kept from an earlier one
             (:mod:`conveyor.job._measured`).
     """
@@ -61,6 +63,7 @@ class Costs:
     alone_batch_s: float | None = None
     spread: float = 0.0
     update_factors: tuple[float, float] = (1.0, 1.0)
+    stashed_forward_factor: float = 1.0
     source: str = "measured at start-up"
 
     def to_json(self) -> str:
@@ -90,6 +93,7 @@ class Costs:
                 alone_batch_s=d["alone_batch_s"],
                 spread=float(d["spread"]),
                 update_factors=(float(d["update_factors"][0]), float(d["update_factors"][1])),
+                stashed_forward_factor=float(d["stashed_forward_factor"]),
                 source=source,
             )
         except (KeyError, TypeError) as exc:
@@ -124,6 +128,7 @@ class Costs:
             cores=self.cores,
             update_factor=plain,
             stashed_update_factor=stashed,
+            stashed_forward_factor=self.stashed_forward_factor,
         )
 
     def alone(self, *, batch: int, microbatches: int) -> Profile | None:
@@ -175,5 +180,6 @@ class Costs:
             "cores": self.cores,
             "spread": self.spread,
             "update_factors": list(self.update_factors),
+            "stashed_forward_factor": self.stashed_forward_factor,
             "source": self.source,
         }

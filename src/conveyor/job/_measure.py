@@ -76,13 +76,13 @@ def measure_costs(
     # cores again.
     shares = min(1.0, cores / world) if device.type == "cpu" else 1.0
     per_core = 1.0 / device_cores if device_cores is not None else shares
-    prof, overhead, factors = None, 0.0, (1.0, 1.0)
+    prof, overhead, factors, forward = None, 0.0, (1.0, 1.0), 1.0
     whole = materialize is None  # the whole model is real and may be run
     if share is not None and not alone and whole:
         choose_threads(share, model, batches[0], microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer)
     dist.barrier()
     if rank == 0 or not alone:
-        prof, overhead, factors = _profile_and_runtime(
+        prof, overhead, factors, forward = _profile_and_runtime(
             model,
             batches,
             name=name,
@@ -132,6 +132,7 @@ def measure_costs(
         alone_batch_s=alone_s,
         spread=spread,
         update_factors=factors,
+        stashed_forward_factor=forward,
     )
 
 
@@ -147,13 +148,14 @@ def _profile_and_runtime(
     autocast: torch.dtype | None,
     materialize: Materialize | None,
     fastest: bool,
-) -> tuple[Profile, float, tuple[float, float]]:
-    """The model's profile at the microbatch size, the executor's own time per action and an update's factors
-    (:attr:`Costs.update_factors`), each as this worker measures them (not yet put per core). With
+) -> tuple[Profile, float, tuple[float, float], float]:
+    """The model's profile at the microbatch size, the executor's own time per action, an update's factors
+    (:attr:`Costs.update_factors`) and a forward's through a weight version (:attr:`Costs.stashed_forward_factor`),
+    each as this worker measures them (not yet put per core). With
     ``materialize`` only the profile: the whole model is not real. ``fastest``: the overhead from the fastest batch
     (:func:`~conveyor.runtime.measure_overhead`)."""
     whole = materialize is None
-    factors = (1.0, 1.0)  # an update over the profile's step: none measured
+    factors, forward = (1.0, 1.0), 1.0  # over the profile's step and forward: none measured
     example = split_batch(batches[0][0], microbatches)[0]
     # A copy: profiling runs the blocks in training mode, which would move BatchNorm's running statistics.
     prof = profile(
@@ -200,8 +202,10 @@ def _profile_and_runtime(
             autocast=autocast,
         )
         step_s = sum(lay.step_s for lay in prof.layers)
-        factors = (updates[0] / step_s, updates[1] / step_s) if step_s > 0 else factors
-    return prof, overhead, factors
+        if step_s > 0:
+            factors = (updates.update_s / step_s, updates.stashed_update_s / step_s)
+        forward = updates.stashed_forward_s / updates.forward_s
+    return prof, overhead, factors, forward
 
 
 def choose_threads(

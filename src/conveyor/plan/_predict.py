@@ -6,16 +6,15 @@ the stage's weights among all its replicas, as gloo and NCCL run it, at the slow
 (the runtime does not overlap it with compute), each ``STEP`` the
 layers' profiled optimizer step times what an update as the runtime makes it measured over that step
 (:attr:`RuntimeCosts.update_factor`; on a stage that keeps weight versions, which copies them at each step,
-:attr:`RuntimeCosts.stashed_update_factor`). On a machine with fewer cores than workers (:attr:`RuntimeCosts.cores`)
+:attr:`RuntimeCosts.stashed_update_factor`, and whose forwards run through a version, times
+:attr:`RuntimeCosts.stashed_forward_factor`). On a machine with fewer cores than workers (:attr:`RuntimeCosts.cores`)
 the workers that want a core at the same moment share them (the simulator's processor sharing): four
 workers computing at once on two cores take twice as long, while one computing as the others wait on
 the network does not.
 
 What the prediction leaves out (each small where it was measured: docs/benchmarks/predictions.md,
 plan-vs-run.md): every microbatch is charged the profiled microbatch's time, also a short or empty one at the
-end of an epoch; the whole-model norm that synchronous schedules clip to is one more all-reduce per step;
-stashing schedules run forwards through ``functional_call``, which the per-action cost, measured on a flush
-schedule, does not see.
+end of an epoch; the whole-model norm that synchronous schedules clip to is one more all-reduce per step.
 
 Example (two layers without weights: data parallelism on both workers, 6 s per minibatch each):
     >>> from conveyor.plan._optimizer import optimize
@@ -74,6 +73,8 @@ class RuntimeCosts:
             step on the same layers: the caches a backward left cold, the division by the samples.
         stashed_update_factor: the same on a stage that keeps weight versions (each step's cloned, and
             extrapolated with the stale-gradient correction).
+        stashed_forward_factor: a forward through a weight version (``functional_call``) over the module's own,
+            on a stage that keeps versions.
     """
 
     action_s: float = 0.0
@@ -84,6 +85,7 @@ class RuntimeCosts:
     cores: int | None = None
     update_factor: float = 1.0
     stashed_update_factor: float = 1.0
+    stashed_forward_factor: float = 1.0
 
 
 def predict(
@@ -101,6 +103,8 @@ def predict(
     unit = 1 if kind(plan.schedule).update == "round" else plan.microbatches
     batches = -(-(minibatches or 8 * plan.workers) // unit)
     forward, backward = stage_times(plan, profile)
+    stashes = [kind(plan.schedule).stashes(reps, s) for s in range(len(reps))]
+    forward = [f * runtime.stashed_forward_factor if kept else f for f, kept in zip(forward, stashes, strict=True)]
     if plan.recompute:  # the backward runs the forward again first
         backward = [b + f for f, b in zip(forward, backward, strict=True)]
     act = runtime.action_s
@@ -119,11 +123,7 @@ def predict(
         bandwidth = ring if runtime.allreduce_bandwidth is None else runtime.allreduce_bandwidth
         weights = profile.param_bytes(st.first_layer, st.last_layer + 1)
         reduce.append(act + allreduce_s(weights, st.replicas, latency, bandwidth))
-    schedule_kind = kind(plan.schedule)
-    update = [
-        runtime.stashed_update_factor if schedule_kind.stashes(reps, s) else runtime.update_factor
-        for s in range(len(reps))
-    ]
+    update = [runtime.stashed_update_factor if kept else runtime.update_factor for kept in stashes]
     step = [
         act + factor * sum(lay.step_s for lay in profile.layers[st.first_layer : st.last_layer + 1])
         for st, factor in zip(plan.stages, update, strict=True)

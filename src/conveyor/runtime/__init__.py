@@ -2,6 +2,7 @@
 
 from conveyor.runtime._calibrate import (
     MeasuredLink,
+    UpdateTimes,
     measure_allreduce,
     measure_link,
     measure_overhead,
@@ -49,6 +50,7 @@ __all__ = [
     "OuterSync",
     "Pipeline",
     "StashError",
+    "UpdateTimes",
     "WeightVersions",
     "WorkerError",
     "WorldSizeError",

@@ -24,7 +24,7 @@ from conveyor.runtime._transport import P2P
 from conveyor.runtime._versions import WeightVersions
 from conveyor.schedule import KINDS, Action, Batches, Op, worker_actions
 
-__all__ = ["MeasuredLink", "measure_allreduce", "measure_link", "measure_overhead", "measure_updates"]
+__all__ = ["MeasuredLink", "UpdateTimes", "measure_allreduce", "measure_link", "measure_overhead", "measure_updates"]
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,24 @@ def measure_overhead(
     return max(0.0, (per_batch - compute_s) / (2 * microbatches + 2)), per_batch
 
 
+@dataclass(frozen=True)
+class UpdateTimes:
+    """What the executor's updates and forwards take on a copy of the whole model, without weight versions and on a
+    stage that keeps them (:func:`measure_updates`; seconds, medians).
+
+    Attributes:
+        update_s: an update, its ``REDUCE`` and ``STEP``.
+        stashed_update_s: the same where each step's version is cloned and extrapolated over one step.
+        forward_s: a microbatch's forward through the module itself.
+        stashed_forward_s: the same through a weight version (``functional_call`` on the version's tensors).
+    """
+
+    update_s: float
+    stashed_update_s: float
+    forward_s: float
+    stashed_forward_s: float
+
+
 def measure_updates(
     model: nn.Module,
     batches: Iterable[tuple[Any, Any]],
@@ -203,31 +221,38 @@ def measure_updates(
     microbatches: int,
     device: torch.device,
     autocast: torch.dtype | None = None,
-) -> tuple[float, float]:
-    """An update as the executor makes it in a run (its ``REDUCE`` and ``STEP``, right after a backward), on a copy
-    of the whole model as one stage of PipeDream's schedule (an update per microbatch, the gradient sum divided by
-    its samples): the median seconds of an update without weight versions, and of one with them, each step's
-    version cloned and extrapolated over one step (a stale stage's, with the stale-gradient correction:
-    :class:`~conveyor.runtime._versions.WeightVersions`). Beside a profile's optimizer step, timed on its own over
-    weights already in the caches, these count what the run adds: the caches the backward left cold, the division,
-    the gradients freed, and the versions' copies. The first batch's updates are a warm-up. On CUDA these are the
-    host's times (an update issues its kernels without waiting for them), as the profile's step is."""
-    data, medians = list(batches), []
-    for stashing in (False, True):
-        executor = _lone_executor(
+) -> UpdateTimes:
+    """Updates and forwards as the executor runs them (an update's ``REDUCE`` and ``STEP`` right after a backward),
+    on a copy of the whole model as one stage of PipeDream's schedule (an update per microbatch, the gradient sum
+    divided by its samples), once without weight versions and once with them, each step's version cloned and
+    extrapolated over one step (a stale stage's, with the stale-gradient correction:
+    :class:`~conveyor.runtime._versions.WeightVersions`), each forward then through its version. Beside a profile's
+    optimizer step, timed on its own over weights already in the caches, these count what the run adds: the caches
+    the backward left cold, the division, the gradients freed, the versions' copies and calls. The two take turns,
+    batch by batch; the first batch is a warm-up. On CUDA these are the host's times (an action issues its kernels
+    without waiting for them), as the profile's step is."""
+    executors = {
+        stashing: _lone_executor(
             model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast, averaged=False
         )
-        updates: list[float] = []
-        for index, batch in enumerate(data):
+        for stashing in (False, True)
+    }
+    updates: dict[bool, list[float]] = {False: [], True: []}
+    forwards: dict[bool, list[float]] = {False: [], True: []}
+    for index, batch in enumerate(batches):
+        for stashing, executor in executors.items():  # batch by batch, so that the machine's drift hits both
             executor.trace = []
             source = BatchSource([batch], microbatches, True, True, worker=0)
             actions = worker_actions(KINDS["pipedream"], 0, [1], microbatches, Batches(1))
             executor.run(actions, source, training=True, stashing=stashing, predict=int(stashing))
             synchronize(device)
             if index:
-                updates += _update_seconds(executor.trace)
-        medians.append(statistics.median(updates))
-    return medians[0], medians[1]
+                updates[stashing] += _update_seconds(executor.trace)
+                forwards[stashing] += [end - start for action, start, end in executor.trace if action.op == Op.FORWARD]
+    medians = [statistics.median(times[stashing]) for times in (updates, forwards) for stashing in (False, True)]
+    return UpdateTimes(
+        update_s=medians[0], stashed_update_s=medians[1], forward_s=medians[2], stashed_forward_s=medians[3]
+    )
 
 
 def _update_seconds(trace: list[tuple[Action, float, float]]) -> list[float]:
