@@ -17,7 +17,7 @@ from conveyor.config import TrainConfig
 from conveyor.job._costs import Costs
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._measured import costs_key, kept_or_measured, load_costs, save_costs
-from conveyor.plan import Level, Profile, Topology
+from conveyor.plan import Level, Plan, PlannedStage, Profile, Topology, predict
 from conveyor.plan._profiles import Layer
 from conveyor.runtime import MeasuredLink, launch
 
@@ -205,3 +205,21 @@ def test_a_plan_file_runs_at_the_stale_rate_it_was_planned_with(tmp_path: Path) 
     (tmp_path / "plan.json").write_text(json.dumps({**layout.plan_file, "stale_rate": "fast"}))
     with pytest.raises(ValueError, match="stale_rate is 'fast'; give sample, damped or null"):
         fixed_layout(TrainConfig.from_options(workers=4, plan=str(tmp_path / "plan.json")), 6, 4)
+
+
+def test_one_worker_alone_is_simulated_at_the_batch_it_measured_whatever_an_update_costs() -> None:
+    layers = tuple(replace(lay, step_s=1e-3 * (i + 1)) for i, lay in enumerate(_costs().profile.layers))
+    costs = replace(
+        _costs(workers=1, network=None),
+        profile=replace(_costs().profile, layers=layers),
+        link=None,
+        allreduce=None,
+        alone_batch_s=0.25,
+        update_factors=(2.5, 4.0),
+    )
+    alone = costs.alone(batch=32, microbatches=2)
+    assert alone is not None
+    plan = Plan((PlannedStage(0, len(layers) - 1, 1, 0.0),), 0.0, 0.0, 0.0, "flush", 2)
+    batches = 3
+    seconds = predict(plan, alone, costs.topology, minibatches=2 * batches, runtime=costs.runtime).seconds
+    assert seconds / batches == pytest.approx(0.25)  # the update's factor included, nothing counted twice

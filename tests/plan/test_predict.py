@@ -57,11 +57,8 @@ def test_runtime_costs_per_action_and_shared_cores() -> None:
     assert predict(plan, PROFILE, topology, 4, RuntimeCosts(action_s=0.25)).seconds == pytest.approx(alone + 1.0)
 
 
-def _with_steps(steps: list[float], forward: float = 1.0) -> Profile:
-    layers = zip(PROFILE.layers, steps, strict=True)
-    return replace(
-        PROFILE, layers=tuple(replace(lay, step_s=s, forward_s=lay.forward_s * forward) for lay, s in layers)
-    )
+def _with_steps(steps: list[float]) -> Profile:
+    return replace(PROFILE, layers=tuple(replace(lay, step_s=s) for lay, s in zip(PROFILE.layers, steps, strict=True)))
 
 
 def _first_forward_times(profile: Profile, factor: float) -> Profile:

@@ -1,14 +1,12 @@
-"""What a training job measures before it plans: the model's profile, the messages between workers, the
-runtime's own cost per action, and one worker alone for comparison.
+"""The figures a training job measures before it plans (:mod:`conveyor.job._measure` measures them, every worker
+at once): the model's profile, the messages between workers, the runtime's own cost per action, an update and a
+forward through a weight version as the executor makes them, and one worker alone for comparison.
 
-Every worker measures at once, so each measurement sees the cores as busy as they will be in the run:
-four workers on two cores each get half a core, and sharing costs more than the share (caches, context
-switches). The profile and the runtime's cost per action are then put per core (times the share), and
-the simulator shares the cores among the workers that want one at each moment
-(:class:`~conveyor.plan.RuntimeCosts`). The first worker keeps the figures; the plan and its prediction
-rest on them. ``single_worker_samples_per_s`` is a plain PyTorch loop (forward, backward, optimizer step
-on whole batches) on the first worker alone with the cores others leave free (all of them on a quiet
-machine), the baseline a job with more workers has to beat.
+The profile and the runtime's cost per action are put per core (times the workers' share of the cores), and the
+simulator shares the cores among the workers that want one at each moment (:class:`~conveyor.plan.RuntimeCosts`).
+The first worker keeps the figures; the plan and its prediction rest on them. ``single_worker_samples_per_s`` is a
+plain PyTorch loop (forward, backward, optimizer step on whole batches) on the first worker alone with the cores
+others leave free (all of them on a quiet machine), the baseline a job with more workers has to beat.
 """
 
 from __future__ import annotations
@@ -96,7 +94,7 @@ class Costs:
                 stashed_forward_factor=float(d["stashed_forward_factor"]),
                 source=source,
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, IndexError, ValueError) as exc:
             raise ValueError(f"not a job's start-up figures ({type(exc).__name__}: {exc})") from exc
 
     @property
@@ -134,10 +132,10 @@ class Costs:
     def alone(self, *, batch: int, microbatches: int) -> Profile | None:
         """The profile one worker alone runs with, on ``microbatches`` microbatches of a ``batch``-sample batch: the
         layers' times in the proportions profiled, scaled so that a batch (each layer's forward and backward in
-        proportion to its samples, one optimizer step) takes what a batch took on one worker
-        alone at start-up (:attr:`alone_batch_s`; else the plain loop's), less the simulator's per-action charge:
-        one worker alone may use more than the core a worker of the job was profiled on (``None`` where neither
-        ran).
+        proportion to its samples, one update: the optimizer step times :attr:`update_factors`' first, as the
+        simulator charges it) takes what a batch took on one worker alone at start-up (:attr:`alone_batch_s`; else
+        the plain loop's), less the simulator's per-action charge: one worker alone may use more than the core a
+        worker of the job was profiled on (``None`` where neither ran).
 
         Example (a layer of 1 s forward and backward for 8 samples, none for the step, and a loop of 4 samples/s):
             >>> p = Profile.chain("toy", [0.5], [0.5], [0], [0], batch_size=8)

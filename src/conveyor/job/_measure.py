@@ -1,5 +1,8 @@
-"""How a training job measures its :class:`~conveyor.job._costs.Costs` before it plans (every worker at once: see
-that module), and the intra-op threads each worker trains with.
+"""How a training job measures its :class:`~conveyor.job._costs.Costs` before it plans, and the intra-op threads
+each worker trains with.
+
+Every worker measures at once, so each measurement sees the cores as busy as they will be in the run: four workers
+on two cores each get half a core, and sharing costs more than the share (caches, context switches).
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def measure_costs(
     threads with a forward and backward at the microbatch size, and the plain loop runs on as many threads as
     other processes leave cores (default: every core). ``materialize``: the model was built on the meta device
     (``--materialize stage``), and only the profile is measured, one block real at a time; the whole model's
-    measures (the executor's overhead, the threads, the plain loop) are not taken: none of it fits."""
+    measures (the executor's overhead, the update and the forward through a weight version
+    (:func:`~conveyor.runtime.measure_updates`), the threads, the plain loop) are not taken: none of it fits."""
     rank, world = dist.get_rank(), dist.get_world_size()
     cores = len(os.sched_getaffinity(0))
     batches = [(to_device(x, device), y.to(device)) for x, y in batches]  # on the device before anything is timed
@@ -151,8 +155,8 @@ def _profile_and_runtime(
 ) -> tuple[Profile, float, tuple[float, float], float]:
     """The model's profile at the microbatch size, the executor's own time per action, an update's factors
     (:attr:`Costs.update_factors`) and a forward's through a weight version (:attr:`Costs.stashed_forward_factor`),
-    each as this worker measures them (not yet put per core). With
-    ``materialize`` only the profile: the whole model is not real. ``fastest``: the overhead from the fastest batch
+    each as this worker measures them (not yet put per core). With ``materialize`` only the profile: the whole
+    model is not real. ``fastest``: the overhead from the fastest batch
     (:func:`~conveyor.runtime.measure_overhead`)."""
     whole = materialize is None
     factors, forward = (1.0, 1.0), 1.0  # over the profile's step and forward: none measured
@@ -169,42 +173,41 @@ def _profile_and_runtime(
         autocast=autocast,
         materialize=materialize,
     )
-    compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers)
-    compute += sum(lay.step_s for lay in prof.layers)
-    overhead, batch_s = (
-        (0.0, 0.0)
-        if not whole
-        else measure_overhead(
-            model,
-            batches,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            microbatches=microbatches,
-            compute_s=compute,
-            device=device,
-            fastest=fastest,
-            autocast=autocast,
-        )
+    if not whole:
+        return prof, 0.0, factors, forward
+    updates = measure_updates(
+        model,
+        batches,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        microbatches=microbatches,
+        device=device,
+        autocast=autocast,
+    )
+    step_s = sum(lay.step_s for lay in prof.layers)
+    if step_s > 0:  # over the profile's step as timed: a scaling below scales both
+        factors = (updates.update_s / step_s, updates.stashed_update_s / step_s)
+    if updates.forward_s > 0:
+        forward = updates.stashed_forward_s / updates.forward_s
+    # The batch's compute with its update as the executor makes it, so that what the update costs beyond the
+    # profile's step is not counted again in the executor's own time per action.
+    compute = microbatches * sum(lay.forward_s + lay.backward_s for lay in prof.layers) + step_s * factors[0]
+    overhead, batch_s = measure_overhead(
+        model,
+        batches,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        microbatches=microbatches,
+        compute_s=compute,
+        device=device,
+        fastest=fastest,
+        autocast=autocast,
     )
     if 0 < batch_s < compute:
         # Timed block by block, the profile counts each block's own fixed costs (its input made a leaf, a backward
         # of its own; on a GPU, a synchronisation and every kernel launch's latency, which a whole batch hides
         # behind the GPU's work): where a whole batch through the executor is faster, scale it to that batch.
         prof = _scaled(prof, batch_s / compute)
-    if whole:
-        updates = measure_updates(
-            model,
-            batches,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            microbatches=microbatches,
-            device=device,
-            autocast=autocast,
-        )
-        step_s = sum(lay.step_s for lay in prof.layers)
-        if step_s > 0:
-            factors = (updates.update_s / step_s, updates.stashed_update_s / step_s)
-        forward = updates.stashed_forward_s / updates.forward_s
     return prof, overhead, factors, forward
 
 

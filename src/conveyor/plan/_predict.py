@@ -69,10 +69,12 @@ class RuntimeCosts:
         allreduce_latency: seconds per step of a ring all-reduce (``None``: the topology's latency).
         allreduce_bandwidth: bytes per second of a ring all-reduce's steps (``None``: the topology's bandwidth).
         cores: the cores the workers share (``None``: every worker has its own).
-        update_factor: an update (``REDUCE`` and ``STEP``) as the runtime makes it, over the profile's optimizer
-            step on the same layers: the caches a backward left cold, the division by the samples.
-        stashed_update_factor: the same on a stage that keeps weight versions (each step's cloned, and
-            extrapolated with the stale-gradient correction).
+        update_factor: what multiplies a ``STEP``'s profiled optimizer step: an update's local work as the runtime
+            makes it (its ``REDUCE`` without the all-reduce, which is charged apart, and its ``STEP``) over that
+            step, measured where an update divides the gradient sum by its samples (PipeDream's; an update that
+            covers a batch skips that pass) after a backward has left the caches cold.
+        stashed_update_factor: the same on a stage that keeps weight versions (each step's cloned, and measured
+            extrapolated, as the stale-gradient correction does by default; without it the copy alone).
         stashed_forward_factor: a forward through a weight version (``functional_call``) over the module's own,
             on a stage that keeps versions.
     """

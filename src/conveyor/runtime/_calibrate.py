@@ -231,16 +231,13 @@ def measure_updates(
     the backward left cold, the division, the gradients freed, the versions' copies and calls. The two take turns,
     batch by batch; the first batch is a warm-up. On CUDA these are the host's times (an action issues its kernels
     without waiting for them), as the profile's step is."""
-    executors = {
-        stashing: _lone_executor(
-            model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast, averaged=False
-        )
-        for stashing in (False, True)
-    }
+    executor = _lone_executor(
+        model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast, averaged=False
+    )  # one copy for both: a run starts its weight versions afresh
     updates: dict[bool, list[float]] = {False: [], True: []}
     forwards: dict[bool, list[float]] = {False: [], True: []}
     for index, batch in enumerate(batches):
-        for stashing, executor in executors.items():  # batch by batch, so that the machine's drift hits both
+        for stashing in (False, True):  # batch by batch, so that the machine's drift hits both
             executor.trace = []
             source = BatchSource([batch], microbatches, True, True, worker=0)
             actions = worker_actions(KINDS["pipedream"], 0, [1], microbatches, Batches(1))
