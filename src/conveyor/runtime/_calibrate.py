@@ -182,13 +182,10 @@ def measure_overhead(
         The seconds per action, and the seconds of the batch they were taken from.
     """
     executor = _lone_executor(model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast)
-    data = list(batches)
     times = []
-    for batch in data:
-        source = BatchSource([batch], microbatches, True, True, worker=0)
+    for batch in batches:
         start = time.perf_counter()
-        executor.run(worker_actions(KINDS["flush"], 0, [1], microbatches, Batches(1)), source, training=True)
-        synchronize(device)
+        _run_batch(executor, batch, "flush", microbatches, device)
         times.append(time.perf_counter() - start)
     per_batch = min(times[1:]) if fastest else statistics.median(times[1:])
     return max(0.0, (per_batch - compute_s) / (2 * microbatches + 2)), per_batch
@@ -239,24 +236,34 @@ def measure_updates(
     for index, batch in enumerate(batches):
         for stashing in (False, True):  # batch by batch, so that the machine's drift hits both
             executor.trace = []
-            source = BatchSource([batch], microbatches, True, True, worker=0)
-            actions = worker_actions(KINDS["pipedream"], 0, [1], microbatches, Batches(1))
-            executor.run(actions, source, training=True, stashing=stashing, predict=int(stashing))
-            synchronize(device)
+            _run_batch(executor, batch, "pipedream", microbatches, device, stashing=stashing)
             if index:
-                updates[stashing] += _update_seconds(executor.trace)
-                forwards[stashing] += [end - start for action, start, end in executor.trace if action.op == Op.FORWARD]
-    medians = [statistics.median(times[stashing]) for times in (updates, forwards) for stashing in (False, True)]
+                reduces, steps = _seconds(executor.trace, Op.REDUCE_GRAD), _seconds(executor.trace, Op.STEP)
+                updates[stashing] += [r + s for r, s in zip(reduces, steps, strict=True)]
+                forwards[stashing] += _seconds(executor.trace, Op.FORWARD)
+    median = statistics.median
     return UpdateTimes(
-        update_s=medians[0], stashed_update_s=medians[1], forward_s=medians[2], stashed_forward_s=medians[3]
+        update_s=median(updates[False]),
+        stashed_update_s=median(updates[True]),
+        forward_s=median(forwards[False]),
+        stashed_forward_s=median(forwards[True]),
     )
 
 
-def _update_seconds(trace: list[tuple[Action, float, float]]) -> list[float]:
-    """Each update's seconds in an executor's trace: a ``REDUCE``'s and the ``STEP``'s after it."""
-    reduces = [end - start for action, start, end in trace if action.op == Op.REDUCE_GRAD]
-    steps = [end - start for action, start, end in trace if action.op == Op.STEP]
-    return [r + s for r, s in zip(reduces, steps, strict=True)]
+def _run_batch(
+    executor: Executor, batch: Any, schedule: str, microbatches: int, device: torch.device, *, stashing: bool = False
+) -> None:
+    """Train ``executor``'s one stage of one worker on ``batch`` with ``schedule``'s actions, to the device's end;
+    ``stashing``: on weight versions, each extrapolated over one step."""
+    source = BatchSource([batch], microbatches, True, True, worker=0)
+    actions = worker_actions(KINDS[schedule], 0, [1], microbatches, Batches(1))
+    executor.run(actions, source, training=True, stashing=stashing, predict=int(stashing))
+    synchronize(device)
+
+
+def _seconds(trace: list[tuple[Action, float, float]], op: Op) -> list[float]:
+    """The seconds of each ``op`` action in an executor's trace, in order."""
+    return [end - start for action, start, end in trace if action.op == op]
 
 
 def _lone_executor(
