@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from conveyor.bench import overhead
 from conveyor.bench.overhead import Case, OverheadBenchConfig, plot, run
 
 pytestmark = pytest.mark.timeout(240)
@@ -34,3 +35,16 @@ def test_bad_config_is_one_line() -> None:
         OverheadBenchConfig(gpu_models=("vgg19",))
     with pytest.raises(ValueError, match="epochs at least 2"):
         OverheadBenchConfig(epochs=1)
+
+
+def test_each_plain_run_has_a_process_of_its_own_and_neither_thread_count_always_runs_first(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int | None] = []
+    monkeypatch.setattr(overhead, "_plain", lambda case, device, threads, profile: calls.append(threads) or 100.0)
+    monkeypatch.setattr(overhead, "_conveyor", lambda case, device, folder, profile: (90.0, 95.0))
+    monkeypatch.setattr(overhead.os, "sched_getaffinity", lambda pid: {0, 1})
+    cfg = OverheadBenchConfig(models=("mlp",), gpu_models=(), contended=False, repeats=3)
+    result = overhead._measure(Case("mlp"), "cpu", False, cfg, tmp_path)
+    assert calls == [1, 2, 2, 1, 1, 2]  # one call (one process) per thread count, the order turning each repeat
+    assert result["plain_runs"] == {"1": [100.0] * 3, "2": [100.0] * 3} and result["ratio"] == 0.9
