@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from emulation import needs_root
 
-from conveyor.bench.wan import WanBenchConfig, run
+from conveyor.bench.wan import WanBenchConfig, add_ratios, over_seeds, run
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -44,3 +44,18 @@ def test_one_target_per_model_and_known_modes() -> None:
         WanBenchConfig(models=("mlp", "gpt"), targets=(0.8,))
     with pytest.raises(ValueError, match="unknown modes"):
         WanBenchConfig(modes=("async",))
+
+
+def test_each_seed_is_set_against_its_own_lan_run_and_the_seeds_summed_up() -> None:
+    rows = []
+    for seed, (lan, gaia) in enumerate([(10.0, 15.0), (20.0, None), (10.0, 12.0)]):
+        for mode, seconds in (("lan", lan), ("gaia", gaia)):
+            row = {"model": "m", "wan_bytes_per_s": 1.0, "mode": mode, "seed": seed, "seconds_to_target": seconds}
+            rows.append(row | {"wan_bytes_per_sample": 0.0, "final_accuracy": 0.9})
+    add_ratios(rows)
+    assert [r["lan_ratio"] for r in rows if r["mode"] == "gaia"] == [1.5, None, 1.2]
+    gaia = next(case for case in over_seeds(rows) if case["mode"] == "gaia")
+    assert gaia["seeds"] == 3 and gaia["reached"] == 2
+    assert (gaia["lan_ratio_min"], gaia["lan_ratio_median"], gaia["lan_ratio_max"]) == (1.2, pytest.approx(1.35), 1.5)
+    with pytest.raises(ValueError, match="seeds, period and staleness must be at least 1"):
+        WanBenchConfig(seeds=0)

@@ -25,6 +25,7 @@ def test_the_fused_filter_selects_what_packed_copies_select(
     for update in range(4):
         for i, p in enumerate(params):  # the second parameter has no gradient at the first update
             p.grad = None if (i, update) == (1, 0) else 0.3 * torch.randn(p.shape, generator=generator)
+        fused.add(params)
         chosen = fused.select(params, lr, update)
         reference = packed_select(pending, sent_at, params, lr, threshold, update)
         for a, b in zip(chosen, reference, strict=True):
@@ -36,6 +37,7 @@ def test_with_no_threshold_every_nonzero_entry_goes_at_once() -> None:
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0]))
     w.grad = torch.tensor([0.0, -0.5, 4.0])
     f = SignificanceFilter(3, threshold=0.0, device=torch.device("cpu"))
+    f.add([w])
     indices, values, ages = f.select([w], lr=0.1, now=5)
     assert indices.tolist() == [1, 2] and values.tolist() == [-0.5, 4.0] and ages.tolist() == [6, 6]
     assert f.pending.tolist() == [0.0, 0.0, 0.0] and f.sent_at.tolist() == [-1, 5, 5]

@@ -51,18 +51,21 @@ def _sites(sites: int, momentum: float) -> list[tuple[torch.nn.Module, torch.opt
     return out
 
 
-def gaia_reference(workers: int, sites: int, threshold: float) -> list[torch.Tensor]:
-    """Each site's weights after ``STEPS`` updates of Gaia's equations, each exchange read at once."""
+def gaia_reference(workers: int, sites: int, threshold: float, period: int = 1) -> list[torch.Tensor]:
+    """Each site's weights after ``STEPS`` updates of Gaia's equations, an exchange every ``period`` updates,
+    each read at once."""
     models = _sites(sites, MOMENTUM)
     n = _flat(models[0][0]).numel()
     pending = [torch.zeros(n) for _ in range(sites)]
-    for x, y in batches(n=STEPS, size=SIZE):
+    for t, (x, y) in enumerate(batches(n=STEPS, size=SIZE), start=1):
         shares, sent = [], []
         for d, (model, _) in enumerate(models):
             g = _grad(model, _site_rows(x, workers, sites, d), _site_rows(y, workers, sites, d), SIZE)
             shares.append(g)
             pending[d] += g
             chosen = LR * pending[d].abs() > threshold * _flat(model).abs()
+            if t % period:
+                chosen = torch.zeros(n, dtype=torch.bool)  # not an exchange: nothing is tested or sent
             sent.append(torch.where(chosen, pending[d], torch.zeros(n)))
             pending[d][chosen] = 0
         for d, (model, opt) in enumerate(models):
@@ -140,6 +143,19 @@ def test_gaia_sends_what_its_filter_selects(workers: int, sites: int, threshold:
     records = out[0]["records"]
     assert all(0 < r["sent_fraction"] < 1 for r in records)  # some entries held back, some sent
     assert all(r["late_max"] == 0 and r["pending_max"] > 0 for r in records)
+
+
+def test_gaia_exchanging_every_few_updates_sends_what_built_up_meanwhile() -> None:
+    workers, sites, threshold, period = 3, 3, 0.02, 3
+    make = partial(Gaia, sites, threshold=threshold, period=period)
+    out = launch(_train, workers, make, MOMENTUM, nprocs=workers, timeout_s=150)
+    expected = gaia_reference(workers, sites, threshold, period)
+    assert not torch.allclose(expected[0], gaia_reference(workers, sites, threshold)[0])  # the period matters
+    for rank, result in out.items():
+        torch.testing.assert_close(result["weights"], expected[rank], rtol=1e-5, atol=1e-6, msg=f"worker {rank}")
+    records = out[0]["records"]
+    assert all(r["updates"] == STEPS and r["entries_sent"] > 0 and r["late_max"] == 0 for r in records)
+    assert all(r["pending_max"] >= period - 1 for r in records)  # an update waits for the next exchange
 
 
 def _slow_leader(rank: int) -> Any:
@@ -243,7 +259,7 @@ def _save_and_resume(make: Any, path: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "make",
-    [partial(Gaia, 2, threshold=0.5, staleness=1), partial(DiLoCo, 2, local_steps=3)],
+    [partial(Gaia, 2, threshold=0.5, staleness=1, period=2), partial(DiLoCo, 2, local_steps=3)],
     ids=["gaia", "diloco"],
 )
 def test_a_checkpoint_keeps_each_data_centres_outer_state(make: Any, tmp_path) -> None:
@@ -257,3 +273,5 @@ def test_a_checkpoint_keeps_each_data_centres_outer_state(make: Any, tmp_path) -
             torch.testing.assert_close(loaded[key], saved[key], rtol=0, atol=0, msg=f"worker {rank} {key}")
     if "pending" in out[0]["saved"]:  # gaia's is each site's own (diloco's anchor is every site's)
         assert not torch.equal(out[0]["saved"]["pending"], out[2]["saved"]["pending"])
+        # a resumed run exchanges at the same updates on every replica (7 updates: mid-period at a period of 2)
+        assert all(int(out[rank]["loaded"]["update"]) == STEPS for rank in range(4))

@@ -97,6 +97,7 @@ WAN = {"network": "2:1.25e9,3:6.25e6", "stages": 1, "replicas": "6", "schedule":
         ({**WAN, "wan": "gaia", "wan_threshold": 0.0}, r"^--wan-threshold is a relative change in \(0, 1\), got 0"),
         ({**WAN, "wan": "gaia", "wan_threshold": 1.0}, r"^--wan-threshold is a relative change in \(0, 1\), got 1"),
         ({**WAN, "wan": "gaia", "wan_staleness": 0}, r"^--wan-staleness is at least 1 update, got 0"),
+        ({**WAN, "wan": "gaia", "wan_period": 0}, r"^--wan-period is at least 1 update, got 0"),
         ({**WAN, "wan": "diloco", "local_steps": 0}, r"^--local-steps must be at least 1"),
         ({**WAN, "wan": "gaia", "schedule": "pipedream"}, r"^--wan gaia: the data centres step together"),
         ({**WAN, "wan": "gaia", "stragglers": "slack"}, r"^--wan gaia runs fixed workers"),

@@ -223,3 +223,20 @@ def test_one_worker_alone_is_simulated_at_the_batch_it_measured_whatever_an_upda
     batches = 3
     seconds = predict(plan, alone, costs.topology, minibatches=2 * batches, runtime=costs.runtime).seconds
     assert seconds / batches == pytest.approx(0.25)  # the update's factor included, nothing counted twice
+
+
+@pytest.mark.parametrize(
+    ("balance", "replicas", "cores", "warned"),
+    [([3, 3], [2, 2], 2, True), ([3, 3], [1, 1], 2, False), ([6], [4], 2, False), ([3, 3], [2, 2], None, False)],
+)
+def test_a_pipeline_on_more_workers_than_cores_says_its_prediction_is_optimistic(
+    balance: list[int], replicas: list[int], cores: int | None, warned: bool
+) -> None:
+    layout = Layout(
+        schedule="pipedream",
+        balance=balance,
+        replicas=replicas,
+        microbatches=4,
+        plan_file={"measured_at_start": {"workers": sum(replicas), "cores": cores}},
+    )
+    assert ("4 workers share 2 cores: a message or an all-reduce then wakes" in layout.describe()) == warned

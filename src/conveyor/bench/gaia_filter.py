@@ -77,6 +77,7 @@ def run(cfg: FilterBenchConfig) -> dict[str, Any]:
         for p in params:
             p.grad = (0.01 * torch.randn(p.shape, generator=generator)).to(device)
         start = time.perf_counter()
+        fused.add(params)
         chosen = fused.select(params, cfg.lr, update)
         synchronize(device)
         middle = time.perf_counter()

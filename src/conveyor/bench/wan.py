@@ -10,15 +10,18 @@ the same initial weights, data order and options) to a target test accuracy, on 
 - ``gaia``: synchronous inside each data centre, significant updates across (``--wan gaia``);
 - ``diloco``: local steps, then an outer Nesterov step across (``--wan diloco``).
 
-Per run: seconds and epochs to the target (evaluation included), the final accuracy, the bytes the WAN links
-carried per training sample (the kernel's count on the data centres' uplinks, frames included), the time to
-the target over the LAN's, and for gaia and diloco how stale their reads were. The emulated WAN has bandwidth
+Per run: seconds and epochs to the target (evaluation included), the final accuracy, the bytes the WAN links carried
+per training sample (the kernel's count on the data centres' uplinks, frames included), the time to the target over
+the LAN's (of the same seed), and for gaia and diloco how stale their reads were. With ``seeds`` above 1 every run
+repeats from each seed's weights and data order, and ``over_seeds`` gives each mode's median, lowest and highest
+time over the LAN's: one seed's epochs to a target move by one or two either way. The emulated WAN has bandwidth
 only where the kernel lacks netem (this one: no latency), which favours the modes that exchange every update.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +32,7 @@ from conveyor.bench._run import run_job
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
 
-__all__ = ["MODES", "WanBenchConfig", "run"]
+__all__ = ["MODES", "WanBenchConfig", "add_ratios", "over_seeds", "run"]
 
 MODES = ("lan", "bsp", "gaia", "diloco")
 GOALS = {"lan_ratio": 1.4, "speedup_vs_bsp": 3.0, "accuracy_points": 1.0, "bytes_saved": 0.9}
@@ -51,13 +54,19 @@ class WanBenchConfig:
     lr: float = 0.05
     threshold: float = 0.05  # gaia's
     staleness: int = 1  # gaia's
+    period: int = 2  # gaia's
     local_steps: int = 16  # diloco's
     seed: int = 0
+    seeds: int = 1  # train from seed, seed + 1, ... this many (each ratio against the LAN run of its own seed)
 
     def __post_init__(self) -> None:
         require_known("modes", self.modes, MODES)
         if len(self.targets) != len(self.models):
             raise InputError(f"give one target accuracy per model: {len(self.models)} models, {len(self.targets)}")
+        if self.seeds < 1 or self.period < 1 or self.staleness < 1:
+            raise InputError(
+                f"seeds, period and staleness must be at least 1, got {self.seeds}, {self.period}, {self.staleness}"
+            )
         if self.sites < 2 or self.per_site < 1:
             raise InputError(f"the WAN joins two data centres or more of a worker or more, got {self.sites}")
 
@@ -69,7 +78,7 @@ class WanBenchConfig:
 
 
 def _train_config(
-    cfg: WanBenchConfig, model: str, target: float, mode: str, wan: float | None, run_dir: Path
+    cfg: WanBenchConfig, model: str, target: float, mode: str, wan: float | None, run_dir: Path, seed: int
 ) -> TrainConfig:
     workers = cfg.sites * cfg.per_site
     return TrainConfig.from_options(
@@ -83,18 +92,21 @@ def _train_config(
         schedule="flush",
         microbatches=workers,
         network=cfg.network(wan),
-        seed=cfg.seed,
+        seed=seed,
         run_dir=str(run_dir),
         wan="off" if mode in ("lan", "bsp") else mode,
         wan_threshold=cfg.threshold,
         wan_staleness=cfg.staleness,
+        wan_period=cfg.period,
         local_steps=cfg.local_steps,
     )
 
 
-def _run_one(cfg: WanBenchConfig, model: str, target: float, mode: str, wan: float | None, tmp: Path) -> dict[str, Any]:
-    run_dir = tmp / f"{model}-{mode}-{wan or 'lan'}"
-    summary = run_job(_train_config(cfg, model, target, mode, wan, run_dir))
+def _run_one(
+    cfg: WanBenchConfig, model: str, target: float, mode: str, wan: float | None, tmp: Path, seed: int
+) -> dict[str, Any]:
+    run_dir = tmp / f"{model}-{mode}-{wan or 'lan'}-{seed}"
+    summary = run_job(_train_config(cfg, model, target, mode, wan, run_dir, seed))
     history = [
         {"seconds": s, "accuracy": a, "loss": loss}
         for s, a, loss in zip(summary.epoch_seconds, summary.accuracy, summary.loss, strict=True)
@@ -105,6 +117,7 @@ def _run_one(cfg: WanBenchConfig, model: str, target: float, mode: str, wan: flo
     return {
         "model": model,
         "mode": mode,
+        "seed": seed,
         "seconds_to_target": summary.time_to_accuracy_s,  # the run stops at the epoch that reaches the target
         "epochs_to_target": None if summary.time_to_accuracy_s is None else summary.epochs,
         "final_accuracy": history[-1]["accuracy"],
@@ -120,10 +133,11 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _ratios(rows: list[dict[str, Any]]) -> None:
-    """Each row's time to target over its case's LAN run's and BSP's over its, and its WAN bytes over BSP's."""
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's time to target over its case's LAN run's and BSP's over its, and its WAN bytes over BSP's (a
+    case: one model, WAN bandwidth and seed)."""
     for row in rows:
-        case = [r for r in rows if r["model"] == row["model"] and r["wan_bytes_per_s"] == row["wan_bytes_per_s"]]
+        case = [r for r in rows if all(r[k] == row[k] for k in ("model", "wan_bytes_per_s", "seed"))]
         lan = next((r for r in case if r["mode"] == "lan"), None)
         bsp = next((r for r in case if r["mode"] == "bsp"), None)
         mine = row["seconds_to_target"]
@@ -135,20 +149,51 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def run(cfg: WanBenchConfig, plot: str | None = None) -> dict[str, Any]:
-    """Train every model in every mode at every WAN bandwidth; the JSON-ready report (and the plot)."""
+    """Train every model in every mode at every WAN bandwidth from every seed; the JSON-ready report (and the plot
+    of the first seed)."""
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="conveyor-wan-") as tmp:
-        for model, target in zip(cfg.models, cfg.targets, strict=True):
-            lan = _run_one(cfg, model, target, "lan", None, Path(tmp)) if "lan" in cfg.modes else None
-            for wan in cfg.wan_bytes_per_s:
-                if lan is not None:
-                    rows.append({**lan, "wan_bytes_per_s": wan})
-                for mode in (m for m in cfg.modes if m != "lan"):
-                    rows.append({**_run_one(cfg, model, target, mode, wan, Path(tmp)), "wan_bytes_per_s": wan})
-    _ratios(rows)
+        for seed in range(cfg.seed, cfg.seed + cfg.seeds):
+            for model, target in zip(cfg.models, cfg.targets, strict=True):
+                lan = _run_one(cfg, model, target, "lan", None, Path(tmp), seed) if "lan" in cfg.modes else None
+                for wan in cfg.wan_bytes_per_s:
+                    if lan is not None:
+                        rows.append({**lan, "wan_bytes_per_s": wan})
+                    for mode in (m for m in cfg.modes if m != "lan"):
+                        one = _run_one(cfg, model, target, mode, wan, Path(tmp), seed)
+                        rows.append({**one, "wan_bytes_per_s": wan})
+    add_ratios(rows)
     if plot:
-        plot_cases(rows, cfg, plot)
-    return {"config": asdict(cfg), "goals": GOALS, "results": rows}
+        plot_cases([r for r in rows if r["seed"] == cfg.seed], cfg, plot)
+    return {"config": asdict(cfg), "goals": GOALS, "results": rows, "over_seeds": over_seeds(rows)}
+
+
+def over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model, WAN bandwidth and mode: the median, lowest and highest time to target over its LAN run's across
+    the seeds (a seed where either missed the target counts as missing it), and in how many seeds it reached it.
+
+    Example:
+        >>> row = {"model": "m", "wan_bytes_per_s": 1.0, "mode": "gaia"}
+        >>> over_seeds([{**row, "lan_ratio": r} for r in (1.5, None, 1.2)])[0]["lan_ratio_median"]
+        1.35
+    """
+    out: list[dict[str, Any]] = []
+    for key in dict.fromkeys((r["model"], r["wan_bytes_per_s"], r["mode"]) for r in rows):
+        case = [r for r in rows if (r["model"], r["wan_bytes_per_s"], r["mode"]) == key]
+        ratios = [r["lan_ratio"] for r in case if r["lan_ratio"] is not None]
+        out.append(
+            {
+                "model": key[0],
+                "wan_bytes_per_s": key[1],
+                "mode": key[2],
+                "seeds": len(case),
+                "reached": len(ratios),
+                "lan_ratio_median": statistics.median(ratios) if ratios else None,
+                "lan_ratio_min": min(ratios, default=None),
+                "lan_ratio_max": max(ratios, default=None),
+            }
+        )
+    return out
 
 
 def plot_cases(rows: list[dict[str, Any]], cfg: WanBenchConfig, path: str) -> None:

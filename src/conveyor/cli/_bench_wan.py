@@ -25,6 +25,10 @@ def add_wan(which: Any) -> None:
     bench.add_argument("--per-site", type=positive, default=None, help="workers per data centre (default 2)")
     bench.add_argument("--modes", type=names, default=None, help="lan,bsp,gaia,diloco (default: all)")
     bench.add_argument("--epochs", type=positive, default=None, help="at most, per run (default 8)")
+    bench.add_argument("--threshold", type=float, default=None, help="gaia's --wan-threshold (default 0.05)")
+    bench.add_argument("--staleness", type=positive, default=None, help="gaia's --wan-staleness (default 1)")
+    bench.add_argument("--period", type=positive, default=None, help="gaia's --wan-period (default 2)")
+    bench.add_argument("--seeds", type=positive, default=None, help="train from seeds 0, 1, ... this many (default 1)")
     bench.add_argument("--json", type=Path, default=None, help="write the report here")
     bench.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
 
@@ -35,13 +39,14 @@ def run_wan(args: argparse.Namespace) -> None:
 
     given = argparse.Namespace(**{k: v for k, v in vars(args).items() if v is not None})  # unset: the defaults
     result = run(config(WanBenchConfig, given), plot=str(args.plot) if args.plot else None)
-    table = Table("model", "Mbit/s", "mode", "s", "epochs", "acc", "WAN B/sample", "x LAN", "vs bsp", "saved")
+    table = Table("model", "Mbit/s", "mode", "seed", "s", "epochs", "acc", "WAN B/sample", "x LAN", "vs bsp", "saved")
     table.title = "seconds to the target across data centres"
     for r in result["results"]:
         table.add_row(
             r["model"],
             f"{r['wan_bytes_per_s'] * 8 / 1e6:g}",
             r["mode"],
+            str(r["seed"]),
             _num(r["seconds_to_target"], ".1f"),
             _num(r["epochs_to_target"], "d"),
             f"{r['final_accuracy']:.3f}",
@@ -51,6 +56,12 @@ def run_wan(args: argparse.Namespace) -> None:
             _num(r["bytes_saved"], ".1%"),
         )
     console.print(table)
+    for case in result["over_seeds"] if result["config"]["seeds"] > 1 else []:
+        console.print(
+            f"{case['model']} at {case['wan_bytes_per_s'] * 8 / 1e6:g} Mbit/s, {case['mode']}: "
+            f"x LAN {_num(case['lan_ratio_median'], '.2f')} median ({_num(case['lan_ratio_min'], '.2f')}-"
+            f"{_num(case['lan_ratio_max'], '.2f')}), the target reached in {case['reached']} of {case['seeds']} seeds"
+        )
     if args.plot:
         console.print(f"wrote {args.plot}")
     if args.json:

@@ -25,6 +25,11 @@ more than ``s - 1`` updates after it was posted. With ``s = 1`` and ``tau = 0`` 
 significant and taken at once, so ``G_d(t) = g(t)`` on every site: synchronous data parallelism, whatever the
 optimizer. The sites' weights otherwise differ by what is pending and in flight.
 
+The sites **exchange every** ``p`` **updates** (``period``, 1 by default): ``a_d`` takes every update's share,
+but only at updates ``t = p, 2p, ...`` is it tested and posted and are exchanges taken, so in between
+``G_d(t) = g_d(t)`` and the filter's passes over every weight, the notice and the site's broadcast are not paid;
+the mirror clock then counts exchanges, ``s - 1`` of them being ``(s - 1) p`` updates.
+
 Where Conveyor departs from Gaia (NSDI'17), stated: the mirror clock counts updates between a post and its
 reading (Gaia's parameter servers bound the clocks' distance between data centres); the threshold is fixed for
 the run (Gaia lowers it over time); the significance is the SGD step ``eta a`` for every optimizer.
@@ -51,16 +56,20 @@ class Gaia:
         sites: how many sites the workers sit in (ranks handed out site by site).
         threshold: ``tau``, the relative change that makes an update significant (Gaia evaluated 1%, which sent
             three times 5%'s bytes in ``conveyor bench wan``'s sweep); 0 sends every update at once.
-        staleness: ``s``, the mirror clock's bound: an update is read at most ``s - 1`` updates after it was
+        staleness: ``s``, the mirror clock's bound: an update is read at most ``s - 1`` exchanges after it was
             posted (1: each exchange is waited for at once, no overlap; more cost accuracy in the sweep).
+        period: ``p``, updates between exchanges (1: every update; ``conveyor train --wan-period`` defaults to 2).
     """
 
     site_mean = False
 
-    def __init__(self, sites: int, *, threshold: float = 0.05, staleness: int = 1) -> None:
-        if not 0 <= threshold < 1 or staleness < 1:
-            raise ValueError(f"threshold must be in [0, 1) and staleness at least 1, got {threshold} and {staleness}")
-        self.sites, self.threshold, self.staleness = sites, threshold, staleness
+    def __init__(self, sites: int, *, threshold: float = 0.05, staleness: int = 1, period: int = 1) -> None:
+        if not 0 <= threshold < 1 or staleness < 1 or period < 1:
+            raise ValueError(
+                f"threshold must be in [0, 1), staleness and period at least 1, got {threshold}, {staleness}, {period}"
+            )
+        self.sites, self.threshold, self.staleness, self.period = sites, threshold, staleness, period
+        self.update = 0  # updates so far, on every replica (each knows which updates exchange)
         self.links: SiteLinks | None = None
         self.filter: SignificanceFilter | None = None  # a_d and the test on it, the leader's
         self.courier: Courier | None = None
@@ -75,16 +84,21 @@ class Gaia:
 
     def after_reduce(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> bool:
         assert self.links is not None
+        now, self.update = self.update, self.update + 1
+        self._counts.updates += 1
+        if self.filter is not None:
+            self.filter.add(params)
+        if self.update % self.period:
+            return False  # not an exchange: the site steps with its own share, already on .grad
         n = sum(p.numel() for p in params)
         payloads: list[Payload] = []
         if self.courier is not None:
             lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else 1.0
-            self.courier.post(*self._significant(params, lr))
+            self.courier.post(*self._significant(params, lr, now))
             for delivery in self.courier.take(behind=self.staleness - 1):
-                self._counts.delivered(self.courier.posted - 1 - delivery.update, delivery.sent)
+                self._counts.delivered(self.period * (self.courier.posted - 1 - delivery.update), delivery.sent)
                 payloads += delivery.payloads
         received = share_in_site(self.links, payloads, n)
-        self._counts.updates += 1
         if not received:
             return False  # the site steps with its own share, already on .grad
         grads = pack_grads(params, torch.float32, self.links.device)
@@ -93,12 +107,11 @@ class Gaia:
         set_mean_grads(params, grads, 1)
         return True
 
-    def _significant(self, params: Sequence[torch.Tensor], lr: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the site's share to what is pending; take out and return the significant entries
+    def _significant(self, params: Sequence[torch.Tensor], lr: float, now: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take out and return the significant entries of what is pending at update ``now``
         (:class:`~conveyor.gaia._filter.SignificanceFilter`). An entry's age is counted from the update it was
         last sent at (updates where its gradient was exactly 0, a dead ReLU's, count too)."""
-        assert self.filter is not None and self.courier is not None
-        now = self.courier.posted  # this update's number: the exchanges posted before it
+        assert self.filter is not None
         indices, values, ages = self.filter.select(params, lr, now)
         self._counts.posted(ages, int(self.filter.pending.numel()))
         return indices, values
@@ -107,10 +120,13 @@ class Gaia:
         """Gaia replaces no weights: each site's own steps move them."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The leader's unsent updates ``a_d`` (nothing on the other replicas)."""
-        return {} if self.filter is None else {"pending": self.filter.pending.cpu()}
+        """The updates counted (so a resumed run exchanges at the same updates) and, on the leader, its unsent
+        updates ``a_d``."""
+        update = {"update": torch.tensor(self.update)}
+        return update if self.filter is None else {**update, "pending": self.filter.pending.cpu()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.update = int(state["update"]) if "update" in state else self.update
         if self.filter is not None and "pending" in state:
             self.filter.pending.copy_(state["pending"])
 

@@ -1,13 +1,13 @@
 """What the sites' leaders send each other over the WAN, and how a site's replicas learn it over the LAN.
 
-A sparse exchange (Gaia) is two rounds among the leaders: the **notice**, one all-gather of each site's entry
-count (8 bytes a site: who is about to send significant updates), then the **payloads**, sent point to point
-only by the sites that announced some, each received only from those (the selective barrier: a site waits for
-the updates announced, not for every site's clock). A leader's :class:`Courier` runs its exchanges, one per
-update in update order, on a thread of its own, so that an update's transfer overlaps the next updates'
-computation; the leader takes the finished ones and broadcasts them to its site's other replicas (LAN), so
-that every replica of a site applies the same updates at the same step. A dense exchange (DiLoCo) is one
-all-reduce, then the same broadcast.
+A sparse exchange (Gaia) is two rounds among the leaders: the **notice**, one all-gather of each site's entry count
+(8 bytes a site: who is about to send significant updates), then the **payloads**, sent point to point only by the
+sites that announced some, each received only from those (the selective barrier: a site waits for the updates
+announced, not for every site's clock). A leader's :class:`Courier` runs its exchanges, one per exchanging update
+(every ``period`` updates), in order, on a thread of its own, so that an exchange's transfer can overlap the next
+updates' computation; the leader takes the finished ones and broadcasts them to its site's other replicas (LAN), so
+that every replica of a site applies the same updates at the same step. A dense exchange (DiLoCo) is one all-reduce,
+then the same broadcast.
 
 WAN traffic goes through gloo in host memory: the counts are needed on the host to size the receives, so a
 leader on CUDA copies its payload out once per exchange (unverified on a GPU).
@@ -31,7 +31,7 @@ Payload = tuple[int, torch.Tensor]  # (entries, their encoding) from one other s
 
 
 class Delivery:
-    """One finished exchange: the update it was posted at, the other sites' payloads, the bytes this leader sent."""
+    """One finished exchange: its number (in post order), the other sites' payloads, the bytes this leader sent."""
 
     def __init__(self, update: int, payloads: list[Payload], sent: int) -> None:
         self.update, self.payloads, self.sent = update, payloads, sent

@@ -14,6 +14,7 @@ Example (the second entry's step, 1.0 x 0.5, is more than 10% of its weight 1.0;
     >>> w = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
     >>> w.grad = torch.tensor([0.01, 0.5])
     >>> f = SignificanceFilter(2, threshold=0.1, device=torch.device("cpu"))
+    >>> f.add([w])
     >>> indices, values, ages = f.select([w], lr=1.0, now=0)
     >>> indices.tolist(), values.tolist(), ages.tolist(), f.pending.tolist()
     ([1], [0.5], [1], [0.009999999776482582, 0.0])
@@ -49,20 +50,25 @@ class SignificanceFilter:
         self._bar = torch.empty(n, dtype=torch.float32, device=device)  # tau |w|
         self._chosen = torch.empty(n, dtype=torch.bool, device=device)
 
-    def select(
-        self, params: Sequence[torch.Tensor], lr: float, now: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Add the parameters' gradients (their ``.grad``; none: zero) to ``a``, take out its significant entries
-        for update ``now``, and return their indices, values and ages (updates since each was last sent; an entry
-        never sent counts from update -1). An entry of ``a`` that is zero is never significant (``0 > tau |w|``
-        fails)."""
+    def add(self, params: Sequence[torch.Tensor]) -> None:
+        """``a <- a + g``: the parameters' gradients (their ``.grad``; none: zero), into their slices of ``a``."""
         first = 0
         for p in params:
             last = first + p.numel()
-            pending = self.pending[first:last]
             if p.grad is not None:
-                pending.add_(p.grad.reshape(-1))
-            torch.abs(pending, out=self._step[first:last])
+                self.pending[first:last].add_(p.grad.reshape(-1))
+            first = last
+
+    def select(
+        self, params: Sequence[torch.Tensor], lr: float, now: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Take out ``a``'s significant entries at update ``now`` (after :meth:`add`), and return their indices,
+        values and ages (updates since each was last sent; an entry never sent counts from update -1). An entry of
+        ``a`` that is zero is never significant (``0 > tau |w|`` fails)."""
+        first = 0
+        for p in params:
+            last = first + p.numel()
+            torch.abs(self.pending[first:last], out=self._step[first:last])
             torch.abs(p.detach().reshape(-1), out=self._bar[first:last])
             first = last
         torch.gt(self._step.mul_(lr), self._bar.mul_(self.threshold), out=self._chosen)

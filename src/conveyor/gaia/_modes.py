@@ -11,17 +11,18 @@ __all__ = ["outer_sync"]
 
 
 def outer_sync(
-    mode: str, *, sites: int, threshold: float, staleness: int, local_steps: int, outer_lr: float
+    mode: str, *, sites: int, threshold: float, staleness: int, period: int, local_steps: int, outer_lr: float
 ) -> OuterSync | None:
     """The outer sync of ``mode`` between ``sites`` sites (``None`` for ``off``: one all-reduce over every replica,
     across the WAN, as synchronous data parallelism does).
 
     Example:
-        >>> type(outer_sync("gaia", sites=3, threshold=0.05, staleness=1, local_steps=16, outer_lr=0.7)).__name__
+        >>> kw = {"threshold": 0.05, "staleness": 1, "period": 1, "local_steps": 16, "outer_lr": 0.7}
+        >>> type(outer_sync("gaia", sites=3, **kw)).__name__
         'Gaia'
     """
     if mode == "gaia":
-        return Gaia(sites, threshold=threshold, staleness=staleness)
+        return Gaia(sites, threshold=threshold, staleness=staleness, period=period)
     if mode == "diloco":
         return DiLoCo(sites, local_steps=local_steps, outer_lr=outer_lr)
     if mode == "off":

@@ -85,6 +85,20 @@ class Layout:
             + (", stale stages at the damped learning rate (--stale-rate)" if self.stale_rate == "damped" else "")
             + (f", from figures {source}" if (source := self.figures_source) and source.startswith("kept") else "")
             + self._noise()
+            + self._oversubscribed()
+        )
+
+    def _oversubscribed(self) -> str:
+        """Where a pipeline's workers outnumber the cores they share, a warning that its prediction is optimistic."""
+        measured = self.plan_file.get("measured_at_start", {})
+        cores, workers = measured.get("cores"), sum(self.replicas)
+        if cores is None or workers <= cores or len(self.balance) < 2:
+            return ""
+        return (
+            f". {workers} workers share {cores} cores: a message or an all-reduce then wakes a worker that waits for "
+            "a core, which the prediction leaves out, and such pipelines ran at about half their prediction in "
+            "conveyor's measurements (docs/benchmarks/predictions.md); at most one worker per core is predicted "
+            "better"
         )
 
     def _noise(self) -> str:

@@ -337,6 +337,7 @@ def _outer_sync(cfg: TrainConfig) -> OuterSync | None:
         sites=Topology.parse(cfg.emulation.network).levels[-1].count,
         threshold=wan.threshold,
         staleness=wan.staleness,
+        period=wan.period,
         local_steps=wan.local_steps,
         outer_lr=wan.outer_lr,
     )
