@@ -227,9 +227,9 @@ def test_one_worker_alone_is_simulated_at_the_batch_it_measured_whatever_an_upda
 
 @pytest.mark.parametrize(
     ("balance", "replicas", "cores", "warned"),
-    [([3, 3], [2, 2], 2, True), ([3, 3], [1, 1], 2, False), ([6], [4], 2, False), ([3, 3], [2, 2], None, False)],
+    [([3, 3], [2, 2], 2, True), ([6], [4], 2, True), ([3, 3], [1, 1], 2, False), ([3, 3], [2, 2], None, False)],
 )
-def test_a_pipeline_on_more_workers_than_cores_says_its_prediction_is_optimistic(
+def test_a_layout_on_more_workers_than_cores_says_its_prediction_is_optimistic(
     balance: list[int], replicas: list[int], cores: int | None, warned: bool
 ) -> None:
     layout = Layout(

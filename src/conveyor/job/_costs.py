@@ -108,6 +108,22 @@ class Costs:
             return Topology((Level(self.workers, 1e12),))
         return Topology((Level(self.workers, self.link.bandwidth, self.link.latency),))
 
+    def within_sites(self) -> Costs:
+        """These costs for a job whose replicas all-reduce inside each data centre only (``--wan gaia`` or
+        ``diloco``): the emulated network's outer level, the WAN, joined as fast as the level inside it. What
+        crosses the WAN (gaia's significant updates, diloco's rounds) is not predicted.
+
+        Example:
+            >>> wan = Topology((Level(2, 1.25e9), Level(3, 6.25e6, 1e-3)))
+            >>> Costs(None, None, None, 0.0, 1.0, workers=6, cores=2, network=wan).within_sites().network.levels[-1]
+            Level(count=3, bandwidth=1250000000.0, latency=0.0)
+        """
+        if self.network is None or len(self.network.levels) < 2:
+            return self
+        *inside, outer = self.network.levels
+        joined = replace(outer, bandwidth=inside[-1].bandwidth, latency=inside[-1].latency)
+        return replace(self, network=Topology((*inside, joined)))
+
     @property
     def runtime(self) -> RuntimeCosts:
         """The runtime's own costs, for the simulator. On an emulated network an all-reduce's rate is that of

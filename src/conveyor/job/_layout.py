@@ -89,14 +89,14 @@ class Layout:
         )
 
     def _oversubscribed(self) -> str:
-        """Where a pipeline's workers outnumber the cores they share, a warning that its prediction is optimistic."""
+        """Where the workers outnumber the cores they share, a warning that the prediction is optimistic."""
         measured = self.plan_file.get("measured_at_start", {})
         cores, workers = measured.get("cores"), sum(self.replicas)
-        if cores is None or workers <= cores or len(self.balance) < 2:
+        if cores is None or workers <= cores:
             return ""
         return (
             f". {workers} workers share {cores} cores: a message or an all-reduce then wakes a worker that waits for "
-            "a core, which the prediction leaves out, and such pipelines ran at about half their prediction in "
+            "a core, which the prediction leaves out, and such layouts ran 22-61% under their prediction in "
             "conveyor's measurements (docs/benchmarks/predictions.md); at most one worker per core is predicted "
             "better"
         )

@@ -122,6 +122,8 @@ def _measure_and_plan(
         materialize=materializer(cfg, model),
     )
     box: list[Layout | None] = [None]
+    if costs is not None and cfg.wan.mode != "off":
+        costs = costs.within_sites()
     if costs is not None:
         names = [name for name, _ in model.named_children()]
         chosen = choose_layout(
@@ -135,6 +137,8 @@ def _measure_and_plan(
         )
         (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
         Console().print(chosen.describe())
+        if cfg.wan.mode != "off":
+            Console().print(f"(--wan {cfg.wan.mode}: the prediction leaves out what crosses the WAN)")
         box[0] = chosen
     dist.broadcast_object_list(box, src=0)
     assert box[0] is not None
