@@ -51,14 +51,18 @@ def _sites(sites: int, momentum: float) -> list[tuple[torch.nn.Module, torch.opt
     return out
 
 
-def gaia_reference(workers: int, sites: int, threshold: float, period: int = 1) -> list[torch.Tensor]:
+def gaia_reference(
+    workers: int, sites: int, threshold: float, period: int = 1, estimate: bool = False
+) -> list[torch.Tensor]:
     """Each site's weights after ``STEPS`` updates of Gaia's equations, an exchange every ``period`` updates,
-    each read at once."""
+    each read at once; with ``estimate``, each site's own share standing in for what the others hold back."""
     models = _sites(sites, MOMENTUM)
     n = _flat(models[0][0]).numel()
     pending = [torch.zeros(n) for _ in range(sites)]
+    own = [torch.zeros(n) for _ in range(sites)]  # S_d
+    at = [[torch.zeros(n) for _ in range(sites)] for _ in range(sites)]  # B_d,e
     for t, (x, y) in enumerate(batches(n=STEPS, size=SIZE), start=1):
-        shares, sent = [], []
+        shares, sent, masks = [], [], []
         for d, (model, _) in enumerate(models):
             g = _grad(model, _site_rows(x, workers, sites, d), _site_rows(y, workers, sites, d), SIZE)
             shares.append(g)
@@ -67,9 +71,16 @@ def gaia_reference(workers: int, sites: int, threshold: float, period: int = 1) 
             if t % period:
                 chosen = torch.zeros(n, dtype=torch.bool)  # not an exchange: nothing is tested or sent
             sent.append(torch.where(chosen, pending[d], torch.zeros(n)))
+            masks.append(chosen)
             pending[d][chosen] = 0
+            own[d] += g
         for d, (model, opt) in enumerate(models):
             step = shares[d] + sum(s for e, s in enumerate(sent) if e != d)
+            if estimate:
+                step = sites * shares[d]
+                for e in (e for e in range(sites) if e != d):
+                    step = step + torch.where(masks[e], sent[e] - (own[d] - at[d][e]), 0.0)
+                    at[d][e] = torch.where(masks[e], own[d], at[d][e])
             for p, part in zip(model.parameters(), step.split([p.numel() for p in model.parameters()]), strict=True):
                 p.grad = part.view_as(p).clone()
             opt.step()
@@ -156,6 +167,16 @@ def test_gaia_exchanging_every_few_updates_sends_what_built_up_meanwhile() -> No
     records = out[0]["records"]
     assert all(r["updates"] == STEPS and r["entries_sent"] > 0 and r["late_max"] == 0 for r in records)
     assert all(r["pending_max"] >= period - 1 for r in records)  # an update waits for the next exchange
+
+
+def test_with_the_estimate_a_site_stands_its_own_share_in_for_what_the_others_hold_back() -> None:
+    workers, sites, threshold, period = 3, 3, 0.05, 2
+    make = partial(Gaia, sites, threshold=threshold, period=period, estimate=True)
+    out = launch(_train, workers, make, MOMENTUM, nprocs=workers, timeout_s=150)
+    expected = gaia_reference(workers, sites, threshold, period, estimate=True)
+    assert not torch.allclose(expected[0], gaia_reference(workers, sites, threshold, period)[0])  # it matters
+    for rank, result in out.items():
+        torch.testing.assert_close(result["weights"], expected[rank], rtol=1e-5, atol=1e-6, msg=f"worker {rank}")
 
 
 def _slow_leader(rank: int) -> Any:
@@ -259,7 +280,7 @@ def _save_and_resume(make: Any, path: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "make",
-    [partial(Gaia, 2, threshold=0.5, staleness=1, period=2), partial(DiLoCo, 2, local_steps=3)],
+    [partial(Gaia, 2, threshold=0.5, staleness=1, period=2, estimate=True), partial(DiLoCo, 2, local_steps=3)],
     ids=["gaia", "diloco"],
 )
 def test_a_checkpoint_keeps_each_data_centres_outer_state(make: Any, tmp_path) -> None:

@@ -55,6 +55,7 @@ class WanBenchConfig:
     threshold: float = 0.05  # gaia's
     staleness: int = 1  # gaia's
     period: int = 2  # gaia's
+    estimate: bool = False  # gaia's
     local_steps: int = 16  # diloco's
     seed: int = 0
     seeds: int = 1  # train from seed, seed + 1, ... this many (each ratio against the LAN run of its own seed)
@@ -98,6 +99,7 @@ def _train_config(
         wan_threshold=cfg.threshold,
         wan_staleness=cfg.staleness,
         wan_period=cfg.period,
+        wan_estimate=cfg.estimate,
         local_steps=cfg.local_steps,
     )
 

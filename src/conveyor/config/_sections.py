@@ -376,6 +376,11 @@ class WanConfig:
         "update; 2 reached the target sooner than 1 in 11 of 12 runs of conveyor bench wan)",
         name="wan_period",
     )
+    estimate: bool = option(
+        False,
+        "gaia: each data centre stands its own gradient in for what the others hold back, until they send it",
+        name="wan_estimate",
+    )
     local_steps: int = option(16, "diloco: updates between outer steps")
     outer_lr: float = option(0.7, "diloco: the outer Nesterov step's rate")
 

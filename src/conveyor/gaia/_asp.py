@@ -30,6 +30,9 @@ but only at updates ``t = p, 2p, ...`` is it tested and posted and are exchanges
 ``G_d(t) = g_d(t)`` and the filter's passes over every weight, the notice and the site's broadcast are not paid;
 the mirror clock then counts exchanges, ``s - 1`` of them being ``(s - 1) p`` updates.
 
+With ``estimate``, a site steps with ``D g_d(t)`` and replaces its stand-in for another site's share by what
+that site sent, as it arrives (:mod:`conveyor.gaia._estimate`).
+
 Where Conveyor departs from Gaia (NSDI'17), stated: the mirror clock counts updates between a post and its
 reading (Gaia's parameter servers bound the clocks' distance between data centres); the threshold is fixed for
 the run (Gaia lowers it over time); the significance is the SGD step ``eta a`` for every optimizer.
@@ -42,6 +45,7 @@ from typing import Any
 
 import torch
 
+from conveyor.gaia._estimate import OwnShares
 from conveyor.gaia._exchange import Courier, Payload, share_in_site
 from conveyor.gaia._filter import SignificanceFilter
 from conveyor.runtime.parts import SiteLinks, pack_grads, set_mean_grads
@@ -59,17 +63,23 @@ class Gaia:
         staleness: ``s``, the mirror clock's bound: an update is read at most ``s - 1`` exchanges after it was
             posted (1: each exchange is waited for at once, no overlap; more cost accuracy in the sweep).
         period: ``p``, updates between exchanges (1: every update; ``conveyor train --wan-period`` defaults to 2).
+        estimate: stand the site's own share in for what the other sites hold back until they send it
+            (:mod:`conveyor.gaia._estimate`).
     """
 
     site_mean = False
 
-    def __init__(self, sites: int, *, threshold: float = 0.05, staleness: int = 1, period: int = 1) -> None:
+    def __init__(
+        self, sites: int, *, threshold: float = 0.05, staleness: int = 1, period: int = 1, estimate: bool = False
+    ) -> None:
         if not 0 <= threshold < 1 or staleness < 1 or period < 1:
             raise ValueError(
                 f"threshold must be in [0, 1), staleness and period at least 1, got {threshold}, {staleness}, {period}"
             )
         self.sites, self.threshold, self.staleness, self.period = sites, threshold, staleness, period
         self.update = 0  # updates so far, on every replica (each knows which updates exchange)
+        self.estimate = estimate
+        self.own: OwnShares | None = None  # S_d and B_d,e, every replica's, with the estimate
         self.links: SiteLinks | None = None
         self.filter: SignificanceFilter | None = None  # a_d and the test on it, the leader's
         self.courier: Courier | None = None
@@ -77,8 +87,11 @@ class Gaia:
 
     def attach(self, params: Sequence[torch.Tensor], links: SiteLinks) -> None:
         self.links = links
+        n = sum(p.numel() for p in params)
+        if self.estimate:
+            others = [e for e in range(links.sites) if e != links.index]
+            self.own = OwnShares(n, others, device=links.device)
         if links.is_leader:
-            n = sum(p.numel() for p in params)
             self.filter = SignificanceFilter(n, threshold=self.threshold, device=links.device)
             self.courier = Courier(links, n)
 
@@ -88,8 +101,12 @@ class Gaia:
         self._counts.updates += 1
         if self.filter is not None:
             self.filter.add(params)
+        if self.own is not None:
+            self.own.add(params)  # S_d, before .grad becomes D g_d
+            if shares := [p.grad for p in params if p.grad is not None]:
+                torch._foreach_mul_(shares, float(self.links.sites))
         if self.update % self.period:
-            return False  # not an exchange: the site steps with its own share, already on .grad
+            return False  # not an exchange: the site steps with its own share (D times it), already on .grad
         n = sum(p.numel() for p in params)
         payloads: list[Payload] = []
         if self.courier is not None:
@@ -100,10 +117,10 @@ class Gaia:
                 payloads += delivery.payloads
         received = share_in_site(self.links, payloads, n)
         if not received:
-            return False  # the site steps with its own share, already on .grad
+            return False  # the site steps with its own share (D times it), already on .grad
         grads = pack_grads(params, torch.float32, self.links.device)
-        for where, what in received:
-            grads.index_add_(0, where, what)
+        for site, where, what in received:
+            grads.index_add_(0, where, what if self.own is None else what - self.own.estimated(site, where))
         set_mean_grads(params, grads, 1)
         return True
 
@@ -120,13 +137,15 @@ class Gaia:
         """Gaia replaces no weights: each site's own steps move them."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The updates counted (so a resumed run exchanges at the same updates) and, on the leader, its unsent
-        updates ``a_d``."""
-        update = {"update": torch.tensor(self.update)}
-        return update if self.filter is None else {**update, "pending": self.filter.pending.cpu()}
+        """The updates counted (so a resumed run exchanges at the same updates), the estimate's sums if any, and,
+        on the leader, its unsent updates ``a_d``."""
+        state = {"update": torch.tensor(self.update), **(self.own.state_dict() if self.own is not None else {})}
+        return state if self.filter is None else {**state, "pending": self.filter.pending.cpu()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.update = int(state["update"]) if "update" in state else self.update
+        if self.own is not None and "own_total" in state:
+            self.own.load_state_dict(state)
         if self.filter is not None and "pending" in state:
             self.filter.pending.copy_(state["pending"])
 

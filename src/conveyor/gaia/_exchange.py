@@ -26,8 +26,8 @@ from conveyor.runtime.parts import SiteLinks
 
 __all__ = ["Courier", "Delivery", "Payload", "Received", "broadcast_dense", "mean_over_sites", "share_in_site"]
 
-Received = list[tuple[torch.Tensor, torch.Tensor]]  # (indices, values) of each payload applied
-Payload = tuple[int, torch.Tensor]  # (entries, their encoding) from one other site
+Received = list[tuple[int, torch.Tensor, torch.Tensor]]  # (sender's index, indices, values) of each payload
+Payload = tuple[int, int, torch.Tensor]  # (sender's index among the sites, entries, their encoding)
 
 
 class Delivery:
@@ -98,7 +98,7 @@ class Courier:
                 sent += mine.numel()
             if counts[site] > 0:
                 buffer = torch.empty(encoded_bytes(self.n, counts[site]), dtype=torch.uint8)
-                received.append((counts[site], buffer))
+                received.append((site, counts[site], buffer))
                 ops.append(dist.P2POp(dist.irecv, buffer, leader, group=wan))
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
@@ -107,27 +107,27 @@ class Courier:
 
 def share_in_site(links: SiteLinks, payloads: list[Payload], n: int) -> Received:
     """The leader's ``payloads`` (empty on the others), broadcast to its site's replicas and decoded on each:
-    their count, then their entry counts, then their bytes in one tensor."""
+    their count, then their senders and entry counts, then their bytes in one tensor."""
     if links.local is not None:
         root, group = links.local_ranks[0], links.local
         count = torch.tensor([len(payloads)], device=links.device)
         dist.broadcast(count, root, group=group)
-        counts = torch.tensor([k for k, _ in payloads], dtype=torch.int64, device=links.device)
+        heads = torch.tensor([[s, k] for s, k, _ in payloads], dtype=torch.int64, device=links.device).reshape(-1, 2)
         if not links.is_leader:
-            counts = torch.empty(int(count.item()), dtype=torch.int64, device=links.device)
-        if counts.numel():
-            dist.broadcast(counts, root, group=group)
-            sizes = [encoded_bytes(n, k) for k in counts.tolist()]
+            heads = torch.empty(int(count.item()), 2, dtype=torch.int64, device=links.device)
+        if heads.numel():
+            dist.broadcast(heads, root, group=group)
+            sizes = [encoded_bytes(n, k) for k in heads[:, 1].tolist()]
             flat = (
-                torch.cat([data for _, data in payloads]).to(links.device)
+                torch.cat([data for _, _, data in payloads]).to(links.device)
                 if links.is_leader
                 else torch.empty(sum(sizes, start=0), dtype=torch.uint8, device=links.device)
             )
             dist.broadcast(flat, root, group=group)
-            payloads = list(zip(counts.tolist(), flat.split(sizes), strict=True))
+            payloads = [(s, k, data) for (s, k), data in zip(heads.tolist(), flat.split(sizes), strict=True)]
     received: Received = []
-    for k, data in payloads:
-        received.append(decode(data.to(links.device), n, k))  # on the device, as the data
+    for site, k, data in payloads:
+        received.append((site, *decode(data.to(links.device), n, k)))  # on the device, as the data
     return received
 
 

@@ -26,7 +26,18 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["SignificanceFilter"]
+__all__ = ["SignificanceFilter", "add_grads"]
+
+
+def add_grads(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
+    """Add the parameters' gradients (their ``.grad``; none: zero) into their slices of ``flat`` (all of them
+    flattened in order), in place: no model-sized tensor allocated."""
+    first = 0
+    for p in params:
+        last = first + p.numel()
+        if p.grad is not None:
+            flat[first:last].add_(p.grad.reshape(-1))
+        first = last
 
 
 class SignificanceFilter:
@@ -51,13 +62,8 @@ class SignificanceFilter:
         self._chosen = torch.empty(n, dtype=torch.bool, device=device)
 
     def add(self, params: Sequence[torch.Tensor]) -> None:
-        """``a <- a + g``: the parameters' gradients (their ``.grad``; none: zero), into their slices of ``a``."""
-        first = 0
-        for p in params:
-            last = first + p.numel()
-            if p.grad is not None:
-                self.pending[first:last].add_(p.grad.reshape(-1))
-            first = last
+        """``a <- a + g``."""
+        add_grads(self.pending, params)
 
     def select(
         self, params: Sequence[torch.Tensor], lr: float, now: int

@@ -11,7 +11,15 @@ __all__ = ["outer_sync"]
 
 
 def outer_sync(
-    mode: str, *, sites: int, threshold: float, staleness: int, period: int, local_steps: int, outer_lr: float
+    mode: str,
+    *,
+    sites: int,
+    threshold: float,
+    staleness: int,
+    period: int,
+    local_steps: int,
+    outer_lr: float,
+    estimate: bool = False,
 ) -> OuterSync | None:
     """The outer sync of ``mode`` between ``sites`` sites (``None`` for ``off``: one all-reduce over every replica,
     across the WAN, as synchronous data parallelism does).
@@ -22,7 +30,7 @@ def outer_sync(
         'Gaia'
     """
     if mode == "gaia":
-        return Gaia(sites, threshold=threshold, staleness=staleness, period=period)
+        return Gaia(sites, threshold=threshold, staleness=staleness, period=period, estimate=estimate)
     if mode == "diloco":
         return DiLoCo(sites, local_steps=local_steps, outer_lr=outer_lr)
     if mode == "off":

@@ -342,6 +342,7 @@ def _outer_sync(cfg: TrainConfig) -> OuterSync | None:
         threshold=wan.threshold,
         staleness=wan.staleness,
         period=wan.period,
+        estimate=wan.estimate,
         local_steps=wan.local_steps,
         outer_lr=wan.outer_lr,
     )
