@@ -57,5 +57,5 @@ def test_each_seed_is_set_against_its_own_lan_run_and_the_seeds_summed_up() -> N
     gaia = next(case for case in over_seeds(rows) if case["mode"] == "gaia")
     assert gaia["seeds"] == 3 and gaia["reached"] == 2
     assert (gaia["lan_ratio_min"], gaia["lan_ratio_median"], gaia["lan_ratio_max"]) == (1.2, pytest.approx(1.35), 1.5)
-    with pytest.raises(ValueError, match="seeds, period and staleness must be at least 1"):
+    with pytest.raises(ValueError, match="seeds must be at least 1, got 0"):
         WanBenchConfig(seeds=0)

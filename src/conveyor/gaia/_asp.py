@@ -81,19 +81,19 @@ class Gaia:
         self.estimate = estimate
         self.own: OwnShares | None = None  # S_d and B_d,e, every replica's, with the estimate
         self.links: SiteLinks | None = None
+        self.n = 0  # the stage's entries, all its parameters flattened (known at attach)
         self.filter: SignificanceFilter | None = None  # a_d and the test on it, the leader's
         self.courier: Courier | None = None
         self._counts = _Counts()
 
     def attach(self, params: Sequence[torch.Tensor], links: SiteLinks) -> None:
-        self.links = links
-        n = sum(p.numel() for p in params)
+        self.links, self.n = links, sum(p.numel() for p in params)
         if self.estimate:
             others = [e for e in range(links.sites) if e != links.index]
-            self.own = OwnShares(n, others, device=links.device)
+            self.own = OwnShares(self.n, others, device=links.device)
         if links.is_leader:
-            self.filter = SignificanceFilter(n, threshold=self.threshold, device=links.device)
-            self.courier = Courier(links, n)
+            self.filter = SignificanceFilter(self.n, threshold=self.threshold, device=links.device)
+            self.courier = Courier(links, self.n)
 
     def after_reduce(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> bool:
         assert self.links is not None
@@ -107,7 +107,6 @@ class Gaia:
                 torch._foreach_mul_(shares, float(self.links.sites))
         if self.update % self.period:
             return False  # not an exchange: the site steps with its own share (D times it), already on .grad
-        n = sum(p.numel() for p in params)
         payloads: list[Payload] = []
         if self.courier is not None:
             lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else 1.0
@@ -115,7 +114,7 @@ class Gaia:
             for delivery in self.courier.take(behind=self.staleness - 1):
                 self._counts.delivered(self.period * (self.courier.posted - 1 - delivery.update), delivery.sent)
                 payloads += delivery.payloads
-        received = share_in_site(self.links, payloads, n)
+        received = share_in_site(self.links, payloads, self.n)
         if not received:
             return False  # the site steps with its own share (D times it), already on .grad
         grads = pack_grads(params, torch.float32, self.links.device)
