@@ -122,6 +122,8 @@ def _run_one(
         "epochs_to_target": None if summary.time_to_accuracy_s is None else summary.epochs,
         "final_accuracy": history[-1]["accuracy"],
         "wan_bytes_per_sample": None if between is None else between / summary.samples,
+        # planned with the all-reduce inside each data centre for gaia and diloco, across the WAN for bsp
+        "predicted_samples_per_s": summary.prediction.samples_per_s,
         "staleness_mean": _mean([r["staleness_mean"] for r in records]) if records else None,
         "staleness_max": max((r["staleness_max"] for r in records), default=None),
         "sent_fraction": _mean([r["sent_fraction"] for r in records]) if records and mode == "gaia" else None,

@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 
 from conveyor.errors import InputError
 
-__all__ = ["batch_size", "split", "to_device"]
+__all__ = ["Parts", "batch_means", "batch_size", "split", "to_device"]
 
 
 def batch_size(batch: Any) -> int:
@@ -80,3 +80,31 @@ def to_device(tree: Any, device: torch.device) -> Any:
     if isinstance(tree, torch.Tensor):
         return tree.to(device, non_blocking=True)
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device, non_blocking=True), tree)
+
+
+def batch_means(losses: dict[int, tuple[float, int]], batches: int, microbatches: int) -> list[float]:
+    """Each of ``batches`` batches' mean loss over its samples, from its microbatches' ``k: (mean loss, samples)``
+    (microbatch ``k`` of batch ``k // microbatches``; an empty one is absent).
+
+    Example:
+        >>> batch_means({0: (1.0, 3), 1: (3.0, 1), 2: (2.0, 2)}, 2, 2)
+        [1.5, 2.0]
+    """
+    out = []
+    for b in range(batches):
+        parts = [losses[k] for k in range(b * microbatches, (b + 1) * microbatches) if k in losses]
+        out.append(sum(loss * n for loss, n in parts) / sum(n for _, n in parts))
+    return out
+
+
+class Parts:
+    """The microbatches of one batch, as a feed for evaluation."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    def microbatch(self, k: int) -> tuple[Any, Any, int]:
+        return self.parts[k], None, batch_size(self.parts[k])
+
+    def batch_samples(self, k: int) -> int:
+        return sum(batch_size(p) for p in self.parts)

@@ -12,6 +12,7 @@ stage calls both at every update, in the same order, so collectives over the sit
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-__all__ = ["OuterSync", "SiteLinks", "site_links", "site_parts"]
+__all__ = ["OuterSync", "SiteLinks", "gather_records", "site_links", "site_parts"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +45,11 @@ class SiteLinks:
     @property
     def is_leader(self) -> bool:
         return dist.get_rank() == self.local_ranks[0]
+
+    def state_path(self, path: str | os.PathLike[str], stage: int) -> str:
+        """Where the site's leader keeps its outer sync's state beside checkpoint ``path``: ``PATH.stageS.siteD``
+        (on its own machine)."""
+        return f"{os.fspath(path)}.stage{stage}.site{self.site}"
 
 
 class OuterSync(Protocol):
@@ -116,3 +122,13 @@ def site_links(
                 )
                 mine = (group, links if len(parts) > 1 else None)
     return mine
+
+
+def gather_records(outer: OuterSync, site: SiteLinks | None) -> list[dict[str, Any]] | None:
+    """Every site leader's ``outer.records()`` since the last call, gathered on worker 0 (``None`` elsewhere);
+    ``site``: this worker's links (``None`` where its stage spans no sites). Every worker calls it."""
+    mine = outer.records() if site is not None and site.is_leader else None
+    worker0 = dist.get_rank() == 0
+    gathered: list[Any] = [None] * dist.get_world_size() if worker0 else []
+    dist.gather_object(mine, gathered if worker0 else None, dst=0)
+    return [r for r in gathered if r is not None] if worker0 else None

@@ -14,7 +14,6 @@ Example (run with ``conveyor.launch(main, nprocs=3)`` or under ``torchrun --npro
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -28,24 +27,26 @@ from torch.utils import _pytree as pytree
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.errors import InputError
 from conveyor.runtime._devices import default_device
-from conveyor.runtime._executor import Executor, LossFn, RunOutput
-from conveyor.runtime._feed import BatchSource, RunLength, read_ahead
+from conveyor.runtime._executor import Executor, LossFn
 from conveyor.runtime._materialize import Materialize, placed
-from conveyor.runtime._microbatch import batch_size, split
-from conveyor.runtime._outer import OuterSync, SiteLinks, site_links
+from conveyor.runtime._microbatch import Parts, batch_means, split
+from conveyor.runtime._outer import OuterSync, SiteLinks, gather_records, site_links
+from conveyor.runtime._scheduled import Scheduled
 from conveyor.runtime._solo import Alone
 from conveyor.runtime._split import split_model
 from conveyor.runtime._stage import (
     Blocks,
     StagePosition,
+    WorldSizeError,
     as_blocks,
     block_shapes,
     build_stage,
+    check_world_size,
     even_balance,
     stage_ranges,
 )
 from conveyor.runtime._transport import P2P
-from conveyor.runtime._update import BUCKET_BYTES, OptimizerFactory, Updater
+from conveyor.runtime._update import BUCKET_BYTES, OptimizerFactory, Updater, count_groups
 from conveyor.runtime._versions import WeightVersions
 from conveyor.schedule import (
     Schedule,
@@ -55,23 +56,10 @@ from conveyor.schedule import (
     make_schedule,
     stage_workers,
     validate,
-    worker_actions,
     worker_stages,
 )
 
 __all__ = ["OptimizerFactory", "Pipeline", "WorldSizeError"]
-
-
-class WorldSizeError(RuntimeError):
-    """The job has a different number of workers than the pipeline's stages and replicas need."""
-
-
-_PIPELINES = itertools.count()  # every worker builds its pipelines in the same order, so the ids agree
-
-
-def _store() -> dist.Store:
-    """The job's c10d store (the one torch.distributed was initialised with)."""
-    return dist.distributed_c10d._get_default_store()
 
 
 class Pipeline(StagePosition):
@@ -175,14 +163,8 @@ class Pipeline(StagePosition):
         self.microbatches = microbatches
         for steps in sorted({1, 2, 2 + math.lcm(*self.replicas)}):
             self.schedule(steps)  # a bad layout fails here, before any worker waits for another
-        world, workers = dist.get_world_size(), sum(self.replicas)
-        if world != workers:
-            layout = "-".join(map(str, self.replicas))
-            raise WorldSizeError(
-                f"the pipeline has {len(ranges)} stages with replicas {layout}, which need {workers} workers, "
-                f"but {world} were started: start {workers} (launch(..., nprocs={workers}) or torchrun "
-                f"--nproc_per_node {workers}), or give a balance and replicas for {world} workers"
-            )
+        world = dist.get_world_size()
+        check_world_size(world, self.replicas)
         self.worker = dist.get_rank()
         self.worker_stage = worker_stages(self.replicas)
         self.stage = self.worker_stage[self.worker]
@@ -193,7 +175,6 @@ class Pipeline(StagePosition):
         self.module = placed(build_stage(whole, ranges[self.stage]), self.device, materialize)
         params = list(self.module.parameters())
         self.optimizer = optimizer(params) if optimizer is not None and params else None
-        self._predict = self.kind.staleness(self.stage, self.replicas) if correct_staleness else 0
         if correct_staleness and self.optimizer is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] *= self.kind.lr_scale(self.stage, self.replicas, microbatches, damped=damp_stale_rate)
@@ -213,13 +194,12 @@ class Pipeline(StagePosition):
             replicas=self.replicas[self.stage],
             device=self.device,
             bucket_bytes=bucket_bytes,
-            count_group=self._count_groups(groups)[self.stage] if outer is None else None,
+            count_group=count_groups(groups, self._stage_workers, self.device)[self.stage] if outer is None else None,
             averaged=self.kind.update == "batch" and not (outer is not None and outer.site_mean),
             outer=outer if self._site is not None else None,
         )
-        self._stashing = self.kind.stashes(self.replicas, self.stage)
+        stashing = self.kind.stashes(self.replicas, self.stage)
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
-        self._id, self._runs = next(_PIPELINES), 0
         self.executor = Executor(
             self.module,
             stage=self.stage,
@@ -246,8 +226,19 @@ class Pipeline(StagePosition):
                 autocast=autocast,
                 recompute=recompute,
             )
-            if world == 1 and outer is None and not self._stashing
+            if world == 1 and outer is None and not stashing
             else None
+        )
+        self._scheduled = Scheduled(
+            kind=self.kind,
+            executor=self.executor,
+            worker=self.worker,
+            first_replica=self._workers_of(self.stage)[0],
+            stage=self.stage,
+            replicas=self.replicas,
+            microbatches=microbatches,
+            stashing=stashing,
+            predict=self.kind.staleness(self.stage, self.replicas) if correct_staleness else 0,
         )
         self.steps = 0  # batches trained on
         self.updates = 0  # this worker's optimizer steps
@@ -273,20 +264,7 @@ class Pipeline(StagePosition):
         without an outer sync)."""
         if self.outer is None:
             return None
-        mine = self.outer.records() if self._site is not None and self._site.is_leader else None
-        gathered: list[Any] = [None] * dist.get_world_size() if self.worker == 0 else []
-        dist.gather_object(mine, gathered if self.worker == 0 else None, dst=0)
-        return [r for r in gathered if r is not None] if self.worker == 0 else None
-
-    def _count_groups(self, groups: list[Any]) -> list[Any]:
-        """On CUDA, a gloo group per replicated stage, where replicas sum their sample counts in host memory
-        (:class:`~conveyor.runtime._update.Updater`): the replica groups themselves in shared-GPU mode. Every
-        worker makes every one, in the same order."""
-        if self.device.type != "cuda":
-            return [None] * len(groups)
-        if dist.get_backend() == "gloo":
-            return groups
-        return [dist.new_group(ws, backend="gloo") if len(ws) > 1 else None for ws in self._stage_workers]
+        return gather_records(self.outer, self._site)
 
     def _workers_of(self, stage: int) -> list[int]:
         return self._stage_workers[stage]
@@ -362,64 +340,9 @@ class Pipeline(StagePosition):
             assert batches is not None
             out, count = self._alone.run(batches, stepped)
         else:
-            out, count = self._run_schedule(batches, stepped)
+            out, count = self._scheduled.run(batches, stepped)
         self.steps += count
         return self._batch_losses(out.loss_values(), count)
-
-    def _run_schedule(
-        self, batches: Iterable[tuple[Any, Any]] | None, stepped: Callable[[], None]
-    ) -> tuple[RunOutput, int]:
-        """One run of the schedule's action lists through the executor: its output and the batches it had."""
-        source = None
-        if batches is not None and (self.is_first or self.is_last):
-            source = BatchSource(batches, self.microbatches, self.is_first, self.is_last, self.worker)
-        self._runs += 1
-        window = read_ahead(len(self.worker_stage), self.microbatches)
-        prefix = f"conveyor/pipeline{self._id}/run{self._runs}"
-        length = RunLength(
-            _store(),
-            prefix,
-            window=window,
-            readers=len(self.worker_stage) - 1,
-            batches=batches,
-            source=source if self.worker == 0 else None,
-        )
-        actions = worker_actions(self.kind, self.worker, self.replicas, self.microbatches, length)
-        out = self.executor.run(
-            actions,
-            source,
-            training=True,
-            stashing=self._stashing,
-            will_use=self._pinned_versions(length),
-            on_step=stepped,
-            predict=self._predict,
-        )
-        if self.worker == 0 and source is not None and source.fill(length.total):
-            raise InputError(f"the batches on worker 0 yielded more than their len() of {length.total}")
-        return out, length.total
-
-    def _pinned_versions(self, length: RunLength) -> Callable[[int], bool] | None:
-        """For schedules whose forwards name their weight version: whether a forward of this worker not yet
-        run will use a version (its own microbatches come in order, their versions never decrease)."""
-        if self.kind.version(self.stage, 0, self.replicas, self.microbatches) is None:
-            return None
-        r, m = self.replicas[self.stage], self.microbatches
-        first = self.worker - self._workers_of(self.stage)[0]
-        weights = self.executor.weights
-
-        def will_use(version: int) -> bool:
-            k = weights.last_forward + r if weights.last_forward >= 0 else first
-            while (exists := length.known(k // m)) is not False:
-                if exists is None:  # not announced yet: keep the version rather than wait in a backward
-                    return True
-                v = self.kind.version(self.stage, k, self.replicas, m)
-                assert v is not None
-                if v >= version:
-                    return v == version
-                k += r
-            return False
-
-        return will_use
 
     def _batch_losses(self, losses: dict[int, tuple[float, int]], count: int) -> list[float] | None:
         """Gather the last stage's per-microbatch losses on its first replica; per-batch means over samples."""
@@ -432,12 +355,7 @@ class Pipeline(StagePosition):
                 losses = {k: v for part in parts for k, v in part.items()}
         if not self.is_output:
             return None
-        m, out = self.microbatches, []
-        for b in range(count):
-            parts_of_batch = [losses[k] for k in range(b * m, (b + 1) * m) if k in losses]
-            samples = sum(n for _, n in parts_of_batch)
-            out.append(sum(loss * n for loss, n in parts_of_batch) / samples)
-        return out
+        return batch_means(losses, count, self.microbatches)
 
     @torch.no_grad()
     def evaluate(self, inputs: Any = None) -> Any:
@@ -454,7 +372,7 @@ class Pipeline(StagePosition):
         if self.worker == 0:
             if inputs is None:
                 raise InputError("worker 0 needs the batch's inputs to evaluate: pass them on this worker")
-            feed = _Parts(split(inputs, self.microbatches))
+            feed = Parts(split(inputs, self.microbatches))
         out = self.executor.run(self._eval_schedule.actions[self.worker], feed, training=False)
         if not self.is_output:
             return None
@@ -471,8 +389,8 @@ class Pipeline(StagePosition):
         """
         first_replica = self.worker == self._workers_of(self.stage)[0]
         checkpoint.save_stages(path, self.module, self.optimizer, first_replica, self.steps, extra)
-        if self.outer is not None and self._site is not None and self._site.is_leader:
-            checkpoint.save(self._site_path(path), self.outer.state_dict())  # each site's own, atomically
+        if self.outer is not None and self._site is not None and self._site.is_leader:  # each site its own, atomically
+            checkpoint.save(self._site.state_path(path, self.stage), self.outer.state_dict())
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint saved by any pipeline (any stage count) of this model, or from a plain model.
@@ -481,23 +399,6 @@ class Pipeline(StagePosition):
             CheckpointError: the file is unreadable or belongs to another model.
         """
         self.steps = checkpoint.load_stage(path, self.module, self.optimizer, self._model_shapes)
-        if self.outer is not None and self._site is not None and os.path.exists(self._site_path(path)):
-            self.outer.load_state_dict(checkpoint.load(self._site_path(path))["model"])
-
-    def _site_path(self, path: str | os.PathLike[str]) -> str:
-        """Where a site's leader keeps its outer sync's state: ``PATH.stageS.siteD`` (on its own machine)."""
-        assert self._site is not None
-        return f"{os.fspath(path)}.stage{self.stage}.site{self._site.site}"
-
-
-class _Parts:
-    """The microbatches of one batch, as a feed for evaluation."""
-
-    def __init__(self, parts: list[Any]) -> None:
-        self.parts = parts
-
-    def microbatch(self, k: int) -> tuple[Any, Any, int]:
-        return self.parts[k], None, batch_size(self.parts[k])
-
-    def batch_samples(self, k: int) -> int:
-        return sum(batch_size(p) for p in self.parts)
+        site_path = self._site.state_path(path, self.stage) if self._site is not None else None
+        if self.outer is not None and site_path is not None and os.path.exists(site_path):
+            self.outer.load_state_dict(checkpoint.load(site_path)["model"])

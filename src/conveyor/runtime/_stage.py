@@ -23,7 +23,17 @@ from torch import nn
 
 from conveyor.errors import InputError
 
-__all__ = ["Blocks", "StagePosition", "as_blocks", "block_shapes", "build_stage", "even_balance", "stage_ranges"]
+__all__ = [
+    "Blocks",
+    "StagePosition",
+    "WorldSizeError",
+    "as_blocks",
+    "block_shapes",
+    "build_stage",
+    "check_world_size",
+    "even_balance",
+    "stage_ranges",
+]
 
 Blocks = nn.Sequential | Sequence[nn.Module]
 
@@ -96,6 +106,22 @@ def build_stage(model: Blocks | nn.Module, block_range: tuple[int, int]) -> nn.S
     """The blocks ``[start, stop)`` of ``model`` as an ``nn.Sequential`` under their original names."""
     start, stop = block_range
     return nn.Sequential(OrderedDict(as_blocks(model)[start:stop]))
+
+
+class WorldSizeError(RuntimeError):
+    """The job has a different number of workers than the pipeline's stages and replicas need."""
+
+
+def check_world_size(world: int, replicas: Sequence[int]) -> None:
+    """Raise :class:`WorldSizeError`, saying what to start, unless ``world`` workers are the stages' ``replicas``."""
+    workers = sum(replicas)
+    if world != workers:
+        layout = "-".join(map(str, replicas))
+        raise WorldSizeError(
+            f"the pipeline has {len(replicas)} stages with replicas {layout}, which need {workers} workers, "
+            f"but {world} were started: start {workers} (launch(..., nprocs={workers}) or torchrun "
+            f"--nproc_per_node {workers}), or give a balance and replicas for {world} workers"
+        )
 
 
 class StagePosition:

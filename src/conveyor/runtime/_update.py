@@ -43,6 +43,7 @@ any replica leaves the weights as they are.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,7 +51,7 @@ from torch import nn
 
 from conveyor.runtime._outer import OuterSync
 
-__all__ = ["OptimizerFactory", "Updater", "pack_grads", "reduce_dtype", "set_mean_grads"]
+__all__ = ["OptimizerFactory", "Updater", "count_groups", "pack_grads", "reduce_dtype", "set_mean_grads"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]  # builds a stage's optimizer
 
@@ -194,6 +195,17 @@ class Updater:
         coef = torch.clamp(self.max_grad_norm / (sq.sqrt() + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype))
+
+
+def count_groups(groups: list[Any], stage_workers: list[list[int]], device: torch.device) -> list[Any]:
+    """Where each replicated stage's replicas sum their sample counts: on CUDA, in host memory over gloo
+    (:class:`Updater`'s ``count_group``), the replica ``groups`` themselves when they are gloo's, else a gloo group
+    per stage of ``stage_workers`` (every worker makes every one, in the same order); ``None`` off CUDA."""
+    if device.type != "cuda":
+        return [None] * len(groups)
+    if dist.get_backend() == "gloo":
+        return groups
+    return [dist.new_group(ws, backend="gloo") if len(ws) > 1 else None for ws in stage_workers]
 
 
 def reduce_dtype(params: Sequence[torch.Tensor]) -> torch.dtype:
