@@ -41,3 +41,14 @@ def test_with_no_threshold_every_nonzero_entry_goes_at_once() -> None:
     indices, values, ages = f.select([w], lr=0.1, now=5)
     assert indices.tolist() == [1, 2] and values.tolist() == [-0.5, 4.0] and ages.tolist() == [6, 6]
     assert f.pending.tolist() == [0.0, 0.0, 0.0] and f.sent_at.tolist() == [-1, 5, 5]
+
+
+def test_what_bfloat16_leaves_out_stays_pending() -> None:
+    w = torch.nn.Parameter(torch.ones(3))
+    w.grad = torch.tensor([1.0 + 2**-10, 0.001, -3.0])
+    f = SignificanceFilter(3, threshold=0.1, device=torch.device("cpu"), wire_dtype=torch.bfloat16)
+    f.add([w])
+    indices, values, _ = f.select([w], lr=1.0, now=0)
+    assert indices.tolist() == [0, 2] and values.dtype == torch.bfloat16 and values.tolist() == [1.0, -3.0]
+    # 1 + 2**-10 is not a bfloat16: its remainder waits, beside the insignificant entry
+    assert torch.equal(f.pending, torch.tensor([2**-10, 0.001, 0.0]))

@@ -55,7 +55,8 @@ def gaia_reference(
     workers: int, sites: int, threshold: float, period: int = 1, estimate: bool = False
 ) -> list[torch.Tensor]:
     """Each site's weights after ``STEPS`` updates of Gaia's equations, an exchange every ``period`` updates,
-    each read at once; with ``estimate``, each site's own share standing in for what the others hold back."""
+    each read at once, the values sent in bfloat16 (the rest kept pending); with ``estimate``, each site's own share
+    standing in for what the others hold back."""
     models = _sites(sites, MOMENTUM)
     n = _flat(models[0][0]).numel()
     pending = [torch.zeros(n) for _ in range(sites)]
@@ -70,9 +71,9 @@ def gaia_reference(
             chosen = LR * pending[d].abs() > threshold * _flat(model).abs()
             if t % period:
                 chosen = torch.zeros(n, dtype=torch.bool)  # not an exchange: nothing is tested or sent
-            sent.append(torch.where(chosen, pending[d], torch.zeros(n)))
+            sent.append(torch.where(chosen, pending[d].bfloat16().float(), torch.zeros(n)))
             masks.append(chosen)
-            pending[d][chosen] = 0
+            pending[d] -= sent[d]
             own[d] += g
         for d, (model, opt) in enumerate(models):
             step = shares[d] + sum(s for e, s in enumerate(sent) if e != d)
@@ -132,7 +133,7 @@ def _train(workers: int, make: Any, momentum: float) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("workers", "sites"), [(4, 2), (3, 3)])
 def test_gaia_with_threshold_zero_is_synchronous_data_parallelism(workers: int, sites: int) -> None:
-    make = partial(Gaia, sites, threshold=0.0, staleness=1)
+    make = partial(Gaia, sites, threshold=0.0, staleness=1, wire_dtype=torch.float32)  # exact on the wire
     out = launch(_train, workers, make, MOMENTUM, nprocs=workers, timeout_s=150)
     expected = dp_reference()
     for rank, result in out.items():
@@ -232,7 +233,7 @@ def _train_pipeline(balance: list[int], replicas: list[int], sites: int) -> dict
         loss_fn=F.cross_entropy,
         optimizer=partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM),
         replicas=replicas,
-        outer=Gaia(sites, threshold=0.0, staleness=1),
+        outer=Gaia(sites, threshold=0.0, staleness=1, wire_dtype=torch.float32),
     )
     pipe.train(batches(n=STEPS, size=SIZE) if pipe.is_first or pipe.is_last else None)
     return {"params": {k: v.detach().clone() for k, v in pipe.module.named_parameters()}, "stage": pipe.stage}
@@ -243,7 +244,8 @@ def test_replicated_stages_across_data_centres_take_the_whole_batch_step(
     balance: list[int], replicas: list[int], sites: int
 ) -> None:
     # Data centres of 2 workers: a replicated stage spans two (3 replicas: 2 + 1, or 1 + 2 from the second data
-    # centre on); with a threshold of 0 the pipeline takes the unsplit model's step on each batch.
+    # centre on); with a threshold of 0 and float32 on the wire the pipeline takes the unsplit model's step on
+    # each batch.
     out = launch(_train_pipeline, balance, replicas, sites, nprocs=sum(replicas), timeout_s=150)
     model = mlp()
     _set_flat(model, dp_reference())

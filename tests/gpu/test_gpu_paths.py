@@ -216,12 +216,16 @@ def _across_data_centres(make: Any) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(
     "make",
-    [partial(Gaia, 2, threshold=0.0, staleness=1), partial(DiLoCo, 2, local_steps=1, outer_lr=1.0, outer_momentum=0.0)],
+    [
+        partial(Gaia, 2, threshold=0.0, staleness=1, wire_dtype=torch.float32),
+        partial(DiLoCo, 2, local_steps=1, outer_lr=1.0, outer_momentum=0.0),
+    ],
     ids=["gaia", "diloco"],
 )
 def test_data_centres_sharing_the_gpu_take_the_synchronous_step(make: Any) -> None:
-    # 2 data centres of 2 workers on one GPU: gaia at threshold 0 and diloco at one local step with an outer SGD of
-    # rate 1 are synchronous data parallelism (plain SGD), the WAN exchange going through host memory.
+    # 2 data centres of 2 workers on one GPU: gaia at threshold 0 (float32 on the wire) and diloco at one local step
+    # with an outer SGD of rate 1 are synchronous data parallelism (plain SGD), the WAN exchange going through host
+    # memory.
     per_rank = launch(_across_data_centres, make, nprocs=4, device="cuda", backend="gloo", timeout_s=240)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

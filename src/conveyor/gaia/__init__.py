@@ -11,6 +11,6 @@ from conveyor.gaia._asp import Gaia
 from conveyor.gaia._diloco import DiLoCo
 from conveyor.gaia._filter import SignificanceFilter
 from conveyor.gaia._modes import outer_sync
-from conveyor.gaia._sparse import decode, encode, encoded_bytes
+from conveyor.gaia._sparse import decode, encode
 
-__all__ = ["DiLoCo", "Gaia", "SignificanceFilter", "decode", "encode", "encoded_bytes", "outer_sync"]
+__all__ = ["DiLoCo", "Gaia", "SignificanceFilter", "decode", "encode", "outer_sync"]

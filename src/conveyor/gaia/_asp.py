@@ -11,9 +11,10 @@ An entry is **significant** when the step it would make is a large enough part o
     S_d(t) = { i : eta |a_d,i| > tau |w_d,i| }
 
 with ``eta`` the optimizer's learning rate and ``w_d`` the site's weights. The leader posts the significant
-entries ``u_d(t) = sum over i in S_d(t) of a_d,i e_i`` to every other site and zeroes them in ``a_d``; the
-insignificant ones wait, accumulating, until they matter. The exchange (a notice of the entry count, then the
-payloads, sent only by the sites that announced some: :mod:`conveyor.gaia._exchange`) runs beside the training,
+entries ``u_d(t) = sum over i in S_d(t) of round(a_d,i) e_i`` to every other site and takes them out of ``a_d``,
+``a_d <- a_d - u_d(t)`` (``round``: to bfloat16 by default, ``wire_dtype``; what it leaves out stays pending); the
+insignificant ones wait, accumulating, until they matter. The exchange (a notice of the entry count and size, then
+the payloads, sent only by the sites that announced some: :mod:`conveyor.gaia._exchange`) runs beside the training,
 and every replica of site ``d`` steps its optimizer with
 
     G_d(t) = g_d(t) + sum over e != d, over the exchanges t' the site takes at t, of u_e(t')
@@ -22,8 +23,8 @@ its own share at once (a site always sees its own updates) and the others' signi
 The **mirror clock** bounds how late: at update ``t`` a site takes every exchange already finished and waits for
 those posted at ``t - s + 1`` or before (``s``, ``staleness``, at least 1), so no significant update is read
 more than ``s - 1`` updates after it was posted. With ``s = 1`` and ``tau = 0`` every non-zero entry is
-significant and taken at once, so ``G_d(t) = g(t)`` on every site: synchronous data parallelism, whatever the
-optimizer. The sites' weights otherwise differ by what is pending and in flight.
+significant and taken at once, so with float32 on the wire ``G_d(t) = g(t)`` on every site: synchronous data
+parallelism, whatever the optimizer. The sites' weights otherwise differ by what is pending and in flight.
 
 The sites **exchange every** ``p`` **updates** (``period``, 1 by default): ``a_d`` takes every update's share,
 but only at updates ``t = p, 2p, ...`` is it tested and posted and are exchanges taken, so in between
@@ -48,6 +49,7 @@ import torch
 from conveyor.gaia._estimate import OwnShares
 from conveyor.gaia._exchange import Courier, Payload, share_in_site
 from conveyor.gaia._filter import SignificanceFilter
+from conveyor.gaia._sparse import WIRE_DTYPES
 from conveyor.runtime.parts import SiteLinks, pack_grads, set_mean_grads
 
 __all__ = ["Gaia"]
@@ -65,17 +67,29 @@ class Gaia:
         period: ``p``, updates between exchanges (1: every update; ``conveyor train --wan-period`` defaults to 2).
         estimate: stand the site's own share in for what the other sites hold back until they send it
             (:mod:`conveyor.gaia._estimate`).
+        wire_dtype: the significant values cross the WAN as bfloat16 (what rounding leaves out stays pending) or
+            float32 (exactly; with ``threshold`` 0 and ``staleness`` 1, synchronous data parallelism bit for bit).
     """
 
     site_mean = False
 
     def __init__(
-        self, sites: int, *, threshold: float = 0.05, staleness: int = 1, period: int = 1, estimate: bool = False
+        self,
+        sites: int,
+        *,
+        threshold: float = 0.05,
+        staleness: int = 1,
+        period: int = 1,
+        estimate: bool = False,
+        wire_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         if not 0 <= threshold < 1 or staleness < 1 or period < 1:
             raise ValueError(
                 f"threshold must be in [0, 1), staleness and period at least 1, got {threshold}, {staleness}, {period}"
             )
+        if wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype is torch.bfloat16 or torch.float32, got {wire_dtype}")
+        self.wire_dtype = wire_dtype
         self.sites, self.threshold, self.staleness, self.period = sites, threshold, staleness, period
         self.update = 0  # updates so far, on every replica (each knows which updates exchange)
         self.estimate = estimate
@@ -92,7 +106,9 @@ class Gaia:
             others = [e for e in range(links.sites) if e != links.index]
             self.own = OwnShares(self.n, others, device=links.device)
         if links.is_leader:
-            self.filter = SignificanceFilter(self.n, threshold=self.threshold, device=links.device)
+            self.filter = SignificanceFilter(
+                self.n, threshold=self.threshold, device=links.device, wire_dtype=self.wire_dtype
+            )
             self.courier = Courier(links, self.n)
 
     def after_reduce(self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> bool:

@@ -1,13 +1,13 @@
 """What the sites' leaders send each other over the WAN, and how a site's replicas learn it over the LAN.
 
 A sparse exchange (Gaia) is two rounds among the leaders: the **notice**, one all-gather of each site's entry count
-(8 bytes a site: who is about to send significant updates), then the **payloads**, sent point to point only by the
-sites that announced some, each received only from those (the selective barrier: a site waits for the updates
-announced, not for every site's clock). A leader's :class:`Courier` runs its exchanges, one per exchanging update
-(every ``period`` updates), in order, on a thread of its own, so that an exchange's transfer can overlap the next
-updates' computation; the leader takes the finished ones and broadcasts them to its site's other replicas (LAN), so
-that every replica of a site applies the same updates at the same step. A dense exchange (DiLoCo) is one all-reduce,
-then the same broadcast.
+and payload size (16 bytes a site: who is about to send significant updates, and how much), then the **payloads**,
+sent point to point only by the sites that announced some, each received only from those (the selective barrier: a
+site waits for the updates announced, not for every site's clock). A leader's :class:`Courier` runs its exchanges,
+one per exchanging update (every ``period`` updates), in order, on a thread of its own, so that an exchange's
+transfer can overlap the next updates' computation; the leader takes the finished ones and broadcasts them to its
+site's other replicas (LAN), so that every replica of a site applies the same updates at the same step. A dense
+exchange (DiLoCo) is one all-reduce, then the same broadcast.
 
 WAN traffic goes through gloo in host memory: the counts are needed on the host to size the receives, so a
 leader on CUDA copies its payload out once per exchange (unverified on a GPU).
@@ -21,7 +21,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from conveyor.gaia._sparse import decode, encode, encoded_bytes
+from conveyor.gaia._sparse import decode, encode
 from conveyor.runtime.parts import SiteLinks
 
 __all__ = ["Courier", "Delivery", "Payload", "Received", "broadcast_dense", "mean_over_sites", "share_in_site"]
@@ -86,19 +86,19 @@ class Courier:
     def _swap(self, mine: torch.Tensor | None, k: int) -> tuple[list[Payload], int]:
         """The notice, then the payloads: send ours to every other site, receive from those that announced some."""
         links, wan = self.links, self.links.wan
-        gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(links.sites)]
-        dist.all_gather(gathered, torch.tensor([k]), group=wan)
-        counts = torch.cat(gathered).tolist()
-        ops, received, sent = [], [], 8 * (links.sites - 1)
+        gathered = [torch.zeros(2, dtype=torch.int64) for _ in range(links.sites)]
+        dist.all_gather(gathered, torch.tensor([k, mine.numel() if mine is not None else 0]), group=wan)
+        counts = [tuple(g.tolist()) for g in gathered]  # (entries, bytes) per site
+        ops, received, sent = [], [], 16 * (links.sites - 1)
         for site, leader in enumerate(links.leaders):
             if site == links.index:
                 continue
             if mine is not None:
                 ops.append(dist.P2POp(dist.isend, mine, leader, group=wan))
                 sent += mine.numel()
-            if counts[site] > 0:
-                buffer = torch.empty(encoded_bytes(self.n, counts[site]), dtype=torch.uint8)
-                received.append((site, counts[site], buffer))
+            if counts[site][0] > 0:
+                buffer = torch.empty(counts[site][1], dtype=torch.uint8)
+                received.append((site, counts[site][0], buffer))
                 ops.append(dist.P2POp(dist.irecv, buffer, leader, group=wan))
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
@@ -107,24 +107,25 @@ class Courier:
 
 def share_in_site(links: SiteLinks, payloads: list[Payload], n: int) -> Received:
     """The leader's ``payloads`` (empty on the others), broadcast to its site's replicas and decoded on each:
-    their count, then their senders and entry counts, then their bytes in one tensor."""
+    their count, then their senders, entry counts and sizes, then their bytes in one tensor."""
     if links.local is not None:
         root, group = links.local_ranks[0], links.local
         count = torch.tensor([len(payloads)], device=links.device)
         dist.broadcast(count, root, group=group)
-        heads = torch.tensor([[s, k] for s, k, _ in payloads], dtype=torch.int64, device=links.device).reshape(-1, 2)
+        heads = torch.tensor([[s, k, d.numel()] for s, k, d in payloads], dtype=torch.int64, device=links.device)
+        heads = heads.reshape(-1, 3)
         if not links.is_leader:
-            heads = torch.empty(int(count.item()), 2, dtype=torch.int64, device=links.device)
+            heads = torch.empty(int(count.item()), 3, dtype=torch.int64, device=links.device)
         if heads.numel():
             dist.broadcast(heads, root, group=group)
-            sizes = [encoded_bytes(n, k) for k in heads[:, 1].tolist()]
+            sizes = heads[:, 2].tolist()
             flat = (
                 torch.cat([data for _, _, data in payloads]).to(links.device)
                 if links.is_leader
                 else torch.empty(sum(sizes, start=0), dtype=torch.uint8, device=links.device)
             )
             dist.broadcast(flat, root, group=group)
-            payloads = [(s, k, data) for (s, k), data in zip(heads.tolist(), flat.split(sizes), strict=True)]
+            payloads = [(s, k, data) for (s, k, _), data in zip(heads.tolist(), flat.split(sizes), strict=True)]
     received: Received = []
     for site, k, data in payloads:
         received.append((site, *decode(data.to(links.device), n, k)))  # on the device, as the data

@@ -8,7 +8,9 @@ done on packed copies (the gradients and the weights each gathered into a new fl
 fresh pages from the kernel each time. The filter instead adds each parameter's gradient into its slice of ``a``
 and takes ``|a|`` and ``|w|`` into two buffers it keeps, parameter by parameter, and writes the test into a mask
 it keeps: no model-sized tensor is allocated per update. The arithmetic is the same, entry by entry, as on packed
-copies, so what is selected is too.
+copies, so what is selected is too. An entry taken out goes as the wire's dtype carries it, ``u_i = round(a_i)``
+(bfloat16 in :class:`~conveyor.gaia.Gaia` by default: :mod:`conveyor.gaia._sparse`), and what rounding left out
+stays pending, ``a_i <- a_i - u_i``: summed over the exchanges, everything is sent.
 
 Example (the second entry's step, 1.0 x 0.5, is more than 10% of its weight 1.0; the first's, 0.01, is not):
     >>> w = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
@@ -47,14 +49,17 @@ class SignificanceFilter:
         n: the entries (the stage's weights, all its parameters flattened in order).
         threshold: ``tau``.
         device: where ``a`` and the filter's buffers live (the leader's device).
+        wire_dtype: what the values taken out are rounded to (float32: exactly ``a``'s).
 
     Attributes:
         pending: ``a``, float32.
         sent_at: the update each entry was last sent at (-1: never), to count how long it waited.
     """
 
-    def __init__(self, n: int, *, threshold: float, device: torch.device) -> None:
-        self.threshold = threshold
+    def __init__(
+        self, n: int, *, threshold: float, device: torch.device, wire_dtype: torch.dtype = torch.float32
+    ) -> None:
+        self.threshold, self.wire_dtype = threshold, wire_dtype
         self.pending = torch.zeros(n, dtype=torch.float32, device=device)
         self.sent_at = torch.full((n,), -1, dtype=torch.int32, device=device)
         self._step = torch.empty(n, dtype=torch.float32, device=device)  # eta |a|
@@ -69,8 +74,8 @@ class SignificanceFilter:
         self, params: Sequence[torch.Tensor], lr: float, now: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Take out ``a``'s significant entries at update ``now`` (after :meth:`add`), and return their indices,
-        values and ages (updates since each was last sent; an entry never sent counts from update -1). An entry of
-        ``a`` that is zero is never significant (``0 > tau |w|`` fails)."""
+        values (in ``wire_dtype``, the rest left pending) and ages (updates since each was last sent; an entry never
+        sent counts from update -1). An entry of ``a`` that is zero is never significant (``0 > tau |w|`` fails)."""
         first = 0
         for p in params:
             last = first + p.numel()
@@ -80,7 +85,8 @@ class SignificanceFilter:
         torch.gt(self._step.mul_(lr), self._bar.mul_(self.threshold), out=self._chosen)
         indices = self._chosen.nonzero().reshape(-1)
         values = self.pending[indices]
-        self.pending[indices] = 0
+        sent = values.to(self.wire_dtype)
+        self.pending[indices] = values - sent.to(torch.float32)  # 0 unless rounded
         ages = now - self.sent_at[indices]
         self.sent_at[indices] = now
-        return indices, values, ages
+        return indices, sent, ages

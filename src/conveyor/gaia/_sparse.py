@@ -1,60 +1,83 @@
-"""Sparse updates as bytes: the positions and values of ``k`` of a flat tensor's ``n`` entries.
+"""Sparse updates as bytes: ``k`` of a flat tensor's ``n`` entries, their values in bfloat16 or float32.
 
-Two encodings, whichever is smaller, chosen from ``(n, k)`` alone so the receiver needs no header: ``k`` int32
-indices then ``k`` float32 values (``8k`` bytes), or a bitmap of ``n`` bits then the ``k`` values in order
-(``ceil(n / 8) + 4k`` bytes); the bitmap wins above one entry in 32.
+A payload is the ``k`` values as they are given (``2k`` bytes in bfloat16, ``4k`` in float32), then their
+positions, then one byte saying how the values and positions are written (bit 1: float32; bit 0: a bitmap). The
+positions take whichever form is smaller:
+
+- **gaps** (tag 0): each index's distance from the one before, less one (``i_0 + 1`` for the first), as a LEB128
+  varint: 7 bits a byte, the top bit set on every byte but a number's last. The filter's entries are a few in a
+  hundred, so most gaps take one byte: with bfloat16 values, about 3 bytes an entry where int32 indices and
+  float32 values took 8;
+- **bitmap**: ``n`` bits, ``ceil(n / 8)`` bytes, smaller once more than about one entry in eight is sent.
+
+bfloat16 values lose precision; the sender keeps what they leave out (Gaia's pending update keeps ``a - u``,
+:class:`~conveyor.gaia.SignificanceFilter`), so nothing is lost over the exchanges. The size depends on the
+positions, so the receiver learns it from the notice (:mod:`conveyor.gaia._exchange`).
+
+Example:
+    >>> data = encode(torch.tensor([3, 4, 200]), torch.tensor([0.5, -2.0, 1.0], dtype=torch.bfloat16), 1000)
+    >>> data.numel(), decode(data, 1000, 3)  # 6 bytes of values, gaps 3, 0, 195 (2 bytes), the tag
+    (11, (tensor([  3,   4, 200]), tensor([ 0.5000, -2.0000,  1.0000])))
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["decode", "encode", "encoded_bytes"]
+__all__ = ["WIRE_DTYPES", "decode", "encode"]
 
+WIRE_DTYPES = (torch.bfloat16, torch.float32)
 _BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
-
-
-def encoded_bytes(n: int, k: int) -> int:
-    """The bytes of ``k`` of ``n`` entries.
-
-    Example:
-        >>> encoded_bytes(1000, 10), encoded_bytes(1000, 100)
-        (80, 525)
-    """
-    return min(8 * k, -(-n // 8) + 4 * k)
-
-
-def _bitmap(n: int, k: int) -> bool:
-    return -(-n // 8) + 4 * k < 8 * k
+_BITMAP, _FLOAT32 = 1, 2  # the tag's bits
 
 
 def encode(indices: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
-    """``values`` (float32) at ``indices`` (ascending, of a flat tensor of ``n``) as a uint8 tensor of
-    :func:`encoded_bytes` bytes, on the values' device.
-
-    Example:
-        >>> data = encode(torch.tensor([1, 6]), torch.tensor([0.5, -2.0]), 8)
-        >>> data.numel(), decode(data, 8, 2)  # 2 of 8: a 1-byte bitmap and 2 values, not 2 indices and 2 values
-        (9, (tensor([1, 6]), tensor([ 0.5000, -2.0000])))
-    """
-    k = int(indices.numel())
-    values = values.to(torch.float32).reshape(-1)
-    if not _bitmap(n, k):
-        return torch.cat([indices.to(torch.int32).view(torch.uint8), values.view(torch.uint8)])
-    mask = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=values.device)
-    mask[indices] = 1
-    bits = (mask.view(-1, 8) * _BITS.to(values.device)).sum(dim=1, dtype=torch.uint8)
-    return torch.cat([bits, values.view(torch.uint8)])
+    """``values`` (bfloat16 or float32, written as they are) at ``indices`` (ascending, of a flat tensor of ``n``)
+    as a uint8 tensor, on the values' device."""
+    if values.dtype not in WIRE_DTYPES:
+        raise ValueError(f"values go as bfloat16 or float32, not {values.dtype}")
+    tag = _FLOAT32 if values.dtype == torch.float32 else 0
+    positions = _varints(torch.diff(indices.to(torch.int64), prepend=indices.new_full((1,), -1)) - 1)
+    if -(-n // 8) < positions.numel():
+        mask = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=values.device)
+        mask[indices] = 1
+        positions = (mask.view(-1, 8) * _BITS.to(values.device)).sum(dim=1, dtype=torch.uint8)
+        tag |= _BITMAP
+    flags = torch.tensor([tag], dtype=torch.uint8, device=values.device)
+    return torch.cat([values.reshape(-1).view(torch.uint8), positions, flags])
 
 
 def decode(data: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The indices (int64, ascending) and float32 values :func:`encode` wrote for ``k`` of ``n`` entries (``data``
     may be a slice of a larger buffer at any offset)."""
-    if data.storage_offset() % 4:
-        data = data.clone()  # 4-byte views need 4-byte alignment
-    if not _bitmap(n, k):
-        indices = data[: 4 * k].view(torch.int32).to(torch.int64)
-        return indices, data[4 * k : 8 * k].view(torch.float32)
-    head = -(-n // 8)
-    mask = (data[:head].unsqueeze(1) & _BITS.to(data.device)).ne(0).reshape(-1)[:n]
-    return mask.nonzero().reshape(-1), data[head : head + 4 * k].clone().view(torch.float32)  # 4-byte aligned
+    tag = int(data[-1])
+    dtype = torch.float32 if tag & _FLOAT32 else torch.bfloat16
+    width = dtype.itemsize * k
+    values = data[:width].clone().view(dtype).to(torch.float32)  # cloned: aligned for the view
+    positions = data[width:-1]
+    if tag & _BITMAP:
+        mask = (positions.unsqueeze(1) & _BITS.to(data.device)).ne(0).reshape(-1)[:n]
+        return mask.nonzero().reshape(-1), values
+    return torch.cumsum(_read_varints(positions, k) + 1, dim=0) - 1, values
+
+
+def _varints(numbers: torch.Tensor) -> torch.Tensor:
+    """``numbers`` (int64, at least 0, under 2**35) as LEB128 bytes."""
+    groups = torch.ones_like(numbers)  # 7-bit groups per number
+    for j in range(1, 5):
+        groups += numbers >= 1 << (7 * j)
+    owner = torch.repeat_interleave(torch.arange(numbers.numel(), device=numbers.device), groups)
+    first = torch.cumsum(groups, dim=0) - groups
+    place = torch.arange(owner.numel(), device=numbers.device) - first[owner]  # the 7-bit group, low first
+    more = (place < groups[owner] - 1).to(torch.int64) << 7
+    return (((numbers[owner] >> (7 * place)) & 127) | more).to(torch.uint8)
+
+
+def _read_varints(data: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` numbers :func:`_varints` wrote in ``data``."""
+    b = data.to(torch.int64)
+    last = (b & 128) == 0
+    owner = torch.cumsum(last.to(torch.int64), dim=0) - last.to(torch.int64)
+    starts = torch.cat([b.new_zeros(1), torch.nonzero(last).reshape(-1)[:-1] + 1])
+    place = torch.arange(b.numel(), device=b.device) - starts[owner]
+    return torch.zeros(k, dtype=torch.int64, device=b.device).index_add_(0, owner, (b & 127) << (7 * place))
