@@ -14,17 +14,21 @@ can start the server first and let it import torch while the command itself does
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
 import os
 import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import reduction
 from pathlib import Path
@@ -37,6 +41,7 @@ __all__ = [
     "WorkerReport",
     "become_worker",
     "failure_report",
+    "job_folder",
     "launcher_environment",
     "report_and_exit",
     "request_stop",
@@ -164,6 +169,29 @@ class WorkerReport:
     traceback: str = ""
     time: float = 0.0
     bad_input: bool = False  # an InputError or OSError, not a bug
+
+
+@contextlib.contextmanager
+def job_folder(kind: str) -> Iterator[Path]:
+    """A folder for this process's job, ``conveyor-KIND-PID-XXXXXXXX`` in the temporary directory, removed when the
+    job ends. A launcher killed outright (SIGKILL) cannot remove its own, so each job first removes the ``kind``
+    folders whose launcher (PID) is gone: its workers died with it (:func:`set_parent_death_signal`)."""
+    for stale in Path(tempfile.gettempdir()).glob(f"conveyor-{kind}-*-*"):
+        owner = stale.name.split("-")[2]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f"conveyor-{kind}-{os.getpid()}-") as tmp:
+        yield Path(tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def set_parent_death_signal() -> None:

@@ -1,4 +1,5 @@
-"""Nothing of an emulated cluster survives its job, even a launcher killed with SIGKILL (root only)."""
+"""Nothing of an emulated cluster survives its job, even a launcher killed with SIGKILL (root only): its folders go
+with the next job's start."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from emulation import needs_root
 
 from conveyor.emulate._cgroups import cgroup_roots
+from conveyor.processes import job_folder
 
 pytestmark = [needs_root, pytest.mark.timeout(120)]
 
@@ -62,13 +65,16 @@ def _wait_for(condition, seconds: float) -> bool:  # type: ignore[no-untyped-def
 
 
 @pytest.mark.serial  # it reads the machine's namespaces, links and cgroups, which another job would change
-def test_sigkill_of_the_launcher_leaves_no_namespace_link_or_cgroup(tmp_path: Path) -> None:
+def test_sigkill_of_the_launcher_leaves_no_namespace_link_cgroup_or_folder(tmp_path: Path, monkeypatch) -> None:
     before = _network_namespaces()
     roots_before = [root.exists() for root in cgroup_roots()]
     root_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
+    scratch = tmp_path / "tmp"  # the launcher's temporary directory
+    scratch.mkdir()
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+        "TMPDIR": str(scratch),
     }
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(tmp_path)], env=env)
     try:
@@ -89,3 +95,8 @@ def test_sigkill_of_the_launcher_leaves_no_namespace_link_or_cgroup(tmp_path: Pa
     assert _wait_for(lambda: not (_network_namespaces() & during), 15), "a namespace of the job was left behind"
     after_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
     assert after_links == root_links  # the job never touched this machine's own network
+    left = [*scratch.glob(f"conveyor-emulate-{launcher.pid}-*"), *scratch.glob(f"conveyor-launch-{launcher.pid}-*")]
+    assert len(left) == 2, "a launcher killed outright cannot remove its folders"
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with job_folder("emulate"), job_folder("launch"):  # the next emulated job's launch removes them
+        assert not any(folder.exists() for folder in left)

@@ -4,6 +4,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conveyor.processes import job_folder
 from conveyor.runtime._launch import WorkerError, keep_first, launch, under_torchrun
 
 pytestmark = pytest.mark.timeout(90)
@@ -176,10 +178,12 @@ launch(_pid_then_sleep, sys.argv[1], nprocs=2)
 
 
 @pytest.mark.slow
-def test_workers_die_with_a_killed_launcher(tmp_path: Path) -> None:
+def test_workers_die_with_a_killed_launcher(tmp_path: Path, monkeypatch) -> None:
     """A worker's parent is the worker server, not its launcher: the server must end, and its workers with it,
-    when the launcher is killed outright."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    when the launcher is killed outright; the folder it could not remove goes with the next job's start."""
+    scratch = tmp_path / "tmp"  # the launcher's temporary directory
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "TMPDIR": str(scratch)}
     launcher = subprocess.Popen([sys.executable, "-c", _KILLED_LAUNCHER, str(tmp_path)], env=env)
     try:
         deadline = time.monotonic() + 60
@@ -195,6 +199,11 @@ def test_workers_die_with_a_killed_launcher(tmp_path: Path) -> None:
             time.sleep(0.1)
     finally:
         launcher.kill()
+    left = list(scratch.glob(f"conveyor-launch-{launcher.pid}-*"))
+    assert left, "a launcher killed outright cannot remove its folder"
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with job_folder("launch"):  # the next job removes it
+        assert not any(folder.exists() for folder in left)
 
 
 def _alive(pid: int) -> bool:
@@ -204,3 +213,17 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+
+
+def test_a_job_removes_the_folders_of_launchers_that_are_gone(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = tmp_path / "conveyor-launch-4194305-abc"  # above Linux's largest PID (2**22): no such process
+    alive = tmp_path / f"conveyor-launch-{os.getppid()}-def"  # this test's parent: running
+    other = tmp_path / "conveyor-emulate-4194305-ghi"  # another kind's: left to that kind's jobs
+    for folder in (gone, alive, other):
+        folder.mkdir()
+        (folder / "rendezvous").write_text("")
+    with job_folder("launch") as mine:
+        assert mine.name.startswith(f"conveyor-launch-{os.getpid()}-") and mine.is_dir()
+        assert not gone.exists() and alive.exists() and other.exists()
+    assert not mine.exists()

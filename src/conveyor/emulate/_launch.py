@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from conveyor.emulate._cluster import Cluster, Emulation
 from conveyor.emulate._driver import FaultDriver
 from conveyor.emulate._privileges import EmulationError
+from conveyor.processes import job_folder
 from conveyor.runtime import WorkerError, launch, under_torchrun
 
 __all__ = ["WorkerRevoked", "launch_emulated"]
@@ -47,8 +47,8 @@ def launch_emulated(
         return launch(fn, *args, nprocs=nprocs, **kwargs)
     if under_torchrun():
         raise EmulationError("--network, --devices and --faults emulate a cluster on one machine: run without torchrun")
-    with tempfile.TemporaryDirectory(prefix="conveyor-emulate-") as tmp:
-        folder = Path(log_dir) if log_dir is not None else Path(tmp)
+    with job_folder("emulate") as tmp:
+        folder = Path(log_dir) if log_dir is not None else tmp
         with Cluster(emulation, nprocs, folder) as cluster:
             driver = FaultDriver(cluster, emulation.fault_list(nprocs)).start()
             try:

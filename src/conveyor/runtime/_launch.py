@@ -8,7 +8,6 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from conveyor.processes import (
     WorkerReport,
     become_worker,
     failure_report,
+    job_folder,
     launcher_environment,
     report_and_exit,
     request_stop,
@@ -146,14 +146,14 @@ def launch(
     if nprocs < 1:
         raise InputError(f"nprocs must be at least 1, got {nprocs}")
     check_workers(nprocs, kind, backend)
-    with tempfile.TemporaryDirectory(prefix="conveyor-launch-") as tmp:
+    with job_folder("launch") as tmp:
         job = _LocalJob(
             fn=fn,
             args=args,
             world=nprocs,
             device=kind,
             backend=backend,
-            tmp=Path(tmp),
+            tmp=tmp,
             collective_timeout_s=collective_timeout_s,
             setup=setup,
             graceful=on_interrupt is not None,
