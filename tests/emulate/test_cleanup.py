@@ -65,16 +65,13 @@ def _wait_for(condition, seconds: float) -> bool:  # type: ignore[no-untyped-def
 
 
 @pytest.mark.serial  # it reads the machine's namespaces, links and cgroups, which another job would change
-def test_sigkill_of_the_launcher_leaves_no_namespace_link_cgroup_or_folder(tmp_path: Path, monkeypatch) -> None:
+def test_sigkill_of_the_launcher_leaves_no_namespace_link_cgroup_or_folder(tmp_path: Path) -> None:
     before = _network_namespaces()
     roots_before = [root.exists() for root in cgroup_roots()]
     root_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
-    scratch = tmp_path / "tmp"  # the launcher's temporary directory
-    scratch.mkdir()
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-        "TMPDIR": str(scratch),
     }
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(tmp_path)], env=env)
     try:
@@ -95,8 +92,8 @@ def test_sigkill_of_the_launcher_leaves_no_namespace_link_cgroup_or_folder(tmp_p
     assert _wait_for(lambda: not (_network_namespaces() & during), 15), "a namespace of the job was left behind"
     after_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
     assert after_links == root_links  # the job never touched this machine's own network
+    scratch = Path(tempfile.gettempdir())
     left = [*scratch.glob(f"conveyor-emulate-{launcher.pid}-*"), *scratch.glob(f"conveyor-launch-{launcher.pid}-*")]
     assert len(left) == 2, "a launcher killed outright cannot remove its folders"
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     with job_folder("emulate"), job_folder("launch"):  # the next emulated job's launch removes them
         assert not any(folder.exists() for folder in left)
