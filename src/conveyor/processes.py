@@ -173,15 +173,26 @@ class WorkerReport:
 
 @contextlib.contextmanager
 def job_folder(kind: str) -> Iterator[Path]:
-    """A folder for this process's job, ``conveyor-KIND-PID-XXXXXXXX`` in the temporary directory, removed when the
-    job ends. A launcher killed outright (SIGKILL) cannot remove its own, so each job first removes the ``kind``
-    folders whose launcher (PID) is gone: its workers died with it (:func:`set_parent_death_signal`)."""
-    for stale in Path(tempfile.gettempdir()).glob(f"conveyor-{kind}-*-*"):
-        owner = stale.name.split("-")[2]
+    """A folder for this process's job, ``conveyor-KIND-NS.PID-XXXXXXXX`` in the temporary directory, removed when
+    the job ends. A launcher killed outright (SIGKILL) cannot remove its own, so each job first removes the ``kind``
+    folders whose launcher is gone: its workers died with it (:func:`set_parent_death_signal`). ``NS`` names the
+    PID namespace, so that a container sharing the temporary directory, whose PIDs this process cannot see, keeps
+    its folders."""
+    here = _pid_namespace()
+    for stale in Path(tempfile.gettempdir()).glob(f"conveyor-{kind}-{here}.*-*"):
+        owner = stale.name.split("-")[2].split(".")[1]
         if owner.isdigit() and not _alive(int(owner)):
             shutil.rmtree(stale, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix=f"conveyor-{kind}-{os.getpid()}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"conveyor-{kind}-{here}.{os.getpid()}-") as tmp:
         yield Path(tmp)
+
+
+def _pid_namespace() -> int:
+    """This process's PID namespace (its inode; 0 where ``/proc`` does not say)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _alive(pid: int) -> bool:

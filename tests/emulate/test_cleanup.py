@@ -93,7 +93,7 @@ def test_sigkill_of_the_launcher_leaves_no_namespace_link_cgroup_or_folder(tmp_p
     after_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
     assert after_links == root_links  # the job never touched this machine's own network
     scratch = Path(tempfile.gettempdir())
-    left = [*scratch.glob(f"conveyor-emulate-{launcher.pid}-*"), *scratch.glob(f"conveyor-launch-{launcher.pid}-*")]
+    left = [*scratch.glob(f"conveyor-emulate-*.{launcher.pid}-*"), *scratch.glob(f"conveyor-launch-*.{launcher.pid}-*")]
     assert len(left) == 2, "a launcher killed outright cannot remove its folders"
     with job_folder("emulate"), job_folder("launch"):  # the next emulated job's launch removes them
         assert not any(folder.exists() for folder in left)

@@ -197,7 +197,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path: Path) -> None:
             time.sleep(0.1)
     finally:
         launcher.kill()
-    left = list(Path(tempfile.gettempdir()).glob(f"conveyor-launch-{launcher.pid}-*"))
+    left = list(Path(tempfile.gettempdir()).glob(f"conveyor-launch-*.{launcher.pid}-*"))
     assert left, "a launcher killed outright cannot remove its folder"
     with job_folder("launch"):  # the next job removes it
         assert not any(folder.exists() for folder in left)
@@ -214,13 +214,15 @@ def _alive(pid: int) -> bool:
 
 def test_a_job_removes_the_folders_of_launchers_that_are_gone(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    gone = tmp_path / "conveyor-launch-4194305-abc"  # above Linux's largest PID (2**22): no such process
-    alive = tmp_path / f"conveyor-launch-{os.getppid()}-def"  # this test's parent: running
-    other = tmp_path / "conveyor-emulate-4194305-ghi"  # another kind's: left to that kind's jobs
-    for folder in (gone, alive, other):
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    gone = tmp_path / f"conveyor-launch-{ns}.4194305-abc"  # above Linux's largest PID (2**22): no such process
+    alive = tmp_path / f"conveyor-launch-{ns}.{os.getppid()}-def"  # this test's parent: running
+    elsewhere = tmp_path / f"conveyor-launch-{ns + 1}.4194305-ghi"  # another PID namespace's (a container's)
+    other = tmp_path / f"conveyor-emulate-{ns}.4194305-jkl"  # another kind's: left to that kind's jobs
+    for folder in (gone, alive, elsewhere, other):
         folder.mkdir()
         (folder / "rendezvous").write_text("")
     with job_folder("launch") as mine:
-        assert mine.name.startswith(f"conveyor-launch-{os.getpid()}-") and mine.is_dir()
-        assert not gone.exists() and alive.exists() and other.exists()
+        assert mine.name.startswith(f"conveyor-launch-{ns}.{os.getpid()}-") and mine.is_dir()
+        assert not gone.exists() and alive.exists() and elsewhere.exists() and other.exists()
     assert not mine.exists()
