@@ -83,6 +83,12 @@ def test_sigkill_of_the_launcher_leaves_no_namespace_link_cgroup_or_folder(tmp_p
         during = _network_namespaces() - before
         assert len(during) >= 5, "the job should have a namespace per worker and one for its bridges"
         assert _job_cgroups(launcher.pid), "the job should have cgroups"
+        scratch = Path(tempfile.gettempdir())
+        folders = [
+            *scratch.glob(f"conveyor-emulate-*.{launcher.pid}-*"),
+            *scratch.glob(f"conveyor-launch-*.{launcher.pid}-*"),
+        ]
+        assert len(folders) == 2, "the running job's folders: the emulated cluster's and the launcher's"
     finally:
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
@@ -92,8 +98,5 @@ def test_sigkill_of_the_launcher_leaves_no_namespace_link_cgroup_or_folder(tmp_p
     assert _wait_for(lambda: not (_network_namespaces() & during), 15), "a namespace of the job was left behind"
     after_links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
     assert after_links == root_links  # the job never touched this machine's own network
-    scratch = Path(tempfile.gettempdir())
-    left = [*scratch.glob(f"conveyor-emulate-*.{launcher.pid}-*"), *scratch.glob(f"conveyor-launch-*.{launcher.pid}-*")]
-    assert len(left) == 2, "a launcher killed outright cannot remove its folders"
-    with job_folder("emulate"), job_folder("launch"):  # the next emulated job's launch removes them
-        assert not any(folder.exists() for folder in left)
+    with job_folder("emulate"), job_folder("launch"):  # a killed launcher's folders go at the next job's start
+        assert not any(folder.exists() for folder in folders)
