@@ -43,6 +43,7 @@ __all__ = [
     "failure_report",
     "job_folder",
     "launcher_environment",
+    "process_alive",
     "report_and_exit",
     "request_stop",
     "set_parent_death_signal",
@@ -181,7 +182,7 @@ def job_folder(kind: str) -> Iterator[Path]:
     here = _pid_namespace()
     for stale in Path(tempfile.gettempdir()).glob(f"conveyor-{kind}-{here}.*-*"):
         owner = stale.name.split("-")[2].split(".")[1]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not process_alive(int(owner)):
             shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix=f"conveyor-{kind}-{here}.{os.getpid()}-") as tmp:
         yield Path(tmp)
@@ -195,7 +196,8 @@ def _pid_namespace() -> int:
         return 0
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

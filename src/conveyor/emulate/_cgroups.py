@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from conveyor.config import EmulationConfig
+from conveyor.processes import process_alive
 
 __all__ = [
     "MAX_PERIOD_US",
@@ -152,7 +153,7 @@ def remove_stale_jobs() -> list[str]:
     for root in roots:
         for d in root.glob("job-*-*") if root.is_dir() else ():
             pid = int(d.name.split("-")[1])
-            if not Path(f"/proc/{pid}").exists():
+            if not process_alive(pid):
                 stale.add(d.name)
     for job in sorted(stale):
         remove_job(job)

@@ -27,6 +27,7 @@ import numpy as np
 from conveyor.energy._bandit import BatchSizeSearch, Recurrence
 from conveyor.errors import InputError
 from conveyor.paths import data_dir
+from conveyor.processes import process_alive
 
 __all__ = ["JobSettings", "RecurrenceStore", "Started", "default_store_path"]
 
@@ -171,7 +172,7 @@ class RecurrenceStore:
         for id, pid in db.execute(
             "SELECT id, pid FROM recurrences WHERE job = ? AND state = 'running' AND host = ?", (job, here)
         ).fetchall():
-            if not _alive(pid):
+            if not process_alive(pid):
                 db.execute("UPDATE recurrences SET state = 'abandoned' WHERE id = ?", (id,))
 
 
@@ -187,16 +188,6 @@ def _history(db: sqlite3.Connection, job: str) -> list[Recurrence]:
 def _settings(text: str) -> JobSettings:
     fields = json.loads(text)
     return JobSettings(**{**fields, "sizes": tuple(fields["sizes"])})
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _differences(old: JobSettings, new: JobSettings) -> str:
