@@ -4,8 +4,8 @@ A payload is the ``k`` values as they are given (``2k`` bytes in bfloat16, ``4k`
 positions, then one byte saying how the values and positions are written (bit 1: float32; bit 0: a bitmap). The
 positions take whichever form is smaller:
 
-- **gaps** (tag 0): each index's distance from the one before, less one (``i_0 + 1`` for the first), as a LEB128
-  varint: 7 bits a byte, the top bit set on every byte but a number's last. The filter's entries are a few in a
+- **gaps** (bit 0 clear): each index's distance from the one before, less one (``i_0`` for the first), as a
+  LEB128 varint: 7 bits a byte, the top bit set on every byte but a number's last. The filter's entries are a few in a
   hundred, so most gaps take one byte: with bfloat16 values, about 3 bytes an entry where int32 indices and
   float32 values took 8;
 - **bitmap**: ``n`` bits, ``ceil(n / 8)`` bytes, smaller once more than about one entry in eight is sent.
@@ -37,12 +37,15 @@ def encode(indices: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
     if values.dtype not in WIRE_DTYPES:
         raise ValueError(f"values go as bfloat16 or float32, not {values.dtype}")
     tag = _FLOAT32 if values.dtype == torch.float32 else 0
-    positions = _varints(torch.diff(indices.to(torch.int64), prepend=indices.new_full((1,), -1)) - 1)
-    if -(-n // 8) < positions.numel():
+    gaps = torch.diff(indices.to(torch.int64), prepend=indices.new_full((1,), -1)) - 1
+    groups = _varint_lengths(gaps)
+    if -(-n // 8) < int(groups.sum()):  # the bitmap is smaller: the gaps' bytes are not built
         mask = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=values.device)
         mask[indices] = 1
         positions = (mask.view(-1, 8) * _BITS.to(values.device)).sum(dim=1, dtype=torch.uint8)
         tag |= _BITMAP
+    else:
+        positions = _varints(gaps, groups)
     flags = torch.tensor([tag], dtype=torch.uint8, device=values.device)
     return torch.cat([values.reshape(-1).view(torch.uint8), positions, flags])
 
@@ -61,11 +64,16 @@ def decode(data: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tens
     return torch.cumsum(_read_varints(positions, k) + 1, dim=0) - 1, values
 
 
-def _varints(numbers: torch.Tensor) -> torch.Tensor:
-    """``numbers`` (int64, at least 0, under 2**35) as LEB128 bytes."""
-    groups = torch.ones_like(numbers)  # 7-bit groups per number
+def _varint_lengths(numbers: torch.Tensor) -> torch.Tensor:
+    """The LEB128 bytes (7-bit groups) of each of ``numbers`` (int64, at least 0, under 2**35)."""
+    groups = torch.ones_like(numbers)
     for j in range(1, 5):
         groups += numbers >= 1 << (7 * j)
+    return groups
+
+
+def _varints(numbers: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """``numbers`` as LEB128 bytes, ``groups`` of them each (:func:`_varint_lengths`)."""
     owner = torch.repeat_interleave(torch.arange(numbers.numel(), device=numbers.device), groups)
     first = torch.cumsum(groups, dim=0) - groups
     place = torch.arange(owner.numel(), device=numbers.device) - first[owner]  # the 7-bit group, low first
