@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.gaia import decode, encode
+from conveyor.gaia import Gaia, decode, encode
 
 
 def varint_bytes(number: int) -> int:
@@ -51,3 +51,8 @@ def test_a_filter_s_payload_is_about_three_bytes_an_entry() -> None:
 def test_values_go_as_bfloat16_or_float32() -> None:
     with pytest.raises(ValueError, match=r"bfloat16 or float32, not torch\.float16"):
         encode(torch.tensor([0]), torch.ones(1, dtype=torch.float16), 4)
+
+
+def test_gaia_sends_bfloat16_or_float32() -> None:
+    with pytest.raises(ValueError, match=r"wire_dtype is torch\.bfloat16 or torch\.float32, got torch\.float16"):
+        Gaia(2, wire_dtype=torch.float16)
