@@ -37,9 +37,11 @@ def test_every_mode_reaches_the_target_and_gaia_sends_less_than_bsp(tmp_path: Pa
     )
     assert 0 < rows["gaia"]["sent_fraction"] < 1 and rows["gaia"]["staleness_max"] >= 0
     assert rows["diloco"]["staleness_max"] == 3  # four local steps: read up to three updates late
-    # Planned with the all-reduce inside each data centre (a LAN of one worker: none), not across the WAN at
-    # about 8 ms a batch: predicted several times bsp's rate.
-    assert rows["gaia"]["predicted_samples_per_s"] > 3 * rows["bsp"]["predicted_samples_per_s"]
+    # Planned with the all-reduce inside each data centre (a LAN of one worker: none), where bsp's crosses the WAN:
+    # a ring of two sends the mlp's 104 KB each way, 8.3 ms a batch at 100 Mbit/s, which bsp's predicted batch
+    # time holds and gaia's does not (half of it, for what the simulator overlaps with the backward).
+    batch_s = {mode: cfg.batch_size / rows[mode]["predicted_samples_per_s"] for mode in ("gaia", "bsp")}
+    assert batch_s["bsp"] - batch_s["gaia"] > 0.5 * 104e3 / 1.25e7
 
 
 def test_one_target_per_model_and_known_modes() -> None:
