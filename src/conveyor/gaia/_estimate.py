@@ -15,7 +15,7 @@ and sets ``B_d,e,i <- S_d,i`` for those entries. Summed over the updates, every 
 shares, everything the others sent of it, and, for each other site, site ``d``'s own shares since that site
 last sent the entry: the stand-in for what it holds. With every entry significant at every update the stand-ins
 are replaced at once and ``G_d(t) = g(t)``. It pays where a site's share estimates the whole batch's gradient well
-(in ``conveyor bench wan``, gpt's 64 sequences of text; not VGG-16's 64 images split three ways).
+(in ``conveyor bench wan``, gpt's share, 21 sequences of text, is many tokens; VGG-16's, 21 images, is not).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from conveyor.energy import MeterStatus, describe_meters, open_meter
 from conveyor.errors import InputError
 from conveyor.gaia import outer_sync
 from conveyor.job._config import RunState, autocast_dtype, explicit_workers, job_devices, loss_and_optimizer
+from conveyor.job._costs import Costs
 from conveyor.job._energy import (
     EpochKnobs,
     KnobsSummary,
@@ -122,27 +123,35 @@ def _measure_and_plan(
         materialize=materializer(cfg, model),
     )
     box: list[Layout | None] = [None]
-    if costs is not None and cfg.wan.mode != "off":
-        costs = costs.within_sites()
     if costs is not None:
         names = [name for name, _ in model.named_children()]
-        chosen = choose_layout(
-            cfg,
-            names=names,
-            costs=costs,
-            batches=steps,
-            samples=data.samples,
-            layout=fixed,
-            fewer=may_use_fewer(cfg),
-        )
-        (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
-        Console().print(chosen.describe())
-        if cfg.wan.mode != "off":
-            Console().print(f"(--wan {cfg.wan.mode}: the prediction leaves out what crosses the WAN)")
-        box[0] = chosen
+        box[0] = _plan(cfg, costs, names=names, steps=steps, samples=data.samples, fixed=fixed, folder=folder)
     dist.broadcast_object_list(box, src=0)
     assert box[0] is not None
     return box[0]
+
+
+def _plan(
+    cfg: TrainConfig, costs: Costs, *, names: list[str], steps: int, samples: int, fixed: Layout | None, folder: Path
+) -> Layout:
+    """Choose the layout from ``costs``, write the plan file and print the plan. Across a WAN (``--wan`` other
+    than ``off``) the replicas all-reduce inside each site, so the plan is made with that all-reduce; what crosses
+    the WAN is left out of the prediction, and the printout says so."""
+    across_wan = cfg.wan.mode != "off"
+    chosen = choose_layout(
+        cfg,
+        names=names,
+        costs=costs.within_sites() if across_wan else costs,
+        batches=steps,
+        samples=samples,
+        layout=fixed,
+        fewer=may_use_fewer(cfg),
+    )
+    (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
+    Console().print(chosen.describe())
+    if across_wan:
+        Console().print(f"(--wan {cfg.wan.mode}: the prediction leaves out what crosses the WAN)")
+    return chosen
 
 
 def may_use_fewer(cfg: TrainConfig) -> bool:

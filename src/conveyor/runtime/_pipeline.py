@@ -178,27 +178,7 @@ class Pipeline(StagePosition):
         if correct_staleness and self.optimizer is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] *= self.kind.lr_scale(self.stage, self.replicas, microbatches, damped=damp_stale_rate)
-        self._stage_workers = stage_workers(self.replicas)
-        # Every worker creates every group, in the same order, as torch.distributed requires.
-        groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]
-        self._replica_group = groups[self.stage]
-        self.outer = outer
-        self._site: SiteLinks | None = None  # where this worker's stage spans sites
-        reduce_group = self._site_links(outer) if outer is not None else self._replica_group
-        updater = Updater(
-            self.module,
-            self.optimizer,
-            group=reduce_group,
-            max_grad_norm=max_grad_norm,
-            clip_whole_model=self.kind.synchronous,
-            replicas=self.replicas[self.stage],
-            device=self.device,
-            bucket_bytes=bucket_bytes,
-            count_group=count_groups(groups, self._stage_workers, self.device)[self.stage] if outer is None else None,
-            averaged=self.kind.update == "batch" and not (outer is not None and outer.site_mean),
-            outer=outer if self._site is not None else None,
-        )
-        stashing = self.kind.stashes(self.replicas, self.stage)
+        updater = self._updater(outer, max_grad_norm=max_grad_norm, bucket_bytes=bucket_bytes)
         self._eval_schedule = forward_only(self.num_stages, microbatches, self.replicas)
         self.executor = Executor(
             self.module,
@@ -213,12 +193,52 @@ class Pipeline(StagePosition):
             autocast=autocast,
             recompute=recompute,
         )
-        # One worker that keeps no weight versions (every schedule but 2BW's) has nothing to schedule: it trains as
-        # a plain loop would.
-        self._alone = (
+        self._alone, self._scheduled = self._runners(
+            updater, loss_fn=loss_fn, autocast=autocast, recompute=recompute, correct_staleness=correct_staleness
+        )
+        self.steps = 0  # batches trained on
+        self.updates = 0  # this worker's optimizer steps
+
+    def _updater(self, outer: OuterSync | None, *, max_grad_norm: float | None, bucket_bytes: int) -> Updater:
+        """The process groups (every worker creates every group, in the same order, as torch.distributed requires)
+        and this worker's :class:`Updater`: its replicas all-reduce in its stage's group, or in its site's where
+        ``outer`` joins sites."""
+        self._stage_workers = stage_workers(self.replicas)
+        groups = [dist.new_group(ws) if len(ws) > 1 else None for ws in self._stage_workers]
+        self._replica_group = groups[self.stage]
+        self.outer = outer
+        self._site: SiteLinks | None = None  # where this worker's stage spans sites
+        reduce_group = self._site_links(outer) if outer is not None else self._replica_group
+        return Updater(
+            self.module,
+            self.optimizer,
+            group=reduce_group,
+            max_grad_norm=max_grad_norm,
+            clip_whole_model=self.kind.synchronous,
+            replicas=self.replicas[self.stage],
+            device=self.device,
+            bucket_bytes=bucket_bytes,
+            count_group=count_groups(groups, self._stage_workers, self.device)[self.stage] if outer is None else None,
+            averaged=self.kind.update == "batch" and not (outer is not None and outer.site_mean),
+            outer=outer if self._site is not None else None,
+        )
+
+    def _runners(
+        self,
+        updater: Updater,
+        *,
+        loss_fn: LossFn,
+        autocast: torch.dtype | None,
+        recompute: bool,
+        correct_staleness: bool,
+    ) -> tuple[Alone | None, Scheduled]:
+        """What trains a batch: the schedule's action lists, and, for one worker that keeps no weight versions
+        (every schedule but 2BW's), nothing to schedule: a plain loop's steps."""
+        stashing = self.kind.stashes(self.replicas, self.stage)
+        alone = (
             Alone(
                 self.module,
-                microbatches=microbatches,
+                microbatches=self.microbatches,
                 loss_fn=loss_fn,
                 updater=updater,
                 device=self.device,
@@ -226,22 +246,21 @@ class Pipeline(StagePosition):
                 autocast=autocast,
                 recompute=recompute,
             )
-            if world == 1 and outer is None and not stashing
+            if dist.get_world_size() == 1 and self.outer is None and not stashing
             else None
         )
-        self._scheduled = Scheduled(
+        scheduled = Scheduled(
             kind=self.kind,
             executor=self.executor,
             worker=self.worker,
             first_replica=self._workers_of(self.stage)[0],
             stage=self.stage,
             replicas=self.replicas,
-            microbatches=microbatches,
+            microbatches=self.microbatches,
             stashing=stashing,
             predict=self.kind.staleness(self.stage, self.replicas) if correct_staleness else 0,
         )
-        self.steps = 0  # batches trained on
-        self.updates = 0  # this worker's optimizer steps
+        return alone, scheduled
 
     def _site_links(self, outer: OuterSync) -> dist.ProcessGroup | None:
         """The site group this worker's replicas all-reduce in; its links attached to ``outer`` where its stage
