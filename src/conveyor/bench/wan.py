@@ -43,13 +43,16 @@ class WanBenchConfig:
     """What ``conveyor bench wan`` runs."""
 
     models: tuple[str, ...] = ("vgg16", "gpt")
-    targets: tuple[float, ...] = (0.85, 0.31)  # each model's target test accuracy
+    # Each model's target test accuracy, near its best on the LAN (vgg16 0.95-0.96 in 5 to 8 epochs, gpt 0.33-0.34 in
+    # 7), as time-to-accuracy benchmarks set it (DAWNBench): a low target (vgg16 0.85: 3 epochs, 69 updates) is passed
+    # before a delayed read's lag evens out, and flatters a mode that learns slower per update but starts fast.
+    targets: tuple[float, ...] = (0.95, 0.33)
     wan_bytes_per_s: tuple[float, ...] = (6.25e6, 3.125e7)  # 50 and 250 Mbit/s, in Gaia's measured EC2 range
     lan_bytes_per_s: float = 1.25e9  # 10 Gbit/s inside a data centre
     sites: int = 3
     per_site: int = 2
     modes: tuple[str, ...] = MODES
-    epochs: int = 8  # at most, each run stopping at its target
+    epochs: int = 16  # at most, each run stopping at its target
     batch_size: int = 64
     lr: float = 0.05
     threshold: float = 0.05  # gaia's

@@ -17,14 +17,14 @@ def add_wan(which: Any) -> None:
     """The ``wan`` benchmark's parser under ``conveyor bench``."""
     bench = which.add_parser("wan", help="data centres joined by a slow WAN: gaia, diloco, BSP and one LAN (root)")
     bench.add_argument("--models", type=names, default=None, help="zoo models (default: vgg16,gpt)")
-    bench.add_argument("--targets", type=floats, default=None, help="target accuracy per model (default: 0.85,0.31)")
+    bench.add_argument("--targets", type=floats, default=None, help="target accuracy per model (default: 0.95,0.33)")
     bench.add_argument(
         "--wan-bytes-per-s", type=floats, default=None, help="WAN bandwidths (default 6.25e6,3.125e7: 50, 250 Mbit/s)"
     )
     bench.add_argument("--sites", type=positive, default=None, help="data centres (default 3)")
     bench.add_argument("--per-site", type=positive, default=None, help="workers per data centre (default 2)")
     bench.add_argument("--modes", type=names, default=None, help="lan,bsp,gaia,diloco (default: all)")
-    bench.add_argument("--epochs", type=positive, default=None, help="at most, per run (default 8)")
+    bench.add_argument("--epochs", type=positive, default=None, help="at most, per run (default 16)")
     bench.add_argument("--threshold", type=float, default=None, help="gaia's --wan-threshold (default 0.05)")
     bench.add_argument("--staleness", type=positive, default=None, help="gaia's --wan-staleness (default 1)")
     bench.add_argument("--period", type=positive, default=None, help="gaia's --wan-period (default 2)")
