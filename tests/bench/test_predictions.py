@@ -9,8 +9,11 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.mark.slow
 def test_report_sets_each_prediction_against_its_measurement() -> None:
-    report = run(PredictionsConfig(models=("mlp",), workers=2, epochs=1, repeats=1, schedules=("auto", "dp")))
+    report = run(
+        PredictionsConfig(models=("mlp",), workers=2, epochs=1, seconds=0.0, repeats=1, schedules=("auto", "dp"))
+    )
     planned, data_parallel = report["results"]
+    assert planned["epochs"] == data_parallel["epochs"] == 1  # no seconds asked for beyond the least epochs
     for result in (planned, data_parallel):
         assert result["model"] == "mlp" and sum(result["replicas"]) == 2 == result["workers_started"]
         assert result["predicted_samples_per_s"] > 0 and result["measured_samples_per_s"] > 0
@@ -28,3 +31,5 @@ def test_bad_config_is_rejected() -> None:
         PredictionsConfig(repeats=0)
     with pytest.raises(ValueError, match="unknown schedule 'zigzag': use auto, dp or one of"):
         PredictionsConfig(schedules=("zigzag",))
+    with pytest.raises(ValueError, match="seconds is 0 or more, got -1"):
+        PredictionsConfig(seconds=-1)

@@ -105,9 +105,11 @@ def test_an_expiring_lease_stops_the_run_which_resumes_from_its_checkpoint(
     plans = [json.loads((tmp_path / run / "plan.json").read_text()) for run in "ab"]
     assert plans[0]["measured_at_start"]["source"] == "measured at start-up"
     assert plans[1]["measured_at_start"]["source"].startswith("kept from a run on ")
+    assert plans[1]["measured_at_start"]["kept_at"] is not None
     assert plans[1]["measured_at_start"] == {
         **plans[0]["measured_at_start"],
         "source": plans[1]["measured_at_start"]["source"],
+        "kept_at": plans[1]["measured_at_start"]["kept_at"],
     }
     assert plans[1]["predicted"] == plans[0]["predicted"]
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.config import TrainConfig
+from conveyor.job import RunSummary, train
 from conveyor.job._costs import Costs
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
 from conveyor.job._measured import costs_key, kept_or_measured, load_costs, save_costs
@@ -63,7 +64,8 @@ def test_kept_figures_read_back_whole_and_a_bad_file_is_measured_again(
     save_costs("k", costs)
     kept = load_costs("k")
     assert kept is not None and kept.source.startswith("kept from a run on ") and "--remeasure" in kept.source
-    assert replace(kept, source=costs.source) == costs
+    assert kept.kept_at == str(tmp_path / "cache" / "costs" / "k.json")
+    assert replace(kept, source=costs.source, kept_at=None) == costs
     assert [p.name for p in (tmp_path / "cache" / "costs").iterdir()] == ["k.json"]  # nothing half-written left
     (tmp_path / "cache" / "costs" / "k.json").write_text('{"profile": {}}')
     assert load_costs("k") is None
@@ -240,3 +242,34 @@ def test_a_layout_on_more_workers_than_cores_says_its_prediction_is_optimistic(
         plan_file={"measured_at_start": {"workers": sum(replicas), "cores": cores}},
     )
     assert ("4 workers share 2 cores: a message or an all-reduce then wakes" in layout.describe()) == warned
+
+
+@pytest.mark.slow
+def test_kept_figures_a_run_lands_far_from_are_removed_and_measured_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Figures kept in a slow hour would be planned from forever: a run that measures its steady rate further
+    from their prediction than 15% (or their spread) removes them, says so, and the next run measures afresh."""
+    monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path / "data"))
+
+    def run(name: str) -> RunSummary:
+        summary = train(TrainConfig.from_options(model="mlp", workers=1, epochs=2, run_dir=str(tmp_path / name)))
+        assert summary is not None
+        return summary
+
+    first = run("a")
+    assert first.prediction.measured_at_start["kept_at"] is None and not first.kept_figures_missed()
+    (kept,) = (tmp_path / "data" / "cache" / "costs").iterdir()
+    figures = json.loads(kept.read_text())
+    figures["single_worker_samples_per_s"] /= 10  # a tenth of the rate the run will measure
+    figures["alone_batch_s"] *= 10
+    for layer in figures["profile"]["layers"]:
+        for time_s in ("forward_s", "backward_s", "step_s"):
+            layer[time_s] *= 10
+    kept.write_text(json.dumps(figures))
+    slow = run("b")
+    assert slow.prediction.measured_at_start["kept_at"] == str(kept) and slow.prediction.error > 2
+    assert slow.kept_figures_missed() and not kept.exists()
+    assert any("they are removed and the next run measures afresh" in note for note in slow.notes())
+    again = run("c")
+    assert again.prediction.measured_at_start["source"] == "measured at start-up" and kept.exists()

@@ -11,10 +11,18 @@ from conveyor.job import ElasticSummary, RunPrediction, RunSummary, steady_rate,
 
 
 def _summary(
-    run_dir: Path, *, measured: float, predicted: float, single: float, workers: int, ran: int | None = None
+    run_dir: Path,
+    *,
+    measured: float,
+    predicted: float,
+    single: float,
+    workers: int,
+    ran: int | None = None,
+    start: dict[str, object] | None = None,
 ) -> RunSummary:
-    """A run's summary: ``workers`` started, ``ran`` of them trained (default: all)."""
-    start = {"single_worker_samples_per_s": single, "workers": workers}
+    """A run's summary: ``workers`` started, ``ran`` of them trained (default: all); ``start``: more start-up
+    figures."""
+    start = {"single_worker_samples_per_s": single, "workers": workers, **(start or {})}
     return RunSummary(
         run_dir=str(run_dir),
         epochs=2,
@@ -68,6 +76,23 @@ def test_notes_say_when_one_worker_would_be_faster(tmp_path: Path) -> None:
     assert len(alone.notes()) == 1  # one worker is the run itself
     planned_alone = _summary(tmp_path, measured=40.0, predicted=30.0, single=50.0, workers=2, ran=1)
     assert len(planned_alone.notes()) == 1  # two started, and the planner ran one: the run is one worker alone
+
+
+def test_kept_figures_are_missed_beyond_15_percent_or_their_spread_after_a_first_epoch(tmp_path: Path) -> None:
+    def run(measured: float, spread: float, *, kept: bool = True, epochs: int = 2) -> RunSummary:
+        start = {"spread": spread, "source": "kept from a run on then", "kept_at": "k.json" if kept else None}
+        s = _summary(tmp_path, measured=measured, predicted=100.0, single=50.0, workers=1, start=start)
+        return dataclasses.replace(s, epochs=epochs)
+
+    assert not run(110.0, 0.05).kept_figures_missed()  # within 15%
+    assert run(125.0, 0.05).kept_figures_missed() and run(75.0, 0.05).kept_figures_missed()
+    assert not run(125.0, 0.30).kept_figures_missed()  # within the figures' own spread
+    assert run(140.0, 0.30).trust_bound() == 0.30 and run(140.0, 0.30).kept_figures_missed()
+    assert not run(200.0, 0.05, kept=False).kept_figures_missed()  # measured by this run: nothing to remove
+    assert not run(200.0, 0.05, epochs=1).kept_figures_missed()  # one epoch: a cold rate, no steady one
+    (note,) = [n for n in run(125.0, 0.05).notes() if "figures" in n]
+    assert note.startswith("the start-up figures this run planned from were kept from a run on then; it missed")
+    assert "by more than 15%, so they are removed and the next run measures afresh" in note
 
 
 def test_a_run_folder_that_holds_a_run_is_refused_unless_overwritten(tmp_path: Path) -> None:

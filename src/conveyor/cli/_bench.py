@@ -72,7 +72,10 @@ def add_parser(sub: Any) -> None:
     pred.add_argument(
         "--workers", type=positive, default=None, help="a fixed count (default: conveyor train's, fewer if faster)"
     )
-    pred.add_argument("--epochs", type=positive, default=3)
+    pred.add_argument("--epochs", type=positive, default=3, help="at least, per run")
+    pred.add_argument(
+        "--seconds", type=float, default=2.0, help="each run trains this long after its first epoch (default 2)"
+    )
     pred.add_argument("--repeats", type=positive, default=2, help="runs per model")
     pred.add_argument(
         "--schedules", type=names, default=("auto",), help="auto, dp or schedules, e.g. flush,pipedream,dp"

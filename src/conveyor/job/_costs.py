@@ -48,6 +48,7 @@ class Costs:
             measurement; 1: not measured).
         source: where the figures come from: measured by this run, or kept from an earlier one
             (:mod:`conveyor.job._measured`).
+        kept_at: the file they were read from, where they were kept (``None``: measured by this run).
     """
 
     profile: Profile
@@ -63,14 +64,15 @@ class Costs:
     update_factors: tuple[float, float] = (1.0, 1.0)
     stashed_forward_factor: float = 1.0
     source: str = "measured at start-up"
+    kept_at: str | None = None
 
     def to_json(self) -> str:
         """The figures as JSON (:meth:`from_json` reads them back; ``source`` is the reader's to say)."""
-        figures = {k: v for k, v in asdict(self).items() if k not in ("profile", "source")}
+        figures = {k: v for k, v in asdict(self).items() if k not in ("profile", "source", "kept_at")}
         return json.dumps({**figures, "profile": json.loads(self.profile.to_json())}, indent=1)
 
     @classmethod
-    def from_json(cls, text: str, *, source: str) -> Costs:
+    def from_json(cls, text: str, *, source: str, kept_at: str | None = None) -> Costs:
         """:meth:`to_json`'s figures.
 
         Raises:
@@ -93,6 +95,7 @@ class Costs:
                 update_factors=(float(d["update_factors"][0]), float(d["update_factors"][1])),
                 stashed_forward_factor=float(d["stashed_forward_factor"]),
                 source=source,
+                kept_at=kept_at,
             )
         except (KeyError, TypeError, IndexError, ValueError) as exc:
             raise ValueError(f"not a job's start-up figures ({type(exc).__name__}: {exc})") from exc
@@ -196,4 +199,5 @@ class Costs:
             "update_factors": list(self.update_factors),
             "stashed_forward_factor": self.stashed_forward_factor,
             "source": self.source,
+            "kept_at": self.kept_at,
         }

@@ -41,6 +41,9 @@ class RunPrediction:
     measured_at_start: dict[str, Any]  # the start-up measurements the prediction rests on (plan file's)
 
 
+TRUSTED_ERROR = 0.15  # kept start-up figures are planned from while runs land within this (or their spread)
+
+
 def steady_rate(epoch_seconds: Sequence[float], samples: int) -> float:
     """Samples per second over the epochs after the first (each of ``samples`` samples, trained in its
     ``epoch_seconds``), or the one epoch's where there is no other. The first warms up (the allocator, the kernels'
@@ -130,6 +133,12 @@ class RunSummary(Summary):
             f"predicted {predicted:.0f} training samples/s, measured {measured:.0f}"
             f"{' after the first epoch' if self.epochs > 1 else ''} ({self.prediction.error:+.0%})"
         ]
+        if self.kept_figures_missed():
+            notes.append(
+                f"the start-up figures this run planned from were {self.prediction.measured_at_start['source']}; it "
+                f"missed them by more than {self.trust_bound():.0%}, so they are removed and the next run measures "
+                "afresh (a machine faster or slower than when they were measured)"
+            )
         if single is not None and workers > 1 and min(measured, predicted) < single:
             slower = (
                 "measured and predicted"
@@ -142,6 +151,18 @@ class RunSummary(Summary):
                 "costs to pay off here (--workers 1, or a larger model or batch)"
             )
         return notes
+
+    def trust_bound(self) -> float:
+        """How far a run may land from the prediction before the kept figures behind it are measured again: the
+        larger of :data:`TRUSTED_ERROR` and the start-up loop's spread (a run within its own noise confirms
+        them)."""
+        return max(TRUSTED_ERROR, float(self.prediction.measured_at_start.get("spread", 0.0)))
+
+    def kept_figures_missed(self) -> bool:
+        """Whether this run planned from kept figures and measured its steady rate (after a first epoch) further
+        from their prediction than :meth:`trust_bound`."""
+        kept = self.prediction.measured_at_start.get("kept_at") is not None
+        return kept and self.epochs > 1 and abs(self.prediction.error) > self.trust_bound()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,7 +51,7 @@ from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatch
 from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._loop import EpochLoop, LoopOutcome, whole_history
-from conveyor.job._measured import kept_or_measured
+from conveyor.job._measured import forget_costs, kept_or_measured
 from conveyor.job._model import materializer, model_and_data
 from conveyor.job._report import continued, energy_summary
 from conveyor.job._resources import ResourceLog
@@ -452,6 +452,8 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         **asdict(out.knobs),
         **energy_summary(history, out.energy_meter, out.energy_note, cfg.run.target_accuracy),
     )
+    if summary.kept_figures_missed():
+        forget_costs(summary.prediction.measured_at_start["kept_at"])
     if summary.interrupted or summary.diverged:  # no outcome to learn from, nor a finished model to keep
         if recurring is not None:
             recurring.fail(interrupted=summary.interrupted)
