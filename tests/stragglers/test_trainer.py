@@ -79,9 +79,10 @@ def _stall_once(seconds: float, at_call: int) -> Any:
 
 
 def _stall(model: nn.Sequential, layout: str, where: str) -> None:
-    """Stop this worker for 1 s once, in a chunk of step 2: amid its forward (where its run looks and stops),
-    or at its run's ``end``, past its last look (the run finishes, and its commit is refused)."""
-    stall = _stall_once(1.0, at_call=5)
+    """Stop this worker for 3 s once, in a chunk of step 2: amid its forward (where its run looks and stops),
+    or at its run's ``end``, past its last look (the run finishes, and its commit is refused). (1 s was once not
+    long enough in CI, with other tests' workers on the 2 cores: no peer had backed the chunk up when it ended.)"""
+    stall = _stall_once(3.0, at_call=5)
     if where == "forward":
         model[1].register_forward_pre_hook(stall)
     elif layout == "dp":  # data parallelism commits after the backward
@@ -165,7 +166,7 @@ def test_updates_equal_the_reference(
 @pytest.mark.parametrize("layout", ["dp", "2-1"])
 @pytest.mark.parametrize("stall", ["forward", "end"])
 def test_a_chunk_a_stalled_replica_holds_is_backed_up_and_counted_once(layout: str, stall: str, tmp_path) -> None:
-    # Replica 1 stops for 1 s in a chunk of step 2; an idle peer runs the chunk again. The updates are still
+    # Replica 1 stops for 3 s in a chunk of step 2; an idle peer runs the chunk again. The updates are still
     # the synchronous equations', each sample counted once, whichever run was used.
     replicas, path = LAYOUTS[layout][1], str(tmp_path / "model.pt")
     per_rank = launch(_train, layout, 0, True, True, 1, path, stall, nprocs=sum(replicas), timeout_s=150)
