@@ -17,8 +17,8 @@ from conveyor.config import TrainConfig
 from conveyor.job import RunSummary, train
 from conveyor.job._costs import Costs
 from conveyor.job._layout import Layout, choose_layout, fixed_layout
-from conveyor.job._measured import costs_key, kept_or_measured, load_costs, save_costs
-from conveyor.plan import Level, Plan, PlannedStage, Profile, Topology, predict
+from conveyor.job._measured import correct_layout, costs_key, kept_or_measured, load_costs, save_costs
+from conveyor.plan import Level, Plan, PlannedStage, Profile, Topology, layout_key, predict
 from conveyor.plan._profiles import Layer
 from conveyor.runtime import MeasuredLink, launch
 
@@ -65,7 +65,7 @@ def test_kept_figures_read_back_whole_and_a_bad_file_is_measured_again(
     kept = load_costs("k")
     assert kept is not None and kept.source.startswith("kept from a run on ") and "--remeasure" in kept.source
     assert kept.kept_at == str(tmp_path / "cache" / "costs" / "k.json")
-    assert replace(kept, source=costs.source, kept_at=None) == costs
+    assert kept.key == "k" and replace(kept, source=costs.source, kept_at=None, key=None) == costs
     assert [p.name for p in (tmp_path / "cache" / "costs").iterdir()] == ["k.json"]  # nothing half-written left
     (tmp_path / "cache" / "costs" / "k.json").write_text('{"profile": {}}')
     assert load_costs("k") is None
@@ -90,6 +90,41 @@ def test_two_plannings_from_the_same_kept_figures_give_the_same_plan(
         plans.append(choose_layout(cfg, names=[str(i) for i in range(6)], costs=kept, batches=20, samples=1280))
     assert plans[0] == plans[1] and plans[0].plan_file == plans[1].plan_file
     assert plans[0].plan_file["measured_at_start"]["source"].startswith("kept from a run on ")
+
+
+def test_a_layout_a_run_measured_off_its_simulation_is_predicted_as_measured_next_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path))
+    save_costs("k", _costs(network=None))
+    cfg, names = TrainConfig.from_options(), [str(i) for i in range(6)]
+
+    def planned() -> Layout:
+        kept = load_costs("k")
+        assert kept is not None
+        return choose_layout(cfg, names=names, costs=kept, batches=20, samples=1280)
+
+    first = planned()
+    assert sum(first.replicas) > 1 and first.plan_file["predicted"]["measured_over_simulated"] == 1.0
+    key = layout_key(first.schedule, first.replicas, first.balance, first.microbatches)
+    correct_layout("k", key, 0.25)  # its run measured a quarter of its simulated rate
+    second = planned()
+    assert second.plan_file["measured_at_start"]["layout_ratios"] == {key: 0.25}
+    entry = next(c for c in second.plan_file["candidates"] if c["measured_over_simulated"] == 0.25)
+    assert (entry["schedule"], entry["balance"], entry["microbatches"]) == (
+        first.schedule,
+        first.balance,
+        first.microbatches,
+    )
+    assert second != first  # another layout is faster now
+    # Run as a fixed layout, it is predicted as measured too.
+    kept = load_costs("k")
+    assert kept is not None
+    fixed = choose_layout(cfg, names=names, costs=kept, batches=20, samples=1280, layout=first)
+    assert fixed.predicted_samples_per_s == pytest.approx(first.predicted_samples_per_s * 0.25)
+    assert "0.25 times its simulated rate, as an earlier run of it measured on these figures" in fixed.describe()
+    correct_layout("gone", key, 0.5)  # figures removed meanwhile: nothing is written
+    assert not (tmp_path / "cache" / "costs" / "gone.json").exists()
 
 
 def test_the_planner_may_choose_fewer_workers_than_started_and_says_which_it_simulated() -> None:
@@ -273,3 +308,31 @@ def test_kept_figures_a_run_lands_far_from_are_removed_and_measured_afresh(
     assert any("they are removed and the next run measures afresh" in note for note in slow.notes())
     again = run("c")
     assert again.prediction.measured_at_start["source"] == "measured at start-up" and kept.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_layout_of_two_workers_that_misses_keeps_its_measured_ratio_with_the_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline that runs far under what an earlier run said: the figures stay, and the layout's ratio to its
+    simulation becomes what this run measured."""
+    monkeypatch.setenv("CONVEYOR_DATA", str(tmp_path / "data"))
+
+    def run(name: str) -> RunSummary:
+        options = {"model": "mlp", "workers": 2, "stages": 2, "epochs": 3, "run_dir": str(tmp_path / name)}
+        summary = train(TrainConfig.from_options(**options))
+        assert summary is not None
+        return summary
+
+    first = run("a")
+    (kept,) = (tmp_path / "data" / "cache" / "costs").iterdir()
+    figures = json.loads(kept.read_text())
+    assert figures["layout_ratios"] == {} or first.layout_missed() is not None
+    figures["layout_ratios"] = {first.layout_key(): 1000.0}  # as if a run had measured 1,000 times its simulation
+    kept.write_text(json.dumps(figures))
+    fast = run("b")
+    assert fast.layout["plan_file"]["predicted"]["measured_over_simulated"] == 1000 and fast.prediction.error < -0.9
+    assert fast.layout_missed() == pytest.approx(1000 * (1 + fast.prediction.error))
+    assert kept.exists() and json.loads(kept.read_text())["layout_ratios"] == {first.layout_key(): fast.layout_missed()}
+    assert any("predicts this layout at" in note for note in fast.notes())

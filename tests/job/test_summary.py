@@ -93,6 +93,25 @@ def test_kept_figures_are_missed_beyond_15_percent_or_their_spread_after_a_first
     (note,) = [n for n in run(125.0, 0.05).notes() if "figures" in n]
     assert note.startswith("the start-up figures this run planned from were kept from a run on then; it missed")
     assert "by more than 15%, so they are removed and the next run measures afresh" in note
+    assert run(125.0, 0.05).layout_missed() is None  # one worker: its figures go, not a layout's ratio
+
+
+def test_a_layout_of_more_workers_that_misses_keeps_what_it_measured_over_its_simulation(tmp_path: Path) -> None:
+    def run(measured: float, *, before: float = 1.0, key: str | None = "k", epochs: int = 2) -> RunSummary:
+        start = {"spread": 0.05, "source": "measured at start-up", "kept_at": None, "key": key}
+        s = _summary(tmp_path, measured=measured, predicted=100.0, single=50.0, workers=2, start=start)
+        layout = {"schedule": "pipedream", "replicas": [1, 1], "balance": [3, 4], "microbatches": 4}
+        plan_file = {"predicted": {"measured_over_simulated": before}}
+        return dataclasses.replace(s, epochs=epochs, layout={**layout, "plan_file": plan_file})
+
+    assert run(80.0).layout_missed() == pytest.approx(0.8) and run(80.0).layout_key() == "pipedream 1-1 [3, 4] x4"
+    assert run(80.0, before=0.5).layout_missed() == pytest.approx(0.4)  # predicted at half its simulation already
+    assert run(90.0).layout_missed() is None  # within 15%
+    assert run(80.0, key=None).layout_missed() is None  # figures not kept: nowhere to keep the ratio
+    assert run(80.0, epochs=1).layout_missed() is None
+    assert not run(80.0).kept_figures_missed()  # the figures stay, with the layout's ratio
+    (note,) = [n for n in run(80.0).notes() if "next plan" in n]
+    assert note.endswith("predicts this layout at 0.80 times its simulated rate, as measured here")
 
 
 def test_a_run_folder_that_holds_a_run_is_refused_unless_overwritten(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conveyor.plan import PlanError, Profile, RuntimeCosts, Topology, predict, shortlist
+from conveyor.plan import PlanError, Profile, RuntimeCosts, Topology, layout_key, predict, shortlist
 
 SCHEDULES = ["flush", "2bw", "pipedream", "gpipe"]
 
@@ -102,3 +102,20 @@ def test_fewer_workers_are_planned_on_one_level_only() -> None:
         )
     found = shortlist(_profile(1e-3, 0, 0), two_servers, schedules=["flush"], microbatches=_microbatches, batches=4)
     assert {s.workers for s in found} == {4}
+
+
+def test_a_layout_is_predicted_as_a_run_of_it_measured() -> None:
+    profile, topology = _profile(1e-3, 0, 0), Topology.parse("2:1e12")  # two workers nearly twice as fast
+    options = {"schedules": ["flush"], "microbatches": lambda workers: 4, "batches": 8, "worker_counts": [1, 2]}
+    simulated = shortlist(profile, topology, **options)  # type: ignore[arg-type]
+    two = simulated[0]
+    assert two.workers == 2 and two.key == layout_key("flush", [2], [4], 4) == "flush 2 [4] x4"
+    assert two.ratio == 1.0 and two.to_json()["measured_over_simulated"] == 1.0
+    # Runs of each two-worker layout measured a third of its simulated rate: one worker is faster now.
+    ratios = {s.key: 1 / 3 for s in simulated if s.workers == 2}
+    measured = shortlist(profile, topology, **options, ratios=ratios)  # type: ignore[arg-type]
+    assert measured[0].workers == 1 and measured[0].ratio == 1.0
+    again = next(s for s in measured if s.key == two.key)
+    assert (again.samples_per_s, again.ratio) == (two.samples_per_s, 1 / 3)  # the simulation itself unchanged
+    assert again.time_to_accuracy == pytest.approx(3 * two.time_to_accuracy)
+    assert again.to_json()["measured_over_simulated"] == 1 / 3

@@ -12,7 +12,7 @@ others leave free (all of them on a quiet machine), the baseline a job with more
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from conveyor.plan import Level, Profile, RuntimeCosts, Topology
@@ -49,6 +49,10 @@ class Costs:
         source: where the figures come from: measured by this run, or kept from an earlier one
             (:mod:`conveyor.job._measured`).
         kept_at: the file they were read from, where they were kept (``None``: measured by this run).
+        key: what they are kept under (:func:`~conveyor.job._measured.costs_key`; ``None``: not kept).
+        layout_ratios: by :func:`~conveyor.plan.layout_key`, what a run of a layout planned with these figures
+            measured over its simulated rate, where that missed (:meth:`RunSummary.layout_missed`): the planner
+            predicts the layout at its simulated rate times this (:func:`~conveyor.plan.shortlist`'s ``ratios``).
     """
 
     profile: Profile
@@ -65,14 +69,17 @@ class Costs:
     stashed_forward_factor: float = 1.0
     source: str = "measured at start-up"
     kept_at: str | None = None
+    key: str | None = None
+    layout_ratios: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        """The figures as JSON (:meth:`from_json` reads them back; ``source`` is the reader's to say)."""
-        figures = {k: v for k, v in asdict(self).items() if k not in ("profile", "source", "kept_at")}
+        """The figures as JSON (:meth:`from_json` reads them back; ``source`` and ``key`` are the reader's to
+        say)."""
+        figures = {k: v for k, v in asdict(self).items() if k not in ("profile", "source", "kept_at", "key")}
         return json.dumps({**figures, "profile": json.loads(self.profile.to_json())}, indent=1)
 
     @classmethod
-    def from_json(cls, text: str, *, source: str, kept_at: str | None = None) -> Costs:
+    def from_json(cls, text: str, *, source: str, kept_at: str | None = None, key: str | None = None) -> Costs:
         """:meth:`to_json`'s figures.
 
         Raises:
@@ -96,6 +103,8 @@ class Costs:
                 stashed_forward_factor=float(d["stashed_forward_factor"]),
                 source=source,
                 kept_at=kept_at,
+                key=key,
+                layout_ratios={str(k): float(v) for k, v in d.get("layout_ratios", {}).items()},
             )
         except (KeyError, TypeError, IndexError, ValueError) as exc:
             raise ValueError(f"not a job's start-up figures ({type(exc).__name__}: {exc})") from exc
@@ -200,4 +209,6 @@ class Costs:
             "stashed_forward_factor": self.stashed_forward_factor,
             "source": self.source,
             "kept_at": self.kept_at,
+            "key": self.key,
+            "layout_ratios": self.layout_ratios,
         }

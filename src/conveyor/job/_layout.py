@@ -21,7 +21,7 @@ import torch
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
 from conveyor.job._costs import Costs
-from conveyor.plan import Plan, PlannedStage, predict, shortlist
+from conveyor.plan import Plan, PlannedStage, layout_key, predict, shortlist
 from conveyor.plan.parts import EpochFactors, layout_file, plan_file, read_plan_file
 from conveyor.runtime.parts import even_balance
 from conveyor.schedule import kind, parse_replicas
@@ -83,10 +83,18 @@ class Layout:
                 "data parallelism"
             )
             + (", stale stages at the damped learning rate (--stale-rate)" if self.stale_rate == "damped" else "")
+            + self._corrected()
             + (f", from figures {source}" if (source := self.figures_source) and source.startswith("kept") else "")
             + self._noise()
             + self._oversubscribed()
         )
+
+    def _corrected(self) -> str:
+        """Where an earlier run of this layout on the same figures measured off its simulation, how it counts."""
+        ratio = float(self.plan_file.get("predicted", {}).get("measured_over_simulated", 1.0))
+        if ratio == 1.0:
+            return ""
+        return f", {ratio:.2f} times its simulated rate, as an earlier run of it measured on these figures"
 
     def _oversubscribed(self) -> str:
         """Where the workers outnumber the cores they share, a warning that the prediction is optimistic."""
@@ -193,7 +201,10 @@ def choose_layout(
         plan = Plan(tuple(ranges), 0.0, 0.0, 0.0, layout.schedule, layout.microbatches, recompute=layout.recompute)
         file = layout_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
         seconds = predict(plan, prof, topology, batches * plan.microbatches, runtime).seconds
+        key = layout_key(layout.schedule, layout.replicas, layout.balance, layout.microbatches)
         file["predicted"] = {
+            "simulated_seconds": seconds,
+            "measured_over_simulated": costs.layout_ratios.get(key, 1.0),
             "epochs_factor": epochs.factor(
                 prof.model, layout.schedule, corrected=cfg.optimizer.stale_correction, rate=rate or "sample"
             ),
@@ -201,15 +212,16 @@ def choose_layout(
         }
     else:
         plan, file, how = _planned(cfg, costs, batches=batches, epochs=epochs, fewer=fewer)
-        seconds = file["predicted"]["simulated_seconds"]
         balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
         replicas = [st.replicas for st in plan.stages]
         layout = Layout(
             schedule=plan.schedule, balance=balance, replicas=replicas, microbatches=plan.microbatches, how=how
         )
         rate = _stale_rate(cfg, epochs, prof.model, layout)
-    # An epoch as it runs: its samples over the simulated time of its batches.
-    file.setdefault("predicted", {}).update(samples_per_s=samples / seconds, epoch_seconds=seconds)
+    # An epoch as it runs: its samples over the simulated time of its batches, as an earlier run of it measured.
+    predicted = file["predicted"]
+    seconds = predicted["simulated_seconds"] / predicted["measured_over_simulated"]
+    predicted.update(samples_per_s=samples / seconds, epoch_seconds=seconds)
     file["stale_rate"] = rate
     file["measured_at_start"] = costs.summary()
     file["threads"] = torch.get_num_threads()  # the first worker's intra-op threads, chosen afresh every run
@@ -249,6 +261,7 @@ def _planned(
         stale_correction=cfg.optimizer.stale_correction,
         stale_rate=cfg.optimizer.stale_rate,
         tie=costs.spread,
+        ratios=costs.layout_ratios,
     )
     best = simulated[0]
     plan = best.plan
@@ -264,6 +277,7 @@ def _planned(
         stale_correction=cfg.optimizer.stale_correction,
         stale_rate=cfg.optimizer.stale_rate,
     )
+    file["predicted"]["measured_over_simulated"] = best.ratio
     file["candidates"] = [s.to_json() for s in simulated[:SHORTLIST]]
     how = f"planned for {costs.workers} workers"
     if best.workers < costs.workers:

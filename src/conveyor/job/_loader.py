@@ -12,14 +12,15 @@ into pinned buffers on CUDA, and the pipeline copies each batch to the device wi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils.data import BatchSampler, DataLoader, Sampler, TensorDataset
 
-__all__ = ["EpochBatches", "EpochOrder"]
+__all__ = ["EpochBatches", "EpochOrder", "epochs_when_read"]
 
 
 class EpochOrder(Sampler[int]):
@@ -107,3 +108,23 @@ class EpochBatches:
         order = self.order.permutation().to(self._device)  # one copy per epoch
         for index in order.split(self._batch_size):
             yield tuple(t.index_select(0, index) for t in self._parts)
+
+
+def epochs_when_read(
+    inputs: torch.Tensor | dict[str, torch.Tensor],
+    targets: torch.Tensor,
+    batch_size: int,
+    seed: int,
+    *,
+    device: torch.device | None,
+) -> Callable[[], Iterator[tuple[Any, Any]]]:
+    """A new epoch of :class:`EpochBatches` at each call, the tensors moved to ``device`` at the first call only:
+    what a start-up measurement times one worker over, made where (and if) that worker calls it.
+
+    Example:
+        >>> epochs = epochs_when_read(torch.zeros(10, 3), torch.zeros(10), batch_size=4, seed=0, device=None)
+        >>> [len(list(epochs())) for _ in range(2)]
+        [3, 3]
+    """
+    held = functools.cache(lambda: EpochBatches(inputs, targets, batch_size, seed, device=device))
+    return lambda: iter(held())

@@ -23,6 +23,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,13 @@ from conveyor.job._measure import choose_threads, measure_costs
 from conveyor.paths import cache_dir
 from conveyor.runtime import CoreShare, to_device
 
-__all__ = ["costs_key", "forget_costs", "kept_or_measured", "load_costs", "save_costs"]
+__all__ = ["correct_layout", "costs_key", "forget_costs", "kept_or_measured", "load_costs", "save_costs"]
 
 # What the kept figures mean, in the key beside the versions: raised when a figure's measurement changes between
 # releases, so that figures kept by an earlier build are measured again (2: a batch alone through the plain loop
-# that one worker now trains in, not through the executor; 3: the update as the executor makes it).
-FIGURES = 3
+# that one worker now trains in, not through the executor; 3: the update as the executor makes it; 4: one worker
+# timed warm over the job's own feed, whole epochs).
+FIGURES = 4
 
 
 def _processor() -> str:
@@ -99,7 +101,7 @@ def load_costs(key: str) -> Costs | None:
         text = path.read_text()
         measured = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
         source = f"kept from a run on {measured} ({path}; --remeasure to measure again)"
-        return Costs.from_json(text, source=source, kept_at=str(path))
+        return Costs.from_json(text, source=source, kept_at=str(path), key=key)
     except (OSError, ValueError):
         return None
 
@@ -118,6 +120,15 @@ def forget_costs(path: str) -> None:
     """Remove figures kept at ``path`` (a run measured far from their prediction:
     ``RunSummary.kept_figures_missed``), so the next run of the job measures afresh."""
     Path(path).unlink(missing_ok=True)
+
+
+def correct_layout(key: str, layout: str, ratio: float) -> None:
+    """Keep, with the figures kept under ``key`` (if still there), that a run of ``layout``
+    (:func:`~conveyor.plan.layout_key`) planned with them measured ``ratio`` times its simulated rate
+    (``RunSummary.layout_missed``): the next plan from them predicts it so."""
+    kept = load_costs(key)
+    if kept is not None:
+        save_costs(key, replace(kept, layout_ratios={**kept.layout_ratios, layout: ratio}))
 
 
 def kept_or_measured(
@@ -167,6 +178,7 @@ def kept_or_measured(
             **measure,
         )
         if costs is not None:
+            costs = replace(costs, key=key)
             save_costs(key, costs)
         return costs
     if share is not None and measure.get("materialize") is None and measure.get("device_cores") is None:

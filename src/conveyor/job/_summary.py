@@ -16,6 +16,7 @@ from typing import Any
 
 from conveyor.errors import InputError
 from conveyor.job._report import plot_accuracy
+from conveyor.plan import layout_key
 from conveyor.processes import under_torchrun
 
 __all__ = [
@@ -139,6 +140,11 @@ class RunSummary(Summary):
                 f"missed them by more than {self.trust_bound():.0%}, so they are removed and the next run measures "
                 "afresh (a machine faster or slower than when they were measured)"
             )
+        if (ratio := self.layout_missed()) is not None:
+            notes.append(
+                f"it missed the prediction by more than {self.trust_bound():.0%}: the next plan from the same "
+                f"start-up figures predicts this layout at {ratio:.2f} times its simulated rate, as measured here"
+            )
         if single is not None and workers > 1 and min(measured, predicted) < single:
             slower = (
                 "measured and predicted"
@@ -158,11 +164,32 @@ class RunSummary(Summary):
         them)."""
         return max(TRUSTED_ERROR, float(self.prediction.measured_at_start.get("spread", 0.0)))
 
+    def _missed(self) -> bool:
+        """Whether the steady rate (after a first epoch) landed further from the prediction than
+        :meth:`trust_bound`."""
+        return self.epochs > 1 and abs(self.prediction.error) > self.trust_bound()
+
     def kept_figures_missed(self) -> bool:
-        """Whether this run planned from kept figures and measured its steady rate (after a first epoch) further
-        from their prediction than :meth:`trust_bound`."""
+        """Whether this run, of one worker, planned from kept figures and :meth:`_missed` their prediction: what
+        they hold of one worker (the plain loop, the batch alone) is off, so the next run measures afresh."""
         kept = self.prediction.measured_at_start.get("kept_at") is not None
-        return kept and self.epochs > 1 and abs(self.prediction.error) > self.trust_bound()
+        return kept and sum(self.layout["replicas"]) == 1 and self._missed()
+
+    def layout_key(self) -> str:
+        """The layout run, as :func:`~conveyor.plan.layout_key` names it."""
+        ran = self.layout
+        return layout_key(ran["schedule"], ran["replicas"], ran["balance"], ran["microbatches"])
+
+    def layout_missed(self) -> float | None:
+        """Where this run, of more than one worker, :meth:`_missed` its prediction from kept figures (its start-up
+        ones are kept too), the rate it measured over its layout's simulated one (the prediction's ratio to it
+        included): what the figures' next plan predicts the layout at. ``None`` elsewhere."""
+        if sum(self.layout["replicas"]) == 1 or self.prediction.measured_at_start.get("key") is None:
+            return None
+        if not self._missed():
+            return None
+        before = float(self.layout.get("plan_file", {}).get("predicted", {}).get("measured_over_simulated", 1.0))
+        return before * (1 + self.prediction.error)
 
 
 @dataclass(frozen=True, kw_only=True)

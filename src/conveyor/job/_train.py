@@ -49,9 +49,9 @@ from conveyor.job._energy import (
 )
 from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatches_of
 from conveyor.job._lease import read_lease
-from conveyor.job._loader import EpochBatches
+from conveyor.job._loader import EpochBatches, epochs_when_read
 from conveyor.job._loop import EpochLoop, LoopOutcome, whole_history
-from conveyor.job._measured import forget_costs, kept_or_measured
+from conveyor.job._measured import correct_layout, forget_costs, kept_or_measured
 from conveyor.job._model import materializer, model_and_data
 from conveyor.job._report import continued, energy_summary
 from conveyor.job._resources import ResourceLog
@@ -107,6 +107,9 @@ def _measure_and_plan(
     emulation = Emulation(network=cfg.emulation.network, devices=cfg.emulation.devices)
     network, devices = emulation.topology(dist.get_world_size()), emulation.device_list(dist.get_world_size())
     device_cores = devices[dist.get_rank()].cores if devices else None
+    device = default_device()
+    # One worker is timed over the run's own feed; through loader processes, over the sample (none are started).
+    feed = epochs_when_read(data.train_x, data.train_y, B, cfg.run.seed, device=device)
     costs = kept_or_measured(
         cfg,
         model,
@@ -114,13 +117,14 @@ def _measure_and_plan(
         microbatches=microbatches,
         loss_fn=loss_fn,
         optimizer=make_optimizer,
-        device=default_device(),
+        device=device,
         share=cores,
         name=cfg.model.name,
         network=network,
         device_cores=device_cores,
         autocast=autocast_dtype(cfg),
         materialize=materializer(cfg, model),
+        feed=None if cfg.run.loader_workers else feed,
     )
     box: list[Layout | None] = [None]
     if costs is not None:
@@ -452,8 +456,11 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         **asdict(out.knobs),
         **energy_summary(history, out.energy_meter, out.energy_note, cfg.run.target_accuracy),
     )
+    start = summary.prediction.measured_at_start
     if summary.kept_figures_missed():
-        forget_costs(summary.prediction.measured_at_start["kept_at"])
+        forget_costs(start["kept_at"])
+    elif (ratio := summary.layout_missed()) is not None:
+        correct_layout(start["key"], summary.layout_key(), ratio)
     if summary.interrupted or summary.diverged:  # no outcome to learn from, nor a finished model to keep
         if recurring is not None:
             recurring.fail(interrupted=summary.interrupted)

@@ -7,7 +7,7 @@ from conveyor.plan._planfile import PlanFileError, PlanSpec
 from conveyor.plan._planner2bw import Candidate, plan_2bw
 from conveyor.plan._predict import Prediction, RuntimeCosts, predict
 from conveyor.plan._profiles import Layer, Profile, ProfileError, read_graph_txt
-from conveyor.plan._shortlist import SimulatedLayout, shortlist
+from conveyor.plan._shortlist import SimulatedLayout, layout_key, shortlist
 from conveyor.plan._topology import Level, Topology, TopologyError
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "TopologyError",
     "allreduce_s",
     "in_flight",
+    "layout_key",
     "optimize",
     "plan_2bw",
     "predict",

@@ -26,7 +26,7 @@ Example (two layers with no weights on two workers, and the same model alone on 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,12 +36,22 @@ from conveyor.plan._predict import RuntimeCosts, predict
 from conveyor.plan._profiles import Profile
 from conveyor.plan._topology import Topology
 
-__all__ = ["TIE", "SimulatedLayout", "shortlist"]
+__all__ = ["TIE", "SimulatedLayout", "layout_key", "shortlist"]
 
 TIE = 0.001  # simulated times to accuracy this close (relative) are a tie
 # The searches whose plans are simulated, as (cost model, straight): their steady states rank layouts differently
 # (plan-vs-run's profile: 2-1-1 by the physical model, 3-1 by PipeDream's, which runs 40% faster).
 SEARCHES = (("physical", False), ("pipedream", False), ("physical", True))
+
+
+def layout_key(schedule: str, replicas: Sequence[int], balance: Sequence[int], microbatches: int) -> str:
+    """A layout's name among the figures a run measured (``shortlist``'s ``ratios``).
+
+    Example:
+        >>> layout_key("pipedream", [1, 1], [3, 4], 4)
+        'pipedream 1-1 [3, 4] x4'
+    """
+    return f"{schedule} {'-'.join(map(str, replicas))} {list(balance)} x{microbatches}"
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,8 @@ class SimulatedLayout:
         seconds: the simulated time of the epoch's batches, fill and drain included.
         samples_per_s: the simulated training samples per second.
         epochs_factor: the epochs its schedule needs over data parallelism's.
+        ratio: what a run of this layout on the same figures measured over its simulated rate (1: none ran or
+            missed); the layout is predicted and ranked at ``samples_per_s`` times it.
     """
 
     plan: Plan
@@ -63,6 +75,7 @@ class SimulatedLayout:
     seconds: float
     samples_per_s: float
     epochs_factor: float
+    ratio: float = 1.0
 
     @property
     def workers(self) -> int:
@@ -73,10 +86,17 @@ class SimulatedLayout:
         return self.plan.schedule
 
     @property
+    def key(self) -> str:
+        """Its :func:`layout_key`."""
+        balance = [st.last_layer - st.first_layer + 1 for st in self.plan.stages]
+        return layout_key(self.schedule, [st.replicas for st in self.plan.stages], balance, self.plan.microbatches)
+
+    @property
     def time_to_accuracy(self) -> float:
-        """Seconds a sample takes, simulated, times the epochs the schedule needs over data parallelism's: the time
-        to accuracy per sample of an epoch (layouts whose batches hold as many samples compare as their epochs)."""
-        return self.epochs_factor / self.samples_per_s
+        """Seconds a sample takes, as predicted (simulated, times :attr:`ratio`), times the epochs the schedule
+        needs over data parallelism's: the time to accuracy per sample of an epoch (layouts whose batches hold as
+        many samples compare as their epochs)."""
+        return self.epochs_factor / (self.samples_per_s * self.ratio)
 
     def to_json(self) -> dict[str, Any]:
         """The plan file's record of it."""
@@ -89,6 +109,7 @@ class SimulatedLayout:
             "simulated_seconds": self.seconds,
             "samples_per_s": self.samples_per_s,
             "epochs_factor": self.epochs_factor,
+            "measured_over_simulated": self.ratio,
         }
 
 
@@ -106,6 +127,7 @@ def shortlist(
     stale_correction: bool = True,
     stale_rate: str = "auto",
     tie: float = TIE,
+    ratios: Mapping[str, float] | None = None,
 ) -> list[SimulatedLayout]:
     """Every schedule's plan on every worker count, simulated; the fastest to accuracy first (see the module
     docstring).
@@ -125,6 +147,8 @@ def shortlist(
         stale_correction: the asynchronous schedules' figures with the stale-gradient correction, or without.
         stale_rate: the correction's learning rate (:meth:`EpochFactors.rate`).
         tie: times to accuracy within this part of the fastest's are a tie (at least :data:`TIE`).
+        ratios: by :func:`layout_key`, what runs of a layout on these figures measured over its simulated rate:
+            where the simulation misses what a layout costs on this machine, the run that measured it says so.
     """
     epochs = epochs or EpochFactors.load()
     counts = sorted(set(worker_counts or [topology.workers]))
@@ -140,6 +164,7 @@ def shortlist(
             sim = predict(plan, profile, on, batches * plan.microbatches, runtime)
             factor = epochs.factor(profile.model, plan.schedule, corrected=stale_correction, rate=stale_rate)
             found.append(SimulatedLayout(plan, profile, on, sim.seconds, sim.samples_per_s, factor))
+    found = [replace(s, ratio=(ratios or {}).get(s.key, 1.0)) for s in found]
     order = {name: i for i, name in enumerate(schedules)}
 
     def rank(s: SimulatedLayout) -> tuple[float, int, int]:
