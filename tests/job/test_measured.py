@@ -330,6 +330,7 @@ def test_a_layout_of_two_workers_that_misses_keeps_its_measured_ratio_with_the_f
     figures = json.loads(kept.read_text())
     assert figures["layout_ratios"] == {} or first.layout_missed() is not None
     figures["layout_ratios"] = {first.layout_key(): 1000.0}  # as if a run had measured 1,000 times its simulation
+    figures["spread"] = 0.0  # measured on busy cores the spread can pass 100%, and misses within it are trusted
     kept.write_text(json.dumps(figures))
     fast = run("b")
     assert fast.layout["plan_file"]["predicted"]["measured_over_simulated"] == 1000 and fast.prediction.error < -0.9
