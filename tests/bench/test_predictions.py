@@ -26,6 +26,18 @@ def test_report_sets_each_prediction_against_its_measurement() -> None:
     assert {c["workers"] for c in planned["candidates"]} == {2}  # a given count: all of it is planned
 
 
+@pytest.mark.slow
+def test_a_users_own_model_is_predicted_on_the_dataset_asked() -> None:
+    """The held-out path: a module of the user's (examples/models.py, from the repository's root), split by
+    torch.export; its images come from --dataset (on the default digits' flat rows it could not run)."""
+    report = run(
+        PredictionsConfig(models=("examples.models:TinyCNN",), dataset="digit-images", epochs=2, seconds=0, repeats=1)
+    )
+    (result,) = report["results"]
+    assert result["model"] == "examples.models:TinyCNN" and report["config"]["dataset"] == "digit-images"
+    assert result["predicted_samples_per_s"] > 0 and result["measured_samples_per_s"] > 0
+
+
 def test_bad_config_is_rejected() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         PredictionsConfig(repeats=0)

@@ -52,3 +52,28 @@ def test_one_worker_measures_no_link() -> None:
     costs = launch(_measure, nprocs=1, timeout_s=100)[0]
     assert costs is not None and costs.link is None and costs.allreduce is None
     assert costs.topology.workers == 1 and costs.runtime.send_s == 0.0
+
+
+def _measure_on_device(cores: float) -> Costs | None:
+    model, data = model_and_data(TrainConfig.from_options())
+    sample = [(data.train_x[i * 64 : (i + 1) * 64], data.train_y[i * 64 : (i + 1) * 64]) for i in range(3)]
+    sgd = partial(torch.optim.SGD, lr=0.05)
+    return measure_costs(
+        model,
+        sample,
+        microbatches=1,
+        loss_fn=F.cross_entropy,
+        optimizer=sgd,
+        name="mlp",
+        device=torch.device("cpu"),
+        device_cores=cores,
+    )
+
+
+def test_on_an_emulated_device_the_plain_loops_spread_is_not_the_figures() -> None:
+    """A quota stops the device for most of each 25 ms: the plain loop's batches vary by that, not by the figures'
+    noise, so no spread is recorded (the planner's ties and the trust in kept figures fall back to their own)."""
+    costs = launch(_measure_on_device, 0.45, nprocs=1, timeout_s=100)[0]
+    assert costs is not None and costs.spread == 0.0 and costs.single_worker_samples_per_s > 0
+    quiet = launch(_measure, nprocs=1, timeout_s=100)[0]
+    assert quiet is not None and quiet.spread > 0  # measured without a device: the batches' spread

@@ -37,7 +37,8 @@ GOAL = 0.15  # every run's prediction within 15% of its measurement
 class PredictionsConfig:
     """What ``conveyor bench predictions`` runs."""
 
-    models: tuple[str, ...] = MODELS
+    models: tuple[str, ...] = MODELS  # zoo models, or a user's (module:callable)
+    dataset: str | None = None  # every model's (conveyor train --dataset); None: each model's own
     workers: int | None = None  # None: conveyor train's default count, the planner free to run fewer
     epochs: int = 3  # at least, per run
     seconds: float = 2.0  # each run trains at least this long after its first epoch, at the predicted rate
@@ -128,6 +129,7 @@ def _train(
     return run_job(
         TrainConfig.from_options(
             model=model,
+            dataset=cfg.dataset,
             workers=cfg.workers,
             epochs=epochs,
             remeasure=remeasure,

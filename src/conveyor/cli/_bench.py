@@ -68,7 +68,13 @@ def add_parser(sub: Any) -> None:
     conv.add_argument("--json", type=Path, default=None, help="write the report (and its epoch factors) here")
     conv.add_argument("--plot", type=Path, default=None, help="write median epochs per strategy here (PNG)")
     pred = which.add_parser("predictions", help="conveyor train's predicted against measured throughput, zoo models")
-    pred.add_argument("--models", type=names, default=("mlp", "vgg", "resnet", "gpt"), help="e.g. mlp,vgg")
+    pred.add_argument(
+        "--models",
+        type=names,
+        default=("mlp", "vgg", "resnet", "gpt"),
+        help="zoo models or your own (module:callable), e.g. mlp,examples.models:factory",
+    )
+    pred.add_argument("--dataset", default=None, help="every model's dataset (default: each model's own)")
     pred.add_argument(
         "--workers", type=positive, default=None, help="a fixed count (default: conveyor train's, fewer if faster)"
     )

@@ -39,8 +39,9 @@ class Costs:
         alone_batch_s: a whole batch (one microbatch) as the first worker alone trains it, with the threads of the
             plain loop: what a one-worker layout runs (``None`` where the plain loop did not run).
         spread: how much the plain loop's batches varied: the interquartile range of their times over the median
-            (0: not measured). Figures whose ratio is within it are not told apart: the planner takes the simpler
-            layout then (:func:`~conveyor.plan.shortlist`'s ``tie``).
+            (0: not measured, as on emulated devices, where it measures the quota's stops). Figures whose ratio is
+            within it are not told apart: the planner takes the simpler layout then (:func:`~conveyor.plan.shortlist`'s
+            ``tie``).
         update_factors: an update as the executor makes it in a run, over the profile's optimizer step (the sum
             of the layers' ``step_s``): without weight versions, and on a stage that keeps them and extrapolates
             them (:func:`~conveyor.runtime.measure_updates`); ``(1, 1)``: not measured.
