@@ -6,6 +6,7 @@ import torch
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.config import TrainConfig
 from conveyor.job import check_against_data
+from conveyor.job._config import prediction_leaves_out
 
 MODEL = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
 
@@ -126,3 +127,15 @@ def test_a_fixed_layout_for_another_worker_count_is_refused_before_anything_is_m
     assert fixed_layout(cfg, 5, 3) is not None and fixed_layout(cfg, 5, 0) is not None  # 0: not known yet
     with pytest.raises(ValueError, match="3 stages with replicas 1-1-1, which need 3 workers, but 2 were started"):
         fixed_layout(cfg, 5, 2)
+
+
+def test_a_prediction_leaves_out_a_wan_faults_stragglers_and_a_power_limit() -> None:
+    """A run that pays one of them misses its prediction by design: no layout ratio is kept from it."""
+    assert not prediction_leaves_out(TrainConfig.from_options())
+    for options in (
+        {"wan": "gaia", "network": "2:1e9,2:1e7", "schedule": "flush"},
+        {"power_limit": "200"},
+        {"stragglers": "flexrr"},
+        {"faults": "pause:worker=1,at=1,for=1"},
+    ):
+        assert prediction_leaves_out(TrainConfig.from_options(**options)), options

@@ -109,7 +109,12 @@ def test_a_layout_of_more_workers_that_misses_keeps_what_it_measured_over_its_si
     assert run(90.0).layout_missed() is None  # within 15%
     assert run(80.0, key=None).layout_missed() is None  # figures not kept: nowhere to keep the ratio
     assert run(80.0, epochs=1).layout_missed() is None
+    assert run(10.0).layout_missed() == 0.5 and run(1000.0).layout_missed() == 2.0  # one run halves or doubles it
     assert not run(80.0).kept_figures_missed()  # the figures stay, with the layout's ratio
+    vs = run(80.0)
+    planned_as = {"predicted": {"layout_key": "pipedream 1-1 [3, 4] x4", "measured_over_simulated": 1.0}}
+    vs = dataclasses.replace(vs, layout={**vs.layout, "schedule": "pipedream-vs", "plan_file": planned_as})
+    assert vs.layout_key() == "pipedream 1-1 [3, 4] x4"  # under the key the planner looked it up: planned as pipedream
     (note,) = [n for n in run(80.0).notes() if "next plan" in n]
     assert note.endswith("predicts this layout at 0.80 times its simulated rate, as measured here")
 

@@ -67,7 +67,9 @@ def add_parser(sub: Any) -> None:
     conv.add_argument("--workers", type=positive, default=4)
     conv.add_argument("--json", type=Path, default=None, help="write the report (and its epoch factors) here")
     conv.add_argument("--plot", type=Path, default=None, help="write median epochs per strategy here (PNG)")
-    pred = which.add_parser("predictions", help="conveyor train's predicted against measured throughput, zoo models")
+    pred = which.add_parser(
+        "predictions", help="conveyor train's predicted against measured throughput, zoo models or your own"
+    )
     pred.add_argument(
         "--models",
         type=names,

@@ -39,6 +39,7 @@ __all__ = [
     "explicit_workers",
     "job_devices",
     "loss_and_optimizer",
+    "prediction_leaves_out",
 ]
 
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}  # conveyor.config.OPTIMIZERS' classes
@@ -92,6 +93,17 @@ def explicit_workers(layout: LayoutConfig) -> int | None:
     if layout.replicas:
         return sum(parse_replicas(layout.replicas, layout.stages))
     return layout.stages
+
+
+def prediction_leaves_out(cfg: TrainConfig) -> bool:
+    """Whether a run of ``cfg`` pays what its prediction leaves out by design (what crosses a WAN, injected faults,
+    straggler handling, a power limit): its miss then says nothing of its layout."""
+    return (
+        cfg.wan.mode != "off"
+        or bool(cfg.emulation.faults)
+        or cfg.stragglers is not None
+        or cfg.energy.power_limit is not None
+    )
 
 
 def check_against_data(cfg: TrainConfig, model: Blocks, samples: int) -> None:

@@ -36,8 +36,9 @@ class Costs:
         workers: the job's workers.
         cores: the cores the workers share (``None`` on GPUs or emulated devices: one each).
         network: the emulated network's topology, when the job runs on one.
-        alone_batch_s: a whole batch (one microbatch) as the first worker alone trains it, with the threads of the
-            plain loop: what a one-worker layout runs (``None`` where the plain loop did not run).
+        alone_batch_s: a batch's mean seconds (one microbatch each) as the first worker alone trains whole epochs of
+            the job's feed, each epoch's own costs included, with the threads of the plain loop: what a one-worker
+            layout runs (``None`` where the plain loop did not run).
         spread: how much the plain loop's batches varied: the interquartile range of their times over the median
             (0: not measured, as on emulated devices, where it measures the quota's stops). Figures whose ratio is
             within it are not told apart: the planner takes the simpler layout then (:func:`~conveyor.plan.shortlist`'s
@@ -107,7 +108,7 @@ class Costs:
                 key=key,
                 layout_ratios={str(k): float(v) for k, v in d.get("layout_ratios", {}).items()},
             )
-        except (KeyError, TypeError, IndexError, ValueError) as exc:
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a job's start-up figures ({type(exc).__name__}: {exc})") from exc
 
     @property

@@ -100,7 +100,8 @@ class Layout:
         """Where the workers outnumber the cores they share, a warning that the prediction is optimistic."""
         measured = self.plan_file.get("measured_at_start", {})
         cores, workers = measured.get("cores"), sum(self.replicas)
-        if cores is None or workers <= cores:
+        corrected = self.plan_file.get("predicted", {}).get("measured_over_simulated", 1.0) != 1.0
+        if cores is None or workers <= cores or corrected:  # a run of it measured: the prediction counts that
             return ""
         return (
             f". {workers} workers share {cores} cores: a message or an all-reduce then wakes a worker that waits for "
@@ -204,6 +205,7 @@ def choose_layout(
         key = layout_key(layout.schedule, layout.replicas, layout.balance, layout.microbatches)
         file["predicted"] = {
             "simulated_seconds": seconds,
+            "layout_key": key,
             "measured_over_simulated": costs.layout_ratios.get(key, 1.0),
             "epochs_factor": epochs.factor(
                 prof.model, layout.schedule, corrected=cfg.optimizer.stale_correction, rate=rate or "sample"
@@ -277,7 +279,8 @@ def _planned(
         stale_correction=cfg.optimizer.stale_correction,
         stale_rate=cfg.optimizer.stale_rate,
     )
-    file["predicted"]["measured_over_simulated"] = best.ratio
+    # Under the key it was planned as (pipedream-vs runs as itself, planned as pipedream).
+    file["predicted"].update(layout_key=best.key, measured_over_simulated=best.ratio)
     file["candidates"] = [s.to_json() for s in simulated[:SHORTLIST]]
     how = f"planned for {costs.workers} workers"
     if best.workers < costs.workers:

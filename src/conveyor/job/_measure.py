@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import math
 import os
 import statistics
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conveyor.job._costs import Costs
+from conveyor.job._timing import batch_times, fed_batch_s
 from conveyor.plan import Profile, Topology
 from conveyor.runtime import (
     CoreShare,
@@ -36,12 +35,9 @@ from conveyor.runtime import (
     split_batch,
     to_device,
 )
-from conveyor.runtime.parts import P2P, Alone, synchronize
+from conveyor.runtime.parts import P2P, Alone
 
 __all__ = ["choose_threads", "measure_costs"]
-
-WARM_S = 0.1  # untimed before a start-up loop is timed: a small model's rate still rises after its first batches
-LEAST_S = 0.2  # a start-up loop's timed seconds at least (within its budget)
 
 
 def measure_costs(
@@ -77,7 +73,7 @@ def measure_costs(
     measures (the executor's overhead, the update and the forward through a weight version
     (:func:`~conveyor.runtime.measure_updates`), the threads, the plain loop) are not taken: none of it fits.
     ``feed``: a new epoch of the job's own batches at each call, as its run reads them (on ``device``): one worker
-    alone is timed over them (:func:`_fed_batch_s`); ``None``: over ``batches``."""
+    alone is timed over them (:func:`~conveyor.job._timing.fed_batch_s`); ``None``: over ``batches``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     cores = len(os.sched_getaffinity(0))
     batches = [(to_device(x, device), y.to(device)) for x, y in batches]  # on the device before anything is timed
@@ -306,9 +302,9 @@ def _plain_loop(
     feed: Callable[[], Iterable[tuple[Any, Any]]],
 ) -> tuple[float, float, float]:
     """Samples per second of forward, backward and step on whole batches, with the free cores (the other workers
-    wait), timed as :func:`_batch_times` does; the batches' spread (their times' interquartile range over the
-    median); and a batch's mean seconds as one worker alone trains ``feed``'s epochs
-    (:class:`~conveyor.runtime.parts.Alone`, :func:`_fed_batch_s`) at the same threads."""
+    wait), timed as :func:`~conveyor.job._timing.batch_times` does; the batches' spread (their times' interquartile
+    range over the median); and a batch's mean seconds as one worker alone trains ``feed``'s epochs
+    (:class:`~conveyor.runtime.parts.Alone`, :func:`~conveyor.job._timing.fed_batch_s`) at the same threads."""
     module = copy.deepcopy(model).to(device)
     opt = optimizer(list(module.parameters()))
     alone = Alone.of_copy(model, loss_fn=loss_fn, optimizer=optimizer, device=device, autocast=autocast)
@@ -325,70 +321,10 @@ def _plain_loop(
         opt.step()
 
     try:
-        timed = _batch_times(plain_step, batches, device)
-        alone_s = _fed_batch_s(alone, feed, device)
+        timed = batch_times(plain_step, batches, device)
+        alone_s = fed_batch_s(alone, feed, device)
     finally:
         torch.set_num_threads(threads)
     median = statistics.median(timed)
     quartiles = statistics.quantiles(timed, n=4) if len(timed) > 1 else [median] * 3
     return batch_size(batches[0][0]) / median, (quartiles[2] - quartiles[0]) / median, alone_s
-
-
-def _batch_times(
-    step: Callable[[Any, torch.Tensor], object],
-    batches: list[tuple[Any, torch.Tensor]],
-    device: torch.device,
-    least: int = 20,
-    budget_s: float = 1.0,
-) -> list[float]:
-    """The seconds of ``step`` on each batch, after :data:`WARM_S` of untimed ones (at least one), the batches run
-    again until ``least`` are timed and :data:`LEAST_S` has passed, or ``budget_s`` (each at least once; on CUDA
-    each ends when the device is done)."""
-    for x, y in _for(WARM_S, itertools.cycle(batches)):
-        step(x, y)
-    synchronize(device)
-    times: list[float] = []
-    given, began = len(batches), time.perf_counter()
-    while len(times) < given or (
-        (len(times) < least or time.perf_counter() - began < LEAST_S) and time.perf_counter() - began < budget_s
-    ):
-        x, y = batches[len(times) % given]
-        start = time.perf_counter()
-        step(x, y)
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _fed_batch_s(
-    alone: Alone, feed: Callable[[], Iterable[tuple[Any, Any]]], device: torch.device, budget_s: float = 1.0
-) -> float:
-    """A batch's mean seconds as ``alone`` trains ``feed``'s epochs as the job's run does (each epoch's order and
-    gathers, its losses read at its end), after :data:`WARM_S` untimed: whole epochs until :data:`LEAST_S` has
-    passed, cut short at ``budget_s``. A small model's epoch is a few milliseconds, so what an epoch costs beyond
-    its batches (a new order, the first batches after it) is a share of its rate that batches timed one by one
-    miss; a large model's is cut short, where that share is small."""
-    alone.run(_for(WARM_S, itertools.chain.from_iterable(iter(feed, None))))
-    synchronize(device)
-    seconds, count, began = 0.0, 0, time.perf_counter()
-    while seconds < LEAST_S and time.perf_counter() - began < budget_s:
-        start = time.perf_counter()
-        out, trained = alone.run(_for(budget_s - (start - began), feed()))
-        out.loss_values()
-        synchronize(device)
-        seconds, count = seconds + time.perf_counter() - start, count + trained
-    return seconds / count
-
-
-def _for(seconds: float, items: Iterable[Any]) -> Iterator[Any]:
-    """``items`` until ``seconds`` have passed, the first whatever the time.
-
-    Example:
-        >>> list(_for(0.0, "abc")), list(_for(60.0, "abc"))
-        (['a'], ['a', 'b', 'c'])
-    """
-    end = time.perf_counter() + seconds
-    for i, item in enumerate(items):
-        if i and time.perf_counter() >= end:
-            return
-        yield item

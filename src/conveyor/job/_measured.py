@@ -128,7 +128,9 @@ def correct_layout(key: str, layout: str, ratio: float) -> None:
     (``RunSummary.layout_missed``): the next plan from them predicts it so."""
     kept = load_costs(key)
     if kept is not None:
+        measured = _path(key).stat()  # the file's time is when the figures were measured: kept so
         save_costs(key, replace(kept, layout_ratios={**kept.layout_ratios, layout: ratio}))
+        os.utime(_path(key), (measured.st_atime, measured.st_mtime))
 
 
 def kept_or_measured(
@@ -160,6 +162,9 @@ def kept_or_measured(
             "materialize": cfg.model.materialize,
             "optimizer": cfg.optimizer.name,  # its step is timed
             "dataset": cfg.model.dataset,  # and the loss with it
+            # One worker is timed over whole epochs of the job's feed (or over the sample, with loader processes).
+            "loader_workers": cfg.run.loader_workers,
+            "max_train_samples": cfg.model.max_train_samples,
         }
         box[1] = costs_key(model, batches[0], device=device, job=job)
         kept = None if cfg.layout.remeasure else load_costs(box[1])

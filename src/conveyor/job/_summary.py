@@ -42,6 +42,7 @@ class RunPrediction:
     measured_at_start: dict[str, Any]  # the start-up measurements the prediction rests on (plan file's)
 
 
+RATIO_STEP = 2.0  # a run moves a layout's measured-over-simulated ratio by at most this factor
 TRUSTED_ERROR = 0.15  # kept start-up figures are planned from while runs land within this (or their spread)
 
 
@@ -176,9 +177,13 @@ class RunSummary(Summary):
         return kept and sum(self.layout["replicas"]) == 1 and self._missed()
 
     def layout_key(self) -> str:
-        """The layout run, as :func:`~conveyor.plan.layout_key` names it."""
+        """The layout run, as the planner looked it up (:func:`~conveyor.plan.layout_key`; a schedule planned as
+        another, ``pipedream-vs``, under that one's name)."""
         ran = self.layout
-        return layout_key(ran["schedule"], ran["replicas"], ran["balance"], ran["microbatches"])
+        predicted = ran.get("plan_file", {}).get("predicted", {})
+        return predicted.get("layout_key") or layout_key(
+            ran["schedule"], ran["replicas"], ran["balance"], ran["microbatches"]
+        )
 
     def layout_missed(self) -> float | None:
         """Where this run, of more than one worker, :meth:`_missed` its prediction from kept figures (its start-up
@@ -189,7 +194,9 @@ class RunSummary(Summary):
         if not self._missed():
             return None
         before = float(self.layout.get("plan_file", {}).get("predicted", {}).get("measured_over_simulated", 1.0))
-        return before * (1 + self.prediction.error)
+        # At most halved or doubled by one run: a run on a machine busy for a while should not bury a layout that
+        # then never runs again to say otherwise.
+        return before * min(RATIO_STEP, max(1 / RATIO_STEP, 1 + self.prediction.error))
 
 
 @dataclass(frozen=True, kw_only=True)

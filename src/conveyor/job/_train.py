@@ -23,7 +23,7 @@ import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,14 @@ from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
 from conveyor.errors import InputError
 from conveyor.gaia import outer_sync
-from conveyor.job._config import RunState, autocast_dtype, explicit_workers, job_devices, loss_and_optimizer
+from conveyor.job._config import (
+    RunState,
+    autocast_dtype,
+    explicit_workers,
+    job_devices,
+    loss_and_optimizer,
+    prediction_leaves_out,
+)
 from conveyor.job._costs import Costs
 from conveyor.job._energy import (
     EpochKnobs,
@@ -128,6 +135,8 @@ def _measure_and_plan(
     )
     box: list[Layout | None] = [None]
     if costs is not None:
+        if prediction_leaves_out(cfg):  # a miss says nothing of the layout: keep no ratio for it
+            costs = replace(costs, key=None)
         names = [name for name, _ in model.named_children()]
         box[0] = _plan(cfg, costs, names=names, steps=steps, samples=data.samples, fixed=fixed, folder=folder)
     dist.broadcast_object_list(box, src=0)

@@ -54,7 +54,7 @@ def layout_key(schedule: str, replicas: Sequence[int], balance: Sequence[int], m
     return f"{schedule} {'-'.join(map(str, replicas))} {list(balance)} x{microbatches}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SimulatedLayout:
     """One layout of the shortlist and its simulation.
 
@@ -84,6 +84,28 @@ class SimulatedLayout:
     @property
     def schedule(self) -> str:
         return self.plan.schedule
+
+    @classmethod
+    def of(
+        cls,
+        plan: Plan,
+        profile: Profile,
+        topology: Topology,
+        *,
+        batches: int,
+        runtime: RuntimeCosts | None,
+        epochs_factor: float,
+    ) -> SimulatedLayout:
+        """``plan`` simulated over an epoch of ``batches`` batches (each of its microbatches) on ``runtime``."""
+        sim = predict(plan, profile, topology, batches * plan.microbatches, runtime)
+        return cls(
+            plan=plan,
+            profile=profile,
+            topology=topology,
+            seconds=sim.seconds,
+            samples_per_s=sim.samples_per_s,
+            epochs_factor=epochs_factor,
+        )
 
     @property
     def key(self) -> str:
@@ -161,9 +183,8 @@ def shortlist(
             found.append(_one_worker(alone or profile, on, microbatches(1), batches, runtime, epochs))
             continue
         for plan in _plans(profile, on, schedules, microbatches(workers)):
-            sim = predict(plan, profile, on, batches * plan.microbatches, runtime)
             factor = epochs.factor(profile.model, plan.schedule, corrected=stale_correction, rate=stale_rate)
-            found.append(SimulatedLayout(plan, profile, on, sim.seconds, sim.samples_per_s, factor))
+            found.append(SimulatedLayout.of(plan, profile, on, batches=batches, runtime=runtime, epochs_factor=factor))
     found = [replace(s, ratio=(ratios or {}).get(s.key, 1.0)) for s in found]
     order = {name: i for i, name in enumerate(schedules)}
 
@@ -207,6 +228,5 @@ def _one_worker(
 ) -> SimulatedLayout:
     """One worker running the whole model as one stage of the flush schedule: a plain training loop."""
     plan = optimize(profile, topology, schedule="flush", microbatches=microbatches)
-    sim = predict(plan, profile, topology, batches * microbatches, runtime)
     factor = epochs.factor(profile.model, "flush")
-    return SimulatedLayout(plan, profile, topology, sim.seconds, sim.samples_per_s, factor)
+    return SimulatedLayout.of(plan, profile, topology, batches=batches, runtime=runtime, epochs_factor=factor)

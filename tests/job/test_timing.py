@@ -1,4 +1,4 @@
-"""One worker's start-up timing over the job's own feed (:func:`conveyor.job._measure._fed_batch_s`)."""
+"""One worker's start-up timing over the job's own feed (:func:`conveyor.job._timing.fed_batch_s`)."""
 
 import time
 from collections.abc import Iterator
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.job._loader import epochs_when_read
-from conveyor.job._measure import _fed_batch_s
+from conveyor.job._timing import fed_batch_s
 from conveyor.runtime.parts import Alone
 
 CPU = torch.device("cpu")
@@ -26,5 +26,5 @@ def test_what_an_epoch_costs_beyond_its_batches_counts_in_a_batchs_time() -> Non
         return epochs()
 
     # Load on the machine can only lengthen the batches; timed one by one, they would miss the sleep.
-    assert _fed_batch_s(alone, slow_epochs, CPU) >= 0.01
+    assert fed_batch_s(alone, slow_epochs, CPU) >= 0.01
     assert not torch.equal(alone.module[0].weight, model[0].weight)  # it trained (a copy of the model)
