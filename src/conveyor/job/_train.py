@@ -18,12 +18,11 @@ summary); the scheduler extends the lease by rewriting the file, and restarts a 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
-import conveyor.job._data as datasets
 from conveyor.config import TrainConfig, mode_settings
 from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import MeterStatus, describe_meters, open_meter
@@ -41,12 +39,9 @@ from conveyor.gaia import outer_sync
 from conveyor.job._config import (
     RunState,
     autocast_dtype,
-    explicit_workers,
     job_devices,
     loss_and_optimizer,
-    prediction_leaves_out,
 )
-from conveyor.job._costs import Costs
 from conveyor.job._energy import (
     EpochKnobs,
     KnobsSummary,
@@ -54,12 +49,13 @@ from conveyor.job._energy import (
     guarded_power_limits,
     start_recurrence,
 )
-from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatches_of
+from conveyor.job._layout import Layout
 from conveyor.job._lease import read_lease
-from conveyor.job._loader import EpochBatches, epochs_when_read
+from conveyor.job._loader import EpochBatches
 from conveyor.job._loop import EpochLoop, LoopOutcome, whole_history
-from conveyor.job._measured import correct_layout, forget_costs, kept_or_measured
+from conveyor.job._measured import correct_layout, forget_costs
 from conveyor.job._model import materializer, model_and_data
+from conveyor.job._planning import measure_and_plan
 from conveyor.job._report import continued, energy_summary
 from conveyor.job._resources import ResourceLog
 from conveyor.job._summary import (
@@ -82,102 +78,10 @@ from conveyor.runtime import (
     keep_first,
     load_checkpoint,
     to_device,
-    under_torchrun,
 )
 from conveyor.stragglers import FlexiblePipeline, flexible_layout
 
 __all__ = ["train"]
-
-
-def _measure_and_plan(
-    cfg: TrainConfig,
-    model: nn.Sequential,
-    *,
-    data: datasets.Dataset,
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    make_optimizer: OptimizerFactory,
-    folder: Path,
-    steps: int,
-    cores: CoreShare | None,
-) -> Layout:
-    """Every worker measures (the cores as busy as in the run); the first one plans and predicts an epoch of
-    ``steps`` batches, writes the plan file, and every worker gets the layout. ``cores``: the CPU's share, as
-    :class:`~conveyor.runtime.CoreShare` last measured it (``None`` off the CPU)."""
-    # At least two batches (the first a warm-up), at the microbatch count of a fixed layout if there is one.
-    B = cfg.optimizer.batch_size
-    sample = [
-        (datasets.rows(data.train_x, slice(i * B, (i + 1) * B)), data.train_y[i * B : (i + 1) * B])
-        for i in range(min(steps, 7))
-    ]
-    fixed = fixed_layout(cfg, len(model), dist.get_world_size())
-    microbatches = microbatches_of(cfg, dist.get_world_size()) if fixed is None else fixed.microbatches
-    emulation = Emulation(network=cfg.emulation.network, devices=cfg.emulation.devices)
-    network, devices = emulation.topology(dist.get_world_size()), emulation.device_list(dist.get_world_size())
-    device_cores = devices[dist.get_rank()].cores if devices else None
-    device = default_device()
-    # One worker is timed over the run's own feed; through loader processes, over the sample (none are started).
-    feed = epochs_when_read(data.train_x, data.train_y, B, cfg.run.seed, device=device)
-    costs = kept_or_measured(
-        cfg,
-        model,
-        (sample * 2)[: max(2, len(sample))],
-        microbatches=microbatches,
-        loss_fn=loss_fn,
-        optimizer=make_optimizer,
-        device=device,
-        share=cores,
-        name=cfg.model.name,
-        network=network,
-        device_cores=device_cores,
-        autocast=autocast_dtype(cfg),
-        materialize=materializer(cfg, model),
-        feed=None if cfg.run.loader_workers else feed,
-    )
-    box: list[Layout | None] = [None]
-    if costs is not None:
-        if prediction_leaves_out(cfg):  # a miss says nothing of the layout: keep no ratio for it
-            costs = replace(costs, key=None)
-        names = [name for name, _ in model.named_children()]
-        box[0] = _plan(cfg, costs, names=names, steps=steps, samples=data.samples, fixed=fixed, folder=folder)
-    dist.broadcast_object_list(box, src=0)
-    assert box[0] is not None
-    return box[0]
-
-
-def _plan(
-    cfg: TrainConfig, costs: Costs, *, names: list[str], steps: int, samples: int, fixed: Layout | None, folder: Path
-) -> Layout:
-    """Choose the layout from ``costs``, write the plan file and print the plan. Across a WAN (``--wan`` other
-    than ``off``) the replicas all-reduce inside each site, so the plan is made with that all-reduce; what crosses
-    the WAN is left out of the prediction, and the printout says so."""
-    across_wan = cfg.wan.mode != "off"
-    chosen = choose_layout(
-        cfg,
-        names=names,
-        costs=costs.within_sites() if across_wan else costs,
-        batches=steps,
-        samples=samples,
-        layout=fixed,
-        fewer=may_use_fewer(cfg),
-    )
-    (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
-    Console().print(chosen.describe())
-    if across_wan:
-        Console().print(f"(--wan {cfg.wan.mode}: the prediction leaves out what crosses the WAN)")
-    return chosen
-
-
-def may_use_fewer(cfg: TrainConfig) -> bool:
-    """Whether the planner may run the job on fewer workers than it starts: where the count is Conveyor's to
-    choose (no ``--workers``, no fixed layout or schedule) and the workers are interchangeable (one machine, no
-    emulated cluster, no straggler handling, which need their count)."""
-    emulated = cfg.emulation.network or cfg.emulation.devices or cfg.emulation.faults
-    return (
-        cfg.layout.workers is None
-        and cfg.layout.schedule == "auto"
-        and explicit_workers(cfg.layout) is None
-        and not (emulated or under_torchrun() or cfg.stragglers is not None)
-    )
 
 
 def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | None:
@@ -189,7 +93,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
     folder = Path(run_dir)
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     steps = -(-data.samples // cfg.optimizer.batch_size)  # batches per epoch, the last one maybe short
-    layout = _measure_and_plan(
+    layout = measure_and_plan(
         cfg, model, data=data, loss_fn=loss_fn, make_optimizer=make_optimizer, folder=folder, steps=steps, cores=cores
     )
     if not keep_first(sum(layout.replicas)):  # planned for fewer workers than started: this one is not needed
