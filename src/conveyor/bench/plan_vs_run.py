@@ -144,7 +144,7 @@ def _spread(walls: list[float]) -> float:
 def _measured(cfg: PlanVsRunConfig, prof: Profile, plan: Plan, *, case: str, topology: str) -> dict[str, Any]:
     """``plan`` run on its workers and simulated: its record in the report."""
     forward_s, backward_s = stage_times(plan, prof)
-    replicas = [st.replicas for st in plan.stages]
+    replicas = plan.replicas
     schedule = make_schedule("pipedream", len(replicas), 1, cfg.minibatches, replicas)
     simulated_s = simulate(schedule, forward_s, backward_s).step_s
     emulation = Emulation(network=cfg.network, devices=cfg.devices)

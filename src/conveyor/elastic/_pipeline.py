@@ -68,9 +68,7 @@ def planned_layouts(profile: Profile, bandwidth: float, microbatches: int) -> Ca
     def layout(workers: int) -> StageLayout:
         topology = Topology.parse(f"{workers}:{bandwidth:g}")
         plan = optimize(profile, topology, schedule="gpipe", microbatches=microbatches)
-        return StageLayout(
-            tuple(s.last_layer - s.first_layer + 1 for s in plan.stages), tuple(s.replicas for s in plan.stages)
-        )
+        return StageLayout(tuple(plan.balance), tuple(plan.replicas))
 
     return layout
 

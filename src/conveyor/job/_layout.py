@@ -214,10 +214,12 @@ def choose_layout(
         }
     else:
         plan, file, how = _planned(cfg, costs, batches=batches, epochs=epochs, fewer=fewer)
-        balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
-        replicas = [st.replicas for st in plan.stages]
         layout = Layout(
-            schedule=plan.schedule, balance=balance, replicas=replicas, microbatches=plan.microbatches, how=how
+            schedule=plan.schedule,
+            balance=plan.balance,
+            replicas=plan.replicas,
+            microbatches=plan.microbatches,
+            how=how,
         )
         rate = _stale_rate(cfg, epochs, prof.model, layout)
     # An epoch as it runs: its samples over the simulated time of its batches, as an earlier run of it measured.

@@ -103,6 +103,16 @@ class Plan:
         return sum(s.replicas for s in self.stages)
 
     @property
+    def balance(self) -> list[int]:
+        """Layers per stage."""
+        return [s.last_layer - s.first_layer + 1 for s in self.stages]
+
+    @property
+    def replicas(self) -> list[int]:
+        """Workers per stage."""
+        return [s.replicas for s in self.stages]
+
+    @property
     def config(self) -> str:
         """Replicas per stage, PipeDream-style: ``"15-1"``."""
         return "-".join(str(s.replicas) for s in self.stages)

@@ -83,9 +83,8 @@ def plan_file(
         return sim.samples_per_s / predict(other, profile, topology, sim.minibatches, runtime).samples_per_s
 
     batch = profile.batch_size or 1
-    balance = [st.last_layer - st.first_layer + 1 for st in plan.stages]
     names = [lay.name for lay in plan.in_order(profile).layers]
-    layout = layout_file(plan.schedule, plan.microbatches, balance, [st.replicas for st in plan.stages], names)
+    layout = layout_file(plan.schedule, plan.microbatches, plan.balance, plan.replicas, names)
     for entry, st in zip(layout["stages"], plan.stages, strict=True):
         entry.update(seconds_per_minibatch=st.seconds_per_minibatch, memory_bytes=st.memory_bytes)
     return {

@@ -101,7 +101,7 @@ def predict(
     runtime runs it (see the module docstring). For a schedule with an update per batch the count is rounded
     up to whole batches of ``plan.microbatches``. ``profile`` is the one planned, in its own order."""
     runtime, profile = runtime or RuntimeCosts(), plan.in_order(profile)
-    reps = [st.replicas for st in plan.stages]
+    reps = plan.replicas
     unit = 1 if kind(plan.schedule).update == "round" else plan.microbatches
     batches = -(-(minibatches or 8 * plan.workers) // unit)
     forward, backward = stage_times(plan, profile)

@@ -110,8 +110,7 @@ class SimulatedLayout:
     @property
     def key(self) -> str:
         """Its :func:`layout_key`."""
-        balance = [st.last_layer - st.first_layer + 1 for st in self.plan.stages]
-        return layout_key(self.schedule, [st.replicas for st in self.plan.stages], balance, self.plan.microbatches)
+        return layout_key(self.schedule, self.plan.replicas, self.plan.balance, self.plan.microbatches)
 
     @property
     def time_to_accuracy(self) -> float:
@@ -126,7 +125,7 @@ class SimulatedLayout:
             "workers": self.workers,
             "schedule": self.schedule,
             "config": self.plan.config,
-            "balance": [st.last_layer - st.first_layer + 1 for st in self.plan.stages],
+            "balance": self.plan.balance,
             "microbatches": self.plan.microbatches,
             "simulated_seconds": self.seconds,
             "samples_per_s": self.samples_per_s,
