@@ -101,7 +101,7 @@ def test_a_layout_of_more_workers_that_misses_keeps_what_it_measured_over_its_si
         start = {"spread": 0.05, "source": "measured at start-up", "kept_at": None, "key": key}
         s = _summary(tmp_path, measured=measured, predicted=100.0, single=50.0, workers=2, start=start)
         layout = {"schedule": "pipedream", "replicas": [1, 1], "balance": [3, 4], "microbatches": 4}
-        plan_file = {"predicted": {"measured_over_simulated": before}}
+        plan_file = {"predicted": {"layout_key": "pipedream 1-1 [3, 4] x4", "measured_over_simulated": before}}
         return dataclasses.replace(s, epochs=epochs, layout={**layout, "plan_file": plan_file})
 
     assert run(80.0).layout_missed() == pytest.approx(0.8) and run(80.0).layout_key() == "pipedream 1-1 [3, 4] x4"

@@ -65,6 +65,11 @@ class Layout:
         return float(self.plan_file["predicted"]["samples_per_s"])
 
     @property
+    def measured_over_simulated(self) -> float:
+        """What an earlier run of this layout on the same figures measured over its simulated rate (1: none)."""
+        return float(self.plan_file.get("predicted", {}).get("measured_over_simulated", 1.0))
+
+    @property
     def figures_source(self) -> str:
         """Where the figures planned with came from (measured at start-up, or kept from an earlier run)."""
         return str(self.plan_file.get("measured_at_start", {}).get("source", ""))
@@ -91,8 +96,7 @@ class Layout:
 
     def _corrected(self) -> str:
         """Where an earlier run of this layout on the same figures measured off its simulation, how it counts."""
-        ratio = float(self.plan_file.get("predicted", {}).get("measured_over_simulated", 1.0))
-        if ratio == 1.0:
+        if (ratio := self.measured_over_simulated) == 1.0:
             return ""
         return f", {ratio:.2f} times its simulated rate, as an earlier run of it measured on these figures"
 
@@ -100,8 +104,8 @@ class Layout:
         """Where the workers outnumber the cores they share, a warning that the prediction is optimistic."""
         measured = self.plan_file.get("measured_at_start", {})
         cores, workers = measured.get("cores"), sum(self.replicas)
-        corrected = self.plan_file.get("predicted", {}).get("measured_over_simulated", 1.0) != 1.0
-        if cores is None or workers <= cores or corrected:  # a run of it measured: the prediction counts that
+        corrected = self.measured_over_simulated != 1.0  # a run of it measured: the prediction counts that
+        if cores is None or workers <= cores or corrected:
             return ""
         return (
             f". {workers} workers share {cores} cores: a message or an all-reduce then wakes a worker that waits for "

@@ -16,7 +16,6 @@ from typing import Any
 
 from conveyor.errors import InputError
 from conveyor.job._report import plot_accuracy
-from conveyor.plan import layout_key
 from conveyor.processes import under_torchrun
 
 __all__ = [
@@ -178,12 +177,8 @@ class RunSummary(Summary):
 
     def layout_key(self) -> str:
         """The layout run, as the planner looked it up (:func:`~conveyor.plan.layout_key`; a schedule planned as
-        another, ``pipedream-vs``, under that one's name)."""
-        ran = self.layout
-        predicted = ran.get("plan_file", {}).get("predicted", {})
-        return predicted.get("layout_key") or layout_key(
-            ran["schedule"], ran["replicas"], ran["balance"], ran["microbatches"]
-        )
+        another, ``pipedream-vs``, under that one's name): what its plan file says."""
+        return str(self.layout["plan_file"]["predicted"]["layout_key"])
 
     def layout_missed(self) -> float | None:
         """Where this run, of more than one worker, :meth:`_missed` its prediction from kept figures (its start-up
@@ -193,7 +188,7 @@ class RunSummary(Summary):
             return None
         if not self._missed():
             return None
-        before = float(self.layout.get("plan_file", {}).get("predicted", {}).get("measured_over_simulated", 1.0))
+        before = float(self.layout["plan_file"]["predicted"]["measured_over_simulated"])
         # At most halved or doubled by one run: a run on a machine busy for a while should not bury a layout that
         # then never runs again to say otherwise.
         return before * min(RATIO_STEP, max(1 / RATIO_STEP, 1 + self.prediction.error))
