@@ -246,7 +246,7 @@ class Pipeline(StagePosition):
                 autocast=autocast,
                 recompute=recompute,
             )
-            if dist.get_world_size() == 1 and self.outer is None and not stashing
+            if sum(self.replicas) == 1 and self.outer is None and not stashing  # the world, as checked
             else None
         )
         scheduled = Scheduled(
