@@ -3,6 +3,7 @@
 import pytest
 
 from conveyor.bench.predictions import PredictionsConfig, run
+from conveyor.errors import InputError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -36,6 +37,13 @@ def test_a_users_own_model_is_predicted_on_the_dataset_asked() -> None:
     (result,) = report["results"]
     assert result["model"] == "examples.models:TinyCNN" and report["config"]["dataset"] == "digit-images"
     assert result["predicted_samples_per_s"] > 0 and result["measured_samples_per_s"] > 0
+
+
+def test_an_unknown_model_or_dataset_fails_before_any_run() -> None:
+    with pytest.raises(InputError, match=r"^unknown dataset 'nope': use one of digits"):
+        run(PredictionsConfig(models=("mlp",), dataset="nope"))
+    with pytest.raises(InputError, match="nope"):
+        run(PredictionsConfig(models=("mlp", "nope")))  # the second model, before the first trains
 
 
 def test_bad_config_is_rejected() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from conveyor.bench._run import run_job
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
-from conveyor.job import RunSummary
+from conveyor.job import RunSummary, model_and_data
 from conveyor.runtime import default_workers, resolve_device
 from conveyor.schedule import KINDS
 
@@ -75,6 +75,8 @@ def epochs_for(seconds: float, *, rate: float, samples: int, least: int) -> int:
 
 def run(cfg: PredictionsConfig) -> dict[str, Any]:
     """Train every model ``repeats`` times, after a first run that measures afresh; return the JSON-ready report."""
+    for model in cfg.models:  # an unknown model or dataset fails here, in one line, before any worker starts
+        model_and_data(TrainConfig.from_options(model=model, dataset=cfg.dataset))
     results = []
     data_parallel = str(cfg.workers or default_workers(resolve_device("auto")))  # "dp": one stage on every worker
     with tempfile.TemporaryDirectory(prefix="conveyor-predictions-") as tmp:
