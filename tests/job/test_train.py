@@ -98,7 +98,11 @@ def test_every_run_reports_its_prediction_and_whether_one_worker_is_faster(tmp_p
     notes = summary.notes()
     assert notes[0].startswith(f"predicted {prediction.samples_per_s:.0f} training samples/s, measured")
     slower = min(summary.steady_samples_per_s, prediction.samples_per_s) < start["single_worker_samples_per_s"]
-    assert (len(notes) == 2 and "one worker alone does" in notes[1]) == slower
+    assert any("one worker alone does" in note for note in notes) == slower
+    # A miss beyond the trust bound (under load in CI: -51%) adds the layout's kept ratio: nothing else is said.
+    missed = summary.layout_missed() is not None
+    assert any("predicts this layout at" in note for note in notes) == missed
+    assert len(notes) == 1 + slower + missed
 
 
 @pytest.mark.serial  # the plan follows the speeds measured at start-up, which a test beside it would change
