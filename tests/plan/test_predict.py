@@ -47,6 +47,15 @@ def test_messages_cost_latency_bytes_and_their_ends() -> None:
     assert ends.seconds == pytest.approx(bare + 2 * 0.75)
 
 
+def test_a_servers_replicas_share_its_link_to_the_other_server() -> None:
+    # Two replicas per stage, the stages on two servers: each activation (4 MB) crosses at 1e6 bytes/s, 4 s. On
+    # links of their own (one level) two cross at once; through a server's link to the other, one at a time.
+    plan = _plan([2, 2], microbatches=2)
+    own = predict(plan, PROFILE, Topology.parse("4:1e6"), minibatches=2).seconds
+    shared = predict(plan, PROFILE, Topology.parse("2:1e6,2:1e6"), minibatches=2).seconds
+    assert shared == pytest.approx(own + 4.0)  # the second activation waits 4 s; the gradients, as far apart, do not
+
+
 def test_runtime_costs_per_action_and_shared_cores() -> None:
     topology = Topology.parse("4:1e12")
     plan = _plan([4])

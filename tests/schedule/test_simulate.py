@@ -98,3 +98,16 @@ def test_latency_delays_a_message_without_holding_the_link() -> None:
 def test_negative_times_are_rejected() -> None:
     with pytest.raises(ValueError, match="times must be >= 0"):
         simulate(flush(2, 2), 1.0, 1.0, reduce_s=-5.0)
+
+
+def test_workers_of_a_group_share_its_link_to_the_next_level() -> None:
+    # Two replicas of each of two stages, 1 s per forward, backward and message. On their own links both
+    # activations cross at once: 1 (forward) + 1 + 1 + 1 (backward) + 1 + 1 = 6 s. With both stages' workers in
+    # a server of their own, the servers' links carry one message at a time each way: the second activation
+    # and then the second gradient wait 1 s each, which the reduce waits for.
+    dp = flush(2, 2, replicas=[2, 2])
+    assert simulate(dp, 1.0, 1.0, transfer_s=1.0).step_s == pytest.approx(6.0)
+    assert simulate(dp, 1.0, 1.0, transfer_s=1.0, groups=[(0,), (1,), (2,), (3,)]).step_s == pytest.approx(6.0)
+    assert simulate(dp, 1.0, 1.0, transfer_s=1.0, groups=[(0,), (0,), (1,), (1,)]).step_s == pytest.approx(7.0)
+    with pytest.raises(ValueError, match="groups needs one entry per worker"):
+        simulate(dp, 1.0, 1.0, groups=[(0,)])

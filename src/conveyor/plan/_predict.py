@@ -141,6 +141,7 @@ def predict(
         send_s=runtime.send_s,
         recv_s=runtime.recv_s,
         cores=runtime.cores,
+        groups=[topology.groups_of(worker) for worker in range(plan.workers)],
     )
     count, batch = batches * unit, profile.batch_size or 1
     return Prediction(count, result.step_s, count * batch / result.step_s, result.efficiency())

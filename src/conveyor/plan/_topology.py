@@ -25,7 +25,9 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -69,6 +71,17 @@ class Topology:
             if a // span == b // span:
                 return level
         raise InputError(f"workers {a} and {b} are not both below {self.workers}")
+
+    def groups_of(self, worker: int) -> tuple[int, ...]:
+        """The groups ``worker`` is in, one per level below the outermost (its server, then its rack, ...): each
+        group's link to the level above is shared by its workers.
+
+        Example:
+            >>> Topology.parse("2:1e9,3:1e8,2:1e7").groups_of(7)  # the fourth server, in the second rack
+            (3, 1)
+        """
+        spans = itertools.accumulate((level.count for level in self.levels[:-1]), operator.mul)
+        return tuple(worker // span for span in spans)
 
     def bandwidth_between(self, a: int, b: int) -> float:
         """The rate of a message between workers ``a`` and ``b``: the slowest level it crosses."""

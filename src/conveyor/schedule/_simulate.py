@@ -6,7 +6,9 @@ receive waits for the message and then costs ``recv_s``; messages between two wo
 the order they were sent, as the executor's point-to-point channels deliver them. Each worker has one
 full-duplex link, as in the planner's cost model: a message keeps its sender's link busy outwards and its
 receiver's inwards for the boundary's ``transfer`` seconds (each carries one message at a time each way,
-activations and gradients alike), then spends ``latency`` more in flight. A ``REDUCE`` waits for every
+activations and gradients alike), then spends ``latency`` more in flight. Workers may sit in groups (a server's,
+a rack's) whose link to the level above they share: a message between two groups keeps the sender's group's link
+busy outwards and the receiver's inwards too, at every level where their groups differ. A ``REDUCE`` waits for every
 replica of its stage to reach it (their all-reduce) and then takes the stage's reduce time; a ``STEP``
 takes the optimizer step's time. With ``cores``, the workers that want a core at the same moment share
 them equally.
@@ -100,8 +102,10 @@ class _Run:
         send_s: float,
         recv_s: float,
         cores: int | None,
+        groups: Sequence[Sequence[int]],
     ) -> None:
         self.schedule, self.costs, self.hop, self.delay = schedule, costs, hop, delay
+        self.groups = groups
         self.send_s, self.recv_s = send_s, recv_s
         self.cores = cores
         self.stage, self.replicas = schedule.worker_stage, schedule.replicas
@@ -110,6 +114,7 @@ class _Run:
         self.channels: dict[tuple[int, int, bool], deque[tuple[int | None, float]]] = {}
         self.out_free = [0.0] * schedule.workers  # when each worker's link finishes sending its last message
         self.in_free = [0.0] * schedule.workers  # ... and receiving its last one
+        self.shared_free: dict[tuple[bool, int, int], float] = {}  # (inwards, level, group): the same for groups
         self.arrived: dict[tuple[int, int], list[int]] = {}  # (stage, reduce index) -> workers there
         self.timeline: list[tuple[int, Action, float, float]] = []
         self.now = 0.0
@@ -184,6 +189,19 @@ class _Run:
             self._finish(i)
         return True
 
+    def _shared_links(self, sender: int, receiver: int) -> list[tuple[bool, int, int]]:
+        """The group links a message from ``sender`` to ``receiver`` crosses: out of the sender's group and into
+        the receiver's, at every level where they differ."""
+        if not self.groups:
+            return []
+        ours, theirs = self.groups[sender], self.groups[receiver]
+        return [
+            link
+            for level, (a, b) in enumerate(zip(ours, theirs, strict=True))
+            if a != b
+            for link in ((False, level, a), (True, level, b))
+        ]
+
     def _finish(self, i: int) -> None:
         """Worker ``i``'s current action ends now."""
         w, a = self.workers[i], self.schedule.actions[i][self.workers[i].pc]
@@ -193,8 +211,11 @@ class _Run:
             return
         if a.op.is_send:
             boundary = min(self.stage[i], self.stage[a.to])
-            sent = max(self.now, self.out_free[i], self.in_free[a.to]) + self.hop[boundary]
+            shared = self._shared_links(i, a.to)
+            free = [self.out_free[i], self.in_free[a.to], *(self.shared_free.get(link, 0.0) for link in shared)]
+            sent = max(self.now, *free) + self.hop[boundary]
             self.out_free[i] = self.in_free[a.to] = sent
+            self.shared_free.update(dict.fromkeys(shared, sent))
             channel = self.channels.setdefault((i, a.to, a.op is Op.SEND_GRAD), deque())
             channel.append((a.microbatch, sent + self.delay[boundary]))
         elif not a.op.is_recv:
@@ -222,6 +243,7 @@ def simulate(
     recv_s: float = 0.0,
     cores: int | None = None,
     latency_s: float | Sequence[float] = 0.0,
+    groups: Sequence[Sequence[int]] = (),
 ) -> SimResult:
     """Run ``schedule`` on a model of time and return its predicted timing and memory.
 
@@ -242,6 +264,8 @@ def simulate(
         cores: the cores the workers share: forwards, backwards, steps, sends and receives use one, and when
             more workers want one than there are, they share them equally (processor sharing). ``None``:
             every worker has its own.
+        groups: per worker, its group at each level above its own link (its server, then its rack, ...), whose link
+            to the level above the group's workers share (``()``: none shared).
 
     Raises:
         DeadlockError: the workers wait on each other forever.
@@ -260,7 +284,9 @@ def simulate(
     delay = _per_item(latency_s, max(n - 1, 0), "latency_s")
     if min([*(c for values in costs.values() for c in values), *hop, *delay, send_s, recv_s]) < 0:
         raise InputError("times must be >= 0: a negative one would run the clock backwards")
-    run = _Run(schedule, costs, hop=hop, delay=delay, send_s=send_s, recv_s=recv_s, cores=cores)
+    if groups and len(groups) != schedule.workers:
+        raise InputError(f"groups needs one entry per worker ({schedule.workers}), got {len(groups)}")
+    run = _Run(schedule, costs, hop=hop, delay=delay, send_s=send_s, recv_s=recv_s, cores=cores, groups=groups)
     run.run()
     stuck = [i for i, w in enumerate(run.workers) if w.pc < len(schedule.actions[i])]
     if stuck:
