@@ -26,6 +26,7 @@ FIXED = {
     "replicas": "2-1",
     "microbatches": 2,
     "remeasure": True,
+    "trial": False,
     "optimizer": "adam",
     "lr": 0.01,
     "momentum": 0.5,

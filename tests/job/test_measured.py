@@ -130,7 +130,10 @@ def test_a_layout_a_run_measured_off_its_simulation_is_predicted_as_measured_nex
     assert kept is not None
     fixed = choose_layout(cfg, names=names, costs=kept, batches=20, samples=1280, layout=first)
     assert fixed.predicted_samples_per_s == pytest.approx(first.predicted_samples_per_s * 0.25)
-    assert "0.25 times its simulated rate, as an earlier run of it measured on these figures" in fixed.describe()
+    assert (
+        "0.25 times its simulated rate, as measured of it on these figures (a trial or an earlier run)"
+        in fixed.describe()
+    )
     correct_layout("gone", key, 0.5)  # figures removed meanwhile: nothing is written
     assert not (tmp_path / "cache" / "costs" / "gone.json").exists()
 
@@ -337,7 +340,9 @@ def test_a_layout_of_two_workers_that_misses_keeps_its_measured_ratio_with_the_f
     (kept,) = (tmp_path / "data" / "cache" / "costs").iterdir()
     figures = json.loads(kept.read_text())
     missed = first.layout_missed()
-    assert figures["layout_ratios"] == ({} if missed is None else {first.layout_key(): missed})
+    (trial,) = first.layout["plan_file"]["trials"]  # tried before training: its ratio kept, unless the run missed
+    kept_ratio = trial["measured_over_simulated"] if missed is None else missed
+    assert figures["layout_ratios"] == {first.layout_key(): kept_ratio}
     figures["layout_ratios"] = {first.layout_key(): 1000.0}  # as if a run had measured 1,000 times its simulation
     figures["spread"] = 0.0  # measured on busy cores the spread can pass 100%, and misses within it are trusted
     kept.write_text(json.dumps(figures))

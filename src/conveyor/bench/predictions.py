@@ -153,6 +153,9 @@ def _result(summary: RunSummary) -> dict[str, Any]:
         "replicas": layout["replicas"],
         "balance": layout["balance"],
         "predicted_samples_per_s": summary.prediction.samples_per_s,
+        # The simulator's own, before any trial's or earlier run's ratio (the prediction is this times the ratio).
+        "simulated_samples_per_s": summary.prediction.samples_per_s
+        / float(layout["plan_file"]["predicted"]["measured_over_simulated"]),
         "measured_samples_per_s": summary.steady_samples_per_s,  # after the first epoch
         "all_epochs_samples_per_s": summary.samples_per_s,
         "error": summary.prediction.error,
@@ -160,4 +163,5 @@ def _result(summary: RunSummary) -> dict[str, Any]:
         "single_worker_samples_per_s": summary.prediction.measured_at_start["single_worker_samples_per_s"],
         "measured_at_start": summary.prediction.measured_at_start,
         "candidates": layout["plan_file"].get("candidates", []),
+        "trials": layout["plan_file"].get("trials", []),  # the layouts tried before training (none: no trial)
     }

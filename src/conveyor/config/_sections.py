@@ -116,6 +116,12 @@ class LayoutConfig:
         "measure the model, the machine and its links again before planning, rather than plan from the figures "
         "kept from the last run of the same job on this machine (in ~/.cache/conveyor, or $CONVEYOR_DATA/cache)",
     )
+    trial: bool = option(
+        True,
+        "before training, try a layout of several workers that no run has measured on this job's figures for about "
+        "a second, on a copy of the model, and plan again with what it measured (--no-trial: plan from the "
+        "simulation alone)",
+    )
 
     def __post_init__(self) -> None:
         if (self.microbatches or 1) < 1:

@@ -27,7 +27,7 @@ from conveyor.runtime.parts import even_balance
 from conveyor.schedule import kind, parse_replicas
 from conveyor.stragglers import flexible_layout
 
-__all__ = ["Layout", "choose_layout", "fixed_layout", "microbatches_of"]
+__all__ = ["Layout", "choose_layout", "fixed_layout", "microbatches_of", "simulated_seconds"]
 
 # The planner's schedules in order of preference when predictions tie: synchronous first, then the least stale.
 _PREFERENCE = ("flush", "2bw", "pipedream", "gpipe")
@@ -95,10 +95,11 @@ class Layout:
         )
 
     def _corrected(self) -> str:
-        """Where an earlier run of this layout on the same figures measured off its simulation, how it counts."""
+        """Where a trial or an earlier run of this layout on the same figures measured off its simulation, how it
+        counts."""
         if (ratio := self.measured_over_simulated) == 1.0:
             return ""
-        return f", {ratio:.2f} times its simulated rate, as an earlier run of it measured on these figures"
+        return f", {ratio:.2f} times its simulated rate, as measured of it on these figures (a trial or an earlier run)"
 
     def _oversubscribed(self) -> str:
         """Where the workers outnumber the cores they share, a warning that the prediction is optimistic."""
@@ -195,17 +196,12 @@ def choose_layout(
     """The layout for a :class:`~conveyor.config.TrainConfig` on ``costs.workers`` workers (``layout`` when
     :func:`fixed_layout` gave one, else the planner's: on fewer of them too where ``fewer``), its plan file with
     the prediction for an epoch (one run of ``batches`` batches, ``samples`` samples) and the figures it rests on."""
-    topology, prof, runtime = costs.topology, costs.profile, costs.runtime
+    prof = costs.profile
     epochs = EpochFactors.load(cfg.optimizer.epoch_factors)
     if layout is not None:
         rate = _stale_rate(cfg, epochs, prof.model, layout)
-        ranges, first = [], 0
-        for blocks, r in zip(layout.balance, layout.replicas, strict=True):
-            ranges.append(PlannedStage(first, first + blocks - 1, r, 0.0))
-            first += blocks
-        plan = Plan(tuple(ranges), 0.0, 0.0, 0.0, layout.schedule, layout.microbatches, recompute=layout.recompute)
         file = layout_file(layout.schedule, layout.microbatches, layout.balance, layout.replicas, names)
-        seconds = predict(plan, prof, topology, batches * plan.microbatches, runtime).seconds
+        seconds = simulated_seconds(layout, costs, batches)
         key = layout_key(layout.schedule, layout.replicas, layout.balance, layout.microbatches)
         file["predicted"] = {
             "simulated_seconds": seconds,
@@ -234,6 +230,16 @@ def choose_layout(
     file["measured_at_start"] = costs.summary()
     file["threads"] = torch.get_num_threads()  # the first worker's intra-op threads, chosen afresh every run
     return replace(layout, plan_file=file, stale_rate=rate)
+
+
+def simulated_seconds(layout: Layout, costs: Costs, batches: int) -> float:
+    """``layout`` simulated over a run of ``batches`` batches on ``costs`` (its workers all the job's)."""
+    ranges, first = [], 0
+    for blocks, r in zip(layout.balance, layout.replicas, strict=True):
+        ranges.append(PlannedStage(first, first + blocks - 1, r, 0.0))
+        first += blocks
+    plan = Plan(tuple(ranges), 0.0, 0.0, 0.0, layout.schedule, layout.microbatches, recompute=layout.recompute)
+    return predict(plan, costs.profile, costs.topology, batches * plan.microbatches, costs.runtime).seconds
 
 
 def _stale_rate(cfg: TrainConfig, epochs: EpochFactors, model: str, layout: Layout) -> str | None:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -21,11 +21,15 @@ from conveyor.job._config import autocast_dtype, explicit_workers, prediction_le
 from conveyor.job._costs import Costs
 from conveyor.job._layout import Layout, choose_layout, fixed_layout, microbatches_of
 from conveyor.job._loader import epochs_when_read
+from conveyor.job._loop import Trainer
 from conveyor.job._measured import kept_or_measured
 from conveyor.job._model import materializer
+from conveyor.job._trial import TRIALS, record_trial, run_trial, trial_batches, worth_trying
 from conveyor.runtime import CoreShare, OptimizerFactory, default_device, under_torchrun
 
 __all__ = ["may_use_fewer", "measure_and_plan"]
+
+T = TypeVar("T")
 
 
 def measure_and_plan(
@@ -38,10 +42,13 @@ def measure_and_plan(
     folder: Path,
     steps: int,
     cores: CoreShare | None,
+    build: Callable[[Layout], Trainer],
 ) -> Layout:
     """Every worker measures (the cores as busy as in the run); the first one plans and predicts an epoch of
-    ``steps`` batches, writes the plan file, and every worker gets the layout. ``cores``: the CPU's share, as
-    :class:`~conveyor.runtime.CoreShare` last measured it (``None`` off the CPU)."""
+    ``steps`` batches, writes the plan file, and every worker gets the layout, which every worker then tries where
+    no run has measured it on these figures (:mod:`conveyor.job._trial`; ``build`` makes a pipeline of a layout
+    on a copy of the model), the first planning again with what the trial measured. ``cores``: the CPU's share,
+    as :class:`~conveyor.runtime.CoreShare` last measured it (``None`` off the CPU)."""
     # At least two batches (the first a warm-up), at the microbatch count of a fixed layout if there is one.
     B = cfg.optimizer.batch_size
     sample = [
@@ -72,15 +79,49 @@ def measure_and_plan(
         materialize=materializer(cfg, model),
         feed=None if cfg.run.loader_workers else feed,
     )
-    box: list[Layout | None] = [None]
-    if costs is not None:
-        if prediction_leaves_out(cfg):  # a miss says nothing of the layout: keep no ratio for it
-            costs = replace(costs, key=None)
-        names = [name for name, _ in model.named_children()]
-        box[0] = _plan(cfg, costs, names=names, steps=steps, samples=data.samples, fixed=fixed, folder=folder)
+    names = [name for name, _ in model.named_children()]
+
+    def plan(costs: Costs) -> Layout:
+        return _plan(cfg, costs, names=names, steps=steps, samples=data.samples, fixed=fixed, folder=folder)
+
+    if costs is not None and prediction_leaves_out(cfg):  # a miss says nothing of the layout: keep no ratio for it
+        costs = replace(costs, key=None)
+    layout = _told(plan(costs) if costs is not None else None)
+    trials: list[dict[str, Any]] = []
+    for _ in range(TRIALS):
+        if not _told(costs is not None and worth_trying(cfg, layout, costs, dist.get_world_size())):
+            break
+        batches = trial_batches(layout, steps)
+        seconds = run_trial(build, layout, data, batches=batches, batch_size=B, device=device)
+        if costs is not None:
+            costs, record = record_trial(costs, layout, batches=batches, seconds=seconds)
+            trials.append(record)
+            Console().print(_tried(layout, record, samples=batches * B))
+        layout = _told(plan(costs) if costs is not None else None)
+    if not _told(bool(trials)):
+        return layout
+    if costs is not None:  # the plan file says what the trials measured
+        layout.plan_file["trials"] = trials
+        (folder / "plan.json").write_text(json.dumps(layout.plan_file, indent=2))
+    return _told(layout if costs is not None else None)
+
+
+def _told(value: T | None) -> T:
+    """The first worker's ``value`` on every worker."""
+    box = [value]
     dist.broadcast_object_list(box, src=0)
     assert box[0] is not None
     return box[0]
+
+
+def _tried(layout: Layout, record: dict[str, Any], *, samples: int) -> str:
+    """The line that says what a trial measured."""
+    config, ratio = "-".join(map(str, layout.replicas)), float(record["measured_over_simulated"])
+    return (
+        f"tried {config} on {layout.schedule} for {record['batches']} batches: "
+        f"{samples / record['measured_seconds']:.0f} training samples/s, {ratio:.2f} times its simulated "
+        f"{samples / record['simulated_seconds']:.0f}; planned again with that"
+    )
 
 
 def _plan(

@@ -17,6 +17,7 @@ summary); the scheduler extends the lease by rewriting the file, and restarts a 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import resource
@@ -94,7 +95,18 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     steps = -(-data.samples // cfg.optimizer.batch_size)  # batches per epoch, the last one maybe short
     layout = measure_and_plan(
-        cfg, model, data=data, loss_fn=loss_fn, make_optimizer=make_optimizer, folder=folder, steps=steps, cores=cores
+        cfg,
+        model,
+        data=data,
+        loss_fn=loss_fn,
+        make_optimizer=make_optimizer,
+        folder=folder,
+        steps=steps,
+        cores=cores,
+        # A trial's pipeline is made of a copy: the model trains from its first weights.
+        build=lambda tried: _trainer(
+            cfg, copy.deepcopy(model), layout=tried, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device
+        ),
     )
     if not keep_first(sum(layout.replicas)):  # planned for fewer workers than started: this one is not needed
         return None
