@@ -6,6 +6,7 @@ import pytest
 from emulation import needs_root
 
 from conveyor.bench.wan import WanBenchConfig, add_ratios, over_seeds, run
+from conveyor.errors import InputError
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -49,6 +50,11 @@ def test_one_target_per_model_and_known_modes() -> None:
         WanBenchConfig(models=("mlp", "gpt"), targets=(0.8,))
     with pytest.raises(ValueError, match="unknown modes"):
         WanBenchConfig(modes=("async",))
+
+
+def test_an_unknown_model_fails_before_any_run() -> None:
+    with pytest.raises(InputError, match="nope"):  # the second model, before the first trains
+        run(WanBenchConfig(models=("mlp", "nope"), targets=(0.5, 0.5)))
 
 
 def test_each_seed_is_set_against_its_own_lan_run_and_the_seeds_summed_up() -> None:

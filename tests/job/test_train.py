@@ -202,6 +202,7 @@ def test_a_hugging_face_model_trains_from_its_class(tmp_path: Path) -> None:
         dataset="text",
         max_train_samples=1200,  # of 3,200 windows: enough to learn below a uniform guess
         stages=2,
+        trial=False,  # what is tested is the model in two stages, not its prediction
         epochs=1,
         run_dir=str(tmp_path),
     )
@@ -238,6 +239,7 @@ def test_an_encoder_decoder_trains_on_sources_and_targets_with_its_cross_attenti
         model_args=args + ",dropout_rate=0.0",
         dataset=f"hf:{tmp_path / 'pairs'}",
         stages=2,
+        trial=False,  # what is tested is the model in two stages, not its prediction
         epochs=2,
         batch_size=32,
         optimizer="adam",
@@ -318,6 +320,7 @@ def test_a_dataset_with_an_attention_mask_trains_a_model_that_takes_both_by_name
         model_args=f"{args},eos_token_id=0",
         dataset=f"hf:{tmp_path / 'd'}",
         stages=2,
+        trial=False,  # what is tested is the model in two stages, not its prediction
         epochs=4,
         optimizer="adam",
         lr=3e-3,

@@ -31,6 +31,7 @@ from conveyor.bench._checks import require_known
 from conveyor.bench._run import run_job
 from conveyor.config import TrainConfig
 from conveyor.errors import InputError
+from conveyor.job import model_and_data
 
 __all__ = ["MODES", "WanBenchConfig", "add_ratios", "over_seeds", "run"]
 
@@ -156,6 +157,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 def run(cfg: WanBenchConfig, plot: str | None = None) -> dict[str, Any]:
     """Train every model in every mode at every WAN bandwidth from every seed; the JSON-ready report (and the plot
     of the first seed)."""
+    for model in cfg.models:  # an unknown model fails here, in one line, before any worker starts
+        model_and_data(TrainConfig.from_options(model=model))
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="conveyor-wan-") as tmp:
         for seed in range(cfg.seed, cfg.seed + cfg.seeds):
