@@ -26,6 +26,7 @@ from conveyor.plan import Profile, Topology
 from conveyor.runtime import (
     CoreShare,
     Materialize,
+    MeasuredLink,
     batch_size,
     measure_allreduce,
     measure_link,
@@ -102,15 +103,9 @@ def measure_costs(
             fastest=alone,
         )
     dist.barrier()
-    link, allreduce = None, None
-    if world > 1:
-        work = _forward_backward(model, batches[0], microbatches, loss_fn, device) if whole else None
-        peer = rank ^ 1  # pairs 0-1, 2-3, ...: every worker sends (and computes) while the first pair measures
-        p2p = P2P(device)  # on every worker: on CUDA its first one makes a group
-        if peer < world and (rank < 2 or not alone):
-            link = measure_link(p2p, peer, leader=rank % 2 == 0, busy=work if not alone else None)
-        dist.barrier()
-        allreduce = measure_allreduce(busy=work if not alone else None)
+    between = whole and not alone and world > 1  # the work between messages, as in the run
+    work = _forward_backward(model, batches[0], microbatches, loss_fn, device) if between else None
+    link, allreduce = _network(device, alone=alone, busy=work)
     dist.barrier()
     free = None if share is None else share.free
     single, spread, alone_s = (
@@ -150,6 +145,24 @@ def measure_costs(
         update_factors=factors,
         stashed_forward_factor=forward,
     )
+
+
+def _network(
+    device: torch.device, *, alone: bool, busy: Callable[[], object] | None
+) -> tuple[MeasuredLink | None, tuple[float, float] | None]:
+    """A message between two workers (the first pair's, kept by the first worker) and an all-reduce among all of
+    them (``None`` for a worker alone), every worker running ``busy`` between messages and before each all-reduce,
+    as in the run. ``alone``: on emulated devices, the first pair alone measures the message."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return None, None
+    link = None
+    peer = rank ^ 1  # pairs 0-1, 2-3, ...: every worker sends (and computes) while the first pair measures
+    p2p = P2P(device)  # on every worker: on CUDA its first one makes a group
+    if peer < world and (rank < 2 or not alone):
+        link = measure_link(p2p, peer, leader=rank % 2 == 0, busy=busy)
+    dist.barrier()
+    return link, measure_allreduce(busy=busy)
 
 
 def _profile_and_runtime(
