@@ -11,8 +11,8 @@ import pytest
 from conveyor.config import TrainConfig
 from conveyor.job import RunSummary, train
 from conveyor.job._costs import Costs
-from conveyor.job._layout import Layout
-from conveyor.job._trial import trial_batches, worth_trying
+from conveyor.job._layout import Layout, simulated_seconds
+from conveyor.job._trial import record_trial, trial_batches, worth_trying
 from conveyor.plan import Profile
 
 
@@ -47,6 +47,16 @@ def test_a_trial_lasts_about_a_second_at_the_predicted_rate() -> None:
     assert trial_batches(_layout([1, 1], epoch_seconds=2.0), steps=20) == 10
     assert trial_batches(_layout([1, 1], epoch_seconds=0.1), steps=20) == 200  # the epoch's batches again and again
     assert trial_batches(_layout([1, 1], epoch_seconds=100.0), steps=20) == 2  # at least two batches
+
+
+def test_a_trials_ratio_is_measured_over_simulated_and_bounded() -> None:
+    costs, layout = _costs(), _layout([1, 1])
+    simulated = simulated_seconds(layout, costs, 10)
+    slow, record = record_trial(costs, layout, batches=10, seconds=2 * simulated)
+    assert slow.layout_ratios == {"flush 1-1 [1, 1] x4": pytest.approx(0.5)} and record["batches"] == 10
+    assert record["measured_over_simulated"] == pytest.approx(0.5) and record["simulated_seconds"] == simulated
+    stalled, _ = record_trial(costs, layout, batches=10, seconds=100 * simulated)  # a busy moment: at most 4x
+    assert stalled.layout_ratios["flush 1-1 [1, 1] x4"] == pytest.approx(0.25)
 
 
 @pytest.mark.slow

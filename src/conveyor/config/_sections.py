@@ -118,9 +118,9 @@ class LayoutConfig:
     )
     trial: bool = option(
         True,
-        "before training, try a layout of several workers that no run has measured on this job's figures for about "
-        "a second, on a copy of the model, and plan again with what it measured (--no-trial: plan from the "
-        "simulation alone)",
+        "before training, try a layout of several workers that no run has measured on this job's figures, on a copy "
+        "of the model (up to an epoch untimed, then about a second timed), and plan again with what it measured "
+        "(--no-trial: plan from the simulation alone)",
     )
 
     def __post_init__(self) -> None:

@@ -43,8 +43,9 @@ __all__ = ["correct_layout", "costs_key", "forget_costs", "kept_or_measured", "l
 # What the kept figures mean, in the key beside the versions: raised when a figure's measurement changes between
 # releases, so that figures kept by an earlier build are measured again (2: a batch alone through the plain loop
 # that one worker now trains in, not through the executor; 3: the update as the executor makes it; 4: one worker
-# timed warm over the job's own feed, whole epochs).
-FIGURES = 4
+# timed warm over the job's own feed, whole epochs; 5: layout ratios measured against a simulator whose servers'
+# workers share their link to the level above).
+FIGURES = 5
 
 
 def _processor() -> str:

@@ -37,10 +37,12 @@ from conveyor.job._layout import Layout, simulated_seconds
 from conveyor.job._loop import Trainer
 from conveyor.job._measured import correct_layout
 from conveyor.runtime import to_device
+from conveyor.runtime.parts import synchronize
 
 __all__ = ["TRIALS", "record_trial", "run_trial", "trial_batches", "worth_trying"]
 
 TRIALS = 3  # layouts tried at most, the planner planning again after each
+TRIAL_BOUND = 4.0  # a trial's ratio is kept within [1/4, 4]
 TRIAL_S = 1.0  # a trial's timed part lasts about this long at the predicted rate (after an epoch at most untimed)
 
 
@@ -73,23 +75,36 @@ def run_trial(
     device: torch.device,
 ) -> float:
     """Seconds ``batches`` batches of ``batch_size`` samples take through ``layout`` (a pipeline ``build`` makes on a
-    copy of the model; the job's first batches in turn, on ``device``), after up to an epoch of them untimed; every
-    worker calls it and gets the same."""
+    copy of the model; the job's first batches in turn, on ``device`` where the first and the last stage read
+    them), after up to an epoch of them untimed; every worker calls it and gets the same. The trial's pipeline
+    is let go afterwards (on CUDA, the memory it cached too)."""
     trainer = build(layout)
-    B, epoch = batch_size, max(1, data.samples // batch_size)  # whole batches
-    first = [
-        (
-            to_device(datasets.rows(data.train_x, slice(i * B, (i + 1) * B)), device),
-            data.train_y[i * B : (i + 1) * B].to(device),
-        )
-        for i in range(min(batches, epoch))
-    ]
-    trainer.train(first)  # the first calls of every kernel, the allocator's first blocks
+    try:
+        B, epoch = batch_size, max(1, data.samples // batch_size)  # whole batches
+        feeds = trainer.is_first or trainer.is_last
+        first = [
+            (
+                to_device(datasets.rows(data.train_x, slice(i * B, (i + 1) * B)), device),
+                data.train_y[i * B : (i + 1) * B].to(device),
+            )
+            for i in range(min(batches, epoch) if feeds else 0)
+        ]
+        trainer.train(first if feeds else None)  # the first calls of every kernel, the allocator's first blocks
+        _all_done(device)
+        start = time.perf_counter()
+        trainer.train(itertools.islice(itertools.cycle(first), batches) if feeds else None)
+        _all_done(device)
+        return time.perf_counter() - start
+    finally:
+        del trainer
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _all_done(device: torch.device) -> None:
+    """Every worker's work done, its device's included (a barrier alone waits for the host's)."""
+    synchronize(device)
     dist.barrier()
-    start = time.perf_counter()
-    trainer.train(itertools.islice(itertools.cycle(first), batches))
-    dist.barrier()
-    return time.perf_counter() - start
 
 
 def record_trial(costs: Costs, layout: Layout, *, batches: int, seconds: float) -> tuple[Costs, dict[str, Any]]:
@@ -97,7 +112,8 @@ def record_trial(costs: Costs, layout: Layout, *, batches: int, seconds: float) 
     and the trial's record for the plan file."""
     key = str(layout.plan_file["predicted"]["layout_key"])
     simulated = simulated_seconds(layout, costs, batches)
-    ratio = simulated / seconds
+    # Bounded: a second's trial in a busy moment should not bury a layout that may never run to say otherwise.
+    ratio = min(TRIAL_BOUND, max(1 / TRIAL_BOUND, simulated / seconds))
     if costs.key is not None:
         correct_layout(costs.key, key, ratio)
     record = {
