@@ -33,6 +33,13 @@ class Dataset:
         """Training samples."""
         return len(self.train_y)
 
+    def first_batches(self, size: int, count: int) -> list[tuple[Inputs, torch.Tensor]]:
+        """The first ``count`` training batches of ``size`` samples, in order (the last may be short)."""
+        return [
+            (rows(self.train_x, slice(i * size, (i + 1) * size)), self.train_y[i * size : (i + 1) * size])
+            for i in range(count)
+        ]
+
     def subset(self, samples: int, seed: int) -> Dataset:
         """``samples`` training samples drawn without replacement (every one where there are fewer), seeded, in
         the order they were; the test split whole. Drawn rather than the first ones: a folder of images may be

@@ -51,10 +51,7 @@ def measure_and_plan(
     as :class:`~conveyor.runtime.CoreShare` last measured it (``None`` off the CPU)."""
     # At least two batches (the first a warm-up), at the microbatch count of a fixed layout if there is one.
     B = cfg.optimizer.batch_size
-    sample = [
-        (datasets.rows(data.train_x, slice(i * B, (i + 1) * B)), data.train_y[i * B : (i + 1) * B])
-        for i in range(min(steps, 7))
-    ]
+    sample = data.first_batches(B, min(steps, 7))
     fixed = fixed_layout(cfg, len(model), dist.get_world_size())
     microbatches = microbatches_of(cfg, dist.get_world_size()) if fixed is None else fixed.microbatches
     emulation = Emulation(network=cfg.emulation.network, devices=cfg.emulation.devices)
@@ -80,14 +77,16 @@ def measure_and_plan(
         feed=None if cfg.run.loader_workers else feed,
     )
     names = [name for name, _ in model.named_children()]
+    trials: list[dict[str, Any]] = []  # what each trial measured, for the plan file (on the first worker)
 
     def plan(costs: Costs) -> Layout:
-        return _plan(cfg, costs, names=names, steps=steps, samples=data.samples, fixed=fixed, folder=folder)
+        return _plan(
+            cfg, costs, names=names, steps=steps, samples=data.samples, fixed=fixed, folder=folder, trials=trials
+        )
 
     if costs is not None and prediction_leaves_out(cfg):  # a miss says nothing of the layout: keep no ratio for it
         costs = replace(costs, key=None)
     layout = _told(plan(costs) if costs is not None else None)
-    trials: list[dict[str, Any]] = []
     for _ in range(TRIALS):
         if not _told(costs is not None and worth_trying(cfg, layout, costs, dist.get_world_size())):
             break
@@ -98,12 +97,7 @@ def measure_and_plan(
             trials.append(record)
             Console().print(_tried(layout, record, samples=batches * B))
         layout = _told(plan(costs) if costs is not None else None)
-    if not _told(bool(trials)):
-        return layout
-    if costs is not None:  # the plan file says what the trials measured
-        layout.plan_file["trials"] = trials
-        (folder / "plan.json").write_text(json.dumps(layout.plan_file, indent=2))
-    return _told(layout if costs is not None else None)
+    return layout
 
 
 def _told(value: T | None) -> T:
@@ -125,11 +119,19 @@ def _tried(layout: Layout, record: dict[str, Any], *, samples: int) -> str:
 
 
 def _plan(
-    cfg: TrainConfig, costs: Costs, *, names: list[str], steps: int, samples: int, fixed: Layout | None, folder: Path
+    cfg: TrainConfig,
+    costs: Costs,
+    *,
+    names: list[str],
+    steps: int,
+    samples: int,
+    fixed: Layout | None,
+    folder: Path,
+    trials: list[dict[str, Any]],
 ) -> Layout:
-    """Choose the layout from ``costs``, write the plan file and print the plan. Across a WAN (``--wan`` other
-    than ``off``) the replicas all-reduce inside each site, so the plan is made with that all-reduce; what crosses
-    the WAN is left out of the prediction, and the printout says so."""
+    """Choose the layout from ``costs``, write the plan file (with the ``trials`` so far, where there were any) and
+    print the plan. Across a WAN (``--wan`` other than ``off``) the replicas all-reduce inside each site, so the plan
+    is made with that all-reduce; what crosses the WAN is left out of the prediction, and the printout says so."""
     across_wan = cfg.wan.mode != "off"
     chosen = choose_layout(
         cfg,
@@ -140,6 +142,8 @@ def _plan(
         layout=fixed,
         fewer=may_use_fewer(cfg),
     )
+    if trials:
+        chosen.plan_file["trials"] = list(trials)
     (folder / "plan.json").write_text(json.dumps(chosen.plan_file, indent=2))
     Console().print(chosen.describe())
     if across_wan:

@@ -83,11 +83,7 @@ def run_trial(
         B, epoch = batch_size, max(1, data.samples // batch_size)  # whole batches
         feeds = trainer.is_first or trainer.is_last
         first = [
-            (
-                to_device(datasets.rows(data.train_x, slice(i * B, (i + 1) * B)), device),
-                data.train_y[i * B : (i + 1) * B].to(device),
-            )
-            for i in range(min(batches, epoch) if feeds else 0)
+            (to_device(x, device), y.to(device)) for x, y in data.first_batches(B, min(batches, epoch) if feeds else 0)
         ]
         trainer.train(first if feeds else None)  # the first calls of every kernel, the allocator's first blocks
         _all_done(device)
