@@ -12,7 +12,7 @@ from conveyor.config import TrainConfig
 from conveyor.job import RunSummary, train
 from conveyor.job._costs import Costs
 from conveyor.job._layout import Layout, simulated_seconds
-from conveyor.job._trial import record_trial, trial_batches, worth_trying
+from conveyor.job._trial import TRIAL_BOUND, record_trial, trial_batches, worth_trying
 from conveyor.plan import Profile
 
 
@@ -77,7 +77,8 @@ def test_a_pipeline_is_tried_once_planned_with_what_it_measured_and_trains_as_wi
     (trial,) = plan["trials"]
     key = plan["predicted"]["layout_key"]
     assert trial["layout_key"] == key and trial["batches"] >= 2 and trial["measured_seconds"] > 0
-    ratio = trial["simulated_seconds"] / trial["measured_seconds"]
+    # Within its bound: a busy CI machine has measured this pipeline at 0.16 of its simulation.
+    ratio = min(TRIAL_BOUND, max(1 / TRIAL_BOUND, trial["simulated_seconds"] / trial["measured_seconds"]))
     assert trial["measured_over_simulated"] == pytest.approx(ratio)
     assert plan["predicted"]["measured_over_simulated"] == pytest.approx(ratio)  # the prediction counts it
     assert json.loads((tmp_path / "a" / "plan.json").read_text())["trials"] == [trial]
