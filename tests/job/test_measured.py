@@ -131,7 +131,7 @@ def test_a_layout_a_run_measured_off_its_simulation_is_predicted_as_measured_nex
     fixed = choose_layout(cfg, names=names, costs=kept, batches=20, samples=1280, layout=first)
     assert fixed.predicted_samples_per_s == pytest.approx(first.predicted_samples_per_s * 0.25)
     assert (
-        "0.25 times its simulated rate, as measured of it on these figures (a trial or an earlier run)"
+        "at 0.25 times its simulated rate (what a trial or an earlier run measured on these figures)"
         in fixed.describe()
     )
     correct_layout("gone", key, 0.5)  # figures removed meanwhile: nothing is written

@@ -99,7 +99,7 @@ class Layout:
         counts."""
         if (ratio := self.measured_over_simulated) == 1.0:
             return ""
-        return f", {ratio:.2f} times its simulated rate, as measured of it on these figures (a trial or an earlier run)"
+        return f", at {ratio:.2f} times its simulated rate (what a trial or an earlier run measured on these figures)"
 
     def _oversubscribed(self) -> str:
         """Where the workers outnumber the cores they share, a warning that the prediction is optimistic."""
