@@ -96,6 +96,26 @@ def test_two_plannings_from_the_same_kept_figures_give_the_same_plan(
     assert plans[0].plan_file["measured_at_start"]["source"].startswith("kept from a run on ")
 
 
+def test_planned_among_measured_layouts_only_the_fastest_measured_one_is_chosen() -> None:
+    """After its trials, a job runs no untried pipeline: of the layouts with a ratio on the figures, the fastest."""
+    cfg, names = TrainConfig.from_options(workers=4), [str(i) for i in range(6)]
+    costs = _costs(network=None)
+    first = choose_layout(cfg, names=names, costs=costs, batches=20, samples=1280)
+    candidates = first.plan_file["candidates"]
+    assert len(candidates) >= 3 and candidates[0]["layout_key"] == first.plan_file["predicted"]["layout_key"]
+    slower, slowest = candidates[1]["layout_key"], candidates[2]["layout_key"]
+    ratios = {slower: 0.9, slowest: 0.5}  # tried: both measured under their simulation; the fastest never was
+    measured = replace(costs, layout_ratios=ratios)
+    assert (
+        choose_layout(cfg, names=names, costs=measured, batches=20, samples=1280).plan_file["predicted"]["layout_key"]
+        == first.plan_file["predicted"]["layout_key"]
+    )  # planned freely, the untried one still leads
+    only = choose_layout(cfg, names=names, costs=measured, batches=20, samples=1280, measured_only=True)
+    assert only.plan_file["predicted"]["layout_key"] == slower
+    assert [c["layout_key"] for c in only.plan_file["candidates"]] == [slower, slowest]
+    assert "the fastest of 2 measured layouts simulated" in only.how
+
+
 def test_a_layout_a_run_measured_off_its_simulation_is_predicted_as_measured_next_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

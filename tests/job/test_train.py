@@ -319,8 +319,7 @@ def test_a_dataset_with_an_attention_mask_trains_a_model_that_takes_both_by_name
         model="transformers:GPT2ForSequenceClassification",
         model_args=f"{args},eos_token_id=0",
         dataset=f"hf:{tmp_path / 'd'}",
-        stages=2,
-        trial=False,  # what is tested is the model in two stages, not its prediction
+        stages=2,  # tried before training too: the trial feeds its stages the dicts as the run does
         epochs=4,
         optimizer="adam",
         lr=3e-3,
@@ -328,6 +327,8 @@ def test_a_dataset_with_an_attention_mask_trains_a_model_that_takes_both_by_name
     )
     summary = train(cfg)
     assert summary.accuracy[-1] > 0.85, summary.accuracy  # two classes: a guess is right half the time
+    (trial,) = json.loads((tmp_path / "run" / "plan.json").read_text())["trials"]
+    assert trial["batches"] >= 2 and trial["measured_seconds"] > 0 and trial["simulated_seconds"] > 0
 
 
 def test_a_straggler_mode_reports_the_chunks_auto_chose(tmp_path: Path) -> None:

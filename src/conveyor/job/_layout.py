@@ -192,10 +192,12 @@ def choose_layout(
     samples: int,
     layout: Layout | None = None,
     fewer: bool = False,
+    measured_only: bool = False,
 ) -> Layout:
     """The layout for a :class:`~conveyor.config.TrainConfig` on ``costs.workers`` workers (``layout`` when
-    :func:`fixed_layout` gave one, else the planner's: on fewer of them too where ``fewer``), its plan file with
-    the prediction for an epoch (one run of ``batches`` batches, ``samples`` samples) and the figures it rests on."""
+    :func:`fixed_layout` gave one, else the planner's: on fewer of them too where ``fewer``; only among layouts a
+    trial or a run measured on these figures, and one worker, where ``measured_only``), its plan file with the
+    prediction for an epoch (one run of ``batches`` batches, ``samples`` samples) and the figures it rests on."""
     prof = costs.profile
     epochs = EpochFactors.load(cfg.optimizer.epoch_factors)
     if layout is not None:
@@ -213,7 +215,7 @@ def choose_layout(
             "epochs_factor_source": epochs.source,
         }
     else:
-        plan, file, how = _planned(cfg, costs, batches=batches, epochs=epochs, fewer=fewer)
+        plan, file, how = _planned(cfg, costs, batches=batches, epochs=epochs, fewer=fewer, measured=measured_only)
         layout = Layout(
             schedule=plan.schedule,
             balance=plan.balance,
@@ -253,10 +255,11 @@ def _stale_rate(cfg: TrainConfig, epochs: EpochFactors, model: str, layout: Layo
 
 
 def _planned(
-    cfg: TrainConfig, costs: Costs, *, batches: int, epochs: EpochFactors, fewer: bool
+    cfg: TrainConfig, costs: Costs, *, batches: int, epochs: EpochFactors, fewer: bool, measured: bool
 ) -> tuple[Plan, dict[str, Any], str]:
     """The planner's layout (:func:`~conveyor.plan.shortlist`: every schedule on every worker count allowed,
-    simulated), its plan file with the best :data:`SHORTLIST` layouts simulated, and how it was chosen."""
+    simulated; where ``measured``, only those with a ratio on these figures and one worker), its plan file with the
+    best :data:`SHORTLIST` layouts simulated, and how it was chosen."""
     # A schedule the planner has no memory model for is planned as its record says (no memory limit here).
     schedule = cfg.layout.schedule
     schedules = _PREFERENCE if schedule == "auto" else [kind(schedule).plan_as or schedule]
@@ -277,6 +280,8 @@ def _planned(
         tie=costs.spread,
         ratios=costs.layout_ratios,
     )
+    if measured:  # what runs has been timed on this machine: one worker at start-up, a pipeline by a trial or a run
+        simulated = [s for s in simulated if s.workers == 1 or s.key in costs.layout_ratios] or simulated
     best = simulated[0]
     plan = best.plan
     if schedule != "auto" and schedule != plan.schedule:  # pipedream-vs is planned as pipedream; runs as itself
@@ -298,7 +303,12 @@ def _planned(
     if best.workers < costs.workers:
         how = f"planned for 1..{costs.workers} workers: {best.workers} of the {costs.workers} started train"
     fastest = min(simulated, key=lambda s: s.time_to_accuracy)
-    chosen = f"the fastest of {len(simulated)} layouts simulated" if len(simulated) > 1 else "the one layout simulated"
+    measured_ones = "measured " if measured else ""
+    chosen = (
+        f"the fastest of {len(simulated)} {measured_ones}layouts simulated"
+        if len(simulated) > 1
+        else f"the one {measured_ones}layout simulated"
+    )
     if fastest is not best:
         chosen = (
             f"the simplest within the start-up figures' {costs.spread:.0%} spread of the fastest of {len(simulated)} "

@@ -14,6 +14,7 @@ import os
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -84,41 +85,25 @@ def measure_costs(
     # cores again.
     shares = min(1.0, cores / world) if device.type == "cpu" else 1.0
     per_core = 1.0 / device_cores if device_cores is not None else shares
-    prof, overhead, factors, forward = None, 0.0, (1.0, 1.0), 1.0
     whole = materialize is None  # the whole model is real and may be run
     if share is not None and not alone and whole:
         choose_threads(share, model, batches[0], microbatches=microbatches, loss_fn=loss_fn, optimizer=optimizer)
     dist.barrier()
-    if rank == 0 or not alone:
-        prof, overhead, factors, forward = _profile_and_runtime(
-            model,
-            batches,
-            name=name,
-            microbatches=microbatches,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            device=device,
-            autocast=autocast,
-            materialize=materialize,
-            fastest=alone,
-        )
+    profiled = partial(_profile_and_runtime, model, batches, name=name, microbatches=microbatches, loss_fn=loss_fn)
+    prof, overhead, factors, forward = (
+        profiled(optimizer=optimizer, device=device, autocast=autocast, materialize=materialize, fastest=alone)
+        if rank == 0 or not alone
+        else (None, 0.0, (1.0, 1.0), 1.0)
+    )
     dist.barrier()
     between = whole and not alone and world > 1  # the work between messages, as in the run
     work = _forward_backward(model, batches[0], microbatches, loss_fn, device) if between else None
     link, allreduce = _network(device, alone=alone, busy=work)
     dist.barrier()
     free = None if share is None else share.free
+    plain = partial(_plain_loop, model, batches, loss_fn=loss_fn, optimizer=optimizer, device=device)
     single, spread, alone_s = (
-        _plain_loop(
-            model,
-            batches,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            device=device,
-            autocast=autocast,
-            free_cores=free,
-            feed=feed or (lambda: batches),
-        )
+        plain(autocast=autocast, free_cores=free, feed=feed or (lambda: batches))
         if rank == 0 and whole
         else (None, 0.0, None)
     )

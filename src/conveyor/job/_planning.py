@@ -79,17 +79,27 @@ def measure_and_plan(
     names = [name for name, _ in model.named_children()]
     trials: list[dict[str, Any]] = []  # what each trial measured, for the plan file (on the first worker)
 
-    def plan(costs: Costs) -> Layout:
+    def plan(costs: Costs, *, measured_only: bool = False) -> Layout:
         return _plan(
-            cfg, costs, names=names, steps=steps, samples=data.samples, fixed=fixed, folder=folder, trials=trials
+            cfg,
+            costs,
+            names=names,
+            steps=steps,
+            samples=data.samples,
+            fixed=fixed,
+            folder=folder,
+            trials=trials,
+            measured_only=measured_only,
         )
 
     if costs is not None and prediction_leaves_out(cfg):  # a miss says nothing of the layout: keep no ratio for it
         costs = replace(costs, key=None)
     layout = _told(plan(costs) if costs is not None else None)
-    for _ in range(TRIALS):
+    for tried in range(TRIALS + 1):
         if not _told(costs is not None and worth_trying(cfg, layout, costs, dist.get_world_size())):
             break
+        if tried == TRIALS:  # the trials spent, and the planner would run one more untried: the best one measured
+            return _told(plan(costs, measured_only=True) if costs is not None else None)
         batches = trial_batches(layout, steps)
         seconds = run_trial(build, layout, data, batches=batches, batch_size=B, device=device)
         if costs is not None:
@@ -128,6 +138,7 @@ def _plan(
     fixed: Layout | None,
     folder: Path,
     trials: list[dict[str, Any]],
+    measured_only: bool = False,
 ) -> Layout:
     """Choose the layout from ``costs``, write the plan file (with the ``trials`` so far, where there were any) and
     print the plan. Across a WAN (``--wan`` other than ``off``) the replicas all-reduce inside each site, so the plan
@@ -141,6 +152,7 @@ def _plan(
         samples=samples,
         layout=fixed,
         fewer=may_use_fewer(cfg),
+        measured_only=measured_only,
     )
     if trials:
         chosen.plan_file["trials"] = list(trials)

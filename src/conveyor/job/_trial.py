@@ -10,7 +10,8 @@ So every worker trains the planned layout on a copy of the model, on the job's f
 them untimed, then a second's worth at the predicted rate, timed); what it measured over its simulation of those
 batches is kept with the figures (:attr:`~conveyor.job._costs.Costs.layout_ratios`, as a run's miss is), and the
 planner, which predicts each layout at its simulated rate times its ratio, plans again. A layout it then
-prefers that has no ratio yet is tried too, up to :data:`TRIALS` in all. The model itself is untouched, and
+prefers that has no ratio yet is tried too, up to :data:`TRIALS` in all; where it would then prefer yet another,
+the job runs the fastest layout measured (tried, run, or one worker alone). The model itself is untouched, and
 each worker's random stream is seeded again before training. Not tried: one worker (its rate is measured over
 the job's own feed at start-up), a layout on fewer workers than the job started, a model built on the meta
 device, a run whose prediction leaves out what it pays by design (``--wan``, faults, stragglers, a power

@@ -131,6 +131,7 @@ class SimulatedLayout:
             "samples_per_s": self.samples_per_s,
             "epochs_factor": self.epochs_factor,
             "measured_over_simulated": self.ratio,
+            "layout_key": self.key,
         }
 
 
