@@ -22,6 +22,7 @@ def test_report_sets_each_run_beside_the_plain_loop(tmp_path) -> None:
     assert result["plain_samples_per_s"] == max(runs[0] for runs in result["plain_runs"].values())
     assert result["conveyor_samples_per_s"] == result["conveyor_runs"][0] > 0
     assert result["ratio"] == pytest.approx(result["conveyor_samples_per_s"] / result["plain_samples_per_s"])
+    assert len(result["paired_epoch_ratios"]) == 1 and result["paired_ratio"] == result["paired_epoch_ratios"][0] > 0
     predicted = result["predicted_samples_per_s"]
     assert result["prediction_error"] == pytest.approx(result["conveyor_samples_per_s"] / predicted - 1)
     assert report["goals"]["ratio_met"] == (result["ratio"] >= 0.9) and report["goals"]["gpu_prediction_met"] is None
@@ -43,8 +44,20 @@ def test_each_plain_run_has_a_process_of_its_own_and_neither_thread_count_always
     calls: list[int | None] = []
     monkeypatch.setattr(overhead, "_plain", lambda case, device, threads, profile: calls.append(threads) or 100.0)
     monkeypatch.setattr(overhead, "_conveyor", lambda case, device, folder, profile: (90.0, 95.0))
+    paired: list[int | None] = []
+    monkeypatch.setattr(overhead, "_paired", lambda case, device, threads: paired.append(threads) or [0.9, 1.0, 0.95])
     monkeypatch.setattr(overhead.os, "sched_getaffinity", lambda pid: {0, 1})
     cfg = OverheadBenchConfig(models=("mlp",), gpu_models=(), contended=False, repeats=3)
     result = overhead._measure(Case("mlp"), "cpu", False, cfg, tmp_path)
     assert calls == [1, 2, 2, 1, 1, 2]  # one call (one process) per thread count, the order turning each repeat
     assert result["plain_runs"] == {"1": [100.0] * 3, "2": [100.0] * 3} and result["ratio"] == 0.9
+    assert paired == [1, 1, 1] and result["paired_ratio"] == 0.95  # a paired process a repeat, at the best count
+
+
+def test_paired_process_alternates_which_loop_runs_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[str] = []
+    monkeypatch.setattr(overhead._Job, "plain_epoch", lambda self, epoch: order.append("plain") or 2.0)
+    monkeypatch.setattr(overhead.Alone, "run", lambda self, batches: order.append("ours") or (None, 0))
+    plain, ours = overhead._paired_worker(Case("mlp", epochs=3), threads=None)
+    assert order == ["plain", "ours", "ours", "plain", "plain", "ours"]
+    assert plain == [2.0] * 3 and len(ours) == 3 and all(s >= 0 for s in ours)
