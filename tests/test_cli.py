@@ -13,6 +13,7 @@ import torch
 import conveyor.runtime
 import conveyor.runtime._checkpoint as checkpoint
 from conveyor.cli import _parser, main
+from conveyor.cli._common import output_width
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -405,3 +406,15 @@ def test_a_model_with_a_padded_vocabulary_trains_and_says_so(
     out = " ".join(capsys.readouterr().out.split())
     assert "models:TokenMixer scores 128 classes and text has 101: the other 27 are never a target" in out
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 1
+
+
+def test_tables_written_to_a_file_or_pipe_are_not_cut_to_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Pipe:
+        def isatty(self) -> bool:
+            return False
+
+    monkeypatch.setattr(sys, "stdout", Pipe())
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert output_width() == 160
+    monkeypatch.setenv("COLUMNS", "100")  # the user's own width stands
+    assert output_width() is None

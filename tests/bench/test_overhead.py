@@ -23,6 +23,9 @@ def test_report_sets_each_run_beside_the_plain_loop(tmp_path) -> None:
     assert result["conveyor_samples_per_s"] == result["conveyor_runs"][0] > 0
     assert result["ratio"] == pytest.approx(result["conveyor_samples_per_s"] / result["plain_samples_per_s"])
     assert len(result["paired_epoch_ratios"]) == 1 and result["paired_ratio"] == result["paired_epoch_ratios"][0] > 0
+    (chose,) = result["conveyor_threads"]  # the worker's own count, one of those the plain loop ran at
+    plain_there = result["plain_runs"][str(chose)][0]
+    assert result["same_threads_ratio"] == pytest.approx(result["conveyor_samples_per_s"] / plain_there)
     predicted = result["predicted_samples_per_s"]
     assert result["prediction_error"] == pytest.approx(result["conveyor_samples_per_s"] / predicted - 1)
     assert report["goals"]["ratio_met"] == (result["ratio"] >= 0.9) and report["goals"]["gpu_prediction_met"] is None
@@ -43,7 +46,7 @@ def test_each_plain_run_has_a_process_of_its_own_and_neither_thread_count_always
 ) -> None:
     calls: list[int | None] = []
     monkeypatch.setattr(overhead, "_plain", lambda case, device, threads, profile: calls.append(threads) or 100.0)
-    monkeypatch.setattr(overhead, "_conveyor", lambda case, device, folder, profile: (90.0, 95.0))
+    monkeypatch.setattr(overhead, "_conveyor", lambda case, device, folder, profile: (90.0, 95.0, 2))
     paired: list[int | None] = []
     monkeypatch.setattr(overhead, "_paired", lambda case, device, threads: paired.append(threads) or [0.9, 1.0, 0.95])
     monkeypatch.setattr(overhead.os, "sched_getaffinity", lambda pid: {0, 1})
@@ -52,6 +55,7 @@ def test_each_plain_run_has_a_process_of_its_own_and_neither_thread_count_always
     assert calls == [1, 2, 2, 1, 1, 2]  # one call (one process) per thread count, the order turning each repeat
     assert result["plain_runs"] == {"1": [100.0] * 3, "2": [100.0] * 3} and result["ratio"] == 0.9
     assert paired == [1, 1, 1] and result["paired_ratio"] == 0.95  # a paired process a repeat, at the best count
+    assert result["conveyor_threads"] == [2] * 3 and result["same_threads_ratios"] == [0.9] * 3
 
 
 def test_paired_process_alternates_which_loop_runs_first(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,8 @@ and the job's one-worker loop (its :class:`~conveyor.job.EpochBatches` and
 (each first every other epoch), at the plain loop's thread count; the median over epochs of the plain epoch's
 seconds over the adjacent Conveyor epoch's is the loop's ratio, without the machine's moments (it leaves out what
 the job adds around the loop: the progress bar's callback, measured by a profile at under 2% of an MLP step).
+Conveyor's worker chooses its own thread count at start-up; ``same_threads_ratio`` sets each Conveyor run against
+the same repeat's plain run at that count, separating the choice from the rest.
 """
 
 from __future__ import annotations
@@ -67,10 +69,12 @@ class Case:
         return TrainConfig.from_options(**asdict(self), **options)
 
 
-# Epochs chosen so a run's timed epochs take seconds, not milliseconds: the mlp's epoch is 23 steps.
+# Epochs chosen so a run's timed epochs take seconds, not milliseconds: the mlp's epoch is 23 steps. On the CPU
+# the mlp's run spans several of a shared VM's slow and fast phases (each 0.3-1 s): at 21 epochs (0.6 s timed) two
+# runs of one loop differed by 20-25%, and the ratio's median over 3 repeats moved 10 points between benchmarks.
 CASES = {
     "cpu": {
-        "mlp": Case("mlp", epochs=21),
+        "mlp": Case("mlp", epochs=201),
         "vgg16": Case("vgg16", epochs=3),
         "gpt": Case("gpt", epochs=3, optimizer="adam", lr=3e-3),
     },
@@ -192,11 +196,11 @@ def _paired(case: Case, device: str, threads: int | None) -> list[float]:
     return [p / o for p, o in zip(plain[1:], ours[1:], strict=True)]
 
 
-def _conveyor(case: Case, device: str, folder: Path, profile: str | None) -> tuple[float, float]:
-    """Conveyor's steady samples/s and its start-up prediction."""
+def _conveyor(case: Case, device: str, folder: Path, profile: str | None) -> tuple[float, float, int]:
+    """Conveyor's steady samples/s, its start-up prediction, and the intra-op threads its worker chose."""
     options = {"workers": 1, "device": device, "energy_meter": "off", "torch_profile": profile}
     summary = run_job(case.train_config(run_dir=str(folder), **options))
-    return summary.steady_samples_per_s, summary.prediction.samples_per_s
+    return summary.steady_samples_per_s, summary.prediction.samples_per_s, summary.layout["plan_file"]["threads"]
 
 
 def _spin() -> None:
@@ -225,15 +229,19 @@ def _measure(case: Case, device: str, contended: bool, cfg: OverheadBenchConfig,
     threads: list[int | None] = [1, cores] if device == "cpu" and cores > 1 else [None]
     plain: dict[str, list[float]] = {str(t): [] for t in threads}
     ours, predicted, paired = [], [], []  # paired: each epoch's plain over Conveyor seconds in one process
+    chosen, same = [], []  # the threads each Conveyor run chose; it over the repeat's plain run at that count
     name = f"{case.model}-{device}{'-contended' if contended else ''}"
     with _busy(contended):
         for repeat in range(cfg.repeats):
             profile = None if cfg.profile is None or repeat else str(Path(cfg.profile) / name)
             for count in threads if repeat % 2 == 0 else threads[::-1]:  # neither count always runs first
                 plain[str(count)].append(_plain(case, device, count, profile if count == threads[-1] else None))
-            speed, prediction = _conveyor(case, device, tmp / f"{name}-{repeat}", profile)
+            speed, prediction, chose = _conveyor(case, device, tmp / f"{name}-{repeat}", profile)
             ours.append(speed)
             predicted.append(prediction)
+            chosen.append(chose)
+            if str(chose) in plain:
+                same.append(speed / plain[str(chose)][-1])
             best = max(plain, key=lambda count: statistics.median(plain[count]))
             paired += _paired(case, device, None if best == "None" else int(best))
     plain_speed, our_speed = statistics.median(plain[best]), statistics.median(ours)
@@ -246,6 +254,9 @@ def _measure(case: Case, device: str, contended: bool, cfg: OverheadBenchConfig,
         "ratio": our_speed / plain_speed,
         "paired_ratio": statistics.median(paired),
         "paired_epoch_ratios": paired,
+        "conveyor_threads": chosen,
+        "same_threads_ratio": statistics.median(same) if same else None,
+        "same_threads_ratios": same,
         "plain_threads": None if best == "None" else int(best),
         "plain_runs": plain,
         "conveyor_runs": ours,

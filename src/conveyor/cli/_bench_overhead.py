@@ -50,7 +50,7 @@ def run_overhead(args: argparse.Namespace) -> None:
     result = run(config(OverheadBenchConfig, argparse.Namespace(**given)))
     columns = ("model", "device", "busy process", "plain samples/s", "threads", "conveyor samples/s", "ratio")
     title = f"one worker against a plain loop ({result['machine']['gpu'] or 'CPU'})"
-    table = Table(*columns, "paired", "predicted", "error", title=title)
+    table = Table(*columns, "same threads", "paired", "predicted", "error", title=title)
     for r in result["results"]:
         table.add_row(
             r["model"],
@@ -60,6 +60,7 @@ def run_overhead(args: argparse.Namespace) -> None:
             str(r["plain_threads"] or "-"),
             f"{r['conveyor_samples_per_s']:.0f}",
             f"{r['ratio']:.2f}x",
+            "-" if r["same_threads_ratio"] is None else f"{r['same_threads_ratio']:.2f}x",
             f"{r['paired_ratio']:.2f}x",
             f"{r['predicted_samples_per_s']:.0f}",
             f"{r['prediction_error']:+.0%}",

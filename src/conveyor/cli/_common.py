@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +28,14 @@ __all__ = [
     "write_json",
 ]
 
-console = Console()
+
+def output_width() -> int | None:
+    """The tables' width: the terminal's (``None``: rich asks it) or ``COLUMNS``; 160 for a log file or a pipe,
+    which have no width of their own and where rich would fit a table into 80 columns, cutting its cells."""
+    return None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+
+
+console = Console(width=output_width())
 _C = TypeVar("_C")
 
 
