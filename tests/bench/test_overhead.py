@@ -23,9 +23,12 @@ def test_report_sets_each_run_beside_the_plain_loop(tmp_path) -> None:
     assert result["conveyor_samples_per_s"] == result["conveyor_runs"][0] > 0
     assert result["ratio"] == pytest.approx(result["conveyor_samples_per_s"] / result["plain_samples_per_s"])
     assert len(result["paired_epoch_ratios"]) == 1 and result["paired_ratio"] == result["paired_epoch_ratios"][0] > 0
-    (chose,) = result["conveyor_threads"]  # the worker's own count, one of those the plain loop ran at
-    plain_there = result["plain_runs"][str(chose)][0]
-    assert result["same_threads_ratio"] == pytest.approx(result["conveyor_samples_per_s"] / plain_there)
+    (chose,) = result["conveyor_threads"]  # the worker's own count: one the plain loop ran at, on two cores or more
+    if str(chose) in result["plain_runs"]:
+        plain_there = result["plain_runs"][str(chose)][0]
+        assert result["same_threads_ratio"] == pytest.approx(result["conveyor_samples_per_s"] / plain_there)
+    else:
+        assert result["same_threads_ratio"] is None and result["same_threads_ratios"] == [None]
     predicted = result["predicted_samples_per_s"]
     assert result["prediction_error"] == pytest.approx(result["conveyor_samples_per_s"] / predicted - 1)
     assert report["goals"]["ratio_met"] == (result["ratio"] >= 0.9) and report["goals"]["gpu_prediction_met"] is None
@@ -39,29 +42,38 @@ def test_bad_config_is_one_line() -> None:
         OverheadBenchConfig(gpu_models=("vgg19",))
     with pytest.raises(ValueError, match="epochs at least 2"):
         OverheadBenchConfig(epochs=1)
+    with pytest.raises(ValueError, match="case mlp: epochs at least 2"):
+        Case("mlp", epochs=1)
 
 
 def test_each_plain_run_has_a_process_of_its_own_and_neither_thread_count_always_runs_first(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int | None] = []
-    monkeypatch.setattr(overhead, "_plain", lambda case, device, threads, profile: calls.append(threads) or 100.0)
-    monkeypatch.setattr(overhead, "_conveyor", lambda case, device, folder, profile: (90.0, 95.0, 2))
+    speeds = {1: 100.0, 2: 120.0}  # two threads the faster: the paired processes run there
+    monkeypatch.setattr(
+        overhead, "_plain", lambda case, device, threads, profile: calls.append(threads) or speeds[threads]
+    )
+    monkeypatch.setattr(overhead, "_conveyor", lambda case, device, folder, profile: (90.0, 95.0, 1))
     paired: list[int | None] = []
     monkeypatch.setattr(overhead, "_paired", lambda case, device, threads: paired.append(threads) or [0.9, 1.0, 0.95])
     monkeypatch.setattr(overhead.os, "sched_getaffinity", lambda pid: {0, 1})
     cfg = OverheadBenchConfig(models=("mlp",), gpu_models=(), contended=False, repeats=3)
     result = overhead._measure(Case("mlp"), "cpu", False, cfg, tmp_path)
     assert calls == [1, 2, 2, 1, 1, 2]  # one call (one process) per thread count, the order turning each repeat
-    assert result["plain_runs"] == {"1": [100.0] * 3, "2": [100.0] * 3} and result["ratio"] == 0.9
-    assert paired == [1, 1, 1] and result["paired_ratio"] == 0.95  # a paired process a repeat, at the best count
-    assert result["conveyor_threads"] == [2] * 3 and result["same_threads_ratios"] == [0.9] * 3
+    assert result["plain_runs"] == {"1": [100.0] * 3, "2": [120.0] * 3} and result["ratio"] == 0.75
+    assert paired == [2, 2, 2] and result["paired_ratio"] == 0.95  # a paired process a repeat, at the best count
+    assert result["paired_threads"] == [2, 2, 2] and result["conveyor_threads"] == [1, 1, 1]
+    assert result["same_threads_ratios"] == [0.9] * 3  # against the plain loop at the one thread Conveyor chose
 
 
 def test_paired_process_alternates_which_loop_runs_first(monkeypatch: pytest.MonkeyPatch) -> None:
     order: list[str] = []
+    shuffled: list[int] = []  # the epoch each Conveyor epoch's batches were ordered for
     monkeypatch.setattr(overhead._Job, "plain_epoch", lambda self, epoch: order.append("plain") or 2.0)
-    monkeypatch.setattr(overhead.Alone, "run", lambda self, batches: order.append("ours") or (None, 0))
+    monkeypatch.setattr(
+        overhead.Alone, "run", lambda self, batches: order.append("ours") or shuffled.append(batches.order.epoch)
+    )
     plain, ours = overhead._paired_worker(Case("mlp", epochs=3), threads=None)
-    assert order == ["plain", "ours", "ours", "plain", "plain", "ours"]
+    assert order == ["plain", "ours", "ours", "plain", "plain", "ours"] and shuffled == [0, 1, 2]
     assert plain == [2.0] * 3 and len(ours) == 3 and all(s >= 0 for s in ours)

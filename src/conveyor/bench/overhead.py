@@ -20,8 +20,10 @@ and the job's one-worker loop (its :class:`~conveyor.job.EpochBatches` and
 (each first every other epoch), at the plain loop's thread count; the median over epochs of the plain epoch's
 seconds over the adjacent Conveyor epoch's is the loop's ratio, without the machine's moments (it leaves out what
 the job adds around the loop: the progress bar's callback, measured by a profile at under 2% of an MLP step).
-Conveyor's worker chooses its own thread count at start-up; ``same_threads_ratio`` sets each Conveyor run against
-the same repeat's plain run at that count, separating the choice from the rest.
+Conveyor's worker chooses its own thread count at start-up (and may lower it while training beside busy processes);
+``same_threads_ratio`` sets each Conveyor run against the same repeat's plain run at that start-up count, separating
+the choice from the rest (``None`` where the plain loop ran at no such count: on CUDA and on one core, where it runs
+at the default count).
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class Case:
     optimizer: str = "sgd"
     lr: float = 0.05
     autocast: str = "off"
+
+    def __post_init__(self) -> None:
+        if self.epochs < 2:
+            raise ValueError(f"case {self.model}: epochs at least 2 (the first is a warm-up), not {self.epochs}")
 
     def train_config(self, **options: Any) -> TrainConfig:
         return TrainConfig.from_options(**asdict(self), **options)
@@ -229,7 +235,8 @@ def _measure(case: Case, device: str, contended: bool, cfg: OverheadBenchConfig,
     threads: list[int | None] = [1, cores] if device == "cpu" and cores > 1 else [None]
     plain: dict[str, list[float]] = {str(t): [] for t in threads}
     ours, predicted, paired = [], [], []  # paired: each epoch's plain over Conveyor seconds in one process
-    chosen, same = [], []  # the threads each Conveyor run chose; it over the repeat's plain run at that count
+    chosen, paired_at = [], []  # the threads each Conveyor run chose at start-up; each paired process's
+    same: list[float | None] = []  # each Conveyor run over the repeat's plain run at its count (None: none ran)
     name = f"{case.model}-{device}{'-contended' if contended else ''}"
     with _busy(contended):
         for repeat in range(cfg.repeats):
@@ -240,10 +247,10 @@ def _measure(case: Case, device: str, contended: bool, cfg: OverheadBenchConfig,
             ours.append(speed)
             predicted.append(prediction)
             chosen.append(chose)
-            if str(chose) in plain:
-                same.append(speed / plain[str(chose)][-1])
+            same.append(speed / plain[str(chose)][-1] if str(chose) in plain else None)
             best = max(plain, key=lambda count: statistics.median(plain[count]))
-            paired += _paired(case, device, None if best == "None" else int(best))
+            paired_at.append(None if best == "None" else int(best))
+            paired += _paired(case, device, paired_at[-1])
     plain_speed, our_speed = statistics.median(plain[best]), statistics.median(ours)
     return {
         "model": case.model,
@@ -254,8 +261,9 @@ def _measure(case: Case, device: str, contended: bool, cfg: OverheadBenchConfig,
         "ratio": our_speed / plain_speed,
         "paired_ratio": statistics.median(paired),
         "paired_epoch_ratios": paired,
+        "paired_threads": paired_at,
         "conveyor_threads": chosen,
-        "same_threads_ratio": statistics.median(same) if same else None,
+        "same_threads_ratio": statistics.median(known) if (known := [r for r in same if r is not None]) else None,
         "same_threads_ratios": same,
         "plain_threads": None if best == "None" else int(best),
         "plain_runs": plain,
