@@ -63,7 +63,8 @@ def test_each_plain_run_has_a_process_of_its_own_and_neither_thread_count_always
     assert calls == [1, 2, 2, 1, 1, 2]  # one call (one process) per thread count, the order turning each repeat
     assert result["plain_runs"] == {"1": [100.0] * 3, "2": [120.0] * 3} and result["ratio"] == 0.75
     assert paired == [2, 2, 2] and result["paired_ratio"] == 0.95  # a paired process a repeat, at the best count
-    assert result["paired_threads"] == [2, 2, 2] and result["conveyor_threads"] == [1, 1, 1]
+    assert result["paired_threads"] == [2, 2, 2] and result["plain_threads"] == 2
+    assert result["conveyor_threads"] == [1, 1, 1]
     assert result["same_threads_ratios"] == [0.9] * 3  # against the plain loop at the one thread Conveyor chose
 
 

@@ -265,7 +265,7 @@ def _measure(case: Case, device: str, contended: bool, cfg: OverheadBenchConfig,
         "conveyor_threads": chosen,
         "same_threads_ratio": statistics.median(known) if (known := [r for r in same if r is not None]) else None,
         "same_threads_ratios": same,
-        "plain_threads": None if best == "None" else int(best),
+        "plain_threads": paired_at[-1],  # the best count after the last repeat, as ``best``
         "plain_runs": plain,
         "conveyor_runs": ours,
         "predicted_samples_per_s": statistics.median(predicted),
