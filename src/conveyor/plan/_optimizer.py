@@ -205,122 +205,36 @@ def _search(
     n = len(cuts.sets) - 1  # boundaries 0..n; a stage [i, j) holds the layers of boundary j not in boundary i
     nested = cuts.nested()
     compute = np.where(nested, cuts.span([lay.forward_s + lay.backward_s for lay in profile.layers]), np.inf)
-    weights = np.where(nested, cuts.span([lay.param_bytes for lay in profile.layers]), 0.0)
-    cut = cuts.crossing(profile)  # cut[s]: bytes crossing boundary s (none at the first and the last)
-    per_update = None if update == "round" else microbatches
-
-    def stage_cost(
-        k: int, inner: np.ndarray | float, i: Index, j: Index, units: Index, within: tuple[int, int] | None = None
-    ) -> np.ndarray:
-        """``T_k``: layers ``[i, j)`` on ``units`` units of level ``k``, each taking ``inner`` per minibatch. For a
-        stage of the level below inside this level's stage ``within``, only that stage's ends cross this
-        level's links."""
-        start, stop = within or (i, j)
-        into, out = np.where(np.asarray(i) == start, cut[i], 0.0), np.where(np.asarray(j) == stop, cut[j], 0.0)
-        first = np.asarray(start) == 0
-        return stage_seconds(
-            cost_model,
-            topology,
-            k=k,
-            inner=inner,
-            weights=weights[i, j],
-            cut_in=into,
-            cut_out=out,
-            units=units,
-            per_update=per_update,
-            first=first,
-        )
-
+    cost = _StageCost(
+        cost_model=cost_model,
+        topology=topology,
+        weights=np.where(nested, cuts.span([lay.param_bytes for lay in profile.layers]), 0.0),
+        cut=cuts.crossing(profile),
+        per_update=None if update == "round" else microbatches,
+    )
     mem = None if memory is None else MemoryModel(profile, cuts, memory, schedule, microbatches)
-    extras, pick = extras_grid(topology, mem)
-    levels: list[Partition] = []
-    inner = compute[None]
-    rows, cols = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
-    for k, level in enumerate(topology.levels):
-        units = np.arange(level.count + 1)
-        stage_s = stage_cost(k, inner[..., None], rows[..., None], cols[..., None], units)
-        stage_s[..., 0] = np.inf
-        if straight:
-            stage_s[..., 2:] = np.inf
-        top = k == len(topology.levels) - 1
-        levels.append(
-            solve(
-                stage_s,
-                level.count,
-                top=top,
-                memory=mem if k == 0 else None,
-                extras=extras,
-                pick=None if k == 0 else pick,
-            )
-        )
-        inner = levels[-1].best_s[..., level.count]
+    levels = _levels(cost, topology, compute, straight, mem)
     best = float(levels[-1].best_s[0, 0, n, topology.levels[-1].count])
     if not np.isfinite(best):
         return None
     order: list[int] = []  # the layers in the plan's order: each stage's after the stages before it
     stages = []
-    for a, last, r, t in flat_stages(levels, stage_cost, topology, len(levels) - 1, 0, n, topology.levels[-1].count, 0):
+    for a, last, r, t in flat_stages(levels, cost, topology, len(levels) - 1, 0, n, topology.levels[-1].count, 0):
         layers = cuts.layers(a, last + 1)
         stages.append(PlannedStage(len(order), len(order) + len(layers) - 1, r, t))
         order += layers
     layer_order = () if order == list(range(len(profile))) else tuple(order)
     profile = profile.reordered(order) if layer_order else profile
-    reps = [st.replicas for st in stages]
-    microbatches = step_microbatches(schedule, reps, microbatches)
-    dp = float(compute[0, n])
+    microbatches = step_microbatches(schedule, [st.replicas for st in stages], microbatches)
+    dp = single = float(compute[0, n])
     for k, level in enumerate(topology.levels):
-        dp = float(stage_cost(k, dp, 0, n, level.count))
-    single, everything = float(compute[0, n]), len(profile)
-    if memory is not None:
-        dp = (
-            dp
-            if stage_bytes(
-                profile,
-                first=0,
-                stop=everything,
-                schedule=schedule,
-                replicas=total,
-                downstream=total,
-                microbatches=microbatches,
-            )
-            <= memory
-            else np.inf
-        )
-        single = (
-            single
-            if stage_bytes(
-                profile,
-                first=0,
-                stop=everything,
-                schedule=schedule,
-                replicas=1,
-                downstream=1,
-                microbatches=microbatches,
-            )
-            <= memory
-            else np.inf
-        )
-    downstream = np.cumsum([st.replicas for st in stages][::-1])[::-1]
-    stages = [
-        replace(
-            st,
-            memory_bytes=stage_bytes(
-                profile,
-                first=st.first_layer,
-                stop=st.last_layer + 1,
-                schedule=schedule,
-                replicas=r,
-                downstream=d,
-                microbatches=microbatches,
-            ),
-        )
-        for st, r, d in zip(stages, reps, map(int, downstream), strict=True)
-    ]
+        dp = float(cost(k, dp, 0, n, level.count))
+    fits = _Fits(profile, memory, schedule, microbatches)
     return Plan(
-        tuple(stages),
+        tuple(fits.annotated(stages)),
         best,
-        float(dp),
-        single,
+        dp if fits.whole(replicas=total) else np.inf,
+        single if fits.whole(replicas=1) else np.inf,
         schedule,
         microbatches,
         memory,
@@ -328,6 +242,106 @@ def _search(
         layers=layer_order,
         note=cuts.why_not_graph,
     )
+
+
+@dataclass(frozen=True)
+class _StageCost:
+    """``T_k``, the seconds per minibatch of a stage (a :data:`~conveyor.plan._partition.StageCost`): layers
+    ``[i, j)`` on ``units`` units of level ``k``, each taking ``inner`` per minibatch; ``weights[i, j]`` their
+    parameters' bytes and ``cut[s]`` the bytes crossing boundary ``s``."""
+
+    cost_model: str
+    topology: Topology
+    weights: np.ndarray
+    cut: np.ndarray
+    per_update: int | None
+
+    def __call__(
+        self, k: int, inner: np.ndarray | float, i: Index, j: Index, units: Index, within: tuple[int, int] | None = None
+    ) -> np.ndarray:
+        """For a stage of the level below inside this level's stage ``within``, only that stage's ends cross
+        this level's links."""
+        start, stop = within or (i, j)
+        into = np.where(np.asarray(i) == start, self.cut[i], 0.0)
+        out = np.where(np.asarray(j) == stop, self.cut[j], 0.0)
+        return stage_seconds(
+            self.cost_model,
+            self.topology,
+            k=k,
+            inner=inner,
+            weights=self.weights[i, j],
+            cut_in=into,
+            cut_out=out,
+            units=units,
+            per_update=self.per_update,
+            first=np.asarray(start) == 0,
+        )
+
+
+def _levels(
+    cost: _StageCost, topology: Topology, compute: np.ndarray, straight: bool, mem: MemoryModel | None
+) -> list[Partition]:
+    """``A_k`` level by level, innermost first: each level's best pipelines over every span of boundaries, from
+    the level below's (``compute``, each span's forward and backward, below the first)."""
+    extras, pick = extras_grid(topology, mem)
+    levels: list[Partition] = []
+    inner = compute[None]
+    n = compute.shape[0] - 1
+    rows, cols = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
+    for k, level in enumerate(topology.levels):
+        stage_s = cost(k, inner[..., None], rows[..., None], cols[..., None], np.arange(level.count + 1))
+        stage_s[..., 0] = np.inf
+        if straight:
+            stage_s[..., 2:] = np.inf
+        top = k == len(topology.levels) - 1
+        first = k == 0
+        levels.append(
+            solve(
+                stage_s,
+                level.count,
+                top=top,
+                memory=mem if first else None,
+                extras=extras,
+                pick=None if first else pick,
+            )
+        )
+        inner = levels[-1].best_s[..., level.count]
+    return levels
+
+
+@dataclass(frozen=True)
+class _Fits:
+    """What a layout's stages hold in a worker's memory under ``schedule``, against the ``memory`` limit (None:
+    no limit)."""
+
+    profile: Profile
+    memory: float | None
+    schedule: str
+    microbatches: int
+
+    def _bytes(self, first: int, stop: int, replicas: int, downstream: int) -> int:
+        return stage_bytes(
+            self.profile,
+            first=first,
+            stop=stop,
+            schedule=self.schedule,
+            replicas=replicas,
+            downstream=downstream,
+            microbatches=self.microbatches,
+        )
+
+    def whole(self, *, replicas: int) -> bool:
+        """Whether the whole model fits on each of ``replicas`` data-parallel workers."""
+        everything = len(self.profile)
+        return self.memory is None or self._bytes(0, everything, replicas, replicas) <= self.memory
+
+    def annotated(self, stages: list[PlannedStage]) -> list[PlannedStage]:
+        """``stages`` with each one's bytes (``memory_bytes``; the stages after it count for what it keeps)."""
+        downstream = np.cumsum([st.replicas for st in stages][::-1])[::-1]
+        return [
+            replace(st, memory_bytes=self._bytes(st.first_layer, st.last_layer + 1, st.replicas, int(d)))
+            for st, d in zip(stages, downstream, strict=True)
+        ]
 
 
 def step_microbatches(schedule: str, replicas: list[int], at_least: int) -> int:
