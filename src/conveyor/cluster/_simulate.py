@@ -114,9 +114,31 @@ def simulate_cluster(
         >>> sim.jobs[0].finish_s, sim.rounds  # 720 steps at 2 steps/s on the fast device: one round
         (360.0, 1)
     """
+    table = _rate_table(jobs, rates, devices)
+    run = _ClusterRun(
+        jobs,
+        table,
+        devices,
+        policy,
+        round_s=round_s,
+        prices=prices or {},
+        pair_rates=pair_rates,
+        restart_s=restart_s,
+        reallocate_s=reallocate_s,
+    )
+    wanted = set(range(*window)) if window else set(range(len(jobs)))
+    while any(run.records[i].finish_s is None for i in wanted) and run.now < max_s:
+        run.admit()
+        run.reallocate()
+        run.play_round()
+        if run.retire() and progress is not None:
+            progress(run.finished, len(jobs))
+    return run.result()
+
+
+def _rate_table(jobs: Sequence[TraceJob], rates: Rates, devices: Devices) -> np.ndarray:
+    """Every job's steps/s on each device type (jobs by device types), each job checked to run somewhere."""
     types = devices.types
-    prices = prices or {}
-    price = np.array([prices.get(t, 0.0) for t in types])
     table = np.array([rates(spec) for spec in jobs]).reshape(len(jobs), len(types))
     if len(jobs) and (bad := np.flatnonzero((table <= 0).all(axis=1) | np.isnan(table).any(axis=1))).size:
         raise InputError(
@@ -129,92 +151,147 @@ def simulate_cluster(
                 f"job {i} needs {spec.scale_factor} devices of one type but the cluster has "
                 f"{devices.counts}: remove it or add devices"
             )
-    fastest = table.max(axis=1) if len(jobs) else np.zeros(0)
-    restart_by_type = restart_s if isinstance(restart_s, dict) else dict.fromkeys(types, restart_s)
-    if missing := set(types) - set(restart_by_type):
-        raise InputError(f"restart_s has no seconds for device types {sorted(missing)}: give one per type")
-    records = [JobRecord(i, float(spec.arrival_s)) for i, spec in enumerate(jobs)]
-    for i, spec in enumerate(jobs):
-        if spec.slo is not None and spec.slo > 0:
-            records[i].deadline_s = spec.arrival_s + spec.slo * spec.total_steps / fastest[i]
-    remaining = np.array([float(spec.total_steps) for spec in jobs])
-    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_s, i))
-    rounds_run, now, arrived = 0, 0.0, 0
-    active: list[int] = []  # the ids of the jobs in the cluster
-    mechanism = Rounds(devices, fill_idle=not policy.startswith("fifo"))
-    problem: Problem | None = None
-    solves: list[float] = []
-    notes: list[str] = []
-    busy, cost = 0.0, 0.0
-    wanted = set(range(*window)) if window else set(range(len(jobs)))
-    finished, allocated_at = 0, 0.0
-    allocated_for: tuple[int, ...] = ()
-    while any(records[i].finish_s is None for i in wanted) and now < max_s:
-        if not active and arrived < len(order):
-            now = max(now, jobs[order[arrived]].arrival_s)
+    return table
+
+
+class _ClusterRun:
+    """:func:`simulate_cluster`'s state from round to round: the jobs in the cluster, their steps left, the
+    allocation in force, and the totals so far."""
+
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        table: np.ndarray,
+        devices: Devices,
+        policy: str,
+        *,
+        round_s: float,
+        prices: dict[str, float],
+        pair_rates: PairRates | None,
+        restart_s: float | dict[str, float],
+        reallocate_s: float,
+    ) -> None:
+        types = devices.types
+        self.restart_by_type = restart_s if isinstance(restart_s, dict) else dict.fromkeys(types, restart_s)
+        if missing := set(types) - set(self.restart_by_type):
+            raise InputError(f"restart_s has no seconds for device types {sorted(missing)}: give one per type")
+        self.jobs, self.table, self.devices, self.policy, self.pair_rates = jobs, table, devices, policy, pair_rates
+        self.round_s, self.reallocate_s = round_s, reallocate_s
+        self.price = np.array([prices.get(t, 0.0) for t in types])
+        fastest = table.max(axis=1) if len(jobs) else np.zeros(0)
+        self.records = [JobRecord(i, float(spec.arrival_s)) for i, spec in enumerate(jobs)]
+        for i, spec in enumerate(jobs):
+            if spec.slo is not None and spec.slo > 0:
+                self.records[i].deadline_s = spec.arrival_s + spec.slo * spec.total_steps / fastest[i]
+        self.remaining = np.array([float(spec.total_steps) for spec in jobs])
+        self.order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_s, i))
+        self.mechanism = Rounds(devices, fill_idle=not policy.startswith("fifo"))
+        self.active: list[int] = []  # the ids of the jobs in the cluster
+        self.problem: Problem | None = None  # the policy's view of them; None once jobs went
+        self.rounds_run, self.now, self.arrived, self.finished = 0, 0.0, 0, 0
+        self.solves: list[float] = []
+        self.notes: list[str] = []
+        self.busy, self.cost = 0.0, 0.0
+        self.allocated_at = 0.0
+        self.allocated_for: tuple[int, ...] = ()  # the jobs the allocation in force was made for
+
+    def admit(self) -> None:
+        """The jobs that arrived by now join (with none in the cluster, time moves to the next arrival)."""
+        jobs, order = self.jobs, self.order
+        if not self.active and self.arrived < len(order):
+            self.now = max(self.now, jobs[order[self.arrived]].arrival_s)
         changed = False
-        while arrived < len(order) and jobs[order[arrived]].arrival_s <= now:
-            active.append(order[arrived])
-            arrived, changed = arrived + 1, True
-        if problem is None or changed:  # jobs came (changed) or went (problem reset below)
-            problem = active_problem(
-                active,
+        while self.arrived < len(order) and jobs[order[self.arrived]].arrival_s <= self.now:
+            self.active.append(order[self.arrived])
+            self.arrived, changed = self.arrived + 1, True
+        if self.problem is None or changed:  # jobs came (changed) or went (the problem was reset)
+            self.problem = active_problem(
+                self.active,
                 jobs=jobs,
-                table=table,
-                remaining=remaining,
-                records=records,
-                now=now,
-                devices=devices,
-                price=price,
-                pair_rates=pair_rates,
+                table=self.table,
+                remaining=self.remaining,
+                records=self.records,
+                now=self.now,
+                devices=self.devices,
+                price=self.price,
+                pair_rates=self.pair_rates,
             )
-        if problem.job_ids != allocated_for and (
-            now - allocated_at >= reallocate_s or not set(allocated_for) & set(problem.job_ids)
+
+    def reallocate(self) -> None:
+        """A new allocation for the jobs now, if they changed and either ``reallocate_s`` has passed since the
+        last or none of them holds one."""
+        problem = self.problem
+        assert problem is not None
+        if problem.job_ids == self.allocated_for or (
+            self.now - self.allocated_at < self.reallocate_s and set(self.allocated_for) & set(problem.job_ids)
         ):
-            allocated_for, allocated_at = problem.job_ids, now
-            began = time.perf_counter()
-            allocation = allocate(policy, problem)
-            solves.append(time.perf_counter() - began)
-            notes += [f"t={now:.0f}s: {note}" for note in allocation.notes]
-            mechanism.set_allocation(problem, allocation)
-        placement = mechanism.next_round(problem)
-        ran: dict[Combo, float] = {}
-        for combo in mechanism.previous:
-            if not mechanism.kept(combo):
+            return
+        self.allocated_for, self.allocated_at = problem.job_ids, self.now
+        began = time.perf_counter()
+        allocation = allocate(self.policy, problem)
+        self.solves.append(time.perf_counter() - began)
+        self.notes += [f"t={self.now:.0f}s: {note}" for note in allocation.notes]
+        self.mechanism.set_allocation(problem, allocation)
+
+    def play_round(self) -> None:
+        """One round: the placed jobs run (the preempted ones counted), and time moves on by ``round_s``."""
+        assert self.problem is not None
+        placement = self.mechanism.next_round(self.problem)
+        for combo in self.mechanism.previous:
+            if not self.mechanism.kept(combo):
                 for job in combo:
-                    records[job].preemptions += int(remaining[job] > 0)
-        for combo, placed in placement.items():
-            k = types.index(placed[0].type)
-            speeds = _speeds(combo, k, jobs, table, pair_rates)
-            restart = 0.0 if mechanism.kept(combo) else restart_by_type[placed[0].type]
-            longest = 0.0
-            for job, speed in zip(combo, speeds, strict=True):
-                records[job].start_s = now if records[job].start_s is None else records[job].start_s
-                work_s = min(max(round_s - restart, 0.0), remaining[job] / speed)
-                remaining[job] -= work_s * speed
-                if remaining[job] <= 1e-9 * jobs[job].total_steps:
-                    remaining[job] = 0.0
-                    records[job].finish_s = now + restart + work_s
-                longest = max(longest, restart + work_s)
-            ran[combo] = longest
-            for job in combo:
-                records[job].device_s[placed[0].type] = records[job].device_s.get(placed[0].type, 0.0) + (
-                    longest * len(placed) / len(combo)
-                )
-            busy += longest * len(placed)
-            cost += longest * len(placed) * price[k] / 3600
-        mechanism.record(round_s, ran)
-        now += round_s
-        rounds_run += 1
-        done = [job for job in active if remaining[job] == 0.0]
+                    self.records[job].preemptions += int(self.remaining[job] > 0)
+        ran: dict[Combo, float] = {
+            combo: self._run(combo, placed[0].type, len(placed)) for combo, placed in placement.items()
+        }
+        self.mechanism.record(self.round_s, ran)
+        self.now += self.round_s
+        self.rounds_run += 1
+
+    def _run(self, combo: Combo, device_type: str, held: int) -> float:
+        """``combo``'s jobs for this round on ``held`` devices of ``device_type``: the seconds they held them."""
+        jobs, records, remaining = self.jobs, self.records, self.remaining
+        k = self.devices.types.index(device_type)
+        speeds = _speeds(combo, k, jobs, self.table, self.pair_rates)
+        restart = 0.0 if self.mechanism.kept(combo) else self.restart_by_type[device_type]
+        longest = 0.0
+        for job, speed in zip(combo, speeds, strict=True):
+            records[job].start_s = self.now if records[job].start_s is None else records[job].start_s
+            work_s = min(max(self.round_s - restart, 0.0), remaining[job] / speed)
+            remaining[job] -= work_s * speed
+            if remaining[job] <= 1e-9 * jobs[job].total_steps:
+                remaining[job] = 0.0
+                records[job].finish_s = self.now + restart + work_s
+            longest = max(longest, restart + work_s)
+        for job in combo:
+            device_s = records[job].device_s
+            device_s[device_type] = device_s.get(device_type, 0.0) + longest * held / len(combo)
+        self.busy += longest * held
+        self.cost += longest * held * self.price[k] / 3600
+        return longest
+
+    def retire(self) -> bool:
+        """Whether jobs finished this round (they leave, and the policy's view is rebuilt at the next)."""
+        done = [job for job in self.active if self.remaining[job] == 0.0]
         if done:
-            active = [job for job in active if remaining[job] > 0.0]
-            finished += len(done)
-            problem = None
-            if progress is not None:
-                progress(finished, len(jobs))
-    end = max([now] + [r.finish_s for r in records if r.finish_s is not None])
-    return Simulation(policy, records, end, busy, devices.total, cost, solves, rounds_run, notes)
+            self.active = [job for job in self.active if self.remaining[job] > 0.0]
+            self.finished += len(done)
+            self.problem = None
+        return bool(done)
+
+    def result(self) -> Simulation:
+        end = max([self.now] + [r.finish_s for r in self.records if r.finish_s is not None])
+        return Simulation(
+            policy=self.policy,
+            jobs=self.records,
+            end_s=end,
+            busy_device_s=self.busy,
+            devices=self.devices.total,
+            cost=self.cost,
+            solves=self.solves,
+            rounds=self.rounds_run,
+            notes=self.notes,
+        )
 
 
 def active_problem(
