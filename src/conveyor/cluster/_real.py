@@ -134,142 +134,194 @@ def run_real(
     as soon as it has run two epochs on a type, or that scaled by the priors' ratio on a type it has not run
     on (:class:`OnlineThroughputs`).
     """
-    from conveyor.job import write_lease  # imports torch: only real runs need it
-
-    devices = device_types.devices
-    types = devices.types
     folder.mkdir(parents=True, exist_ok=True)
-    records = [JobRecord(i, float(job.arrival_s)) for i, job in enumerate(jobs)]
-    done = np.zeros(len(jobs))  # epochs finished by launches that exited
-    rates = OnlineThroughputs(
-        {(j, t): prior(jobs[j], t) if prior else device_types.cores[t] for j in range(len(jobs)) for t in types}
+    run = _RealRounds(
+        jobs, device_types, policy=policy, backend=backend, folder=folder, prior=prior, poll_s=poll_s, progress=progress
     )
-    running: dict[int, Launch] = {}
-    launches: list[Launch] = []
-    mechanism = Rounds(devices, fill_idle=not policy.startswith("fifo"))
-    notes: list[str] = []
-    solves: list[float] = []
-    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_s, i))
-    start, start_unix = time.monotonic(), time.time()
-    arrived = 0
-    planned_for: tuple[int, ...] = ()
-    problem: Problem | None = None
+    try:
+        end = run.play(round_s=round_s, grace_s=grace_s)
+    finally:
+        for launch in run.running.values():
+            backend.stop(launch.handle)
+    busy = sum(sum(r.device_s.values()) for r in run.records)
+    simulation = Simulation(
+        policy=policy,
+        jobs=run.records,
+        end_s=end,
+        busy_device_s=busy,
+        devices=run.devices.total,
+        cost=0.0,
+        solves=run.solves,
+        rounds=run.rounds,
+        notes=run.notes,
+    )
+    return RealRun(simulation, run.launches, run.rates, run.devices.types)
 
-    def clock() -> float:
-        return time.monotonic() - start
 
-    def lease(job: int, until: float) -> None:
-        (folder / f"job{job}").mkdir(parents=True, exist_ok=True)
-        write_lease(folder / f"job{job}" / "lease.json", start_unix + until)
+class _RealRounds:
+    """:func:`run_real`'s state: the jobs' records, the launches running and done, the throughputs measured, the
+    allocation in force; seconds count from its creation."""
 
-    def epochs_done(job: int) -> float:
-        return float(done[job] + (len(running[job].epochs()) if job in running else 0))
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        device_types: DeviceTypes,
+        *,
+        policy: str,
+        backend: Backend,
+        folder: Path,
+        prior: Callable[[TraceJob, str], float] | None,
+        poll_s: float,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
+        self.jobs, self.device_types, self.policy, self.backend, self.folder = (
+            jobs,
+            device_types,
+            policy,
+            backend,
+            folder,
+        )
+        self.poll_s, self.progress = poll_s, progress
+        self.devices = device_types.devices
+        types = self.devices.types
+        self.records = [JobRecord(i, float(job.arrival_s)) for i, job in enumerate(jobs)]
+        self.done = np.zeros(len(jobs))  # epochs finished by launches that exited
+        self.rates = OnlineThroughputs(
+            {(j, t): prior(jobs[j], t) if prior else device_types.cores[t] for j in range(len(jobs)) for t in types}
+        )
+        self.running: dict[int, Launch] = {}
+        self.launches: list[Launch] = []
+        self.mechanism = Rounds(self.devices, fill_idle=not policy.startswith("fifo"))
+        self.notes: list[str] = []
+        self.solves: list[float] = []
+        self.order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_s, i))
+        self.start, self.start_unix = time.monotonic(), time.time()
+        self.arrived, self.rounds = 0, 0
+        self.planned_for: tuple[int, ...] = ()
+        self.problem: Problem | None = None
 
-    def reap(until: float, jobs_gone: set[int] | None = None) -> None:
+    def clock(self) -> float:
+        return time.monotonic() - self.start
+
+    def lease(self, job: int, until: float) -> None:
+        from conveyor.job import write_lease  # imports torch: only real runs need it
+
+        (self.folder / f"job{job}").mkdir(parents=True, exist_ok=True)
+        write_lease(self.folder / f"job{job}" / "lease.json", self.start_unix + until)
+
+    def play(self, *, round_s: float, grace_s: float) -> float:
+        """Rounds until every job has finished; the seconds they took."""
+        round_start, placement = 0.0, self.plan()
+        while any(r.finish_s is None for r in self.records):
+            if not placement and not self.running:  # an empty cluster: wait for the next arrival
+                waiting = [self.jobs[j].arrival_s for j in self.order[self.arrived :]]
+                time.sleep(max(0.0, min(waiting) - self.clock()) if waiting else self.poll_s)
+                round_start, placement = self.clock(), self.plan()
+                continue
+            self.launch(placement, round_start=round_start, until=round_start + round_s)
+            self.rounds += 1
+            placement = self.end_round(round_start, round_s=round_s, grace_s=grace_s)
+            round_start += round_s
+        return self.clock()
+
+    def launch(self, placement: dict[Combo, tuple[ClusterDevice, ...]], *, round_start: float, until: float) -> None:
+        """Lease every placed job its devices ``until``, and launch those not running (a job that finished after
+        the placement was planned is left out)."""
+        for combo, placed in placement.items():
+            job = combo[0]
+            if self.records[job].finish_s is not None:
+                continue
+            self.lease(job, until)
+            if job not in self.running:
+                launch = _launch(
+                    self.jobs[job],
+                    job_id=job,
+                    remaining=self.jobs[job].total_steps - self.done[job],
+                    device_type=placed[0].type,
+                    count=len(placed),
+                    device_types=self.device_types,
+                    folder=self.folder,
+                    backend=self.backend,
+                    now=self.clock(),
+                )
+                launch.planned_at = round_start
+                self.launches.append(launch)
+                self.running[job] = launch
+                record = self.records[job]
+                record.start_s = launch.launched_at if record.start_s is None else record.start_s
+
+    def end_round(
+        self, round_start: float, *, round_s: float, grace_s: float
+    ) -> dict[Combo, tuple[ClusterDevice, ...]]:
+        """The round from its launches on: half way, the next round planned and the leases of the jobs it keeps
+        extended; at its end, the plan made again with the jobs that finished or arrived since, and the jobs
+        leaving their devices waited for (at most ``grace_s``, then stopped). The next round's placement."""
+        self.reap(round_start + round_s / 2)
+        self.mechanism.record(round_s)
+        placement = self.plan()
+        extended = {combo[0] for combo in placement if self.mechanism.kept(combo)}
+        for job in extended:
+            self.lease(job, round_start + 2 * round_s)  # before the current lease runs out
+        end = round_start + round_s
+        self.reap(end)
+        # jobs that finished or arrived in the round's second half: plan again with them, as the simulator does at
+        # each round's start (unchanged jobs give the same placement: the mechanism is deterministic)
+        placement = self.plan(again=True)
+        kept = {c[0] for c in placement if self.mechanism.kept(c) and c[0] in self.running and c[0] in extended}
+        leaving = {job for job in self.running if job not in kept}
+        for job in leaving:
+            self.lease(job, end)
+        self.reap(self.clock() + grace_s, leaving)
+        for job in leaving & set(self.running):  # did not stop by its lease: stop it (its epoch in flight is lost)
+            self.backend.stop(self.running[job].handle)
+        self.reap(self.clock() + grace_s, leaving)
+        return placement
+
+    def reap(self, until: float, jobs_gone: set[int] | None = None) -> None:
         """Collect exits until ``until`` (devices a job freed early idle to then, as in the simulator), or until
         ``jobs_gone`` have all exited, or every job has finished."""
-        while any(r.finish_s is None for r in records):
-            for job, launch in list(running.items()):
-                if (code := backend.poll(launch.handle)) is not None:
-                    launch.exit_code, launch.ended_at = code, clock()
-                    del running[job]
-                    _account(launch, jobs[job], records[job], done, rates)
-                    if records[job].finish_s is not None and progress is not None:
-                        progress(sum(r.finish_s is not None for r in records), len(jobs))
-            if clock() >= until or (jobs_gone is not None and not jobs_gone & set(running)):
+        while any(r.finish_s is None for r in self.records):
+            for job, launch in list(self.running.items()):
+                if (code := self.backend.poll(launch.handle)) is not None:
+                    launch.exit_code, launch.ended_at = code, self.clock()
+                    del self.running[job]
+                    _account(launch, self.jobs[job], self.records[job], self.done, self.rates)
+                    if self.records[job].finish_s is not None and self.progress is not None:
+                        self.progress(sum(r.finish_s is not None for r in self.records), len(self.jobs))
+            if self.clock() >= until or (jobs_gone is not None and not jobs_gone & set(self.running)):
                 return
-            time.sleep(poll_s)
+            time.sleep(self.poll_s)
 
-    def plan(again: bool = False) -> dict[Combo, tuple[ClusterDevice, ...]]:
-        nonlocal arrived, planned_for, problem
-        now = clock()
-        while arrived < len(order) and jobs[order[arrived]].arrival_s <= now:
-            arrived += 1
-        active = tuple(j for j in sorted(order[:arrived]) if records[j].finish_s is None)
-        if active != planned_for or problem is None:  # jobs came or went: a new allocation
-            table = np.array([[rates.get(j, t) for t in types] for j in range(len(jobs))])
+    def plan(self, again: bool = False) -> dict[Combo, tuple[ClusterDevice, ...]]:
+        """The next round's placement, from a new allocation where the jobs in the cluster changed."""
+        now, jobs, order = self.clock(), self.jobs, self.order
+        while self.arrived < len(order) and jobs[order[self.arrived]].arrival_s <= now:
+            self.arrived += 1
+        active = tuple(j for j in sorted(order[: self.arrived]) if self.records[j].finish_s is None)
+        if active != self.planned_for or self.problem is None:  # jobs came or went: a new allocation
+            types = self.devices.types
+            table = np.array([[self.rates.get(j, t) for t in types] for j in range(len(jobs))])
             # a job whose last epoch is done but whose process has not exited yet still needs its devices
-            remaining = np.array([max(job.total_steps - epochs_done(j), 1.0) for j, job in enumerate(jobs)])
-            problem = active_problem(
+            running = [len(self.running[j].epochs()) if j in self.running else 0 for j in range(len(jobs))]
+            remaining = np.array([max(job.total_steps - self.done[j] - running[j], 1.0) for j, job in enumerate(jobs)])
+            self.problem = active_problem(
                 active,
                 jobs=jobs,
                 table=table,
                 remaining=remaining,
-                records=records,
+                records=self.records,
                 now=now,
-                devices=devices,
+                devices=self.devices,
                 price=np.ones(len(types)),
                 pair_rates=None,
             )
             began = time.perf_counter()
-            allocation = allocate(policy, problem)
-            solves.append(time.perf_counter() - began)
-            notes.extend(allocation.notes)
-            mechanism.set_allocation(problem, allocation)
-            planned_for = active
-        return mechanism.next_round(problem, again) if active else {}
-
-    try:
-        round_start, rounds = 0.0, 0
-        placement = plan()
-        while any(r.finish_s is None for r in records):
-            if not placement and not running:  # an empty cluster: wait for the next arrival
-                waiting = [jobs[j].arrival_s for j in order[arrived:]]
-                time.sleep(max(0.0, min(waiting) - clock()) if waiting else poll_s)
-                round_start, placement = clock(), plan()
-                continue
-            for combo, placed in placement.items():
-                job = combo[0]
-                if records[job].finish_s is not None:  # finished after this placement was planned
-                    continue
-                lease(job, round_start + round_s)
-                if job not in running:
-                    launch = _launch(
-                        jobs[job],
-                        job_id=job,
-                        remaining=jobs[job].total_steps - done[job],
-                        device_type=placed[0].type,
-                        count=len(placed),
-                        device_types=device_types,
-                        folder=folder,
-                        backend=backend,
-                        now=clock(),
-                    )
-                    launch.planned_at = round_start
-                    launches.append(launch)
-                    running[job] = launch
-                    records[job].start_s = launch.launched_at if records[job].start_s is None else records[job].start_s
-            rounds += 1
-            reap(round_start + round_s / 2)
-            mechanism.record(round_s)
-            placement = plan()
-            extended = {combo[0] for combo in placement if mechanism.kept(combo)}
-            for job in extended:
-                lease(job, round_start + 2 * round_s)  # before the current lease runs out
-            reap(round_start + round_s)
-            round_start += round_s
-            # jobs that finished or arrived in the round's second half: plan again with them, as the simulator
-            # does at each round's start (unchanged jobs give the same placement: the mechanism is deterministic)
-            placement = plan(again=True)
-            placed_jobs = {
-                combo[0]
-                for combo in placement
-                if mechanism.kept(combo) and combo[0] in running and combo[0] in extended
-            }
-            leaving = {job for job in running if job not in placed_jobs}
-            for job in leaving:
-                lease(job, round_start)
-            reap(clock() + grace_s, leaving)
-            for job in leaving & set(running):  # did not stop by its lease: stop it (its epoch in flight is lost)
-                backend.stop(running[job].handle)
-            reap(clock() + grace_s, leaving)
-        end = clock()
-    finally:
-        for launch in running.values():
-            backend.stop(launch.handle)
-    busy = sum(sum(r.device_s.values()) for r in records)
-    simulation = Simulation(policy, records, end, busy, devices.total, 0.0, solves, rounds, notes)
-    return RealRun(simulation, launches, rates, types)
+            allocation = allocate(self.policy, self.problem)
+            self.solves.append(time.perf_counter() - began)
+            self.notes.extend(allocation.notes)
+            self.mechanism.set_allocation(self.problem, allocation)
+            self.planned_for = active
+        return self.mechanism.next_round(self.problem, again) if active else {}
 
 
 def _account(launch: Launch, job: TraceJob, record: JobRecord, done: np.ndarray, rates: OnlineThroughputs) -> None:
