@@ -258,109 +258,145 @@ def transform(
         >>> torch.allclose(parent(x), child(x), atol=1e-6)
         True
     """
-    gen = torch.Generator().manual_seed(seed)
     to_parent = {c: p for p, c in pairs}
     modules = dict(child.named_modules())
     unknown = sorted(set(to_parent) - set(modules))
     if unknown:
         raise InputError(f"pairs name modules the child does not have: {', '.join(unknown)}")
-    report = TransformReport()
-    identity_blocks = [
-        n
-        for n, m in modules.items()
-        if n not in to_parent
-        and (_residual(m) or _transformer(m))
-        and not any(c.startswith(n + ".") for c in to_parent)
-        and identity_init(m)
-    ]
-    pending: _Map | None = None
-    entering: dict[str, _Map | None] = {}  # per residual block: the stream's map into it
-    leaving: dict[str, _Map | None] = {}  # per residual block: the map of its output (its sum)
-    identity_skips: set[str] = set()
-    broken: set[str] = set()  # residual blocks whose sum is not a replica under their leaving map
-    current: str | None = None  # the residual block being visited
+    walk = _Walk(parent_state, to_parent, modules, torch.Generator().manual_seed(seed))
     with torch.no_grad():
         for name, module in modules.items():
-            if current is not None and not name.startswith(current + "."):
-                pending = None if current in broken else leaving[current]  # what the block's sum carries
-                current = None
-            if _residual(module) and name not in identity_blocks:
-                entering[name] = pending
-                leaving[name] = None  # a projecting skip's: conv2 draws it
-                if isinstance(module.get_submodule("skip"), nn.Identity):
-                    identity_skips.add(name)
-                    leaving[name] = pending
-                current = name
-            role = _residual_part(name, entering)
-            own = dict(module.named_parameters(recurse=False))
-            own_buffers = dict(module.named_buffers(recurse=False))
-            if not own and not own_buffers:
-                continue
-            report.total_elements += sum(p.numel() for p in own.values())
-            if inside := next((b for b in identity_blocks if name.startswith(b + ".")), None):
-                report.actions[name] = "identity"  # the block computes its input: the chain's map passes through
-                if not isinstance(getattr(modules[inside], "skip", nn.Identity()), nn.Identity):
-                    pending = None  # a projecting block adds channels the map does not describe
-                continue
-            block = _in_block(name, modules) and role is None
-            if block:
-                pending = None
-            elif role is not None and role[1] in ("conv1", "skip", "skip.0"):
-                pending = entering[role[0]]  # these read the block's input
-            if name not in to_parent:
-                report.actions[name] = "identity" if identity_init(module) else "default"
-                if report.actions[name] == "default":
-                    pending = None
-                if role is not None and role[1] in ("conv2", "skip", "skip.0"):
-                    broken.add(role[0])  # an output the stream's map does not describe
-                continue
-            prefix = to_parent[name] + "."
-            parent = {k: parent_state[prefix + k] for k in [*own, *own_buffers] if prefix + k in parent_state}
-            action = "copied"
-            if isinstance(module, _PRODUCERS) and "weight" in parent:
-                w = parent["weight"]
-                b = parent.get("bias")
-                units_in = module.weight.shape[1]
-                if pending is not None and units_in % len(pending[0]) == 0:
-                    k = units_in // len(pending[0])
-                    if w.shape[1] == len(pending[1]) * k:
-                        w, action = _map_inputs(w, pending, k), pending[2]
-                pending = None
-                units, (owner, part) = module.weight.shape[0], role or ("", "")
-                if part in ("skip", "skip.0") or (part == "conv2" and owner in identity_skips):
-                    forced = leaving[owner]  # the stream's map: the block's sum must stay a replica
-                    fits = forced is not None and len(forced[0]) == units and len(forced[1]) == w.shape[0]
-                    pending = forced if fits else None
-                elif not block and units != w.shape[0]:
-                    pending = _unit_map(w, units, gen)
-                if part == "conv2" and owner not in identity_skips:
-                    leaving[owner] = pending  # a projecting skip: its outputs share conv2's fresh map
-                if pending is not None:
-                    w, b, action = w[pending[0]], None if b is None else b[pending[0]], pending[2]
-                if w.shape != module.weight.shape:
-                    action = "sliced"  # a dimension neither mapped nor equal (or another kernel): overlap only
-                    if role is not None:
-                        broken.add(owner)
-                parent["weight"] = w
-                if b is not None:
-                    parent["bias"] = b
-            elif isinstance(module, _NORMS) and pending is not None:
-                features = module.normalized_shape[-1] if isinstance(module, nn.LayerNorm) else module.num_features
-                if features == len(pending[0]):
-                    for key, value in parent.items():
-                        if value.dim() >= 1 and value.shape[-1] == len(pending[1]):
-                            parent[key] = value[..., pending[0]]
-                    action = pending[2]
-                else:
-                    pending = None
-            else:
-                pending = None
-            tensors = {**own, **own_buffers}
-            for key, value in parent.items():
-                if value.shape != tensors[key].shape and action == "copied":
-                    action = "sliced"
-                written = _write(tensors[key], value)
-                if key in own:
-                    report.set_elements += written
-            report.actions[name] = action if parent else "default"
-    return report
+            walk.visit(name, module)
+    return walk.report
+
+
+class _Walk:
+    """:func:`transform`'s state as it visits the child's modules in order: the unit map pending for the next
+    consumer (``pending``), and per residual block the stream's map into it and its sum's map out of it."""
+
+    def __init__(
+        self,
+        parent_state: Mapping[str, Tensor],
+        to_parent: dict[str, str],
+        modules: dict[str, nn.Module],
+        gen: torch.Generator,
+    ) -> None:
+        self.parent_state, self.to_parent, self.modules, self.gen = parent_state, to_parent, modules, gen
+        self.report = TransformReport()
+        self.identity_blocks = [
+            n
+            for n, m in modules.items()
+            if n not in to_parent
+            and (_residual(m) or _transformer(m))
+            and not any(c.startswith(n + ".") for c in to_parent)
+            and identity_init(m)
+        ]
+        self.pending: _Map | None = None
+        self.entering: dict[str, _Map | None] = {}  # per residual block: the stream's map into it
+        self.leaving: dict[str, _Map | None] = {}  # per residual block: the map of its output (its sum)
+        self.identity_skips: set[str] = set()
+        self.broken: set[str] = set()  # residual blocks whose sum is not a replica under their leaving map
+        self.current: str | None = None  # the residual block being visited
+
+    def visit(self, name: str, module: nn.Module) -> None:
+        """Set ``module``'s own parameters and buffers, and carry the maps on past it."""
+        self._blocks(name, module)
+        role = _residual_part(name, self.entering)
+        own = dict(module.named_parameters(recurse=False))
+        own_buffers = dict(module.named_buffers(recurse=False))
+        if not own and not own_buffers:
+            return
+        self.report.total_elements += sum(p.numel() for p in own.values())
+        if inside := next((b for b in self.identity_blocks if name.startswith(b + ".")), None):
+            self.report.actions[name] = "identity"  # the block computes its input: the chain's map passes through
+            if not isinstance(getattr(self.modules[inside], "skip", nn.Identity()), nn.Identity):
+                self.pending = None  # a projecting block adds channels the map does not describe
+            return
+        block = _in_block(name, self.modules) and role is None
+        if block:
+            self.pending = None
+        elif role is not None and role[1] in ("conv1", "skip", "skip.0"):
+            self.pending = self.entering[role[0]]  # these read the block's input
+        if name not in self.to_parent:
+            self.report.actions[name] = "identity" if identity_init(module) else "default"
+            if self.report.actions[name] == "default":
+                self.pending = None
+            if role is not None and role[1] in ("conv2", "skip", "skip.0"):
+                self.broken.add(role[0])  # an output the stream's map does not describe
+            return
+        prefix = self.to_parent[name] + "."
+        keys = [k for k in [*own, *own_buffers] if prefix + k in self.parent_state]
+        parent = {k: self.parent_state[prefix + k] for k in keys}
+        if isinstance(module, _PRODUCERS) and "weight" in parent:
+            action = self._producer(module, parent, role, block)
+        elif isinstance(module, _NORMS) and self.pending is not None:
+            action = self._norm(module, parent)
+        else:
+            self.pending, action = None, "copied"
+        tensors = {**own, **own_buffers}
+        for key, value in parent.items():
+            if value.shape != tensors[key].shape and action == "copied":
+                action = "sliced"
+            written = _write(tensors[key], value)
+            if key in own:
+                self.report.set_elements += written
+        self.report.actions[name] = action if parent else "default"
+
+    def _blocks(self, name: str, module: nn.Module) -> None:
+        """Leaving a residual block, the stream takes its sum's map; entering one, it records the stream's map."""
+        if self.current is not None and not name.startswith(self.current + "."):
+            self.pending = None if self.current in self.broken else self.leaving[self.current]
+            self.current = None
+        if _residual(module) and name not in self.identity_blocks:
+            self.entering[name] = self.pending
+            self.leaving[name] = None  # a projecting skip's: conv2 draws it
+            if isinstance(module.get_submodule("skip"), nn.Identity):
+                self.identity_skips.add(name)
+                self.leaving[name] = self.pending
+            self.current = name
+
+    def _producer(self, module: nn.Module, parent: dict[str, Tensor], role: tuple[str, str] | None, block: bool) -> str:
+        """A Linear or Conv: its inputs mapped by the pending map, its outputs by its own (or the block's);
+        ``parent``'s weight and bias replaced by the mapped ones. What was done."""
+        w, b, action = parent["weight"], parent.get("bias"), "copied"
+        weight = module.get_parameter("weight")
+        units_in = weight.shape[1]
+        pending = self.pending
+        if pending is not None and units_in % len(pending[0]) == 0:
+            k = units_in // len(pending[0])
+            if w.shape[1] == len(pending[1]) * k:
+                w, action = _map_inputs(w, pending, k), pending[2]
+        pending = None
+        units, (owner, part) = weight.shape[0], role or ("", "")
+        if part in ("skip", "skip.0") or (part == "conv2" and owner in self.identity_skips):
+            forced = self.leaving[owner]  # the stream's map: the block's sum must stay a replica
+            fits = forced is not None and len(forced[0]) == units and len(forced[1]) == w.shape[0]
+            pending = forced if fits else None
+        elif not block and units != w.shape[0]:
+            pending = _unit_map(w, units, self.gen)
+        if part == "conv2" and owner not in self.identity_skips:
+            self.leaving[owner] = pending  # a projecting skip: its outputs share conv2's fresh map
+        if pending is not None:
+            w, b, action = w[pending[0]], None if b is None else b[pending[0]], pending[2]
+        if w.shape != weight.shape:
+            action = "sliced"  # a dimension neither mapped nor equal (or another kernel): overlap only
+            if role is not None:
+                self.broken.add(owner)
+        parent["weight"] = w
+        if b is not None:
+            parent["bias"] = b
+        self.pending = pending
+        return action
+
+    def _norm(self, module: nn.Module, parent: dict[str, Tensor]) -> str:
+        """A norm after a mapped producer: its per-feature tensors mapped too (or, of another width, the map
+        dropped). What was done."""
+        assert self.pending is not None
+        features = module.normalized_shape[-1] if isinstance(module, nn.LayerNorm) else module.num_features
+        if features != len(self.pending[0]):
+            self.pending = None
+            return "copied"
+        for key, value in parent.items():
+            if value.dim() >= 1 and value.shape[-1] == len(self.pending[1]):
+                parent[key] = value[..., self.pending[0]]
+        return self.pending[2]
