@@ -22,7 +22,6 @@ import itertools
 import os
 import resource
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,16 +29,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from rich.console import Console
-from torch import nn
 
-from conveyor.config import TrainConfig, mode_settings
+import conveyor.job._data as datasets
+from conveyor.config import TrainConfig
 from conveyor.emulate import Emulation, launch_emulated
-from conveyor.energy import MeterStatus, describe_meters, open_meter
+from conveyor.energy import Meter, MeterStatus, describe_meters, open_meter
 from conveyor.errors import InputError
-from conveyor.gaia import outer_sync
 from conveyor.job._config import (
     RunState,
-    autocast_dtype,
     job_devices,
     loss_and_optimizer,
 )
@@ -55,7 +52,7 @@ from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._loop import EpochLoop, LoopOutcome, whole_history
 from conveyor.job._measured import correct_layout, forget_costs
-from conveyor.job._model import materializer, model_and_data
+from conveyor.job._model import model_and_data
 from conveyor.job._planning import measure_and_plan
 from conveyor.job._report import continued, energy_summary
 from conveyor.job._resources import ResourceLog
@@ -68,26 +65,23 @@ from conveyor.job._summary import (
     steady_rate,
     write_run_folder,
 )
+from conveyor.job._trainers import chunks_of, trainer
 from conveyor.job._warmstart import prepare_warm_start, register_model
-from conveyor.plan import Topology
 from conveyor.runtime import (
     CoreShare,
-    OptimizerFactory,
-    OuterSync,
     Pipeline,
     default_device,
     keep_first,
     load_checkpoint,
     to_device,
 )
-from conveyor.stragglers import FlexiblePipeline, flexible_layout
+from conveyor.stragglers import FlexiblePipeline
 
 __all__ = ["train"]
 
 
 def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | None:
     device = default_device()  # the one its launcher gave this worker
-    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
     local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
     cores = CoreShare(local_workers) if device.type == "cpu" else None  # threads to match the cores others leave
     model, data = model_and_data(cfg, state.warm_start_plan)  # the same initial weights on every worker
@@ -104,7 +98,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
         steps=steps,
         cores=cores,
         # A trial's pipeline is made of a copy: the model trains from its first weights.
-        build=lambda tried: _trainer(
+        build=lambda tried: trainer(
             cfg, copy.deepcopy(model), layout=tried, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device
         ),
     )
@@ -113,11 +107,60 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
     if cores is not None and dist.get_world_size() < local_workers:  # the cores shared among fewer workers
         cores = CoreShare(dist.get_world_size())
     torch.manual_seed(cfg.run.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
-    pipe = _trainer(cfg, model, layout=layout, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
+    pipe = trainer(cfg, model, layout=layout, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
     if cfg.run.resume:
         pipe.load(cfg.run.resume)  # every worker reads it before any writes it (the end may save to the same path)
     done = pipe.steps // steps  # epochs the checkpoint has trained: the data order goes on from there
     checkpoint = cfg.run.checkpoint or str(folder / "checkpoint.pt")
+    loop, meter, knobs = _epoch_loop(
+        cfg, state, pipe, data, layout=layout, steps=steps, done=done, folder=folder, checkpoint=checkpoint, cores=cores
+    )
+    # Every worker ready before the first epoch's clock starts: a worker still setting up (local rank 0 opens the
+    # host's energy meter, an import of 1.7 s) would count in the others' first epoch, as waiting for it.
+    dist.barrier()
+    started_at = time.time()
+    store = dist.distributed_c10d._get_default_store()
+    holdings = ResourceLog(
+        folder / "resources.jsonl", worker=dist.get_rank(), every_s=cfg.run.resources_every, store=store
+    )
+    with meter, knobs, holdings:
+        outcome = loop.run()
+    chunks = chunks_of(pipe)
+    statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
+    energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
+    if outcome.diverged is None:  # a model whose weights went non-finite would replace a good checkpoint
+        pipe.save(checkpoint, {"history": whole_history(state.history_before, outcome, pipe.is_output)})
+    return WorkerResult(
+        outcome=outcome,
+        layout=layout,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
+        started_at=started_at,
+        epochs_before=done,
+        energy_meter=energy_meter,
+        energy_note=energy_note,
+        chunks=chunks,
+        knobs=knobs.summary(),
+    )
+
+
+def _epoch_loop(
+    cfg: TrainConfig,
+    state: RunState,
+    pipe: Pipeline | FlexiblePipeline,
+    data: datasets.Dataset,
+    *,
+    layout: Layout,
+    steps: int,
+    done: int,
+    folder: Path,
+    checkpoint: str,
+    cores: CoreShare | None,
+) -> tuple[EpochLoop, Meter, EpochKnobs]:
+    """This worker's epochs over ``pipe`` from epoch ``done`` on (``steps`` batches each, records in ``folder``), its
+    energy meter and its knobs (the power limit, the recurring batch size, the stop above a cost)."""
+    device = default_device()
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
     batches = None
     if pipe.is_first or pipe.is_last:  # the data moves to the device here, once
         batches = EpochBatches(
@@ -159,33 +202,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
         cores=cores,
         history_before=state.history_before,
     )
-    # Every worker ready before the first epoch's clock starts: a worker still setting up (local rank 0 opens the
-    # host's energy meter, an import of 1.7 s) would count in the others' first epoch, as waiting for it.
-    dist.barrier()
-    started_at = time.time()
-    store = dist.distributed_c10d._get_default_store()
-    holdings = ResourceLog(
-        folder / "resources.jsonl", worker=dist.get_rank(), every_s=cfg.run.resources_every, store=store
-    )
-    with meter, knobs, holdings:
-        outcome = loop.run()
-    chunks = _chunks(pipe)
-    statuses: list[MeterStatus | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
-    energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
-    if outcome.diverged is None:  # a model whose weights went non-finite would replace a good checkpoint
-        pipe.save(checkpoint, {"history": whole_history(state.history_before, outcome, pipe.is_output)})
-    return WorkerResult(
-        outcome=outcome,
-        layout=layout,
-        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
-        started_at=started_at,
-        epochs_before=done,
-        energy_meter=energy_meter,
-        energy_note=energy_note,
-        chunks=chunks,
-        knobs=knobs.summary(),
-    )
+    return loop, meter, knobs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,88 +219,6 @@ class WorkerResult:
     energy_note: str | None
     chunks: dict[str, Any] | None  # --stragglers: chunks per replica and, with --chunks auto, the times chosen from
     knobs: KnobsSummary
-
-
-def _chunks(pipe: Pipeline | FlexiblePipeline) -> dict[str, Any] | None:
-    """A flexible pipeline's chunks per replica, and with ``--chunks auto`` the step seconds it chose from at each
-    count (``None``: no ``--stragglers``); where auto chose, worker 0 says so."""
-    if not isinstance(pipe, FlexiblePipeline):
-        return None
-    if pipe.chunk_times and dist.get_rank() == 0:
-        timed = ", ".join(f"{c}: {1e3 * t:.1f} ms" for c, t in pipe.chunk_times.items())
-        Console().print(f"--chunks auto chose {pipe.chunks} per replica (a replica's step at each count: {timed})")
-    return {"per_replica": pipe.chunks, "step_s": {str(c): t for c, t in pipe.chunk_times.items()} or None}
-
-
-def _trainer(
-    cfg: TrainConfig,
-    model: nn.Sequential,
-    *,
-    layout: Layout,
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    make_optimizer: OptimizerFactory,
-    device: torch.device,
-) -> Pipeline | FlexiblePipeline:
-    """A pipeline for ``layout``; with ``--stragglers`` on and the first stage replicated (data parallelism
-    is one stage), a flexible one whose replicas share each batch's chunks."""
-    stragglers = cfg.stragglers
-    if stragglers is not None and flexible_layout(layout.replicas):
-        settings = mode_settings(stragglers.mode, stragglers.slack)
-        return FlexiblePipeline(
-            model,
-            loss_fn=loss_fn,
-            optimizer=make_optimizer,
-            balance=layout.balance,
-            replicas=layout.replicas,
-            chunks=stragglers.chunks,
-            slack=settings.slack,
-            reassign=settings.reassign,
-            backup=settings.backup,
-            live=settings.live,
-            weighted=not stragglers.equal_shares,
-            predict=cfg.optimizer.stale_correction,
-            device=device,
-            autocast=autocast_dtype(cfg),
-        )
-    if stragglers is not None and dist.get_rank() == 0:
-        layout_text = "-".join(map(str, layout.replicas))
-        Console().print(
-            f"--stragglers {stragglers.mode} applies to layouts whose first stage alone is replicated; "
-            f"this one is {layout_text}: it runs as planned, synchronously"
-        )
-    return Pipeline(
-        model,
-        layout.balance,
-        microbatches=layout.microbatches,
-        loss_fn=loss_fn,
-        optimizer=make_optimizer,
-        schedule=layout.schedule,
-        replicas=layout.replicas,
-        device=device,
-        autocast=autocast_dtype(cfg),
-        recompute=layout.recompute,
-        correct_staleness=cfg.optimizer.stale_correction,
-        damp_stale_rate=layout.stale_rate == "damped",
-        materialize=materializer(cfg, model),
-        outer=_outer_sync(cfg),
-    )
-
-
-def _outer_sync(cfg: TrainConfig) -> OuterSync | None:
-    """``--wan``'s exchange between the data centres, the outer level of ``--network``."""
-    if cfg.wan.mode == "off" or cfg.emulation.network is None:
-        return None
-    wan = cfg.wan
-    return outer_sync(
-        wan.mode,
-        sites=Topology.parse(cfg.emulation.network).levels[-1].count,
-        threshold=wan.threshold,
-        staleness=wan.staleness,
-        period=wan.period,
-        estimate=wan.estimate,
-        local_steps=wan.local_steps,
-        outer_lr=wan.outer_lr,
-    )
 
 
 def _say_stopping() -> None:
@@ -345,11 +280,39 @@ def train(cfg: TrainConfig) -> RunSummary | None:
     if out is None:  # under torchrun, only the output worker's process has the history
         return None
     history = [asdict(h) for h in out.outcome.history]
+    summary = _summary(cfg, run_dir, out, results, history=history, before=before, warm=warm)
+    start = summary.prediction.measured_at_start
+    if summary.kept_figures_missed():
+        forget_costs(start["kept_at"])
+    elif (ratio := summary.layout_missed()) is not None:
+        correct_layout(start["key"], summary.layout_key(), ratio)
+    if summary.interrupted or summary.diverged:  # no outcome to learn from, nor a finished model to keep
+        if recurring is not None:
+            recurring.fail(interrupted=summary.interrupted)
+    else:
+        summary = finish_recurrence(recurring, summary, cfg)
+        summary = register_model(cfg, summary, lambda: model_and_data(cfg)[0])
+    whole = continued(before, history)  # a resumed run's plot shows the epochs before too
+    write_run_folder(summary, whole, model=cfg.model.name, title=f"{cfg.model.name}: test accuracy")
+    return summary
+
+
+def _summary(
+    cfg: TrainConfig,
+    run_dir: Path,
+    out: WorkerResult,
+    results: dict[int, WorkerResult],
+    *,
+    history: list[dict[str, Any]],
+    before: tuple[Any, ...],
+    warm: dict[str, Any] | None,
+) -> RunSummary:
+    """The run's summary from the output worker's result ``out`` (its epochs' ``history``) and every worker's."""
     predicted = out.layout.predicted_samples_per_s
     last = history[-1]
     trained = [0.0] + [h["train_seconds"] for h in history]  # cumulative, per epoch
     steady = steady_rate([b - a for a, b in itertools.pairwise(trained)], history[0]["samples"])
-    summary = RunSummary(
+    return RunSummary(
         run_dir=str(run_dir),
         epochs=len(history),
         accuracy=[h["accuracy"] for h in history],
@@ -381,17 +344,3 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         **asdict(out.knobs),
         **energy_summary(history, out.energy_meter, out.energy_note, cfg.run.target_accuracy),
     )
-    start = summary.prediction.measured_at_start
-    if summary.kept_figures_missed():
-        forget_costs(start["kept_at"])
-    elif (ratio := summary.layout_missed()) is not None:
-        correct_layout(start["key"], summary.layout_key(), ratio)
-    if summary.interrupted or summary.diverged:  # no outcome to learn from, nor a finished model to keep
-        if recurring is not None:
-            recurring.fail(interrupted=summary.interrupted)
-    else:
-        summary = finish_recurrence(recurring, summary, cfg)
-        summary = register_model(cfg, summary, lambda: model_and_data(cfg)[0])
-    whole = continued(before, history)  # a resumed run's plot shows the epochs before too
-    write_run_folder(summary, whole, model=cfg.model.name, title=f"{cfg.model.name}: test accuracy")
-    return summary
