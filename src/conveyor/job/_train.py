@@ -119,10 +119,8 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
     # host's energy meter, an import of 1.7 s) would count in the others' first epoch, as waiting for it.
     dist.barrier()
     started_at = time.time()
-    store = dist.distributed_c10d._get_default_store()
-    holdings = ResourceLog(
-        folder / "resources.jsonl", worker=dist.get_rank(), every_s=cfg.run.resources_every, store=store
-    )
+    store, every_s = dist.distributed_c10d._get_default_store(), cfg.run.resources_every
+    holdings = ResourceLog(folder / "resources.jsonl", worker=dist.get_rank(), every_s=every_s, store=store)
     with meter, knobs, holdings:
         outcome = loop.run()
     chunks = chunks_of(pipe)
