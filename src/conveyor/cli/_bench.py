@@ -27,6 +27,24 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks that write JSON")
     which = bench.add_subparsers(dest="bench", required=True)
+    for add in (_add_pipedream, _add_predictions, _add_emulated):
+        add(which)
+    add_stragglers(which)
+    add_elastic(which)
+    add_spot(which)
+    add_cluster(which)
+    add_energy(which)
+    add_warmstart(which)
+    add_overhead(which)
+    add_models(which)
+    add_wan(which)
+    add_gaia_filter(which)
+    add_soak(which)
+    add_markets(which)
+
+
+def _add_pipedream(which: Any) -> None:
+    """PipeDream's benchmarks: the schedules, plans against runs, time to accuracy, convergence."""
     sched = which.add_parser("schedules", help="pipeline efficiency of every schedule on fixed-latency stages")
     sched.add_argument("--stages", type=positive, default=4)
     sched.add_argument("--microbatches", type=positive, default=8)
@@ -67,6 +85,9 @@ def add_parser(sub: Any) -> None:
     conv.add_argument("--workers", type=positive, default=4)
     conv.add_argument("--json", type=Path, default=None, help="write the report (and its epoch factors) here")
     conv.add_argument("--plot", type=Path, default=None, help="write median epochs per strategy here (PNG)")
+
+
+def _add_predictions(which: Any) -> None:
     pred = which.add_parser(
         "predictions", help="conveyor train's predicted against measured throughput, zoo models or your own"
     )
@@ -90,6 +111,10 @@ def add_parser(sub: Any) -> None:
     )
     pred.add_argument("--json", type=Path, default=None, help="write the report here")
     add_emulation(pred)
+
+
+def _add_emulated(which: Any) -> None:
+    """The emulated cluster's own benchmarks, and the planner's time."""
     emulate = which.add_parser("emulate", help="emulated links, quotas and set-up time against their spec (root)")
     emulate.add_argument("--devices", default="1,0.5,0.25,0.1", help="the CPU quotas to measure")
     emulate.add_argument("--seconds-per-link", type=float, default=2.0, help="each transfer's length at its rate")
@@ -103,19 +128,6 @@ def add_parser(sub: Any) -> None:
     costs.add_argument("--json", type=Path, default=None, help="write the report here")
     planner = which.add_parser("planner", help="planning time for synthetic chains on growing clusters")
     planner.add_argument("--json", type=Path, default=None, help="write the report here")
-
-    add_stragglers(which)
-    add_elastic(which)
-    add_spot(which)
-    add_cluster(which)
-    add_energy(which)
-    add_warmstart(which)
-    add_overhead(which)
-    add_models(which)
-    add_wan(which)
-    add_gaia_filter(which)
-    add_soak(which)
-    add_markets(which)
 
 
 def run(args: argparse.Namespace) -> None:
