@@ -183,7 +183,7 @@ class EpochLoop:
                 until, lease_out = self._lease(until, epoch, began)
                 bad_step, last_loss = _first_not_finite(losses, last_loss)
                 agreed = _agree(correct, lease_out, joules, (evaluated - began), self.device, (bad_step, last_loss))
-                accuracy, (epoch_energy, epoch_s) = agreed.accuracy, agreed.spent
+                accuracy, epoch_energy = agreed.accuracy, agreed.spent[0]
                 if epoch_energy is not None:
                     energy_total = (energy_total or 0.0) + epoch_energy
                 if self.trainer.is_output:
@@ -202,25 +202,31 @@ class EpochLoop:
                         energy_total_j=energy_total,
                     )
                     self._write(outcome, record, bar, task)
-                outcome.diverged = agreed.divergence(epoch + 1)
-                if outcome.diverged is not None:  # every worker stops here, before a checkpoint
+                if self._ends(outcome, agreed, epoch + 1):
                     break
-                over = self.knobs.epoch_end(epoch_energy, epoch_s)
-                if cfg.run.target_accuracy is not None and accuracy >= cfg.run.target_accuracy:
-                    break
-                if agreed.expired or over or agreed.stop:
-                    outcome.stopped_by_lease, outcome.stopped_by_cost = agreed.expired, over
-                    outcome.interrupted = agreed.stop
-                    break
-                if (
-                    cfg.run.checkpoint_every
-                    and (epoch + 1) % cfg.run.checkpoint_every == 0
-                    and epoch + 1 < cfg.run.epochs
-                ):
-                    saved = {"history": whole_history(self.history_before, outcome, self.trainer.is_output)}
-                    self.trainer.save(self.checkpoint, saved)  # a run killed later loses at most the epochs since
+                self._checkpoint_between(outcome, epoch + 1)
         self._write_straggler_records()  # once: a gather each epoch would wait there for a stalled replica
         return outcome
+
+    def _ends(self, outcome: LoopOutcome, agreed: Agreed, epochs: int) -> bool:
+        """Whether the run ends after ``epochs`` epochs, on what every worker agreed (the outcome says why): the
+        weights diverged (before a checkpoint), the target reached, the lease or the cost limit out, a stop asked."""
+        outcome.diverged = agreed.divergence(epochs)
+        if outcome.diverged is not None:
+            return True
+        over = self.knobs.epoch_end(*agreed.spent)
+        target = self.cfg.run.target_accuracy
+        if target is not None and agreed.accuracy >= target:
+            return True
+        outcome.stopped_by_lease, outcome.stopped_by_cost, outcome.interrupted = agreed.expired, over, agreed.stop
+        return agreed.expired or over or agreed.stop
+
+    def _checkpoint_between(self, outcome: LoopOutcome, epochs: int) -> None:
+        """Every ``--checkpoint-every`` epochs but the last: a run killed later loses at most the epochs since."""
+        every = self.cfg.run.checkpoint_every
+        if every and epochs % every == 0 and epochs < self.cfg.run.epochs:
+            saved = {"history": whole_history(self.history_before, outcome, self.trainer.is_output)}
+            self.trainer.save(self.checkpoint, saved)
 
     def _write(self, outcome: LoopOutcome, record: EpochRecord, bar: Progress, task: TaskID) -> None:
         """The output worker's record of an epoch: in the outcome, ``metrics.jsonl`` and the progress bar."""
