@@ -8,6 +8,7 @@ import scipy.sparse as sp  # type: ignore[import-untyped]
 from conveyor.cluster._policy_lp import (
     Block,
     Layout,
+    Solved,
     equal_share_throughputs,
     finish,
     isolated_throughputs,
@@ -181,32 +182,9 @@ def _water_fill(problem: Problem, throughputs: np.ndarray, name: str) -> Allocat
         if not rising.any():
             break
         need = _entity_shares(problem, rising) / s * unit
-        solved = level_lp(
-            layout,
-            capacity=problem.capacity,
-            gain=gain,
-            need=need,
-            base=level,
-            rising=rising,
-            floor=active,
-            free=True,
-            what=name,
+        solved, level = _rise(
+            layout, problem.capacity, gain=gain, need=need, level=level, rising=rising, floor=active, what=name
         )
-        if solved is None:  # levels carried over a hair too high: relax them once
-            level *= 1 - 1e3 * _SLACK
-            solved = level_lp(
-                layout,
-                capacity=problem.capacity,
-                gain=gain,
-                need=need,
-                base=level,
-                rising=rising,
-                floor=active,
-                free=True,
-                what=name,
-            )
-        if solved is None:
-            raise RuntimeError(f"{name}: HiGHS found a water-filling step infeasible; please report this Problem")
         x, t = solved.x, float(solved.extra[0])
         y = gain * (layout.rate @ x.ravel())
         level = np.where(rising, np.minimum(y, level + need * max(t, 0.0)), level)
@@ -216,20 +194,67 @@ def _water_fill(problem: Problem, throughputs: np.ndarray, name: str) -> Allocat
         if not saturated.any():  # the duals' weights sum to 1: the largest is a saturated job
             saturated[np.argmax(np.where(rising, share, -np.inf))] = True
         rising &= ~saturated
-    # At the final levels no job can rise; this last LP only absorbs numerical slack (idle devices left by
-    # levels carried a hair low) by maximising the sum of normalised throughputs above those levels.
+    return finish(problem, layout, _absorbed(problem, layout, x, gain=gain, level=level, active=active, what=name))
+
+
+def _rise(
+    layout: Layout,
+    capacity: np.ndarray,
+    *,
+    gain: np.ndarray,
+    need: np.ndarray,
+    level: np.ndarray,
+    rising: np.ndarray,
+    floor: np.ndarray,
+    what: str,
+) -> tuple[Solved, np.ndarray]:
+    """One water-filling step's LP (the rising jobs' levels up by ``t * need``, every other job's held), and the
+    levels it started from: carried over a hair too high, they are relaxed once. ``floor``: the jobs held at
+    their levels."""
+    for attempt in range(2):
+        solved = level_lp(
+            layout,
+            capacity=capacity,
+            gain=gain,
+            need=need,
+            base=level,
+            rising=rising,
+            floor=floor,
+            free=True,
+            what=what,
+        )
+        if solved is not None:
+            return solved, level
+        if attempt == 0:
+            level = level * (1 - 1e3 * _SLACK)
+    raise RuntimeError(f"{what}: HiGHS found a water-filling step infeasible; please report this Problem")
+
+
+def _absorbed(
+    problem: Problem,
+    layout: Layout,
+    x: np.ndarray,
+    *,
+    gain: np.ndarray,
+    level: np.ndarray,
+    active: np.ndarray,
+    what: str,
+) -> np.ndarray:
+    """The allocation at the final levels with the numerical slack absorbed (idle devices left by levels carried a
+    hair low, taken up by maximising the sum of normalised throughputs above those levels); ``x`` where that LP
+    has numerical trouble of its own."""
     floors = active & (level > 0)
     relative = np.where(floors, gain / np.where(floors, level, 1.0), 0.0)  # y_m / b_m: rows and objective near 1
     scaled = sp.csr_array(sp.diags_array(relative) @ layout.rate)[np.flatnonzero(floors)]
     for relax in (_SLACK, 1e2 * _SLACK, 1e4 * _SLACK):  # HiGHS may find the exact levels a hair infeasible
         blocks = [Block(-scaled, -np.full(int(floors.sum()), 1 - relax))] if floors.any() else []
         try:
-            final = solve(layout, problem.capacity, -(layout.rate.T @ relative), blocks=blocks, what=name)
+            final = solve(layout, problem.capacity, -(layout.rate.T @ relative), blocks=blocks, what=what)
         except RuntimeError:  # numerical trouble in this clean-up only: keep the last step's allocation
             final = None
         if final is not None:
-            return finish(problem, layout, final.x)
-    return finish(problem, layout, x)
+            return final.x
+    return x
 
 
 def max_min_fairness_water_filling_perf(problem: Problem) -> Allocation:
