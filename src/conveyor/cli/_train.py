@@ -42,25 +42,33 @@ def run(args: argparse.Namespace) -> int:
     join = cfg.elastic.join if cfg.elastic is not None else None
     if not join and not under_torchrun():
         start_worker_server()  # it imports torch for the workers while this process does for itself
-    from conveyor.emulate import Emulation
-    from conveyor.job import (
-        ElasticSummary,
-        RunSummary,
-        check_against_data,
-        model_and_data,
-        read_lease,
-        train,
-        train_elastic,
-    )
-    from conveyor.job.parts import explicit_workers, fixed_layout, job_devices, scored_classes
-    from conveyor.plan.parts import EpochFactors
-
     if join:
         from conveyor.job import join_elastic
 
         console.print(f"joining the elastic job at {join}")
         join_elastic(join, cfg.run.run_dir)
         return 0
+    data_name, samples = _checked(cfg)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
+        console.print(
+            f"training {cfg.model.name} on {data_name}: {samples} training samples, batch {cfg.optimizer.batch_size}"
+        )
+    from conveyor.job import train, train_elastic
+
+    result = train_elastic(cfg) if cfg.elastic is not None else train(cfg)
+    if result is None:  # a torchrun worker without the output: that one prints
+        return 0
+    return _reported(args, cfg, result)
+
+
+def _checked(cfg: TrainConfig) -> tuple[str, int]:
+    """Every check that needs torch, the model or the data, before any worker starts (each fails with one line);
+    the dataset's name and training samples."""
+    from conveyor.emulate import Emulation
+    from conveyor.job import check_against_data, model_and_data, read_lease
+    from conveyor.job.parts import explicit_workers, fixed_layout, job_devices, scored_classes
+    from conveyor.plan.parts import EpochFactors
+
     if cfg.run.lease:
         read_lease(cfg.run.lease)  # a missing or unreadable lease fails here, with one line
     EpochFactors.load(cfg.optimizer.epoch_factors)  # and so does a bad table of epochs
@@ -79,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
     world = int(os.environ.get("WORLD_SIZE", "0")) if under_torchrun() else 0  # torchrun's workers, all machines'
     fixed_layout(cfg, len(model), world or cfg.layout.workers or explicit_workers(cfg.layout) or 0)
     Emulation.of(cfg.emulation).check(workers)  # and so on
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
-        console.print(
-            f"training {cfg.model.name} on {data.name}: {data.samples} training samples, "
-            f"batch {cfg.optimizer.batch_size}"
-        )
-    result = train_elastic(cfg) if cfg.elastic is not None else train(cfg)
-    if result is None:  # a torchrun worker without the output: that one prints
-        return 0
+    return data.name, data.samples
+
+
+def _reported(args: argparse.Namespace, cfg: TrainConfig, result: RunSummary | ElasticSummary) -> int:
+    """Print the run's result (and write ``--json``); the command's exit status: 1 where the weights diverged, 130
+    where the run was interrupted (saying how to go on), else 0."""
+    from conveyor.job import ElasticSummary, RunSummary
+
     if isinstance(result, ElasticSummary):
         _print_elastic(result)
     else:
