@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -12,6 +12,9 @@ from conveyor.cli._common import console, positive, sizes, write_json
 from conveyor.errors import InputError
 from conveyor.plan import COST_MODELS
 from conveyor.schedule import PLANNER_SCHEDULES
+
+if TYPE_CHECKING:
+    from conveyor.plan import Plan, Profile, Topology
 
 __all__ = ["add_parsers", "plan", "profile"]
 
@@ -124,30 +127,37 @@ def _print_candidates(candidates: list[Any]) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from conveyor.plan import Profile, Topology, optimize, plan_2bw
+    from conveyor.plan import Profile, Topology
     from conveyor.plan.parts import plan_file
 
     profile, topology = Profile.load(args.profile), Topology.parse(args.topology)
-    if args.batch_size is not None:
-        if args.schedule != "2bw" or args.straight or args.microbatches or args.cost_model != "physical":
-            raise InputError(
-                "--batch-size runs the 2BW planner: use it with --schedule 2bw, without --straight, --microbatches "
-                "and --cost-model"
-            )
-        plan, candidates = plan_2bw(profile, topology, args.batch_size, args.memory)
-        _print_candidates(candidates)
-        profile = profile.at(args.batch_size // plan.microbatches)  # the chosen microbatch size
-    else:
-        plan = optimize(
-            profile,
-            topology,
-            args.straight,
-            schedule=args.schedule,
-            memory=args.memory,
-            microbatches=args.microbatches,
-            cost_model=args.cost_model,
+    chosen, profile = _planned(args, profile, topology)
+    report = plan_file(chosen, profile, topology=topology)
+    _print_plan(report, chosen, profile, topology)
+    if args.json:
+        write_json(args.json, report)
+
+
+def _planned(args: argparse.Namespace, profile: Profile, topology: Topology) -> tuple[Plan, Profile]:
+    """The plan the options ask for, and the profile at its microbatch size (``--batch-size``: the 2BW planner's,
+    its candidates printed)."""
+    from conveyor.plan import optimize, plan_2bw
+
+    if args.batch_size is None:
+        options = {"memory": args.memory, "microbatches": args.microbatches, "cost_model": args.cost_model}
+        return optimize(profile, topology, args.straight, schedule=args.schedule, **options), profile
+    if args.schedule != "2bw" or args.straight or args.microbatches or args.cost_model != "physical":
+        raise InputError(
+            "--batch-size runs the 2BW planner: use it with --schedule 2bw, without --straight, --microbatches "
+            "and --cost-model"
         )
-    report = plan_file(plan, profile, topology=topology)
+    chosen, candidates = plan_2bw(profile, topology, args.batch_size, args.memory)
+    _print_candidates(candidates)
+    return chosen, profile.at(args.batch_size // chosen.microbatches)  # the chosen microbatch size
+
+
+def _print_plan(report: dict[str, Any], plan: Plan, profile: Profile, topology: Topology) -> None:
+    """The plan file's stages as a table, then its predictions."""
     table = Table(
         "stage",
         "layers",
@@ -187,5 +197,3 @@ def plan(args: argparse.Namespace) -> None:
     )
     if plan.note:
         console.print(f"note: {plan.note}")
-    if args.json:
-        write_json(args.json, report)
