@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Column, Table
 
 from conveyor.cli._common import console, floats, names, positive, write_json
 from conveyor.errors import InputError
+
+if TYPE_CHECKING:
+    from conveyor.cluster import ThroughputTable, TraceJob
 
 __all__ = ["add_parser", "run"]
 
@@ -72,15 +75,7 @@ def run(args: argparse.Namespace) -> None:
 
 def _simulate(args: argparse.Namespace) -> None:
     from conveyor.bench.cluster import parse_cluster, plot
-    from conveyor.cluster import (
-        SCHEDULING_POLICIES,
-        ThroughputTable,
-        TraceJob,
-        generate_jobs,
-        read_trace,
-        simulate_cluster,
-        write_trace,
-    )
+    from conveyor.cluster import SCHEDULING_POLICIES, ThroughputTable, simulate_cluster
 
     for policy in args.policy:
         if policy not in SCHEDULING_POLICIES:
@@ -91,21 +86,7 @@ def _simulate(args: argparse.Namespace) -> None:
     window = _window(args.window)
     rows = []
     for rate in args.jobs_per_hour if args.trace is None else (None,):
-        if args.trace is not None:
-            jobs = read_trace(args.trace, table=table)
-        else:
-            assert rate is not None
-            jobs = generate_jobs(
-                args.jobs or 50,
-                jobs_per_hour=rate,
-                seed=args.seed,
-                multi_gpu=not args.single_device,
-                priorities=args.priorities,
-                slos=args.slos,
-                table=table,
-            )
-        if args.write_trace is not None:
-            write_trace(jobs, args.write_trace if rate is None else _suffixed(args.write_trace, rate, args))
+        jobs = _trace_jobs(args, table, rate)
 
         def colocated(a: TraceJob, b: TraceJob) -> Any:
             """The table's throughputs of ``a`` and ``b`` sharing devices, per type; None if never measured."""
@@ -133,6 +114,29 @@ def _simulate(args: argparse.Namespace) -> None:
     if args.plot:
         plot([r for r in rows if r["jobs_per_hour"] is not None], args.plot)
         console.print(f"wrote {args.plot}")
+
+
+def _trace_jobs(args: argparse.Namespace, table: ThroughputTable, rate: float | None) -> list[TraceJob]:
+    """``--trace``'s jobs, or jobs generated at ``rate`` an hour; written to ``--write-trace`` if given (one file
+    per rate, suffixed)."""
+    from conveyor.cluster import generate_jobs, read_trace, write_trace
+
+    if args.trace is not None:
+        jobs = read_trace(args.trace, table=table)
+    else:
+        assert rate is not None
+        jobs = generate_jobs(
+            args.jobs or 50,
+            jobs_per_hour=rate,
+            seed=args.seed,
+            multi_gpu=not args.single_device,
+            priorities=args.priorities,
+            slos=args.slos,
+            table=table,
+        )
+    if args.write_trace is not None:
+        write_trace(jobs, args.write_trace if rate is None else _suffixed(args.write_trace, rate, args))
+    return jobs
 
 
 def _row(sim: Any, policy: str, rate: float | None, window: tuple[int, int] | None) -> dict[str, Any]:
