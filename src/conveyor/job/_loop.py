@@ -183,24 +183,12 @@ class EpochLoop:
                 until, lease_out = self._lease(until, epoch, began)
                 bad_step, last_loss = _first_not_finite(losses, last_loss)
                 agreed = _agree(correct, lease_out, joules, (evaluated - began), self.device, (bad_step, last_loss))
-                accuracy, epoch_energy = agreed.accuracy, agreed.spent[0]
-                if epoch_energy is not None:
+                if (epoch_energy := agreed.spent[0]) is not None:
                     energy_total = (energy_total or 0.0) + epoch_energy
                 if self.trainer.is_output:
                     assert losses is not None
-                    samples = (epoch + 1) * self.train_samples
-                    record = EpochRecord(
-                        epoch=epoch + 1,
-                        seconds=evaluated - start,
-                        train_seconds=train_seconds,
-                        samples=samples,
-                        samples_per_s=samples / train_seconds,
-                        loss=sum(losses) / len(losses),
-                        accuracy=accuracy,
-                        bytes_between_servers=traffic.total,
-                        energy_j=epoch_energy,
-                        energy_total_j=energy_total,
-                    )
+                    timed = (evaluated - start, train_seconds)
+                    record = _record(epoch + 1, self.train_samples, losses, agreed, timed, traffic.total, energy_total)
                     self._write(outcome, record, bar, task)
                 if self._ends(outcome, agreed, epoch + 1):
                     break
@@ -318,6 +306,32 @@ def _first_not_finite(losses: list[float] | None, last: float | None) -> tuple[i
             return step, last
         last = loss
     return 0, last
+
+
+def _record(
+    epochs: int,
+    train_samples: int,
+    losses: list[float],
+    agreed: Agreed,
+    timed: tuple[float, float],
+    bytes_between_servers: int | None,
+    energy_total: float | None,
+) -> EpochRecord:
+    """The output worker's record of epoch ``epochs``: ``timed`` is the seconds since the run began and those
+    spent training, ``losses`` the epoch's steps'."""
+    samples = epochs * train_samples
+    return EpochRecord(
+        epoch=epochs,
+        seconds=timed[0],
+        train_seconds=timed[1],
+        samples=samples,
+        samples_per_s=samples / timed[1],
+        loss=sum(losses) / len(losses),
+        accuracy=agreed.accuracy,
+        bytes_between_servers=bytes_between_servers,
+        energy_j=agreed.spent[0],
+        energy_total_j=energy_total,
+    )
 
 
 @dataclass(frozen=True)
