@@ -144,8 +144,16 @@ def _planned(args: argparse.Namespace, profile: Profile, topology: Topology) -> 
     from conveyor.plan import optimize, plan_2bw
 
     if args.batch_size is None:
-        options = {"memory": args.memory, "microbatches": args.microbatches, "cost_model": args.cost_model}
-        return optimize(profile, topology, args.straight, schedule=args.schedule, **options), profile
+        chosen = optimize(
+            profile,
+            topology,
+            args.straight,
+            schedule=args.schedule,
+            memory=args.memory,
+            microbatches=args.microbatches,
+            cost_model=args.cost_model,
+        )
+        return chosen, profile
     if args.schedule != "2bw" or args.straight or args.microbatches or args.cost_model != "physical":
         raise InputError(
             "--batch-size runs the 2BW planner: use it with --schedule 2bw, without --straight, --microbatches "

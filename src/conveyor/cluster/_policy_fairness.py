@@ -211,22 +211,18 @@ def _rise(
     """One water-filling step's LP (the rising jobs' levels up by ``t * need``, every other job's held), and the
     levels it started from: carried over a hair too high, they are relaxed once. ``floor``: the jobs held at
     their levels."""
-    for attempt in range(2):
-        solved = level_lp(
-            layout,
-            capacity=capacity,
-            gain=gain,
-            need=need,
-            base=level,
-            rising=rising,
-            floor=floor,
-            free=True,
-            what=what,
+
+    def step(base: np.ndarray) -> Solved | None:
+        return level_lp(
+            layout, capacity=capacity, gain=gain, need=need, base=base, rising=rising, floor=floor, free=True, what=what
         )
-        if solved is not None:
-            return solved, level
-        if attempt == 0:
-            level = level * (1 - 1e3 * _SLACK)
+
+    solved = step(level)
+    if solved is None:  # levels carried over a hair too high: relax them once
+        level = level * (1 - 1e3 * _SLACK)
+        solved = step(level)
+    if solved is not None:
+        return solved, level
     raise RuntimeError(f"{what}: HiGHS found a water-filling step infeasible; please report this Problem")
 
 

@@ -174,13 +174,8 @@ class _RealRounds:
         poll_s: float,
         progress: Callable[[int, int], None] | None,
     ) -> None:
-        self.jobs, self.device_types, self.policy, self.backend, self.folder = (
-            jobs,
-            device_types,
-            policy,
-            backend,
-            folder,
-        )
+        self.jobs, self.device_types, self.policy = jobs, device_types, policy
+        self.backend, self.folder = backend, folder
         self.poll_s, self.progress = poll_s, progress
         self.devices = device_types.devices
         types = self.devices.types

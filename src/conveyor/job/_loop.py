@@ -187,8 +187,16 @@ class EpochLoop:
                     energy_total = (energy_total or 0.0) + epoch_energy
                 if self.trainer.is_output:
                     assert losses is not None
-                    timed = (evaluated - start, train_seconds)
-                    record = _record(epoch + 1, self.train_samples, losses, agreed, timed, traffic.total, energy_total)
+                    record = _record(
+                        epoch + 1,
+                        self.train_samples,
+                        losses,
+                        agreed,
+                        seconds=evaluated - start,
+                        train_seconds=train_seconds,
+                        bytes_between_servers=traffic.total,
+                        energy_total=energy_total,
+                    )
                     self._write(outcome, record, bar, task)
                 if self._ends(outcome, agreed, epoch + 1):
                     break
@@ -313,19 +321,21 @@ def _record(
     train_samples: int,
     losses: list[float],
     agreed: Agreed,
-    timed: tuple[float, float],
+    *,
+    seconds: float,
+    train_seconds: float,
     bytes_between_servers: int | None,
     energy_total: float | None,
 ) -> EpochRecord:
-    """The output worker's record of epoch ``epochs``: ``timed`` is the seconds since the run began and those
-    spent training, ``losses`` the epoch's steps'."""
+    """The output worker's record of epoch ``epochs``: ``seconds`` since the run began, ``train_seconds`` of them
+    training, ``losses`` the epoch's steps'."""
     samples = epochs * train_samples
     return EpochRecord(
         epoch=epochs,
-        seconds=timed[0],
-        train_seconds=timed[1],
+        seconds=seconds,
+        train_seconds=train_seconds,
         samples=samples,
-        samples_per_s=samples / timed[1],
+        samples_per_s=samples / train_seconds,
         loss=sum(losses) / len(losses),
         accuracy=agreed.accuracy,
         bytes_between_servers=bytes_between_servers,

@@ -113,7 +113,17 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
     done = pipe.steps // steps  # epochs the checkpoint has trained: the data order goes on from there
     checkpoint = cfg.run.checkpoint or str(folder / "checkpoint.pt")
     loop, meter, knobs = _epoch_loop(
-        cfg, state, pipe, data, layout=layout, steps=steps, done=done, folder=folder, checkpoint=checkpoint, cores=cores
+        cfg,
+        state,
+        pipe,
+        data,
+        layout=layout,
+        steps=steps,
+        done=done,
+        folder=folder,
+        checkpoint=checkpoint,
+        device=device,
+        cores=cores,
     )
     # Every worker ready before the first epoch's clock starts: a worker still setting up (local rank 0 opens the
     # host's energy meter, an import of 1.7 s) would count in the others' first epoch, as waiting for it.
@@ -153,11 +163,11 @@ def _epoch_loop(
     done: int,
     folder: Path,
     checkpoint: str,
+    device: torch.device,
     cores: CoreShare | None,
 ) -> tuple[EpochLoop, Meter, EpochKnobs]:
     """This worker's epochs over ``pipe`` from epoch ``done`` on (``steps`` batches each, records in ``folder``), its
     energy meter and its knobs (the power limit, the recurring batch size, the stop above a cost)."""
-    device = default_device()
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))  # the local launcher's workers share one host
     batches = None
     if pipe.is_first or pipe.is_last:  # the data moves to the device here, once
