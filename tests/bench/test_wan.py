@@ -37,6 +37,13 @@ def test_every_mode_reaches_the_target_and_gaia_sends_less_than_bsp(tmp_path: Pa
         1 - rows["gaia"]["wan_bytes_per_sample"] / rows["bsp"]["wan_bytes_per_sample"]
     )
     assert 0 < rows["gaia"]["sent_fraction"] < 1 and rows["gaia"]["staleness_max"] >= 0
+    pilot = rows["gaia"]["estimate_pilot"]  # --wan-estimate auto: tried before training, on worker 0
+    assert pilot["estimate"] == (pilot["scaled_score"] < pilot["score"]) and pilot["scaled_rate"] == 2 * cfg.lr
+    if rows["gaia"]["seconds_to_target"] is not None:
+        assert rows["gaia"]["lan_ratio_with_pilot"] == pytest.approx(
+            (rows["gaia"]["seconds_to_target"] + pilot["seconds"]) / rows["lan"]["seconds_to_target"]
+        )
+    assert rows["bsp"]["estimate_pilot"] is None and rows["diloco"]["estimate_pilot"] is None
     assert rows["diloco"]["staleness_max"] == 3  # four local steps: read up to three updates late
     # Planned with the all-reduce inside each data centre (a LAN of one worker: none), where bsp's crosses the WAN:
     # a ring of two sends the mlp's 104 KB each way, 8.3 ms a batch at 100 Mbit/s, which bsp's predicted batch
@@ -65,6 +72,10 @@ def test_each_seed_is_set_against_its_own_lan_run_and_the_seeds_summed_up() -> N
             rows.append(row | {"wan_bytes_per_sample": 0.0, "final_accuracy": 0.9})
     add_ratios(rows)
     assert [r["lan_ratio"] for r in rows if r["mode"] == "gaia"] == [1.5, None, 1.2]
+    assert [r["lan_ratio_with_pilot"] for r in rows if r["mode"] == "gaia"] == [1.5, None, 1.2]  # no pilot
+    rows[1]["estimate_pilot"] = {"seconds": 2.0}  # seed 0's gaia run tried the estimate for 2 s before training
+    add_ratios(rows)
+    assert rows[1]["lan_ratio"] == 1.5 and rows[1]["lan_ratio_with_pilot"] == pytest.approx(1.7)
     gaia = next(case for case in over_seeds(rows) if case["mode"] == "gaia")
     assert gaia["seeds"] == 3 and gaia["reached"] == 2
     assert (gaia["lan_ratio_min"], gaia["lan_ratio_median"], gaia["lan_ratio_max"]) == (1.2, pytest.approx(1.35), 1.5)

@@ -103,6 +103,11 @@ WAN = {"network": "2:1.25e9,3:6.25e6", "stages": 1, "replicas": "6", "schedule":
         ({**WAN, "wan": "gaia", "schedule": "pipedream"}, r"^--wan gaia: the data centres step together"),
         ({**WAN, "wan": "gaia", "stragglers": "slack"}, r"^--wan gaia runs fixed workers"),
         ({**WAN, "wan": "fast"}, r"^--wan 'fast': use one of off, gaia, diloco"),
+        ({**WAN, "wan": "gaia", "wan_estimate": "yes"}, r"^--wan-estimate 'yes': use one of auto, on, off"),
+        (
+            {**WAN, "wan": "gaia", "materialize": "stage"},
+            r"^--wan-estimate auto tries the whole model before training, and --materialize stage never builds it",
+        ),
     ],
 )
 def test_a_bad_wan_setting_is_one_line(options: dict[str, object], message: str) -> None:
@@ -117,6 +122,20 @@ def test_a_wan_mode_on_data_centres_is_accepted() -> None:
     cfg = TrainConfig.from_options(**WAN, wan="gaia", wan_threshold=0.05)
     assert cfg.wan == WanConfig(mode="gaia", threshold=0.05)
     assert TrainConfig.from_options(**cfg.options()) == cfg
+    assert cfg.wan.estimate == "auto"  # decided by a pilot before training
+    assert TrainConfig.from_options(**WAN, wan="gaia", wan_estimate="off", materialize="stage").wan.estimate == "off"
+
+
+def test_a_resumed_run_keeps_the_estimate_its_pilot_chose() -> None:
+    from conveyor.job._estimate import checkpoint_extras, estimate_from_checkpoint
+
+    auto = TrainConfig.from_options(**WAN, wan="gaia")
+    chose_on = estimate_from_checkpoint(auto, {"history": [], "wan_estimate": "on"})
+    assert chose_on.wan.estimate == "on" and chose_on.wan.threshold == auto.wan.threshold
+    assert checkpoint_extras(chose_on, [{"epoch": 1}]) == {"history": [{"epoch": 1}], "wan_estimate": "on"}
+    assert estimate_from_checkpoint(auto, {"history": []}) == auto  # a checkpoint from before: the pilot runs again
+    given = TrainConfig.from_options(**WAN, wan="gaia", wan_estimate="off")
+    assert estimate_from_checkpoint(given, {"wan_estimate": "on"}) == given  # what the user gives stands
 
 
 def test_a_fixed_layout_for_another_worker_count_is_refused_before_anything_is_measured() -> None:

@@ -28,8 +28,11 @@ def add_wan(which: Any) -> None:
     bench.add_argument("--threshold", type=float, default=None, help="gaia's --wan-threshold (default 0.05)")
     bench.add_argument("--staleness", type=positive, default=None, help="gaia's --wan-staleness (default 1)")
     bench.add_argument("--period", type=positive, default=None, help="gaia's --wan-period (default 2)")
-    bench.add_argument("--estimate", action="store_true", default=None, help="gaia's --wan-estimate")
+    bench.add_argument(
+        "--estimate", choices=("auto", "on", "off"), default=None, help="gaia's --wan-estimate (default auto)"
+    )
     bench.add_argument("--seeds", type=positive, default=None, help="train from seeds 0, 1, ... this many (default 1)")
+    bench.add_argument("--seed", type=int, default=None, help="the first of those seeds (default 0)")
     bench.add_argument("--json", type=Path, default=None, help="write the report here")
     bench.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")
 

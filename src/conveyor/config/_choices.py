@@ -23,6 +23,7 @@ __all__ = [
     "MODES",
     "OPTIMIZERS",
     "STALE_RATES",
+    "WAN_ESTIMATES",
     "WAN_MODES",
     "Chunks",
     "ModeSettings",
@@ -63,6 +64,7 @@ def model_for_dataset(dataset: str | None) -> str:
 
 MARKET_POLICIES = ("on-demand", "spot-restart", "bidbrain", "uniform-progress", "portfolio", "portfolio-moves")
 WAN_MODES = ("off", "gaia", "diloco")
+WAN_ESTIMATES = ("auto", "on", "off")  # gaia's estimate; auto: a pilot decides (conveyor.gaia.pilot_estimate)
 # FlexRR is slack and reassignment (Harlap et al., SoCC 2016); backup is reassignment and backups, synchronous;
 # live is reassignment and backups reduced among the replicas whose runs were used (no all-reduce), synchronous.
 MODES = ("live", "flexrr", "slack", "reassign", "backup", "off")

@@ -15,6 +15,7 @@ from conveyor.config._choices import (
     MODES,
     OPTIMIZERS,
     STALE_RATES,
+    WAN_ESTIMATES,
     WAN_MODES,
     Chunks,
     check_chunks,
@@ -382,10 +383,13 @@ class WanConfig:
         "update; 2 reached the target sooner than 1 in 11 of 12 runs of conveyor bench wan)",
         name="wan_period",
     )
-    estimate: bool = option(
-        False,
-        "gaia: each data centre stands its own gradient in for what the others hold back, until they send it",
+    estimate: str = option(
+        "auto",
+        "gaia: each data centre stands its own gradient in for what the others hold back, until they send it (on), "
+        "or not (off); auto: on where a short pilot before training learns faster on a data centre's share at the "
+        "rate that implies",
         name="wan_estimate",
+        choices=WAN_ESTIMATES,
     )
     local_steps: int = option(16, "diloco: updates between outer steps")
     outer_lr: float = option(0.7, "diloco: the outer Nesterov step's rate")
@@ -395,6 +399,8 @@ class WanConfig:
             raise InputError(f"--wan {self.mode!r}: use one of {', '.join(WAN_MODES)}")
         if not 0 < self.threshold < 1:
             raise InputError(f"--wan-threshold is a relative change in (0, 1), got {self.threshold}")
+        if self.estimate not in WAN_ESTIMATES:
+            raise InputError(f"--wan-estimate {self.estimate!r}: use one of {', '.join(WAN_ESTIMATES)}")
         if self.staleness < 1:
             raise InputError(f"--wan-staleness is at least 1 update, got {self.staleness}")
         if self.period < 1:

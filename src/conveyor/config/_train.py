@@ -222,3 +222,8 @@ def check_wan(cfg: TrainConfig) -> None:
         raise InputError(f"--wan {mode}: the data centres step together: give --schedule flush or gpipe")
     if cfg.elastic is not None or cfg.stragglers is not None:
         raise InputError(f"--wan {mode} runs fixed workers: drop --reliable, --join and --stragglers")
+    if mode == "gaia" and cfg.wan.estimate == "auto" and cfg.model.materialize == "stage":
+        raise InputError(
+            "--wan-estimate auto tries the whole model before training, and --materialize stage never builds it: "
+            "give --wan-estimate on or off"
+        )

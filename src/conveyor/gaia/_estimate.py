@@ -14,8 +14,9 @@ and, per other site ``e`` and entry ``i``, its value when ``e`` last sent ``i``,
 and sets ``B_d,e,i <- S_d,i`` for those entries. Summed over the updates, every entry has received site ``d``'s own
 shares, everything the others sent of it, and, for each other site, site ``d``'s own shares since that site
 last sent the entry: the stand-in for what it holds. With every entry significant at every update the stand-ins
-are replaced at once and ``G_d(t) = g(t)``. It pays where a site's share estimates the whole batch's gradient well
-(in ``conveyor bench wan``, gpt's share, 21 sequences of text, is many tokens; VGG-16's, 21 images, is not).
+are replaced at once and ``G_d(t) = g(t)``. On what the others hold back a site steps at ``D`` times the rate on
+a ``1/D`` share of the batch: in ``conveyor bench wan`` gpt gains from that and VGG-16 does not, and
+``--wan-estimate auto`` tries which before training (:mod:`conveyor.gaia._pilot`).
 """
 
 from __future__ import annotations

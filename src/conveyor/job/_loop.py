@@ -27,6 +27,7 @@ from conveyor.emulate.parts import ServerTraffic
 from conveyor.energy import Meter
 from conveyor.job._data import Inputs, rows
 from conveyor.job._energy import EpochKnobs
+from conveyor.job._estimate import checkpoint_extras
 from conveyor.job._lease import lease_expires, read_lease
 from conveyor.job._loader import EpochBatches
 from conveyor.job._report import continued
@@ -221,7 +222,7 @@ class EpochLoop:
         """Every ``--checkpoint-every`` epochs but the last: a run killed later loses at most the epochs since."""
         every = self.cfg.run.checkpoint_every
         if every and epochs % every == 0 and epochs < self.cfg.run.epochs:
-            saved = {"history": whole_history(self.history_before, outcome, self.trainer.is_output)}
+            saved = checkpoint_extras(self.cfg, whole_history(self.history_before, outcome, self.trainer.is_output))
             self.trainer.save(self.checkpoint, saved)
 
     def _write(self, outcome: LoopOutcome, record: EpochRecord, bar: Progress, task: TaskID) -> None:

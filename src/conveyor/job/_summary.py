@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.errors import InputError
+from conveyor.gaia import EstimatePilot
 from conveyor.job._report import plot_accuracy
 from conveyor.processes import under_torchrun
 
@@ -121,6 +122,7 @@ class RunSummary(Summary):
     warm_start: dict[str, Any] | None = None  # --warm-start: the parent, its match, coverage and seconds
     registered: str | None = None  # --register: the model store's id of the final model
     chunks: dict[str, Any] | None = None  # --stragglers: per_replica, and step_s per count where --chunks auto chose
+    wan_estimate: dict[str, Any] | None = None  # --wan-estimate auto: the pilot that chose (gaia.EstimatePilot)
     diverged: Divergence | None = None  # the loss stopped being finite: the run stopped, its checkpoint unwritten
     history_before: list[dict[str, Any]] = field(default_factory=list)  # --resume: the checkpoint's epochs
 
@@ -156,6 +158,8 @@ class RunSummary(Summary):
                 f"on {workers} workers is {slower} slower; the model is too small for its transfers and per-step "
                 "costs to pay off here (--workers 1, or a larger model or batch)"
             )
+        if self.wan_estimate is not None:
+            notes.append(EstimatePilot(**self.wan_estimate).describe())
         return notes
 
     def trust_bound(self) -> float:

@@ -35,6 +35,7 @@ from conveyor.config import TrainConfig
 from conveyor.emulate import Emulation, launch_emulated
 from conveyor.energy import Meter, MeterStatus, describe_meters, open_meter
 from conveyor.errors import InputError
+from conveyor.gaia import EstimatePilot
 from conveyor.job._config import (
     RunState,
     job_devices,
@@ -47,6 +48,7 @@ from conveyor.job._energy import (
     guarded_power_limits,
     start_recurrence,
 )
+from conveyor.job._estimate import checkpoint_extras, estimate_from_checkpoint, resolve_estimate
 from conveyor.job._layout import Layout
 from conveyor.job._lease import read_lease
 from conveyor.job._loader import EpochBatches
@@ -106,6 +108,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
         return None
     if cores is not None and dist.get_world_size() < local_workers:  # the cores shared among fewer workers
         cores = CoreShare(dist.get_world_size())
+    cfg, pilot = resolve_estimate(cfg, model, data, device)  # before the seed below: the pilot draws from its own
     torch.manual_seed(cfg.run.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     pipe = trainer(cfg, model, layout=layout, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
     if cfg.run.resume:
@@ -138,7 +141,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
     dist.all_gather_object(statuses, meter.status())  # what every worker's meter read, for the run's note
     energy_meter, energy_note = describe_meters([s for s in statuses if s is not None])
     if outcome.diverged is None:  # a model whose weights went non-finite would replace a good checkpoint
-        pipe.save(checkpoint, {"history": whole_history(state.history_before, outcome, pipe.is_output)})
+        pipe.save(checkpoint, checkpoint_extras(cfg, whole_history(state.history_before, outcome, pipe.is_output)))
     return WorkerResult(
         outcome=outcome,
         layout=layout,
@@ -149,6 +152,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
         energy_note=energy_note,
         chunks=chunks,
         knobs=knobs.summary(),
+        estimate_pilot=pilot,
     )
 
 
@@ -227,6 +231,7 @@ class WorkerResult:
     energy_note: str | None
     chunks: dict[str, Any] | None  # --stragglers: chunks per replica and, with --chunks auto, the times chosen from
     knobs: KnobsSummary
+    estimate_pilot: EstimatePilot | None  # --wan-estimate auto: worker 0's pilot, which decided it
 
 
 def _say_stopping() -> None:
@@ -263,7 +268,9 @@ def train(cfg: TrainConfig) -> RunSummary | None:
         cfg, recurring, stop_above = start_recurrence(cfg, lambda: model_and_data(cfg)[1].samples, nprocs)
         plan, warm = prepare_warm_start(cfg, run_dir, lambda: model_and_data(cfg)[0])
         # The epochs the checkpoint trained (mapped: its weights are read by the workers, not here).
-        before = tuple(load_checkpoint(cfg.run.resume, mapped=True).get("history", ())) if cfg.run.resume else ()
+        saved = load_checkpoint(cfg.run.resume, mapped=True) if cfg.run.resume else {}
+        before = tuple(saved.get("history", ()))
+        cfg = estimate_from_checkpoint(cfg, saved)  # a resumed run keeps the choice --wan-estimate auto made
         state = RunState(stop_above=stop_above, warm_start_plan=plan, history_before=before)
         try:
             with guarded_power_limits(cfg.energy):
@@ -347,6 +354,7 @@ def _summary(
         ),
         warm_start=warm,
         chunks=out.chunks,
+        wan_estimate=asdict(out.estimate_pilot) if out.estimate_pilot is not None else None,
         diverged=out.outcome.diverged,
         history_before=list(before),
         **asdict(out.knobs),

@@ -99,7 +99,7 @@ def _outer_sync(cfg: TrainConfig) -> OuterSync | None:
         threshold=wan.threshold,
         staleness=wan.staleness,
         period=wan.period,
-        estimate=wan.estimate,
+        estimate=wan.estimate == "on",  # auto is decided before training (job._estimate); a trial's runs: off
         local_steps=wan.local_steps,
         outer_lr=wan.outer_lr,
     )
