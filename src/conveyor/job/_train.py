@@ -108,7 +108,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
         return None
     if cores is not None and dist.get_world_size() < local_workers:  # the cores shared among fewer workers
         cores = CoreShare(dist.get_world_size())
-    cfg, pilot = resolve_estimate(cfg, model, data, device)  # before the seed below: the pilot draws from its own
+    cfg, pilot = resolve_estimate(cfg, model, data, device)  # before the seeding below, which the pilot leaves as it is
     torch.manual_seed(cfg.run.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     pipe = trainer(cfg, model, layout=layout, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
     if cfg.run.resume:
