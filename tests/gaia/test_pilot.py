@@ -21,14 +21,14 @@ def _regression(samples: int = 400) -> tuple[nn.Linear, torch.Tensor, torch.Tens
     return nn.Linear(4, 1, bias=False), x, y
 
 
-def _pilot(sites: int, samples: int = 400) -> Pilot:
+def _pilot(sites: int, rate: float = 0.01, samples: int = 400) -> Pilot:
     model, x, y = _regression(samples)
     return Pilot(
         model=model,
         batch=lambda index: (x[index], y[index]),
         samples=samples,
         loss_fn=F.mse_loss,
-        optimizer=lambda params, rate: torch.optim.SGD(params, lr=rate),
+        optimizer=lambda params: torch.optim.SGD(params, lr=rate),
         sites=sites,
         share=16,
         seed=0,
@@ -39,25 +39,50 @@ def _pilot(sites: int, samples: int = 400) -> Pilot:
 def test_a_rate_far_below_the_stable_one_gains_from_the_estimate() -> None:
     pilot = _pilot(3)
     first = [p.detach().clone() for p in pilot.model.parameters()]
-    chosen = pilot_estimate(pilot, 0.01)
-    assert chosen.estimate and chosen.scaled_rate == pytest.approx(0.03)
+    state = torch.get_rng_state()
+    chosen = pilot_estimate(pilot)
+    assert chosen.estimate and chosen.sites == 3
     assert chosen.scaled_score < chosen.score and (chosen.steps, chosen.share) == (40, 16)
     assert all(torch.equal(a, b) for a, b in zip(first, pilot.model.parameters(), strict=True))  # runs train copies
-    assert pilot.score(0.01) == chosen.score and pilot.score(0.03) == chosen.scaled_score  # same batches, same order
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's random state as it was
+    assert pilot.score(1.0) == chosen.score and pilot.score(3) == chosen.scaled_score  # same batches, same order
+
+
+def test_for_sgd_a_scaled_gradient_is_a_scaled_rate() -> None:
+    """The estimate steps on D times the share's gradient: for plain SGD, a rate D times higher."""
+    assert _pilot(3, rate=0.01).score(3) == pytest.approx(_pilot(3, rate=0.03).score(1.0), rel=1e-5)
+
+
+def test_adam_barely_follows_a_scaled_gradient() -> None:
+    """Adam's steps do not follow a gradient's scale: the scaled run is near the plain one, not the higher rate's."""
+    model, x, y = _regression()
+    adam = Pilot(
+        model=model,
+        batch=lambda index: (x[index], y[index]),
+        samples=400,
+        loss_fn=F.mse_loss,
+        optimizer=lambda params: torch.optim.Adam(params, lr=0.01),
+        sites=3,
+        share=16,
+        seed=0,
+        device=torch.device("cpu"),
+    )
+    plain, scaled = adam.score(1.0), adam.score(3)
+    assert scaled == pytest.approx(plain, rel=1e-3)
 
 
 def test_a_scaled_rate_past_the_stable_one_keeps_the_estimate_off() -> None:
-    near = pilot_estimate(_pilot(3), 0.4)  # 1.2: the largest batch curvatures make some steps grow
+    near = pilot_estimate(_pilot(3, rate=0.4))  # 1.2: the largest batch curvatures make some steps grow
     assert not near.estimate and near.scaled_score > near.score
-    diverged = pilot_estimate(_pilot(10), 0.4)  # 4.0: every step grows, past float32's range within 40 steps
+    diverged = pilot_estimate(_pilot(10, rate=0.4))  # 4.0: every step grows, past float32's range within 40 steps
     assert math.isinf(diverged.scaled_score) and math.isfinite(diverged.score) and not diverged.estimate
 
 
 def test_the_outcome_of_two_runs_made_apart_is_the_same_choice() -> None:
     """A job runs the two rates on two workers and puts their scores together."""
     pilot = _pilot(3)
-    apart = pilot.outcome(0.01, pilot.score(0.01), pilot.score(0.03), seconds=1.5)
-    together = pilot_estimate(pilot, 0.01)
+    apart = pilot.outcome(pilot.score(1.0), pilot.score(3), seconds=1.5)
+    together = pilot_estimate(pilot)
     assert apart == EstimatePilot(**{**vars(together), "seconds": 1.5})
 
 
@@ -67,6 +92,6 @@ def test_the_pilot_needs_samples_to_hold_out_and_a_share_to_train_on() -> None:
 
 
 def test_the_pilot_says_what_it_chose_in_one_line() -> None:
-    line = pilot_estimate(_pilot(3), 0.01).describe()
+    line = pilot_estimate(_pilot(3)).describe()
     assert line.startswith("--wan-estimate auto: on (a share of 16 samples, 40 steps: held-out loss ")
-    assert "at 0.03 against" in line and "\n" not in line
+    assert "stepping on 3 times its gradient against" in line and "\n" not in line

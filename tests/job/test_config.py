@@ -136,6 +136,14 @@ def test_a_resumed_run_keeps_the_estimate_its_pilot_chose() -> None:
     assert estimate_from_checkpoint(auto, {"history": []}) == auto  # a checkpoint from before: the pilot runs again
     given = TrainConfig.from_options(**WAN, wan="gaia", wan_estimate="off")
     assert estimate_from_checkpoint(given, {"wan_estimate": "on"}) == given  # what the user gives stands
+    assert checkpoint_extras(TrainConfig.from_options(), []) == {"history": []}  # no gaia, nothing to keep
+
+
+def test_a_config_from_when_the_estimate_was_a_switch_still_reads() -> None:
+    from conveyor.config import WanConfig
+
+    assert WanConfig(mode="gaia", estimate=True).estimate == "on"  # type: ignore[arg-type]
+    assert WanConfig(mode="gaia", estimate=False).estimate == "off"  # type: ignore[arg-type]
 
 
 def test_a_fixed_layout_for_another_worker_count_is_refused_before_anything_is_measured() -> None:

@@ -31,7 +31,9 @@ def add_wan(which: Any) -> None:
     bench.add_argument(
         "--estimate", choices=("auto", "on", "off"), default=None, help="gaia's --wan-estimate (default auto)"
     )
-    bench.add_argument("--seeds", type=positive, default=None, help="train from seeds 0, 1, ... this many (default 1)")
+    bench.add_argument(
+        "--seeds", type=positive, default=None, help="train from this many seeds from --seed on (default 1)"
+    )
     bench.add_argument("--seed", type=int, default=None, help="the first of those seeds (default 0)")
     bench.add_argument("--json", type=Path, default=None, help="write the report here")
     bench.add_argument("--plot", type=Path, default=None, help="write accuracy against time here (PNG)")

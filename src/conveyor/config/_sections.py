@@ -386,8 +386,8 @@ class WanConfig:
     estimate: str = option(
         "auto",
         "gaia: each data centre stands its own gradient in for what the others hold back, until they send it (on), "
-        "or not (off); auto: on where a short pilot before training learns faster on a data centre's share at the "
-        "rate that implies",
+        "or not (off); auto: on where a short pilot before training learns faster on a data centre's share stepped "
+        "as the estimate steps it",
         name="wan_estimate",
         choices=WAN_ESTIMATES,
     )
@@ -399,6 +399,8 @@ class WanConfig:
             raise InputError(f"--wan {self.mode!r}: use one of {', '.join(WAN_MODES)}")
         if not 0 < self.threshold < 1:
             raise InputError(f"--wan-threshold is a relative change in (0, 1), got {self.threshold}")
+        if isinstance(self.estimate, bool):  # a config.toml from when --wan-estimate was a switch
+            object.__setattr__(self, "estimate", "on" if self.estimate else "off")
         if self.estimate not in WAN_ESTIMATES:
             raise InputError(f"--wan-estimate {self.estimate!r}: use one of {', '.join(WAN_ESTIMATES)}")
         if self.staleness < 1:

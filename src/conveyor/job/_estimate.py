@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -29,21 +29,21 @@ def resolve_estimate(
     cfg: TrainConfig, model: nn.Module, data: datasets.Dataset, device: torch.device
 ) -> tuple[TrainConfig, EstimatePilot | None]:
     """``cfg`` with gaia's ``--wan-estimate auto`` decided (on or off) by a pilot from ``model``'s first weights
-    (worker 0 runs it at the job's rate and worker 1 at the data centres' count times it, side by side), and the
+    (worker 0 steps on a share's gradient and worker 1 on the data centres' count times it, side by side), and the
     pilot; ``cfg`` as it is, and ``None``, where there is nothing to decide. Every worker calls it."""
     if cfg.wan.mode != "gaia" or cfg.wan.estimate != "auto":
         return cfg, None
     pilot = _pilot(cfg, model, data, device)
-    rate, rank = cfg.optimizer.lr, dist.get_rank()
+    rank = dist.get_rank()
     mine = None
     if rank < 2:  # gaia has two data centres at least, so two workers
         start = time.perf_counter()
-        mine = (pilot.score(rate if rank == 0 else pilot.sites * rate), time.perf_counter() - start)
+        mine = (pilot.score(1.0 if rank == 0 else pilot.sites), time.perf_counter() - start)
     runs: list[tuple[float, float] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(runs, mine)
     plain, scaled = runs[0], runs[1]
     assert plain is not None and scaled is not None  # workers 0 and 1 ran them
-    outcome = pilot.outcome(rate, plain[0], scaled[0], max(plain[1], scaled[1]))
+    outcome = pilot.outcome(plain[0], scaled[0], max(plain[1], scaled[1]))
     if rank == 0:
         Console().print(outcome.describe(), highlight=False)
     return decided_estimate(cfg, "on" if outcome.estimate else "off"), outcome
@@ -57,7 +57,7 @@ def decided_estimate(cfg: TrainConfig, estimate: str) -> TrainConfig:
 def checkpoint_extras(cfg: TrainConfig, history: list[dict[str, Any]]) -> dict[str, Any]:
     """What a checkpoint keeps besides the weights: the epochs trained and, for gaia, the estimate's choice (a
     resumed ``--wan-estimate auto`` run takes it instead of trying again)."""
-    return {"history": history, "wan_estimate": cfg.wan.estimate}
+    return {"history": history} | ({"wan_estimate": cfg.wan.estimate} if cfg.wan.mode == "gaia" else {})
 
 
 def estimate_from_checkpoint(cfg: TrainConfig, saved: Mapping[str, Any]) -> TrainConfig:
@@ -72,7 +72,7 @@ def _pilot(cfg: TrainConfig, model: nn.Module, data: datasets.Dataset, device: t
     """The pilot on this worker's device: a data centre's share of the batch, the job's loss and optimizer."""
     assert cfg.emulation.network is not None  # conveyor.config.check_wan: gaia runs on a topology
     sites = Topology.parse(cfg.emulation.network).levels[-1].count
-    loss_fn, _ = loss_and_optimizer(cfg.optimizer, data.sequence)
+    loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
 
     @functools.cache
     def on_device() -> tuple[Any, torch.Tensor]:  # once, and only on the workers that run the pilot
@@ -82,15 +82,12 @@ def _pilot(cfg: TrainConfig, model: nn.Module, data: datasets.Dataset, device: t
         (train_x, train_y), at = on_device(), index.to(device, non_blocking=True)
         return rows(train_x, at), train_y[at]
 
-    def optimizer(params: Iterable[nn.Parameter], rate: float) -> torch.optim.Optimizer:
-        return loss_and_optimizer(dataclasses.replace(cfg.optimizer, lr=rate), data.sequence)[1](params)
-
     return Pilot(
         model=model,
         batch=batch,
         samples=data.samples,
         loss_fn=loss_fn,
-        optimizer=optimizer,
+        optimizer=make_optimizer,
         sites=sites,
         share=max(1, cfg.optimizer.batch_size // sites),
         seed=cfg.run.seed,

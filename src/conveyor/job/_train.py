@@ -90,6 +90,7 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
     folder = Path(run_dir)
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     steps = -(-data.samples // cfg.optimizer.batch_size)  # batches per epoch, the last one maybe short
+    cfg, pilot = resolve_estimate(cfg, model, data, device)  # before the trials, which then build what will run
     layout = measure_and_plan(
         cfg,
         model,
@@ -108,7 +109,6 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
         return None
     if cores is not None and dist.get_world_size() < local_workers:  # the cores shared among fewer workers
         cores = CoreShare(dist.get_world_size())
-    cfg, pilot = resolve_estimate(cfg, model, data, device)  # before the seeding below, which the pilot leaves as it is
     torch.manual_seed(cfg.run.seed + 1 + dist.get_rank())  # then its own random stream (dropout masks) per worker
     pipe = trainer(cfg, model, layout=layout, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
     if cfg.run.resume:
@@ -231,7 +231,7 @@ class WorkerResult:
     energy_note: str | None
     chunks: dict[str, Any] | None  # --stragglers: chunks per replica and, with --chunks auto, the times chosen from
     knobs: KnobsSummary
-    estimate_pilot: EstimatePilot | None  # --wan-estimate auto: worker 0's pilot, which decided it
+    estimate_pilot: EstimatePilot | None  # --wan-estimate auto: the pilot (workers 0 and 1) that decided it
 
 
 def _say_stopping() -> None:
