@@ -1,6 +1,7 @@
 """A CPU worker's threads follow the cores other processes leave it."""
 
 import multiprocessing
+import multiprocessing.synchronize
 import os
 import time
 
@@ -36,7 +37,8 @@ def test_the_equation_on_given_readings(monkeypatch: pytest.MonkeyPatch, two_thr
     assert share.free == pytest.approx(-2.0) and share.threads == 1
 
 
-def _spin() -> None:
+def _spin(spinning: multiprocessing.synchronize.Event) -> None:
+    spinning.set()
     while True:
         pass
 
@@ -47,10 +49,15 @@ def _spin() -> None:
 def test_a_busy_process_beside_takes_a_thread_away(two_threads: None) -> None:
     """On two cores, one process that never sleeps leaves one: one thread (two would wait for each other at
     every operator). Once it is gone, about a core more is free again."""
-    busy = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+    spawn = multiprocessing.get_context("spawn")
+    spinning = spawn.Event()
+    busy = spawn.Process(target=_spin, args=(spinning,), daemon=True)
     busy.start()
     try:
-        time.sleep(1.0)
+        # Spinning before the sample starts: a spawned process imports this module (and torch) first, which took
+        # over a second on a slow machine, and a sample of it starting saw 1.76 cores free.
+        assert spinning.wait(timeout=60), "the busy process did not start"
+        time.sleep(0.5)
         share = CoreShare(workers=1, period_s=0.0, sample_s=0.5)
         assert share.threads == 1 == torch.get_num_threads(), share.free
         contended = share.free
