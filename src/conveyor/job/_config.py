@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from conveyor.config import LayoutConfig, OptimizerConfig, TrainConfig
 from conveyor.errors import InputError
+from conveyor.plan import Topology
 from conveyor.plan.parts import read_plan_file
 from conveyor.runtime import (
     Blocks,
@@ -49,6 +50,13 @@ _AUTOCAST = {"off": None, "bf16": torch.bfloat16}  # conveyor.config.AUTOCAST's 
 def autocast_dtype(cfg: TrainConfig) -> torch.dtype | None:
     """The dtype ``--autocast`` names (``None``: off)."""
     return _AUTOCAST[cfg.run.autocast]
+
+
+def wan_sites(cfg: TrainConfig) -> int:
+    """The data centres ``--wan`` joins: the count of ``--network``'s outer level (conveyor.config.check_wan has
+    made sure there is one)."""
+    assert cfg.emulation.network is not None
+    return Topology.parse(cfg.emulation.network).levels[-1].count
 
 
 @dataclass(frozen=True, kw_only=True)

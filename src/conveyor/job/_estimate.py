@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -17,23 +17,29 @@ from torch import nn
 import conveyor.job._data as datasets
 from conveyor.config import TrainConfig
 from conveyor.gaia import EstimatePilot, Pilot
-from conveyor.job._config import loss_and_optimizer
+from conveyor.job._config import wan_sites
 from conveyor.job._dataset import rows
-from conveyor.plan import Topology
-from conveyor.runtime import to_device
+from conveyor.runtime import OptimizerFactory, to_device
 
 __all__ = ["checkpoint_extras", "estimate_from_checkpoint", "resolve_estimate"]
 
 
 def resolve_estimate(
-    cfg: TrainConfig, model: nn.Module, data: datasets.Dataset, device: torch.device
+    cfg: TrainConfig,
+    model: nn.Module,
+    data: datasets.Dataset,
+    *,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    make_optimizer: OptimizerFactory,
+    device: torch.device,
 ) -> tuple[TrainConfig, EstimatePilot | None]:
     """``cfg`` with gaia's ``--wan-estimate auto`` decided (on or off) by a pilot from ``model``'s first weights
-    (worker 0 steps on a share's gradient and worker 1 on the data centres' count times it, side by side), and the
-    pilot; ``cfg`` as it is, and ``None``, where there is nothing to decide. Every worker calls it."""
+    with the job's loss and optimizer (worker 0 steps on a share's gradient and worker 1 on the data centres' count
+    times it, side by side), and the pilot; ``cfg`` as it is, and ``None``, where there is nothing to decide. Every
+    worker calls it."""
     if cfg.wan.mode != "gaia" or cfg.wan.estimate != "auto":
         return cfg, None
-    pilot = _pilot(cfg, model, data, device)
+    pilot = _pilot(cfg, model, data, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
     rank = dist.get_rank()
     mine = None
     if rank < 2:  # gaia has two data centres at least, so two workers
@@ -68,11 +74,17 @@ def estimate_from_checkpoint(cfg: TrainConfig, saved: Mapping[str, Any]) -> Trai
     return cfg
 
 
-def _pilot(cfg: TrainConfig, model: nn.Module, data: datasets.Dataset, device: torch.device) -> Pilot:
+def _pilot(
+    cfg: TrainConfig,
+    model: nn.Module,
+    data: datasets.Dataset,
+    *,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    make_optimizer: OptimizerFactory,
+    device: torch.device,
+) -> Pilot:
     """The pilot on this worker's device: a data centre's share of the batch, the job's loss and optimizer."""
-    assert cfg.emulation.network is not None  # conveyor.config.check_wan: gaia runs on a topology
-    sites = Topology.parse(cfg.emulation.network).levels[-1].count
-    loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
+    sites = wan_sites(cfg)
 
     @functools.cache
     def on_device() -> tuple[Any, torch.Tensor]:  # once, and only on the workers that run the pilot

@@ -90,7 +90,8 @@ def _worker(cfg: TrainConfig, state: RunState, run_dir: str) -> WorkerResult | N
     folder = Path(run_dir)
     loss_fn, make_optimizer = loss_and_optimizer(cfg.optimizer, data.sequence)
     steps = -(-data.samples // cfg.optimizer.batch_size)  # batches per epoch, the last one maybe short
-    cfg, pilot = resolve_estimate(cfg, model, data, device)  # before the trials, which then build what will run
+    # Before the trials, which then build what will run.
+    cfg, pilot = resolve_estimate(cfg, model, data, loss_fn=loss_fn, make_optimizer=make_optimizer, device=device)
     layout = measure_and_plan(
         cfg,
         model,

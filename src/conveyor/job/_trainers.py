@@ -13,10 +13,9 @@ from torch import nn
 
 from conveyor.config import TrainConfig, mode_settings
 from conveyor.gaia import outer_sync
-from conveyor.job._config import autocast_dtype
+from conveyor.job._config import autocast_dtype, wan_sites
 from conveyor.job._layout import Layout
 from conveyor.job._model import materializer
-from conveyor.plan import Topology
 from conveyor.runtime import OptimizerFactory, OuterSync, Pipeline
 from conveyor.stragglers import FlexiblePipeline, flexible_layout
 
@@ -95,11 +94,11 @@ def _outer_sync(cfg: TrainConfig) -> OuterSync | None:
     wan = cfg.wan
     return outer_sync(
         wan.mode,
-        sites=Topology.parse(cfg.emulation.network).levels[-1].count,
+        sites=wan_sites(cfg),
         threshold=wan.threshold,
         staleness=wan.staleness,
         period=wan.period,
-        estimate=wan.estimate == "on",  # auto is decided before training (job._estimate); a trial's runs: off
+        estimate=wan.estimate == "on",  # auto is decided before anything is built (job._estimate)
         local_steps=wan.local_steps,
         outer_lr=wan.outer_lr,
     )
